@@ -1,0 +1,223 @@
+"""Typed schema of the whole configuration (Hydra structured configs).
+
+The schema is registered in Hydra's ConfigStore as ``base_config`` and is the first entry of
+``conf/config.yaml``'s defaults list, so every group option (``conf/<group>/<option>.yaml``) is merged into a
+typed node: a misspelt key or a value of the wrong type fails at start with Hydra's own message.
+
+Library code never reads the config: ``train.py`` turns it into these dataclasses once (``to_typed``) and the
+builders take plain, typed fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+@dataclass
+class ParallelConfig:
+    """How the step is spread over devices. ``name``: pmap | jit_sharding | shard_map | fsdp."""
+
+    name: str = "jit_sharding"
+    # fsdp: arrays smaller than this stay replicated (their gradients are all-reduced).
+    min_shard_bytes: int = 0
+    # null: the mode's own reduction; float32 | bfloat16: explicit reduction in that dtype (shard_map psum).
+    grad_reduce_dtype: Optional[str] = None
+    # none | int8 (quantised all-to-all + all-gather with error feedback).
+    grad_compression: str = "none"
+
+
+@dataclass
+class PrecisionConfig:
+    """``compute_dtype``: float32 | bfloat16 | float16. Master params and optimizer state are always float32."""
+
+    name: str = "fp32"
+    compute_dtype: str = "float32"
+    # dynamic | static | none (only used when compute_dtype is float16).
+    loss_scale: str = "none"
+    init_scale: float = 32768.0  # 2**15
+    growth_interval: int = 2000
+
+
+@dataclass
+class ModelConfig:
+    """``name``: mlp | cnn | resnet | vit. Fields that a model does not use are ignored by it."""
+
+    name: str = "mlp"
+    hidden: int = 256
+    activation: str = "tanh"
+    dropout: float = 0.0
+    init_std: float = 0.01
+    # cnn / resnet / vit
+    width: int = 32
+    depth: int = 4
+    patch: int = 4
+    heads: int = 4
+    mlp_ratio: int = 4
+
+
+@dataclass
+class DataConfig:
+    """``name``: mnist | fashion_mnist | cifar10 (TFDS) or synthetic."""
+
+    name: str = "mnist"
+    tfds_name: Optional[str] = "mnist"
+    # null: the TFDS_DATA_DIR environment variable, else TFDS's own default.
+    data_dir: Optional[str] = None
+    # Decoded arrays are cached here (never inside the TFDS folder).
+    cache_dir: str = "${oc.env:XDG_CACHE_HOME,${oc.env:HOME}/.cache}/dp_scaling"
+    image_shape: List[int] = field(default_factory=lambda: [28, 28, 1])
+    num_classes: int = 10
+    train_size: int = 60000
+    eval_size: int = 10000
+    augment: bool = False
+    prefetch: int = 2
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer and learning-rate schedule (optax)."""
+
+    name: str = "adam"
+    lr: float = 1e-3
+    momentum: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    schedule: str = "constant"  # constant | cosine
+    warmup_steps: int = 0
+    decay_steps: int = 0  # cosine: steps over which lr decays to 0 (after warmup); its own key, never derived
+    lr_scaling: str = "none"  # none | linear  (lr * global_batch / base_batch)
+    base_batch: int = 256
+    clip_grad_norm: Optional[float] = None
+
+
+@dataclass
+class MeshConfig:
+    """``devices``: null = all visible devices. ``shape``: sizes of the axes (data, fsdp); -1 fills."""
+
+    devices: Optional[int] = None
+    # null: the mode's default ([-1, 1] data-parallel modes, [1, -1] fsdp).
+    shape: Optional[List[int]] = None
+
+
+@dataclass
+class TrainConfig:
+    # null: 256 unless per_device_batch is set (weak scaling).
+    global_batch: Optional[int] = None
+    per_device_batch: Optional[int] = None
+    eval_batch: int = 1000
+    epochs: int = 3
+    # null: run ``epochs`` epochs; otherwise this many optimizer steps.
+    steps: Optional[int] = None
+    accum_steps: int = 1
+    log_every: int = 50
+    # null: evaluate only at the end.
+    eval_every: Optional[int] = None
+    seed: int = 0
+    sync_every: int = 100
+    sync_strict: bool = False
+    max_in_flight: int = 2
+
+
+@dataclass
+class WandbConfig:
+    """``mode``: null (online with an API key, else offline) | online | offline | disabled."""
+
+    mode: Optional[str] = None
+    project: str = "dp-scaling"
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+    init_timeout_s: float = 30.0
+
+
+@dataclass
+class RuntimeConfig:
+    """``cpu_devices``: simulated devices when the platform is CPU (set before the backend starts)."""
+
+    cpu_devices: int = 8
+
+
+@dataclass
+class HardwareConfig:
+    """``link_bytes_per_s``: per-direction interconnect bandwidth; null = from the device-kind table."""
+
+    link_bytes_per_s: Optional[float] = None
+    peak_flops_per_s: Optional[float] = None
+
+
+@dataclass
+class ProfileConfig:
+    enabled: bool = False
+    start_step: int = 10
+    num_steps: int = 5
+
+
+@dataclass
+class CheckpointConfig:
+    # null: <run folder>/checkpoints
+    dir: Optional[str] = None
+    # null: every epoch; 0: no periodic saving (still saved at the end)
+    every: Optional[int] = None
+    keep: int = 3
+    # auto | never | <path>
+    resume: str = "auto"
+    enabled: bool = True
+
+
+@dataclass
+class DistributedConfig:
+    # null: auto (SLURM / cloud TPU detected, or coordinator given)
+    enabled: Optional[bool] = None
+    coordinator: Optional[str] = None
+    num_processes: Optional[int] = None
+    process_id: Optional[int] = None
+    timeout_s: int = 300
+
+
+@dataclass
+class XlaConfig:
+    name: str = "default"
+    flags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class Config:
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    xla: XlaConfig = field(default_factory=XlaConfig)
+
+
+def register() -> None:
+    """Registers the schema as ``base_config`` in Hydra's ConfigStore (idempotent)."""
+    ConfigStore.instance().store(name="base_config", node=Config)
+
+
+def to_typed(cfg: DictConfig) -> Config:
+    """Resolves ``cfg`` and converts it into the typed ``Config`` dataclass tree."""
+    obj = OmegaConf.to_object(cfg)
+    if not isinstance(obj, Config):  # composed without the schema (should not happen)
+        obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), cfg))
+    return obj
+
+
+def as_dict(cfg: Config) -> dict[str, Any]:
+    """The resolved config as a plain dict (for W&B and checkpoints)."""
+    return dataclasses.asdict(cfg)

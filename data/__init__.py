@@ -1,0 +1,1 @@
+"""Input pipeline: TFDS / synthetic sources, one global permutation per epoch, per-process slices."""

@@ -1,0 +1,210 @@
+"""Batches: one global permutation per epoch, each process takes its contiguous slice of every global batch.
+
+The global batch of step ``s`` is a pure function of (seed, s): epoch ``e = s // steps_per_epoch`` draws
+``permutation(N)`` from ``numpy.random.default_rng([seed, e])`` and the step takes the next ``global_batch``
+indices (the final partial batch is dropped). Process ``p`` of ``P`` reads only rows
+``[p*B/P, (p+1)*B/P)`` of that batch, so a batch's contents never depend on how many processes there are,
+and the slices are assembled into one global ``jax.Array`` with ``jax.make_array_from_process_local_data``.
+
+Every batch is a dict: ``image`` uint8 ``[B, H, W, C]`` (scaled to [0, 1] float32 on the device, inside the
+step), ``label`` int32 ``[B]``, ``index`` int32 ``[B]`` (global example index, used for per-example
+randomness) and, for evaluation, ``mask`` float32 ``[B]`` (1 for real examples, 0 for padding).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+from typing import Callable, Iterator, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from data.sources import HostDataset
+
+Batch = dict  # str -> np.ndarray (host) or jax.Array (device)
+
+
+def epoch_permutation(seed: int, epoch: int, num_examples: int) -> np.ndarray:
+    """The order of ``epoch``: int64 ``[num_examples]``, a permutation drawn from (seed, epoch)."""
+    return np.random.default_rng([seed, epoch]).permutation(num_examples)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchLayout:
+    """Where a global batch goes: its global shape transform and its sharding.
+
+    ``reshape(global_shape) -> device shape`` (identity, or (devices, per-device, ...) for pmap) and the
+    ``sharding`` of the device array; ``process_index``/``process_count`` pick this process's rows.
+    """
+
+    sharding: jax.sharding.Sharding
+    reshape: Callable[[tuple], tuple]
+    process_index: int
+    process_count: int
+
+    def local_rows(self, global_batch: int) -> slice:
+        """This process's contiguous rows of a global batch of ``global_batch`` examples."""
+        per_process = global_batch // self.process_count
+        return slice(self.process_index * per_process, (self.process_index + 1) * per_process)
+
+    def place(self, local: Batch, global_batch: int) -> Batch:
+        """Assembles this process's rows into global device arrays (``make_array_from_process_local_data``)."""
+        out = {}
+        for key, value in local.items():
+            gshape = self.reshape((global_batch,) + value.shape[1:])
+            lshape = (gshape[0] // self.process_count,) + gshape[1:]
+            out[key] = jax.make_array_from_process_local_data(self.sharding, value.reshape(lshape), gshape)
+        return out
+
+
+class TrainSource:
+    """Host-memory training data: global batch ``step`` -> this process's rows."""
+
+    def __init__(self, dataset: HostDataset, global_batch: int, seed: int):
+        if global_batch > len(dataset):
+            raise ValueError(f"train.global_batch={global_batch} exceeds the {len(dataset)} training examples")
+        self.dataset, self.global_batch, self.seed = dataset, global_batch, seed
+        self.steps_per_epoch = len(dataset) // global_batch
+        self._perm_epoch, self._perm = -1, None
+
+    def global_indices(self, step: int) -> np.ndarray:
+        """Example indices of the global batch of ``step``: int32 ``[global_batch]``."""
+        epoch, pos = divmod(step, self.steps_per_epoch)
+        if epoch != self._perm_epoch:
+            self._perm, self._perm_epoch = epoch_permutation(self.seed, epoch, len(self.dataset)), epoch
+        return self._perm[pos * self.global_batch:(pos + 1) * self.global_batch].astype(np.int32)
+
+    def local_batch(self, step: int, rows: slice) -> Batch:
+        idx = self.global_indices(step)[rows]
+        return {"image": self.dataset.images[idx], "label": self.dataset.labels[idx], "index": idx}
+
+
+class SyntheticSource:
+    """Random uint8 images and labels generated ON the devices from (seed, step): never waits for the host.
+
+    Example ``i`` of step ``s`` is drawn from ``fold_in(fold_in(key(seed), s), i)`` so batches do not
+    depend on the device count.
+    """
+
+    def __init__(self, image_shape: Sequence[int], num_classes: int, train_size: int, global_batch: int,
+                 seed: int):
+        self.image_shape, self.num_classes = tuple(image_shape), num_classes
+        self.global_batch, self.seed = global_batch, seed
+        self.steps_per_epoch = max(1, train_size // global_batch)
+        self._fn = None
+
+    def device_batch(self, step: int, layout: BatchLayout) -> Batch:
+        if self._fn is None:
+            b, shape, classes, seed = self.global_batch, self.image_shape, self.num_classes, self.seed
+
+            def make(step_):
+                index = (step_ * b + jnp.arange(b, dtype=jnp.int32)) % jnp.int32(2**31 - 1)
+                keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), step_), i))(index)
+                image = jax.vmap(lambda k: jax.random.randint(k, shape, 0, 256, jnp.int32).astype(jnp.uint8))(keys)
+                label = jax.vmap(lambda k: jax.random.randint(jax.random.fold_in(k, 1), (), 0, classes, jnp.int32))(keys)
+                batch = {"image": image, "label": label, "index": index}
+                return {k: v.reshape(layout.reshape(v.shape)) for k, v in batch.items()}
+
+            self._fn = jax.jit(make, out_shardings=layout.sharding)
+        return self._fn(np.int32(step))
+
+
+def synthetic_eval(image_shape: Sequence[int], num_classes: int, size: int, seed: int) -> HostDataset:
+    """A host-side synthetic test split (labels are random: accuracy ~ 1/num_classes)."""
+    rng = np.random.default_rng([seed, 2**20])
+    return HostDataset(images=rng.integers(0, 256, (size, *image_shape), dtype=np.uint8),
+                       labels=rng.integers(0, num_classes, size, dtype=np.int32))
+
+
+def train_batches(source, layout: BatchLayout, start_step: int, end_step: int, prefetch: int) -> Iterator[Batch]:
+    """Device batches for steps ``[start_step, end_step)``, prepared ``prefetch`` batches ahead.
+
+    Host sources are gathered and transferred in a background thread so host work overlaps device work;
+    the synthetic source is generated on the devices.
+    """
+    if isinstance(source, SyntheticSource):
+        for step in range(start_step, end_step):
+            yield source.device_batch(step, layout)
+        return
+    rows = layout.local_rows(source.global_batch)
+
+    def produce(step: int) -> Batch:
+        return layout.place(source.local_batch(step, rows), source.global_batch)
+
+    yield from _prefetch(produce, range(start_step, end_step), max(1, prefetch))
+
+
+def _prefetch(produce: Callable[[int], Batch], steps: range, depth: int) -> Iterator[Batch]:
+    """Runs ``produce(step)`` in a daemon thread, at most ``depth`` results ahead of the consumer."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    sentinel = object()
+
+    def worker():
+        try:
+            for step in steps:
+                if stop.is_set():
+                    return
+                q.put(produce(step))
+        except BaseException as e:  # surfaced in the consumer
+            q.put(e)
+        q.put(sentinel)
+
+    thread = threading.Thread(target=worker, daemon=True, name="batch-prefetch")
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is sentinel:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a worker waiting on a full queue
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                thread.join(timeout=0.05)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSet:
+    """The whole test split, padded and masked, placed on the devices once.
+
+    ``batches``: list of device batches, each of ``batch_size`` examples (the last one padded);
+    ``num_examples``: the exact denominator (e.g. 10,000 for MNIST).
+    """
+
+    batches: list
+    batch_size: int
+    num_examples: int
+
+
+def eval_batch_size(requested: int, num_devices: int, process_count: int) -> int:
+    """``train.eval_batch`` padded up to a multiple of the device count (and of the process count)."""
+    multiple = int(np.lcm(num_devices, process_count))
+    return -(-requested // multiple) * multiple
+
+
+def make_eval_set(dataset: HostDataset, requested_batch: int, num_devices: int, layout: BatchLayout) -> EvalSet:
+    """Pads the test split to whole batches (mask 0 on padding) and places every batch on the devices.
+
+    Every process runs the same number of eval steps; each reads its contiguous rows of every batch.
+    """
+    b = eval_batch_size(requested_batch, num_devices, layout.process_count)
+    n = len(dataset)
+    num_batches = -(-n // b)
+    rows = layout.local_rows(b)
+    batches = []
+    for i in range(num_batches):
+        idx = np.arange(i * b, (i + 1) * b)[rows]
+        mask = (idx < n).astype(np.float32)
+        idx = np.minimum(idx, n - 1).astype(np.int32)
+        local = {"image": dataset.images[idx], "label": dataset.labels[idx], "index": idx, "mask": mask}
+        batches.append(layout.place(local, b))
+    return EvalSet(batches=batches, batch_size=b, num_examples=n)

@@ -1,0 +1,191 @@
+"""The interface every parallel mode implements, and the mesh.
+
+A mode decides only how the pure step of ``training.step`` is wrapped (``jit`` with shardings, ``pmap``,
+``shard_map``) and which collectives reduce the gradients; ``train.py`` and the step never branch on it.
+
+Mesh: two axes, ``data`` (replicas) and ``fsdp`` (parameter shards), built from the first
+``mesh.devices`` devices. The batch is always split over both axes (every device gets a different slice).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from data.pipeline import BatchLayout
+from training.step import LocalGrads, TrainState, Updater
+
+MESH_AXES = ("data", "fsdp")
+BATCH_AXES = MESH_AXES  # the batch dimension is split over every device
+
+
+class ConfigError(ValueError):
+    """Bad user input; the message is one line naming the offending values and the fix."""
+
+
+def resolve_mesh_shape(shape: Optional[Sequence[int]], default: Sequence[int], num_devices: int,
+                       mode: str) -> tuple[int, int]:
+    """Sizes of (data, fsdp): ``shape`` (or the mode's ``default``) with one -1 filled in.
+
+    Raises:
+      ConfigError: wrong length, zero/negative sizes, more than one -1, or a product != ``num_devices``.
+    """
+    given = list(default if shape is None else shape)
+    text = f"mesh.shape={list(shape) if shape is not None else given}"
+    if len(given) != 2:
+        raise ConfigError(f"{text} must list 2 sizes (data, fsdp), e.g. mesh.shape=[-1,1]")
+    if given.count(-1) > 1 or any(s == 0 or s < -1 for s in given):
+        raise ConfigError(f"{text}: sizes must be positive with at most one -1")
+    known = math.prod(s for s in given if s != -1)
+    if -1 in given:
+        if num_devices % known:
+            raise ConfigError(f"{text} cannot fill -1: {num_devices} devices are not divisible by {known}")
+        given[given.index(-1)] = num_devices // known
+    if math.prod(given) != num_devices:
+        raise ConfigError(f"{text} has {math.prod(given)} devices but mesh.devices={num_devices}; "
+                          f"make the product equal {num_devices} (use -1 to fill)")
+    return given[0], given[1]
+
+
+def make_mesh(devices: Sequence[jax.Device], shape: tuple[int, int]) -> Mesh:
+    """A ``Mesh`` with axes (data, fsdp) of ``shape`` over ``devices`` (Auto axes: sharding propagation)."""
+    return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES,
+                axis_types=(AxisType.Auto, AxisType.Auto))
+
+
+@dataclasses.dataclass
+class StepFns:
+    """What a mode builds: the jitted train and eval steps and the lowered/compiled train step."""
+
+    train: Callable  # (state, batch) -> (state, metrics)
+    eval: Callable   # (params, batch) -> metric sums
+
+
+class ParallelMode(abc.ABC):
+    """One data-parallel strategy. Subclasses are tiny: they choose shardings and the gradient reduction.
+
+    Args:
+      mesh: the (data, fsdp) mesh.
+      global_batch: examples per optimizer step (all devices, all microbatches).
+      accum_steps: microbatches per optimizer step.
+      min_shard_bytes: fsdp only: arrays smaller than this stay replicated.
+      grad_reduce_dtype: None (the mode's own reduction) or a dtype name for an explicit reduction.
+    """
+
+    name: str = "base"
+    default_mesh_shape: tuple[int, int] = (-1, 1)
+    allows_fsdp_axis: bool = False
+
+    def __init__(self, mesh: Mesh, *, global_batch: int, accum_steps: int, min_shard_bytes: int = 0,
+                 grad_reduce_dtype: Optional[str] = None):
+        self.mesh = mesh
+        self.global_batch = global_batch
+        self.accum_steps = accum_steps
+        self.min_shard_bytes = min_shard_bytes
+        self.grad_reduce_dtype = grad_reduce_dtype
+        self.num_devices = mesh.size
+        self.replicated = NamedSharding(mesh, P())
+
+    # ---- validation ------------------------------------------------------------------------------
+    @classmethod
+    def check(cls, mesh_shape: tuple[int, int]) -> None:
+        """Raises ConfigError when the mode cannot use ``mesh_shape``."""
+        if not cls.allows_fsdp_axis and mesh_shape[1] != 1:
+            raise ConfigError(f"parallel={cls.name} needs an fsdp axis of 1 but mesh.shape={list(mesh_shape)}; "
+                              f"use mesh.shape=[-1,1] or parallel=fsdp")
+
+    # ---- placement -------------------------------------------------------------------------------
+    def state_shardings(self, abstract_state: TrainState):
+        """Sharding of every state leaf (default: replicated on every device)."""
+        return jax.tree.map(lambda _: self.replicated, abstract_state)
+
+    def place_state(self, host_state: TrainState) -> TrainState:
+        """Host (or single-device) state -> device state with ``state_shardings``."""
+        return jax.device_put(host_state, self.state_shardings(host_state))
+
+    def batch_layout(self) -> BatchLayout:
+        """The global batch ``[B, ...]`` split over every device of the mesh."""
+        return BatchLayout(sharding=NamedSharding(self.mesh, P(BATCH_AXES)), reshape=lambda s: tuple(s),
+                           process_index=jax.process_index(), process_count=jax.process_count())
+
+    def state_to_host(self, state: TrainState) -> TrainState:
+        """The full state as numpy arrays (gathers shards), for saving and comparing."""
+        return jax.tree.map(lambda x: np.asarray(jax.device_get(x)), state)
+
+    def metrics_to_host(self, metrics) -> dict:
+        """Per-step metrics (device) -> numpy scalars."""
+        return jax.tree.map(lambda x: np.asarray(x), jax.device_get(metrics))
+
+    # ---- the step --------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def grads(self, local: LocalGrads, params, batch, step, scale):
+        """Global-mean gradients (times the loss scale) and metric sums, with this mode's collectives."""
+
+    def build(self, local: LocalGrads, updater: Updater, abstract_state: TrainState) -> StepFns:
+        """The jitted train step ``(state, batch) -> (state, metrics)`` and eval step."""
+        state_sh = self.state_shardings(abstract_state)
+        batch_sh = self.batch_layout().sharding
+
+        def train_step(state: TrainState, batch):
+            grads, sums = self.grads(local, state.params, batch, state.step, state.loss_scale.scale)
+            return updater(state, grads, sums)
+
+        train = jax.jit(train_step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, self.replicated),
+                        donate_argnums=0)
+        evaluate = jax.jit(local.eval_sums, in_shardings=(state_sh.params, batch_sh),
+                           out_shardings=self.replicated)
+        return StepFns(train=train, eval=evaluate)
+
+    # ---- replica synchronisation -------------------------------------------------------------------
+    def replica_divergence(self, tree: Any) -> float:
+        """Max |difference| between the copies of every replicated piece of ``tree`` held by different devices.
+
+        For each array, the addressable shards holding the same slice (same ``index``) must be bitwise equal
+        in data-parallel training; returns 0.0 when they are. Only this process's devices are compared.
+        """
+        worst = 0.0
+        for leaf in jax.tree.leaves(tree):
+            if not isinstance(leaf, jax.Array):
+                continue
+            groups: dict[Any, list[np.ndarray]] = {}
+            for shard in leaf.addressable_shards:
+                key = tuple((s.start, s.stop) for s in shard.index) if shard.index else ()
+                groups.setdefault(key, []).append(np.asarray(shard.data, dtype=np.float64))
+            for copies in groups.values():
+                for other in copies[1:]:
+                    worst = max(worst, float(np.max(np.abs(other - copies[0]), initial=0.0)))
+        return worst
+
+
+def pcast_varying(tree, axes: Sequence[str]):
+    """Marks every leaf as varying over ``axes`` (inside ``shard_map``), skipping axes it already varies over.
+
+    Differentiating w.r.t. the result gives each device its LOCAL gradient: no collective is inserted by the
+    transpose, so the single cross-device reduction stays explicit and outside any microbatch loop.
+    """
+
+    def cast(x):
+        missing = tuple(a for a in axes if a not in jax.typeof(x).manual_axis_type.varying)
+        return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+    return jax.tree.map(cast, tree)
+
+
+def cast_tree(tree, dtype):
+    return jax.tree.map(lambda x: x.astype(dtype), tree)
+
+
+def reduce_dtype(name: Optional[str]):
+    """dtype of an explicit gradient reduction (None: float32, the gradients' own)."""
+    if name is None:
+        return jnp.float32
+    if name not in ("float32", "bfloat16"):
+        raise ConfigError(f"parallel.grad_reduce_dtype={name!r} is unknown; choose null, float32 or bfloat16")
+    return jnp.dtype(name)

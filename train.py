@@ -1,0 +1,39 @@
+"""Entry point: compose the Hydra config, build the experiment, run it. No mode-specific code here.
+
+    python train.py parallel=jit_sharding precision=bf16     # one experiment
+    python train.py -m mesh.devices=1,2,4,8                  # a sweep (see sweeps/)
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from conf.schema import register, to_typed
+from training.runtime import setup_runtime
+
+register()
+log = logging.getLogger("train")
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    hc = HydraConfig.get()
+    typed = to_typed(cfg)
+    setup_runtime(typed)  # before anything touches devices: simulated CPU devices, XLA flags, jax.distributed
+
+    from training.app import run_and_report  # imports jax-dependent modules after the runtime is set up
+
+    ok = run_and_report(typed, Path(hc.runtime.output_dir))
+    if not ok and hc.mode != RunMode.MULTIRUN:
+        sys.exit(1)  # in a sweep the failure is recorded in the job's summary.json and the sweep goes on
+
+
+if __name__ == "__main__":
+    main()

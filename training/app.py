@@ -1,0 +1,41 @@
+"""Runs one experiment with its reporting, turning user errors into one line and a failed summary."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import jax
+
+from conf.schema import Config
+from training.report import Reporter, console
+from training.run import USER_ERRORS, describe, run
+
+log = logging.getLogger(__name__)
+
+
+def run_and_report(cfg: Config, run_dir: Path) -> bool:
+    """Runs ``cfg`` in ``run_dir``; returns True on success.
+
+    Bad input (config, data, a non-finite loss) prints one line ``error: ...`` on stderr and writes
+    ``summary.json`` with ``status: failed`` and the error; anything else is a bug and propagates with its
+    traceback (after the summary and W&B are closed).
+    """
+    reporter = Reporter(run_dir, enabled=jax.process_index() == 0)
+    try:
+        summary = run(cfg, run_dir, reporter)
+    except USER_ERRORS as e:
+        line = str(e).splitlines()[0] if str(e) else type(e).__name__
+        console(f"error: {line}")
+        reporter.summary({**describe(cfg), "status": "failed", "error": line})
+        reporter.close(exit_code=1)
+        return False
+    except BaseException as e:
+        reporter.summary({**describe(cfg), "status": "failed", "error": f"{type(e).__name__}: {e}".splitlines()[0]})
+        reporter.close(exit_code=1)
+        raise
+    reporter.summary(summary)
+    reporter.close(exit_code=0)
+    log.info("eval/accuracy=%.4f eval/loss=%.4f examples/s=%.0f; outputs in %s", summary["eval/accuracy"],
+             summary["eval/loss"], summary.get("perf/examples_per_s", float("nan")), run_dir)
+    return True

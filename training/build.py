@@ -1,0 +1,163 @@
+"""Typed config -> validated plan -> mesh, mode, model, state and jitted steps (no data, no logging).
+
+``plan(cfg)`` checks everything that can be checked without touching data or compiling (batch and mesh
+divisibility, names of modes, optimizers, schedules ...), raising ``ConfigError`` with one line naming the
+offending values; ``build(plan)`` then creates the state and the steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from conf.schema import Config
+from models import build_model
+from parallel import ConfigError, ParallelMode, make_mesh, mode_class, resolve_mesh_shape
+from parallel.base import StepFns, reduce_dtype
+from training.optim import effective_lr, make_optimizer, make_schedule
+from training.precision import LOSS_SCALING_MODES, init_loss_scale
+from training.step import LocalGrads, TrainState, Updater, create_state
+
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+DEFAULT_GLOBAL_BATCH = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Validated numbers of a run."""
+
+    cfg: Config
+    devices: tuple  # the jax devices of the mesh
+    mesh_shape: tuple[int, int]
+    global_batch: int
+    per_device_batch: int
+    scaling: str  # strong | weak
+    compute_dtype: Any
+    peak_lr: float
+
+
+def resolve_batch(global_batch: Optional[int], per_device_batch: Optional[int], num_devices: int) -> tuple[int, str]:
+    """(global batch, 'strong'|'weak'). Weak scaling: per_device_batch x devices.
+
+    Raises:
+      ConfigError: both set, or a non-positive value.
+    """
+    if global_batch is not None and per_device_batch is not None:
+        raise ConfigError(f"train.global_batch={global_batch} and train.per_device_batch={per_device_batch} are "
+                          f"both set; set one (global_batch: strong scaling, per_device_batch: weak scaling)")
+    if per_device_batch is not None:
+        if per_device_batch <= 0:
+            raise ConfigError(f"train.per_device_batch={per_device_batch} must be positive")
+        return per_device_batch * num_devices, "weak"
+    gb = DEFAULT_GLOBAL_BATCH if global_batch is None else global_batch
+    if gb <= 0:
+        raise ConfigError(f"train.global_batch={gb} must be positive")
+    return gb, "strong"
+
+
+def plan(cfg: Config) -> Plan:
+    """Validates ``cfg`` against the visible devices. Raises ConfigError (one line) on bad input."""
+    visible = jax.devices()
+    n = len(visible) if cfg.mesh.devices is None else cfg.mesh.devices
+    if n <= 0:
+        raise ConfigError(f"mesh.devices={n} must be positive (or null for all {len(visible)} devices)")
+    if n > len(visible):
+        hint = (f"; raise runtime.cpu_devices (now {cfg.runtime.cpu_devices}) to at least {n}"
+                if visible[0].platform == "cpu" else "")
+        raise ConfigError(f"mesh.devices={n} but only {len(visible)} {visible[0].platform} devices are visible{hint}")
+    if jax.process_count() > 1 and n != len(visible):
+        raise ConfigError(f"mesh.devices={n} with {jax.process_count()} processes must use all {len(visible)} devices")
+    mode = mode_class(cfg.parallel.name)
+    shape = resolve_mesh_shape(cfg.mesh.shape, mode.default_mesh_shape, n, mode.name)
+    mode.check(shape)
+    gb, scaling = resolve_batch(cfg.train.global_batch, cfg.train.per_device_batch, n)
+    k = cfg.train.accum_steps
+    if k <= 0:
+        raise ConfigError(f"train.accum_steps={k} must be positive")
+    if gb % (n * k):
+        what = f"mesh.devices={n}" + (f" x train.accum_steps={k} = {n * k}" if k > 1 else "")
+        raise ConfigError(f"train.global_batch={gb} is not divisible by {what}; choose a global batch that is "
+                          f"a multiple of {n * k} (e.g. {max(1, round(gb / (n * k))) * n * k})")
+    if gb % jax.process_count():
+        raise ConfigError(f"train.global_batch={gb} is not divisible by {jax.process_count()} processes")
+    if cfg.precision.compute_dtype not in COMPUTE_DTYPES:
+        raise ConfigError(f"precision.compute_dtype={cfg.precision.compute_dtype!r} is unknown; "
+                          f"choose one of {', '.join(COMPUTE_DTYPES)}")
+    if cfg.precision.loss_scale not in LOSS_SCALING_MODES:
+        raise ConfigError(f"precision.loss_scale={cfg.precision.loss_scale!r} is unknown; "
+                          f"choose one of {', '.join(LOSS_SCALING_MODES)}")
+    for key, value in (("train.log_every", cfg.train.log_every), ("train.eval_batch", cfg.train.eval_batch),
+                       ("train.sync_every", cfg.train.sync_every), ("train.max_in_flight", cfg.train.max_in_flight)):
+        if value <= 0:
+            raise ConfigError(f"{key}={value} must be positive")
+    if cfg.train.steps is not None and cfg.train.steps <= 0:
+        raise ConfigError(f"train.steps={cfg.train.steps} must be positive (or null to use train.epochs)")
+    if cfg.train.steps is None and cfg.train.epochs <= 0:
+        raise ConfigError(f"train.epochs={cfg.train.epochs} must be positive")
+    if cfg.train.eval_every is not None and cfg.train.eval_every <= 0:
+        raise ConfigError(f"train.eval_every={cfg.train.eval_every} must be positive (or null: only at the end)")
+    try:
+        reduce_dtype(cfg.parallel.grad_reduce_dtype)
+        peak = effective_lr(cfg.optim.lr, cfg.optim.lr_scaling, gb, cfg.optim.base_batch)
+        _optimizer(cfg, peak)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return Plan(cfg=cfg, devices=tuple(visible[:n]), mesh_shape=shape, global_batch=gb, per_device_batch=gb // n,
+                scaling=scaling, compute_dtype=COMPUTE_DTYPES[cfg.precision.compute_dtype], peak_lr=peak)
+
+
+def _optimizer(cfg: Config, peak_lr: float):
+    o = cfg.optim
+    schedule = make_schedule(peak_lr, o.schedule, o.warmup_steps, o.decay_steps)
+    tx = make_optimizer(o.name, schedule, momentum=o.momentum, b1=o.b1, b2=o.b2, eps=o.eps,
+                        weight_decay=o.weight_decay, clip_grad_norm=o.clip_grad_norm)
+    return tx, schedule
+
+
+@dataclasses.dataclass
+class Experiment:
+    """Everything built from a plan: mesh, mode, the placed state and the jitted steps."""
+
+    plan: Plan
+    mode: ParallelMode
+    local: LocalGrads
+    updater: Updater
+    state: TrainState  # placed on the devices
+    steps: StepFns
+    graphdef: Any
+
+
+def init_host_state(cfg: Config, tx) -> tuple[Any, TrainState]:
+    """(graphdef, state) created once on the default device from ``train.seed``: identical for any layout."""
+    m = cfg.model
+    with jax.default_device(jax.devices()[0]):
+        model = build_model(m.name, tuple(cfg.data.image_shape), cfg.data.num_classes, seed=cfg.train.seed,
+                            hidden=m.hidden, activation=m.activation, dropout=m.dropout, init_std=m.init_std,
+                            width=m.width, depth=m.depth, patch=m.patch, heads=m.heads, mlp_ratio=m.mlp_ratio)
+        graphdef, params = nnx.split(model, nnx.Param)
+        params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+        state = create_state(params, tx, init_loss_scale(cfg.precision.loss_scale, cfg.precision.init_scale))
+    return graphdef, jax.device_get(state)
+
+
+def build(p: Plan) -> Experiment:
+    """Mesh, mode, initial state (placed) and the jitted train/eval steps for plan ``p``."""
+    cfg = p.cfg
+    mesh = make_mesh(p.devices, p.mesh_shape)
+    mode = mode_class(cfg.parallel.name)(mesh, global_batch=p.global_batch, accum_steps=cfg.train.accum_steps,
+                                         min_shard_bytes=cfg.parallel.min_shard_bytes,
+                                         grad_reduce_dtype=cfg.parallel.grad_reduce_dtype)
+    tx, schedule = _optimizer(cfg, p.peak_lr)
+    graphdef, host_state = init_host_state(cfg, tx)
+    local = LocalGrads(graphdef=graphdef, compute_dtype=p.compute_dtype, accum_steps=cfg.train.accum_steps,
+                       seed=cfg.train.seed, use_example_keys=cfg.model.dropout > 0)
+    updater = Updater(tx=tx, lr_schedule=schedule, loss_scaling=cfg.precision.loss_scale,
+                      growth_interval=cfg.precision.growth_interval)
+    state = mode.place_state(host_state)
+    steps = mode.build(local, updater, jax.eval_shape(lambda: host_state))
+    return Experiment(plan=p, mode=mode, local=local, updater=updater, state=state, steps=steps, graphdef=graphdef)

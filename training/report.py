@@ -1,0 +1,154 @@
+"""Where numbers go: ``metrics.jsonl`` and ``summary.json`` in the run folder, W&B, and the console.
+
+Only process 0 reports; the others construct a ``Reporter`` with ``enabled=False`` that does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+def jsonable(value: Any) -> Any:
+    """numpy / jax scalars -> Python numbers; NaN/inf -> strings (JSON has no NaN)."""
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "item") and np.ndim(value) == 0:
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def write_json(path: Path, obj: dict) -> None:
+    """Writes ``obj`` atomically (tmp file + rename)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(jsonable(obj), indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def resolve_wandb_mode(mode: Optional[str]) -> str:
+    """``mode`` or, when None, 'online' if a W&B API key is configured (env or netrc), else 'offline'.
+
+    Raises:
+      ValueError: unknown mode.
+    """
+    if mode is not None:
+        if mode not in WANDB_MODES:
+            raise ValueError(f"wandb.mode={mode!r} is unknown; choose one of online, offline, disabled (or null)")
+        return mode
+    env = os.environ.get("WANDB_MODE")
+    if env in WANDB_MODES or env == "dryrun":
+        return "offline" if env == "dryrun" else env
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    try:
+        import netrc
+
+        auth = netrc.netrc().authenticators("api.wandb.ai")
+        if auth and auth[2]:
+            return "online"
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        pass
+    return "offline"
+
+
+class Reporter:
+    """Writes records to ``metrics.jsonl`` and W&B; the summary to ``summary.json`` and W&B's summary.
+
+    Args:
+      run_dir: the Hydra run folder.
+      enabled: False on processes other than 0 (then every method is a no-op).
+    """
+
+    def __init__(self, run_dir: Path, enabled: bool = True):
+        self.run_dir = Path(run_dir)
+        self.enabled = enabled
+        self.wandb_run = None
+        self._jsonl = None
+
+    # ---- W&B -------------------------------------------------------------------------------------
+    def start_wandb(self, mode: str, project: str, entity: Optional[str], group: Optional[str], job_type: str,
+                    tags: list[str], config: dict, init_timeout_s: float, resume_id: Optional[str] = None) -> None:
+        """Starts the W&B run inside the run folder. Online failure -> offline within ``init_timeout_s``."""
+        if not self.enabled or mode == "disabled":
+            return
+        import wandb
+
+        kwargs = dict(project=project, entity=entity, group=group, job_type=job_type, tags=tags,
+                      config=config, dir=str(self.run_dir), reinit="finish_previous")
+        if resume_id:
+            kwargs.update(id=resume_id, resume="allow")
+        settings = dict(init_timeout=init_timeout_s, console="off", x_disable_stats=True, silent=True)
+        try:
+            self.wandb_run = wandb.init(mode=mode, settings=wandb.Settings(**settings), **kwargs)
+        except Exception as e:
+            if mode != "online":
+                raise
+            log.warning("W&B could not be reached (%s); continuing offline", str(e).splitlines()[0][:200])
+            self.wandb_run = wandb.init(mode="offline", settings=wandb.Settings(**settings), **kwargs)
+            mode = "offline"
+        if mode == "offline":
+            log.info("W&B is offline; the run is in %s; upload it later with: wandb sync %s",
+                     self.wandb_run.dir, os.path.dirname(self.wandb_run.dir))
+
+    @property
+    def wandb_info(self) -> dict:
+        if self.wandb_run is None:
+            return {}
+        return {"wandb/run_id": self.wandb_run.id, "wandb/run_dir": os.path.dirname(self.wandb_run.dir),
+                "wandb/group": self.wandb_run.group}
+
+    # ---- records ---------------------------------------------------------------------------------
+    def log(self, records: list[dict]) -> None:
+        """Appends records (each carries ``step``) to metrics.jsonl and the W&B history."""
+        if not self.enabled or not records:
+            return
+        if self._jsonl is None:
+            self._jsonl = open(self.run_dir / "metrics.jsonl", "a")
+        for rec in records:
+            rec = jsonable(rec)
+            self._jsonl.write(json.dumps(rec, sort_keys=True) + "\n")
+            if self.wandb_run is not None:
+                self.wandb_run.log({k: v for k, v in rec.items() if k != "step" and not isinstance(v, (str, list))},
+                                   step=int(rec["step"]))
+        self._jsonl.flush()
+
+    def summary(self, values: dict) -> None:
+        """Writes summary.json (also for failed runs) and copies the values into the W&B summary."""
+        if not self.enabled:
+            return
+        values = {**values, **self.wandb_info}
+        write_json(self.run_dir / "summary.json", values)
+        if self.wandb_run is not None:
+            for k, v in jsonable(values).items():
+                self.wandb_run.summary[k] = v
+
+    def close(self, exit_code: int = 0) -> None:
+        """Closes the files and finishes the W&B run (always, also after an error)."""
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+        if self.wandb_run is not None:
+            try:
+                self.wandb_run.finish(exit_code=exit_code)
+            finally:
+                self.wandb_run = None
+
+
+def console(line: str) -> None:
+    """One line on stderr (errors, warnings a user must see even with logging redirected)."""
+    print(line, file=sys.stderr, flush=True)

@@ -1,0 +1,234 @@
+"""One experiment: validate, load data, build, compile, train with bounded dispatch, evaluate, report.
+
+The loop keeps at most ``train.max_in_flight`` (2) steps in flight: before dispatching step t+1 it waits on
+step t-1's output (on the CPU backend, queueing ~32 steps of simulated-device collectives aborts the process).
+Apart from that and the logging windows, it never synchronises with the host.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from conf.schema import Config, as_dict
+from data.pipeline import SyntheticSource, TrainSource, make_eval_set, synthetic_eval, train_batches
+from data.sources import DataError, load_tfds_split
+from parallel import ConfigError
+from training.build import Experiment, Plan, build, plan
+from training.measure import (compiled_step_metrics, lookup_link_bytes_per_s, lookup_peak_flops_per_s,
+                              peak_bytes_per_device, state_bytes_per_device)
+from training.report import Reporter, console, resolve_wandb_mode
+
+log = logging.getLogger(__name__)
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (e.g. a non-finite loss); the message is one line."""
+
+
+USER_ERRORS = (ConfigError, DataError, TrainingError)
+
+
+def describe(cfg: Config) -> dict[str, Any]:
+    """Summary keys known before anything is built (also written for failed runs)."""
+    return {"parallel": cfg.parallel.name, "precision": cfg.precision.name, "model": cfg.model.name,
+            "data": cfg.data.name, "mesh/devices_requested": cfg.mesh.devices,
+            "train/accum_steps": cfg.train.accum_steps, "process_count": jax.process_count()}
+
+
+def load_data(cfg: Config, p: Plan):
+    """(train source, host test split). Raises DataError with one line when the dataset is missing."""
+    d = cfg.data
+    if d.name == "synthetic":
+        train = SyntheticSource(d.image_shape, d.num_classes, d.train_size, p.global_batch, cfg.train.seed)
+        return train, synthetic_eval(d.image_shape, d.num_classes, d.eval_size, cfg.train.seed)
+    if not d.tfds_name:
+        raise ConfigError(f"data={d.name} has no data.tfds_name; set it or use data=synthetic")
+    train = load_tfds_split(d.tfds_name, "train", d.data_dir, d.cache_dir)
+    test = load_tfds_split(d.tfds_name, "test", d.data_dir, d.cache_dir)
+    if tuple(train.images.shape[1:]) != tuple(d.image_shape):
+        raise ConfigError(f"data.image_shape={list(d.image_shape)} but {d.tfds_name} images are "
+                          f"{list(train.images.shape[1:])}; fix data.image_shape")
+    return TrainSource(train, p.global_batch, cfg.train.seed), test
+
+
+def evaluate(exp: Experiment, params, eval_set) -> dict[str, float]:
+    """Loss and accuracy over the whole test split (padded, masked: the denominator is exact)."""
+    totals = None
+    for batch in eval_set.batches:
+        sums = exp.steps.eval(params, batch)
+        totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
+    host = exp.mode.metrics_to_host(totals)
+    count = float(host["count"])
+    assert count == eval_set.num_examples, (count, eval_set.num_examples)
+    return {"eval/loss": float(host["loss_sum"]) / count, "eval/accuracy": float(host["correct"]) / count}
+
+
+class StepTimer:
+    """Wall time of the steps of a logging window, excluding pauses (eval, sync checks, logging)."""
+
+    def __init__(self):
+        self.elapsed_s, self.steps, self._t0 = 0.0, 0, time.perf_counter()
+
+    def pause(self, last_output) -> None:
+        jax.block_until_ready(last_output)
+        self.elapsed_s += time.perf_counter() - self._t0
+
+    def resume(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def take(self) -> tuple[float, int]:
+        out = (self.elapsed_s, self.steps)
+        self.elapsed_s, self.steps = 0.0, 0
+        return out
+
+
+def total_steps(cfg: Config, steps_per_epoch: int) -> int:
+    return cfg.train.steps if cfg.train.steps is not None else cfg.train.epochs * steps_per_epoch
+
+
+def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
+    """Runs one experiment and returns its summary. Raises USER_ERRORS with one-line messages."""
+    p = plan(cfg)  # every check that needs neither data nor compilation
+    wandb_mode = resolve_wandb_mode(cfg.wandb.mode)
+    source, test = load_data(cfg, p)
+    exp = build(p)
+    mode, layout = exp.mode, exp.mode.batch_layout()
+    eval_set = make_eval_set(test, cfg.train.eval_batch, mode.num_devices, layout)
+    n_steps = total_steps(cfg, source.steps_per_epoch)
+    device = p.devices[0]
+    info: dict[str, Any] = {
+        **describe(cfg), "platform": device.platform, "device_kind": device.device_kind,
+        "process_count": jax.process_count(), "mesh/devices": mode.num_devices, "mesh/shape": list(p.mesh_shape),
+        "train/global_batch": p.global_batch, "train/per_device_batch": p.per_device_batch,
+        "train/scaling": p.scaling, "train/steps": n_steps, "train/steps_per_epoch": source.steps_per_epoch,
+        "parallel/grad_reduce_dtype": cfg.parallel.grad_reduce_dtype, "optim/peak_lr": p.peak_lr,
+    }
+
+    batches = train_batches(source, layout, 0, n_steps, cfg.data.prefetch)
+    first = next(batches)
+    t0 = time.perf_counter()
+    lowered = exp.steps.train.lower(exp.state, first)
+    compiled = lowered.compile()
+    info["perf/compile_time_s"] = time.perf_counter() - t0
+    info.update(compiled_step_metrics(lowered, compiled, mode.num_devices))
+    info["mem/state_bytes_per_device"] = state_bytes_per_device(exp.state)
+    link = cfg.hardware.link_bytes_per_s or lookup_link_bytes_per_s(device.device_kind)
+    peak_flops = cfg.hardware.peak_flops_per_s or lookup_peak_flops_per_s(device.device_kind,
+                                                                         cfg.precision.compute_dtype)
+    if link is None:
+        log.info("no link bandwidth known for %s: comm/time_model_s and comm/ratio_model are not computed "
+                 "(set hardware.link_bytes_per_s to model a target)", device.device_kind)
+    else:
+        info["hardware/link_bytes_per_s"] = link
+        info["comm/time_model_s"] = info["comm/bytes_per_step"] / link
+
+    wandb_cfg = {**as_dict(cfg), "process_count": jax.process_count(),
+                 "process_layout": {"process_index": jax.process_index(),
+                                    "local_devices": jax.local_device_count()},
+                 "resolved": {k: v for k, v in info.items() if not isinstance(v, list)}}
+    reporter.start_wandb(wandb_mode, cfg.wandb.project, cfg.wandb.entity, cfg.wandb.group,
+                         job_type=f"{cfg.parallel.name}-{cfg.precision.name}",
+                         tags=list(cfg.wandb.tags) + [cfg.parallel.name, cfg.precision.name,
+                                                      f"devices={mode.num_devices}"],
+                         config=wandb_cfg, init_timeout_s=cfg.wandb.init_timeout_s)
+    reporter.log([{"step": 0, **{k: v for k, v in info.items() if k.startswith(("comm/", "mem/", "perf/"))
+                                 and not isinstance(v, list)}}])
+
+    state = exp.state
+    last: dict[str, Any] = {}
+    window_records: list[tuple[int, Any]] = []
+    in_flight: collections.deque = collections.deque()
+    step_times: list[float] = []
+    timer = StepTimer()
+    bar = tqdm(total=n_steps, disable=not reporter.enabled, desc="train", unit="step", dynamic_ncols=True,
+               mininterval=1.0)
+    try:
+        batch = first
+        for step in range(n_steps):
+            if step > 0:
+                batch = next(batches)
+            state, metrics = compiled(state, batch)
+            timer.steps += 1
+            window_records.append((step + 1, metrics))
+            in_flight.append(metrics)
+            if len(in_flight) > cfg.train.max_in_flight:
+                jax.block_until_ready(in_flight.popleft())
+            bar.update(1)
+            done = step + 1
+            extra: dict[str, Any] = {}
+            if done % cfg.train.sync_every == 0 or done == n_steps:
+                timer.pause(metrics)
+                divergence = mode.replica_divergence((state.params, state.opt_state))
+                extra["sync/max_replica_divergence"] = divergence
+                if divergence != 0.0:
+                    msg = f"replicas diverged at step {done}: max |difference| = {divergence:g}"
+                    if cfg.train.sync_strict:
+                        raise TrainingError(msg + " (train.sync_strict=true)")
+                    log.warning(msg)
+                timer.resume()
+            if cfg.train.eval_every and done % cfg.train.eval_every == 0 and done != n_steps:
+                timer.pause(metrics)
+                extra.update(evaluate(exp, state.params, eval_set))
+                timer.resume()
+            if done % cfg.train.log_every == 0 or done == n_steps:
+                timer.pause(metrics)
+                elapsed_s, steps = timer.take()
+                step_time_s = elapsed_s / steps
+                step_times.append(step_time_s)
+                perf = {"perf/step_time_s": step_time_s, "perf/examples_per_s": p.global_batch / step_time_s,
+                        "perf/examples_per_s_per_device": p.global_batch / step_time_s / mode.num_devices,
+                        "mesh/devices": mode.num_devices}
+                if "comm/time_model_s" in info:
+                    perf["comm/ratio_model"] = info["comm/time_model_s"] / step_time_s
+                if peak_flops and "perf/flops_per_step_per_device" in info:
+                    perf["perf/mfu"] = info["perf/flops_per_step_per_device"] / step_time_s / peak_flops
+                records = flush_window(mode, window_records, perf, extra)
+                window_records = []
+                last.update(records[-1])
+                reporter.log(records)
+                bar.set_postfix(loss=f"{last['train/loss']:.4f}", ex_s=f"{perf['perf/examples_per_s']:.0f}")
+                timer.resume()
+            elif extra:
+                # eval / sync values are attached to the next logged record of this step
+                window_records[-1] = (done, (window_records[-1][1], extra))
+    finally:
+        bar.close()
+
+    final = evaluate(exp, state.params, eval_set)
+    reporter.log([{"step": n_steps, **final}])
+    summary = {**info, **{k: v for k, v in last.items() if k != "step"}, **final, "status": "ok",
+               "perf/step_time_s_median": statistics.median(step_times)}
+    peak = peak_bytes_per_device()
+    if peak is not None:
+        summary["mem/peak_bytes_per_device"] = peak
+    summary.pop("nonfinite", None)
+    return summary
+
+
+def flush_window(mode, window_records, perf: dict, extra: dict) -> list[dict]:
+    """Device metrics of a window -> one host record per step; perf and extras go on the last record.
+
+    Raises:
+      TrainingError: a step's loss or gradients were not finite (names the first bad step).
+    """
+    records = []
+    for step, item in window_records:
+        metrics, more = item if isinstance(item, tuple) else (item, {})
+        host = {k: float(v) for k, v in mode.metrics_to_host(metrics).items()}
+        if host.pop("nonfinite"):
+            raise TrainingError(f"non-finite loss or gradient at step {step} (loss={host['train/loss']}); "
+                                f"lower optim.lr, enable optim.clip_grad_norm, or use precision=fp32")
+        records.append({"step": step, **host, **more})
+    records[-1].update(perf)
+    records[-1].update(extra)
+    return records

@@ -1,0 +1,35 @@
+"""Process set-up that must happen before the JAX backend starts: simulated CPU devices, XLA flags."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from conf.schema import Config
+
+log = logging.getLogger(__name__)
+
+
+def backend_started() -> bool:
+    """Whether a JAX backend has been initialised in this process (then device settings are fixed)."""
+    try:
+        from jax._src import xla_bridge
+
+        return bool(xla_bridge._backends)
+    except Exception:  # private API moved: assume started, so we never change settings under a live backend
+        return True
+
+
+def setup_runtime(cfg: Config) -> None:
+    """Applies ``xla.flags`` and ``runtime.cpu_devices`` once per process, before the backend starts.
+
+    Later calls in the same process (Hydra's default launcher runs every sweep job in one process) leave the
+    settings as they are: the device count of a process is fixed once its backend is up.
+    """
+    if cfg.xla.flags:
+        os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", "")] + list(cfg.xla.flags)))
+        log.info("XLA flags (xla=%s): %s", cfg.xla.name, " ".join(cfg.xla.flags))
+    import jax
+
+    if not backend_started():
+        jax.config.update("jax_num_cpu_devices", cfg.runtime.cpu_devices)

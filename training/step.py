@@ -1,0 +1,187 @@
+"""The pure training step, shared by every parallel mode.
+
+A step is split in two pure halves so that a parallel mode only decides *where* the gradient reduction
+happens and which collectives it uses, never *what* is computed:
+
+1. ``LocalGrads.__call__(params, batch, step, loss_scale)``: on whatever batch it is given (one device's
+   shard, or the whole global batch under plain ``jit``), sums the per-example loss gradients over
+   ``accum_steps`` microbatches in a ``lax.scan`` (no collectives inside). Returns ``(grad_sums, metric_sums)``.
+2. ``apply_update(state, grads, metric_sums)``: takes the *global mean* gradient (still multiplied by the
+   loss scale), unscales it, checks it is finite, clips, applies the optax update once, updates the loss
+   scale and returns the new state and the step's metrics.
+
+Mixed precision (Micikevicius et al., "Mixed Precision Training", ICLR 2018): float32 master parameters
+and optimizer state; the forward and backward passes run in ``compute_dtype`` (the params are cast inside
+the differentiated function, so the gradient w.r.t. the float32 params is float32); logits, loss and every
+metric reduction are float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+
+from training.precision import LossScaleState, update_loss_scale
+
+Metrics = dict[str, jax.Array]
+
+# Metric sums reduced across devices in the same step as the gradients: 2 float32 scalars = 8 bytes.
+# (The example count is static: the global batch.)
+METRIC_SUM_KEYS = ("loss_sum", "correct")
+METRIC_SUM_BYTES = 4 * len(METRIC_SUM_KEYS)
+
+
+@struct.dataclass
+class TrainState:
+    """Everything that changes during training; a pytree of arrays.
+
+    step: int32 ``[]`` optimizer steps taken. params: ``nnx.State`` of float32 arrays. opt_state: optax state
+    (float32). loss_scale: ``LossScaleState``.
+    """
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    loss_scale: LossScaleState
+
+
+def create_state(params, tx: optax.GradientTransformation, loss_scale: LossScaleState) -> TrainState:
+    """A fresh state: step 0, ``tx.init(params)``."""
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                      loss_scale=loss_scale)
+
+
+def to_float_image(image: jax.Array, dtype) -> jax.Array:
+    """uint8 images -> [0, 1] in ``dtype`` (float inputs are only cast)."""
+    if image.dtype == jnp.uint8:
+        return (image.astype(jnp.float32) / 255.0).astype(dtype)
+    return image.astype(dtype)
+
+
+def example_keys(seed: int, step: jax.Array, index_B: jax.Array) -> jax.Array:
+    """Typed PRNG keys ``[B]`` from (seed, step, global example index): independent of device count."""
+    base = jax.random.fold_in(jax.random.key(seed), step)
+    return jax.vmap(lambda i: jax.random.fold_in(base, i))(index_B)
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalGrads:
+    """Gradient sums over a local batch, accumulated over ``accum_steps`` microbatches.
+
+    Attributes:
+      graphdef: the model's ``nnx.GraphDef``.
+      compute_dtype: dtype of the forward/backward pass (float32, bfloat16, float16).
+      accum_steps: K, microbatches per optimizer step.
+      seed: seed of the per-example randomness (dropout).
+      use_example_keys: whether the model needs per-example keys (dropout > 0).
+    """
+
+    graphdef: Any
+    compute_dtype: Any
+    accum_steps: int
+    seed: int
+    use_example_keys: bool
+
+    def logits(self, params, image, keys=None) -> jax.Array:
+        """float32 logits ``[B, classes]`` computed in ``compute_dtype``."""
+        cast = jax.tree.map(lambda p: p.astype(self.compute_dtype), params)
+        model = nnx.merge(self.graphdef, cast)
+        return model(to_float_image(image, self.compute_dtype), keys).astype(jnp.float32)
+
+    def _micro(self, params, batch, step, scale):
+        keys = example_keys(self.seed, step, batch["index"]) if self.use_example_keys else None
+
+        def loss_fn(p):
+            logits = self.logits(p, batch["image"], keys)
+            per_example = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
+            loss_sum = jnp.sum(per_example)
+            correct = jnp.sum((jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32))
+            return loss_sum * scale, (loss_sum, correct)
+
+        grads, (loss_sum, correct) = jax.grad(loss_fn, has_aux=True)(params)
+        return grads, {"loss_sum": loss_sum, "correct": correct}
+
+    def __call__(self, params, batch, step, scale):
+        """Returns ``(grad_sums, metric_sums)``: float32 pytrees, sums over every example of ``batch``.
+
+        ``batch`` leaves have a leading batch axis B, divisible by ``accum_steps``. ``scale``: float32 loss
+        scale (gradients come out multiplied by it).
+        """
+        k = self.accum_steps
+        if k == 1:
+            return self._micro(params, batch, step, scale)
+        micro = jax.tree.map(lambda x: x.reshape(k, x.shape[0] // k, *x.shape[1:]), batch)
+        # The first microbatch seeds the carry, so its type (shape, dtype and, under shard_map, which mesh
+        # axes it varies over) is exactly the body's output type.
+        first = self._micro(params, jax.tree.map(lambda x: x[0], micro), step, scale)
+
+        def body(carry, mb):
+            out = self._micro(params, mb, step, scale)
+            return jax.tree.map(jnp.add, carry, out), None
+
+        sums, _ = jax.lax.scan(body, first, jax.tree.map(lambda x: x[1:], micro))
+        return sums
+
+    def eval_sums(self, params, batch) -> Metrics:
+        """Masked sums for evaluation (no dropout): ``loss_sum``, ``correct``, ``count`` (float32 scalars)."""
+        logits = self.logits(params, batch["image"])
+        mask = batch["mask"]
+        per_example = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
+        correct = (jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32)
+        return {"loss_sum": jnp.sum(per_example * mask), "correct": jnp.sum(correct * mask),
+                "count": jnp.sum(mask)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Updater:
+    """The optimizer half of the step: ``__call__(state, grads, metric_sums) -> (state, metrics)``.
+
+    Attributes:
+      tx: the optax transformation (clipping included).
+      lr_schedule: step -> learning rate (for logging ``optim/lr``).
+      loss_scaling: 'dynamic' | 'static' | 'none'.
+      growth_interval: good steps before a dynamic scale doubles.
+    """
+
+    tx: optax.GradientTransformation
+    lr_schedule: Callable[[jax.Array], jax.Array]
+    loss_scaling: str
+    growth_interval: int
+
+    def __call__(self, state: TrainState, grads, sums: Metrics) -> tuple[TrainState, Metrics]:
+        """``grads``: global-mean gradients times the loss scale (float32, the params' structure/sharding)."""
+        scale = state.loss_scale.scale
+        grads = jax.tree.map(lambda g: g / scale, grads)
+        grad_norm = optax.global_norm(grads)
+        finite = jnp.isfinite(grad_norm)
+        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        if self.loss_scaling != "none":  # skip a non-finite step: params and optimizer state unchanged
+            keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+            params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
+        loss_scale = update_loss_scale(state.loss_scale, finite, self.loss_scaling, self.growth_interval)
+        loss = sums["loss_sum"] / sums["count"]
+        metrics = {
+            "train/loss": loss,
+            "train/accuracy": sums["correct"] / sums["count"],
+            "optim/lr": jnp.asarray(self.lr_schedule(state.step), jnp.float32),
+            "optim/grad_norm": grad_norm,
+            "precision/loss_scale": loss_scale.scale,
+            "precision/skipped_steps": loss_scale.skipped,
+            # Without loss scaling a non-finite loss or gradient stops the run at the next logging window;
+            # with loss scaling a non-finite gradient is an overflow: the step is skipped instead.
+            "nonfinite": ~jnp.isfinite(loss) | (~finite if self.loss_scaling == "none" else False),
+        }
+        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, loss_scale=loss_scale)
+        return new_state, metrics
+
+
+def global_mean(grad_sums, sums: Metrics, global_batch: int):
+    """Global-sum gradients -> global-mean gradients; adds the (static) example ``count`` to the sums."""
+    inv = 1.0 / global_batch
+    return jax.tree.map(lambda g: g * inv, grad_sums), {**sums, "count": jnp.float32(global_batch)}
