@@ -26,6 +26,7 @@ from parallel import ConfigError
 from training.build import Experiment, Plan, build, plan
 from training.measure import (compiled_step_metrics, lookup_link_bytes_per_s, lookup_peak_flops_per_s,
                               peak_bytes_per_device, state_bytes_per_device)
+from training.profile import Profiler
 from training.report import Reporter, console, resolve_wandb_mode
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,22 @@ class StepTimer:
         return out
 
 
+def wandb_group(cfg: Config) -> Optional[str]:
+    """``wandb.group``, else, inside a Hydra multirun, the sweep's id (its folder), so a sweep is one group."""
+    if cfg.wandb.group:
+        return cfg.wandb.group
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        if hc.mode == RunMode.MULTIRUN:
+            return "sweep-" + Path(hc.sweep.dir).as_posix().strip("/").replace("/", "_")
+    except Exception:  # not under Hydra (tests, library use)
+        pass
+    return None
+
+
 def total_steps(cfg: Config, steps_per_epoch: int) -> int:
     return cfg.train.steps if cfg.train.steps is not None else cfg.train.epochs * steps_per_epoch
 
@@ -136,7 +153,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
                  "process_layout": {"process_index": jax.process_index(),
                                     "local_devices": jax.local_device_count()},
                  "resolved": {k: v for k, v in info.items() if not isinstance(v, list)}}
-    reporter.start_wandb(wandb_mode, cfg.wandb.project, cfg.wandb.entity, cfg.wandb.group,
+    reporter.start_wandb(wandb_mode, cfg.wandb.project, cfg.wandb.entity, wandb_group(cfg),
                          job_type=f"{cfg.parallel.name}-{cfg.precision.name}",
                          tags=list(cfg.wandb.tags) + [cfg.parallel.name, cfg.precision.name,
                                                       f"devices={mode.num_devices}"],
@@ -150,6 +167,8 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     in_flight: collections.deque = collections.deque()
     step_times: list[float] = []
     timer = StepTimer()
+    profiler = Profiler(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps, run_dir / "profile",
+                        device.platform)
     bar = tqdm(total=n_steps, disable=not reporter.enabled, desc="train", unit="step", dynamic_ncols=True,
                mininterval=1.0)
     try:
@@ -165,6 +184,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
                 jax.block_until_ready(in_flight.popleft())
             bar.update(1)
             done = step + 1
+            profiler.after_step(done, metrics)
             extra: dict[str, Any] = {}
             if done % cfg.train.sync_every == 0 or done == n_steps:
                 timer.pause(metrics)
@@ -206,8 +226,8 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
 
     final = evaluate(exp, state.params, eval_set)
     reporter.log([{"step": n_steps, **final}])
-    summary = {**info, **{k: v for k, v in last.items() if k != "step"}, **final, "status": "ok",
-               "perf/step_time_s_median": statistics.median(step_times)}
+    summary = {**info, **{k: v for k, v in last.items() if k != "step"}, **final, **profiler.result(),
+               "status": "ok", "perf/step_time_s_median": statistics.median(step_times)}
     peak = peak_bytes_per_device()
     if peak is not None:
         summary["mem/peak_bytes_per_device"] = peak
