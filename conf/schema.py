@@ -112,7 +112,7 @@ class TrainConfig:
     global_batch: Optional[int] = None
     per_device_batch: Optional[int] = None
     eval_batch: int = 1000
-    epochs: int = 3
+    epochs: int = 10  # reaches eval/accuracy ~0.978 with the MLP on MNIST (0.975 at epoch 8)
     # null: run ``epochs`` epochs; otherwise this many optimizer steps.
     steps: Optional[int] = None
     accum_steps: int = 1
@@ -123,6 +123,12 @@ class TrainConfig:
     sync_every: int = 100
     sync_strict: bool = False
     max_in_flight: int = 2
+    # DEBUG AID (issue 7): every process writes the global example indices it placed on its devices at each
+    # step to <run dir>/debug_indices_process<i>.jsonl (one device->host copy per step).
+    debug_dump_indices: bool = False
+    # jax.transfer_guard level around the step dispatch: allow | log | disallow (implicit host<->device
+    # transfers between logging windows raise) | log_explicit | disallow_explicit.
+    transfer_guard: str = "allow"
 
 
 @dataclass
@@ -173,7 +179,14 @@ class CheckpointConfig:
 
 @dataclass
 class DistributedConfig:
-    # null: auto (SLURM / cloud TPU detected, or coordinator given)
+    """Many processes on ``jax.distributed`` (training/distributed.py; README "Running on a cluster").
+
+    ``enabled``: null = auto: on when coordinator/num_processes/process_id is set, or when JAX's cluster
+    detection (SLURM, Open MPI, Cloud TPU) finds more than one process; false = never; true = always.
+    Unset values come from the detected cluster. ``coordinator``: HOST:PORT of process 0, reachable by all.
+    ``timeout_s``: seconds to wait for every peer at start; then JAX aborts the process (non-zero exit).
+    """
+
     enabled: Optional[bool] = None
     coordinator: Optional[str] = None
     num_processes: Optional[int] = None

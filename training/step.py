@@ -41,13 +41,17 @@ class TrainState:
     """Everything that changes during training; a pytree of arrays.
 
     step: int32 ``[]`` optimizer steps taken. params: ``nnx.State`` of float32 arrays. opt_state: optax state
-    (float32). loss_scale: ``LossScaleState``.
+    (float32). loss_scale: ``LossScaleState``. grad_residual: None, or with ``parallel.grad_compression=int8``
+    the error-feedback residual ``{"worker": f32 [devices, padded], "server": f32 [devices, chunk]}``
+    (``parallel.compress``): one row per device, sharded over the devices, different on every device (so it
+    is not part of the replica-sync check), saved in checkpoints.
     """
 
     step: jax.Array
     params: Any
     opt_state: Any
     loss_scale: LossScaleState
+    grad_residual: Any = None  # issue 10: int8 error feedback (parallel.compress.init_residual)
 
 
 def create_state(params, tx: optax.GradientTransformation, loss_scale: LossScaleState) -> TrainState:
@@ -101,9 +105,13 @@ class LocalGrads:
             per_example = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
             loss_sum = jnp.sum(per_example)
             correct = jnp.sum((jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32))
-            return loss_sum * scale, (loss_sum, correct)
+            # Differentiate the scaled *mean* so that gradient magnitudes inside the (possibly float16)
+            # backward pass do not grow with the batch size; multiply back by n to return sums.
+            return loss_sum / n * scale, (loss_sum, correct)
 
+        n = batch["label"].shape[0]
         grads, (loss_sum, correct) = jax.grad(loss_fn, has_aux=True)(params)
+        grads = jax.tree.map(lambda g: g * jnp.float32(n), grads)
         return grads, {"loss_sum": loss_sum, "correct": correct}
 
     def __call__(self, params, batch, step, scale):

@@ -1,0 +1,106 @@
+"""Input pipeline: epoch permutation, per-process slices, exact padded evaluation, TFDS loading and cache."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from data.pipeline import BatchLayout, TrainSource, eval_batch_size, make_eval_set
+from data.sources import DataError, HostDataset, load_tfds_split
+from training.build import build, plan
+from training.run import evaluate
+from utils import SHARED_TFDS, make_cfg, random_dataset, run_steps
+
+
+def mnist_or_random(split: str, tmp_cache) -> HostDataset:
+    if SHARED_TFDS.exists():
+        return load_tfds_split("mnist", split, str(SHARED_TFDS), str(tmp_cache))
+    return random_dataset(60000 if split == "train" else 10000, seed=1)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    import os
+
+    # the real cache (decoding 70,000 PNGs takes ~17 s; the cache is outside the repository)
+    return os.path.expanduser("~/.cache/dp_scaling")
+
+
+def test_one_epoch_visits_59904_distinct_examples_and_repeats_with_the_seed():
+    ds = HostDataset(np.zeros((60000, 1, 1, 1), np.uint8), np.zeros(60000, np.int32))
+    src = TrainSource(ds, 256, seed=0)
+    assert src.steps_per_epoch == 234
+    epoch0 = np.concatenate([src.global_indices(s) for s in range(234)])
+    assert epoch0.size == 59904 and np.unique(epoch0).size == 59904
+    again = TrainSource(ds, 256, seed=0)
+    assert np.array_equal(epoch0, np.concatenate([again.global_indices(s) for s in range(234)]))
+    epoch1 = np.concatenate([src.global_indices(s) for s in range(234, 468)])
+    assert np.unique(epoch1).size == 59904 and not np.array_equal(epoch0, epoch1)
+    other_seed = TrainSource(ds, 256, seed=1)
+    assert not np.array_equal(epoch0[:256], other_seed.global_indices(0))
+
+
+@pytest.mark.parametrize("processes", [1, 2, 4, 8])
+def test_process_slices_make_up_the_global_batch(processes):
+    ds = random_dataset(4096)
+    src = TrainSource(ds, 256, seed=0)
+    for step in (0, 7, 15):
+        rows = [BatchLayout(None, tuple, p, processes).local_rows(256) for p in range(processes)]
+        parts = [src.local_batch(step, r)["index"] for r in rows]
+        assert all(p.size == 256 // processes for p in parts)
+        assert np.array_equal(np.concatenate(parts), src.global_indices(step))  # contiguous, in order
+
+
+def test_eval_batch_is_padded_to_a_multiple_of_the_devices():
+    assert eval_batch_size(999, 8, 1) == 1000
+    assert eval_batch_size(1000, 8, 1) == 1000
+    assert eval_batch_size(768, 8, 2) == 768
+    assert eval_batch_size(5, 8, 1) == 8
+
+
+@pytest.fixture(scope="module")
+def trained_host_state(cache_dir):
+    train = mnist_or_random("train", cache_dir)
+    _, state, _, _ = run_steps(make_cfg(mesh__devices=1), train, 30)
+    return state
+
+
+@pytest.mark.parametrize("mode", ["jit_sharding", "pmap", "fsdp"])
+def test_evaluation_is_exact_for_any_batch_and_device_count(mode, trained_host_state, cache_dir):
+    test = mnist_or_random("test", cache_dir)
+    results = {}
+    for devices in (1, 8):
+        exp = build(plan(make_cfg(parallel__name=mode, mesh__devices=devices)))
+        state = exp.mode.place_state(trained_host_state)
+        for eval_batch in (1000, 768, 999):
+            es = make_eval_set(test, eval_batch, devices, exp.mode.batch_layout())
+            assert es.num_examples == 10000
+            results[(devices, eval_batch)] = evaluate(exp, state.params, es)
+    ref = results[(1, 1000)]
+    assert 0.5 < ref["eval/accuracy"] < 1.0
+    for key, r in results.items():
+        assert r["eval/accuracy"] == ref["eval/accuracy"], key  # exactly: the denominator is 10,000
+        assert abs(r["eval/loss"] - ref["eval/loss"]) <= 1e-6, key
+
+
+def test_missing_dataset_is_one_line_with_the_ways_out(tmp_path):
+    with pytest.raises(DataError) as err:
+        load_tfds_split("mnist", "train", str(tmp_path / "nowhere"), str(tmp_path / "cache"))
+    msg = str(err.value)
+    assert "\n" not in msg and str(tmp_path / "nowhere") in msg
+    assert "TFDS_DATA_DIR" in msg and "data=synthetic" in msg
+
+
+@pytest.mark.skipif(not SHARED_TFDS.exists(), reason="needs the prepared MNIST copy in ../shared")
+def test_decoded_arrays_are_cached(tmp_path):
+    first = load_tfds_split("mnist", "test", str(SHARED_TFDS), str(tmp_path))
+    assert (tmp_path / "mnist-3.0.1-test.npz").exists()
+    t0 = time.perf_counter()
+    second = load_tfds_split("mnist", "test", str(SHARED_TFDS), str(tmp_path))
+    assert time.perf_counter() - t0 < 2.0
+    assert first.images.dtype == np.uint8 and first.images.shape == (10000, 28, 28, 1)
+    assert np.array_equal(first.images, second.images) and np.array_equal(first.labels, second.labels)
+    # canonical MNIST test label counts
+    assert np.bincount(first.labels).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]

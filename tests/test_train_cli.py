@@ -1,0 +1,125 @@
+"""train.py end to end (subprocesses): the main job, offline W&B read back, bad input."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import pytest
+
+from utils import run_train
+from wandb_reader import read_run
+
+
+def summary(run_dir):
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def assert_failed_cleanly(proc, run_dir, *needles):
+    assert proc.returncode != 0
+    errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1, proc.stderr[-2000:]
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+    assert "Traceback" not in proc.stderr
+    left = sorted(p.name for p in run_dir.iterdir())
+    assert left == [".hydra", "summary.json", "train.log"], left  # no W&B run, no metrics.jsonl, no checkpoint
+    s = summary(run_dir)
+    assert s["status"] == "failed" and s["error"] == errors[0][len("error: "):]
+
+
+def test_main_job_short_run_logs_to_offline_wandb(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_train(run_dir, "parallel=jit_sharding", "precision=bf16", "train.steps=40", "train.log_every=10")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = summary(run_dir)
+    assert s["status"] == "ok" and s["mesh/devices"] == 8 and s["train/steps"] == 40
+    assert s["precision"] == "bf16" and s["parallel"] == "jit_sharding"
+    assert 0.1 < s["eval/accuracy"] <= 1.0
+    records = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [r["step"] for r in records if "train/loss" in r]
+    assert train_steps == list(range(1, 41))  # one record per step, none repeated or skipped
+    assert sum("perf/examples_per_s" in r for r in records) == 4
+    (wandb_dir,) = glob.glob(str(run_dir / "wandb" / "offline-run-*"))
+    assert s["wandb/run_dir"] == wandb_dir
+    run = read_run(wandb_dir)
+    losses = [h["train/loss"] for h in run["history"] if "train/loss" in h]
+    assert len(losses) == 40 and losses[0] == pytest.approx(records[1]["train/loss"])
+    assert sum("perf/examples_per_s" in h for h in run["history"]) == 4
+    assert run["summary"]["eval/accuracy"] == s["eval/accuracy"]
+    config = {k: (v["value"] if isinstance(v, dict) and "value" in v else v) for k, v in run["config"].items()}
+    assert config["parallel"]["name"] == "jit_sharding"
+    assert config["precision"]["compute_dtype"] == "bfloat16"
+    assert config["process_count"] == 1
+    # nothing secret is logged
+    blob = (run_dir / ".hydra" / "config.yaml").read_text() + json.dumps(run["config"])
+    assert "api_key" not in blob.lower()
+
+
+def test_many_steps_between_logs_respects_the_in_flight_bound(tmp_path):
+    # 300 steps without a logging window: without the 2-in-flight bound the CPU backend aborts (~32 queued)
+    proc = run_train(tmp_path / "run", "data=synthetic", "train.steps=300", "train.log_every=1000",
+                     "wandb.mode=disabled")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary(tmp_path / "run")["train/steps"] == 300
+
+
+@pytest.mark.parametrize("overrides,needles", [
+    (["train.global_batch=250", "mesh.devices=8"], ["250", "8"]),
+    (["mesh.devices=16"], ["16", "8"]),
+    (["mesh.shape=[3,3]"], ["[3, 3]", "8"]),
+    (["parallel=pmap", "train.global_batch=250"], ["250", "8"]),
+    (["parallel=pmap", "mesh.shape=[2,4]"], ["pmap", "[2, 4]"]),
+    (["train.accum_steps=3"], ["256", "3", "24"]),
+    (["train.global_batch=256", "train.per_device_batch=32"], ["256", "32"]),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, overrides, needles):
+    run_dir = tmp_path / "run"
+    proc = run_train(run_dir, *overrides, "wandb.mode=offline", timeout=120)
+    assert_failed_cleanly(proc, run_dir, *needles)
+
+
+def test_missing_dataset_is_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_train(run_dir, f"data.data_dir={tmp_path}/nowhere", f"data.cache_dir={tmp_path}/cache",
+                     env={"TFDS_DATA_DIR": ""}, timeout=120)
+    assert_failed_cleanly(proc, run_dir, "nowhere", "TFDS_DATA_DIR", "data=synthetic")
+
+
+def test_non_finite_loss_stops_with_the_first_bad_step(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_train(run_dir, "data=synthetic", "precision=fp16", "precision.loss_scale=none", "optim=sgd",
+                     "optim.lr=1e12", "train.steps=30", "train.log_every=10", "wandb.mode=disabled",
+                     "checkpoint.every=0")
+    assert proc.returncode != 0
+    (line,) = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    assert "non-finite" in line and "step 2" in line
+    assert summary(run_dir)["status"] == "failed"
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["parallel=nonsense"], "Available options"),
+    (["train.global_bach=256"], "global_bach"),
+    (["train.global_batch=abc"], "abc"),
+    (["precision=fp8"], "Available options"),
+])
+def test_hydra_rejects_unknown_options_and_keys(tmp_path, overrides, needle):
+    proc = run_train(tmp_path / "run", *overrides, timeout=120)
+    assert proc.returncode != 0
+    assert needle in proc.stderr
+
+
+@pytest.mark.slow
+def test_main_job_acceptance_bf16_on_mnist(tmp_path):
+    """The issue's acceptance run: default epochs on real MNIST, 8 devices, bf16, eval accuracy >= 0.975."""
+    import time
+
+    run_dir = tmp_path / "run"
+    t0 = time.time()
+    proc = run_train(run_dir, "parallel=jit_sharding", "precision=bf16", timeout=900)
+    elapsed = time.time() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = summary(run_dir)
+    assert s["eval/accuracy"] >= 0.975 and s["mesh/devices"] == 8
+    assert elapsed < 180, elapsed

@@ -1,0 +1,75 @@
+"""Helpers shared by the tests: typed configs, in-process experiments and train.py subprocesses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from omegaconf import OmegaConf
+
+from conf.schema import Config
+from data.pipeline import TrainSource
+from data.sources import HostDataset
+from training.build import build, plan
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_TFDS = REPO.parent / "shared" / "tensorflow_datasets"
+
+
+def make_cfg(overrides: dict | None = None, **dotted: Any) -> Config:
+    """A typed Config from the schema defaults plus ``overrides`` (nested dict) and ``a__b=value`` kwargs."""
+    base = OmegaConf.structured(Config)
+    extra = OmegaConf.from_dotlist([f"{k.replace('__', '.')}={v}" for k, v in dotted.items()])
+    return OmegaConf.to_object(OmegaConf.merge(base, overrides or {}, extra))
+
+
+def random_dataset(n: int = 2048, seed: int = 0, shape=(28, 28, 1), classes: int = 10) -> HostDataset:
+    """Random images whose labels are a fixed linear function of the pixels (learnable, so losses fall)."""
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, (n, *shape), dtype=np.uint8)
+    proj = rng.normal(size=(int(np.prod(shape)), classes))
+    labels = np.argmax((images.reshape(n, -1) / 255.0 - 0.5) @ proj, axis=1).astype(np.int32)
+    return HostDataset(images, labels)
+
+
+def run_steps(cfg: Config, dataset: HostDataset, steps: int):
+    """Trains ``steps`` steps in-process. Returns (losses float64 [steps], host state, experiment, initial host state)."""
+    p = plan(cfg)
+    exp = build(p)
+    initial = exp.mode.state_to_host(exp.state)
+    source = TrainSource(dataset, p.global_batch, cfg.train.seed)
+    layout = exp.mode.batch_layout()
+    rows = layout.local_rows(p.global_batch)
+    state, losses = exp.state, []
+    for s in range(steps):
+        state, m = exp.steps.train(state, layout.place(source.local_batch(s, rows), p.global_batch))
+        losses.append(float(exp.mode.metrics_to_host(m)["train/loss"]))
+        jax.block_until_ready(m)
+    exp.state = state
+    return np.asarray(losses), exp.mode.state_to_host(state), exp, initial
+
+
+def max_abs_diff(a, b) -> float:
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(la) == len(lb)
+    return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)), initial=0.0))
+               for x, y in zip(la, lb))
+
+
+def run_train(run_dir: Path, *overrides: str, env: dict | None = None, timeout: int = 600,
+              cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """``python train.py <overrides>`` with its run folder at ``run_dir`` and offline W&B inside it."""
+    e = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    e.pop("WANDB_API_KEY", None)
+    for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        e[var] = str(run_dir.parent / ".wandb_aux")
+    if SHARED_TFDS.exists():
+        e.setdefault("TFDS_DATA_DIR", str(SHARED_TFDS))
+    e.update(env or {})
+    cmd = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", *overrides]
+    return subprocess.run(cmd, cwd=cwd, env=e, capture_output=True, text=True, timeout=timeout)
