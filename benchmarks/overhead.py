@@ -1,0 +1,145 @@
+"""Overhead of the repository's training step vs a minimal hand-written jit loop.
+
+A: the repository's path: typed config -> ``training.build`` (mode, LocalGrads, Updater, donated state) ->
+   the data pipeline (global permutation, per-process slice, ``make_array_from_process_local_data``,
+   background prefetch) -> the AOT-compiled step, dispatched with at most 2 steps in flight.
+B: a minimal loop written by hand: the same 784-256-10 tanh MLP as plain ``jnp`` code, ``optax.adam``,
+   ``jax.jit`` with the same shardings (params replicated, batch split over the devices), the same host
+   batches put on the devices with ``jax.device_put``, the same in-flight bound.
+
+Both run in one process, interleaved A B A B ... over ``--pairs`` pairs of ``--steps`` steps each; the
+script prints each pair's ratio (A step time / B step time) and the median. Goal: median <= 1.05.
+
+    python benchmarks/overhead.py [--devices 8] [--pairs 7] [--steps 200] [--precision fp32|bf16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--devices", type=int, default=8)
+    ap.add_argument("--pairs", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    args = ap.parse_args()
+
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", args.devices)
+    import collections
+
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from omegaconf import OmegaConf
+
+    from conf.schema import Config
+    from data.pipeline import TrainSource, train_batches
+    from data.sources import HostDataset, load_tfds_split
+    from training.build import build, plan
+
+    tfds_dir = os.environ.get("TFDS_DATA_DIR")
+    if tfds_dir and os.path.isdir(os.path.join(tfds_dir, "mnist")):
+        train = load_tfds_split("mnist", "train", tfds_dir, os.path.expanduser("~/.cache/dp_scaling"))
+        data_name = "MNIST"
+    else:
+        rng = np.random.default_rng(0)
+        train = HostDataset(rng.integers(0, 256, (60000, 28, 28, 1), dtype=np.uint8),
+                            rng.integers(0, 10, 60000).astype(np.int32))
+        data_name = "random host data (set TFDS_DATA_DIR for MNIST)"
+    dtype = {"fp32": jnp.float32, "bf16": jnp.bfloat16}[args.precision]
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), {
+        "mesh": {"devices": args.devices}, "train": {"global_batch": args.batch},
+        "precision": {"name": args.precision, "compute_dtype": jnp.dtype(dtype).name}}))
+
+    # ---- A: the repository -------------------------------------------------------------------------
+    p = plan(cfg)
+    exp = build(p)
+    layout = exp.mode.batch_layout()
+    source = TrainSource(train, p.global_batch, cfg.train.seed)
+    first = next(train_batches(source, layout, 0, 1, 2))
+    step_a = exp.steps.train.lower(exp.state, first).compile()
+    state_a = {"s": exp.state, "next": 0}
+
+    def run_a(n: int) -> float:
+        batches = train_batches(source, layout, state_a["next"], state_a["next"] + n, cfg.data.prefetch)
+        state, in_flight = state_a["s"], collections.deque()
+        t0 = time.perf_counter()
+        for batch in batches:
+            state, metrics = step_a(state, batch)
+            in_flight.append(metrics)
+            if len(in_flight) > 2:
+                jax.block_until_ready(in_flight.popleft())
+        jax.block_until_ready(state)
+        dt = time.perf_counter() - t0
+        state_a["s"], state_a["next"] = state, state_a["next"] + n
+        return dt / n
+
+    # ---- B: minimal hand-written loop ----------------------------------------------------------------
+    mesh = exp.mode.mesh
+    repl, data_sh = NamedSharding(mesh, P()), NamedSharding(mesh, P(("data", "fsdp")))
+    key = jax.random.key(0)
+    k1, k2 = jax.random.split(key)
+    params = {"w1": 0.01 * jax.random.normal(k1, (784, 256)), "b1": jnp.zeros(256),
+              "w2": 0.01 * jax.random.normal(k2, (256, 10)), "b2": jnp.zeros(10)}
+    tx = optax.adam(1e-3)
+    params = jax.device_put(params, repl)
+    opt_state = jax.device_put(tx.init(params), repl)
+
+    def loss_fn(params, x, y):
+        c = jax.tree.map(lambda a: a.astype(dtype), params)
+        x = (x.astype(jnp.float32) / 255.0).reshape(x.shape[0], -1).astype(dtype)
+        logits = (jnp.tanh(x @ c["w1"] + c["b1"]) @ c["w2"] + c["b2"]).astype(jnp.float32)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    @jax.jit
+    def step_b(params, opt_state, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    step_b = jax.jit(step_b, in_shardings=(repl, repl, data_sh, data_sh), out_shardings=(repl, repl, repl),
+                     donate_argnums=(0, 1))
+    state_b = {"p": params, "o": opt_state, "next": 0}
+
+    def run_b(n: int) -> float:
+        params, opt_state, in_flight = state_b["p"], state_b["o"], collections.deque()
+        t0 = time.perf_counter()
+        for s in range(state_b["next"], state_b["next"] + n):
+            idx = source.global_indices(s)
+            x = jax.device_put(train.images[idx], data_sh)
+            y = jax.device_put(train.labels[idx], data_sh)
+            params, opt_state, loss = step_b(params, opt_state, x, y)
+            in_flight.append(loss)
+            if len(in_flight) > 2:
+                jax.block_until_ready(in_flight.popleft())
+        jax.block_until_ready(params)
+        dt = time.perf_counter() - t0
+        state_b.update(p=params, o=opt_state, next=state_b["next"] + n)
+        return dt / n
+
+    run_a(20), run_b(20)  # warm up (compile, caches)
+    ratios = []
+    print(f"overhead: {args.devices} devices, global batch {args.batch}, {args.precision}, {data_name}, "
+          f"{args.steps} steps per trial, platform {jax.devices()[0].platform}")
+    for i in range(args.pairs):
+        a, b = run_a(args.steps), run_b(args.steps)
+        ratios.append(a / b)
+        print(f"pair {i}: repo {a * 1e3:.3f} ms/step  hand-written {b * 1e3:.3f} ms/step  ratio {a / b:.3f}")
+    med = statistics.median(ratios)
+    print(f"median ratio (repo / hand-written): {med:.3f}  (goal <= 1.05: {'met' if med <= 1.05 else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()
