@@ -123,3 +123,18 @@ def test_main_job_acceptance_bf16_on_mnist(tmp_path):
     s = summary(run_dir)
     assert s["eval/accuracy"] >= 0.975 and s["mesh/devices"] == 8
     assert elapsed < 180, elapsed
+
+
+def test_unreachable_wandb_falls_back_to_offline_and_writes_no_secret(tmp_path):
+    run_dir = tmp_path / "run"
+    key = "k" * 40
+    proc = run_train(run_dir, "data=synthetic", "train.steps=10", "wandb.mode=online", "wandb.init_timeout_s=10",
+                     env={"WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_API_KEY": key,
+                          "WANDB_CONFIG_DIR": str(tmp_path / "wbcfg")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "continuing offline" in proc.stderr + proc.stdout
+    s = summary(run_dir)
+    assert s["status"] == "ok" and "offline-run-" in s["wandb/run_dir"]
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert key.encode() not in path.read_bytes(), path
