@@ -25,9 +25,12 @@ class ParallelConfig:
     name: str = "jit_sharding"
     # fsdp: arrays smaller than this stay replicated (their gradients are all-reduced).
     min_shard_bytes: int = 0
-    # null: the mode's own reduction; float32 | bfloat16: explicit reduction in that dtype (shard_map psum).
+    # null: the mode's own reduction; float32 | bfloat16: explicit reduction in that dtype (shard_map psum /
+    # psum_scatter, visible in the lowered module; jit_sharding then reduces under shard_map; pmap: psum),
+    # cast back to float32 before the optimizer.
     grad_reduce_dtype: Optional[str] = None
-    # none | int8 (quantised all-to-all + all-gather with error feedback).
+    # none | int8: quantised all-to-all + int32 sum + int8 all-gather with error feedback (parallel/compress.py;
+    # jit_sharding, shard_map, pmap; needs grad_reduce_dtype=null).
     grad_compression: str = "none"
 
 
@@ -75,6 +78,11 @@ class DataConfig:
     train_size: int = 60000
     eval_size: int = 10000
     augment: bool = False
+    # issue 9: with augment=true, every training example is zero-padded by crop_padding pixels per side and
+    # randomly cropped back to its size, then (flip=true) mirrored left-right with probability 1/2, on the
+    # device, keyed by (train.seed, step, example index) (data/augment.py).
+    crop_padding: int = 4
+    flip: bool = False
     prefetch: int = 2
 
 

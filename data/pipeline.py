@@ -8,12 +8,15 @@ and the slices are assembled into one global ``jax.Array`` with ``jax.make_array
 
 Every batch is a dict: ``image`` uint8 ``[B, H, W, C]`` (scaled to [0, 1] float32 on the device, inside the
 step), ``label`` int32 ``[B]``, ``index`` int32 ``[B]`` (global example index, used for per-example
-randomness) and, for evaluation, ``mask`` float32 ``[B]`` (1 for real examples, 0 for padding).
+randomness; training batches omit it when the sources are built with ``with_index=False``, i.e. when no
+dropout, augmentation or index dump needs it) and, for evaluation, ``mask`` float32 ``[B]`` (1 for real
+examples, 0 for padding).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import queue
 import threading
 from typing import Callable, Iterator, Optional, Sequence
@@ -51,7 +54,15 @@ class BatchLayout:
         return slice(self.process_index * per_process, (self.process_index + 1) * per_process)
 
     def place(self, local: Batch, global_batch: int) -> Batch:
-        """Assembles this process's rows into global device arrays (``make_array_from_process_local_data``)."""
+        """Assembles this process's rows into global device arrays (``make_array_from_process_local_data``).
+
+        With one process the local rows are the global batch: one ``jax.device_put`` of the whole dict
+        (same arrays, same sharding; ~1.0 instead of ~1.5 ms per 3-array MNIST batch on 8 simulated CPU
+        devices, issue 9).
+        """
+        if self.process_count == 1:  # issue 9: cheaper single-process placement
+            return jax.device_put({k: v.reshape(self.reshape((global_batch,) + v.shape[1:]))
+                                   for k, v in local.items()}, self.sharding)
         out = {}
         for key, value in local.items():
             gshape = self.reshape((global_batch,) + value.shape[1:])
@@ -61,12 +72,17 @@ class BatchLayout:
 
 
 class TrainSource:
-    """Host-memory training data: global batch ``step`` -> this process's rows."""
+    """Host-memory training data: global batch ``step`` -> this process's rows.
 
-    def __init__(self, dataset: HostDataset, global_batch: int, seed: int):
+    ``with_index``: whether batches carry ``index`` (needed by dropout, augmentation and
+    ``train.debug_dump_indices``); without it a step places 2 arrays instead of 3 (issue 9).
+    """
+
+    def __init__(self, dataset: HostDataset, global_batch: int, seed: int, with_index: bool = True):
         if global_batch > len(dataset):
             raise ValueError(f"train.global_batch={global_batch} exceeds the {len(dataset)} training examples")
         self.dataset, self.global_batch, self.seed = dataset, global_batch, seed
+        self.with_index = with_index
         self.steps_per_epoch = len(dataset) // global_batch
         self._perm_epoch, self._perm = -1, None
 
@@ -79,37 +95,65 @@ class TrainSource:
 
     def local_batch(self, step: int, rows: slice) -> Batch:
         idx = self.global_indices(step)[rows]
-        return {"image": self.dataset.images[idx], "label": self.dataset.labels[idx], "index": idx}
+        batch = {"image": self.dataset.images[idx], "label": self.dataset.labels[idx]}
+        if self.with_index:
+            batch["index"] = idx
+        return batch
 
 
 class SyntheticSource:
-    """Random uint8 images and labels generated ON the devices from (seed, step): never waits for the host.
+    """A synthetic training split of ``train_size`` random examples, generated ON the devices: never waits
+    for the host.
 
-    Example ``i`` of step ``s`` is drawn from ``fold_in(fold_in(key(seed), s), i)`` so batches do not
-    depend on the device count.
+    Example ``i`` (0 <= i < train_size) is uint8 ``image_shape`` pixels and an int32 label in
+    ``[0, num_classes)``, drawn from ``fold_in(key(seed), i)``: a fixed dataset, whatever the device count.
+    Step ``s`` reads examples ``[p*B, (p+1)*B)`` with ``p = s % steps_per_epoch`` (in order: shuffling
+    random examples changes nothing), ``steps_per_epoch = train_size // B``.
+
+    ``with_index``: as in ``TrainSource`` (the same batch structure, so the same compiled step serves both).
+
+    Raises:
+      ValueError: ``global_batch`` larger than ``train_size``.
     """
 
     def __init__(self, image_shape: Sequence[int], num_classes: int, train_size: int, global_batch: int,
-                 seed: int):
+                 seed: int, with_index: bool = True):
+        if global_batch > train_size:  # issue 9: data.train_size is honoured
+            raise ValueError(f"train.global_batch={global_batch} exceeds data.train_size={train_size} "
+                             f"synthetic examples")
         self.image_shape, self.num_classes = tuple(image_shape), num_classes
-        self.global_batch, self.seed = global_batch, seed
-        self.steps_per_epoch = max(1, train_size // global_batch)
+        self.global_batch, self.seed, self.train_size = global_batch, seed, train_size
+        self.steps_per_epoch = train_size // global_batch
+        self.with_index = with_index
         self._fn = None
 
     def device_batch(self, step: int, layout: BatchLayout) -> Batch:
         if self._fn is None:
             b, shape, classes, seed = self.global_batch, self.image_shape, self.num_classes, self.seed
+            spe = self.steps_per_epoch
 
             def make(step_):
-                index = (step_ * b + jnp.arange(b, dtype=jnp.int32)) % jnp.int32(2**31 - 1)
-                keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), step_), i))(index)
-                image = jax.vmap(lambda k: jax.random.randint(k, shape, 0, 256, jnp.int32).astype(jnp.uint8))(keys)
+                index = (step_ % spe) * b + jnp.arange(b, dtype=jnp.int32)  # issue 9: example i < train_size
+                keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(seed), i))(index)
+                image = jax.vmap(lambda k: _random_bytes(k, shape))(keys)
                 label = jax.vmap(lambda k: jax.random.randint(jax.random.fold_in(k, 1), (), 0, classes, jnp.int32))(keys)
-                batch = {"image": image, "label": label, "index": index}
+                batch = {"image": image, "label": label, **({"index": index} if self.with_index else {})}
                 return {k: v.reshape(layout.reshape(v.shape)) for k, v in batch.items()}
 
             self._fn = jax.jit(make, out_shardings=layout.sharding)
-        return self._fn(np.int32(step))
+        # Explicit transfer of the step number (an implicit one fails under train.transfer_guard=disallow).
+        step_arr = jax.device_put(np.int32(step), jax.sharding.NamedSharding(layout.sharding.mesh,
+                                                                             jax.sharding.PartitionSpec()))
+        return self._fn(step_arr)
+
+
+def _random_bytes(key: jax.Array, shape: Sequence[int]) -> jax.Array:
+    """uint8 ``shape`` of uniform random bytes: 32-bit words from ``jax.random.bits`` split into 4 bytes each
+    (issue 9: 2-4x cheaper than ``randint(0, 256)`` per byte on XLA:CPU, so synthetic data costs the devices
+    little; ~2 ms per 256x28x28x1 batch on 8 simulated CPU devices)."""
+    n = math.prod(shape)
+    words = jax.random.bits(key, (-(-n // 4),), jnp.uint32)
+    return jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(-1)[:n].reshape(shape)
 
 
 def synthetic_eval(image_shape: Sequence[int], num_classes: int, size: int, seed: int) -> HostDataset:

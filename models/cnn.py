@@ -5,20 +5,12 @@ from __future__ import annotations
 from typing import Sequence
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
-from models.common import per_example_dropout
-
-
-def site_keys(keys_B: jax.Array | None, site: int) -> jax.Array | None:
-    """Per-example keys for dropout site ``site``: ``fold_in(key_b, site)`` for every example ``b``.
-
-    Each dropout site of a model must draw from its own key: ``per_example_dropout`` with the same key at
-    two sites would give correlated masks (threefry bits depend only on the key and the element index).
-    """
-    if keys_B is None:
-        return None
-    return jax.vmap(lambda k: jax.random.fold_in(k, site))(keys_B)
+# The initialisers and site_keys live in models.common; re-exported here for older imports.
+from models.common import (HE_NORMAL_FAN_OUT, LECUN_NORMAL, XAVIER_UNIFORM, normal,  # noqa: F401
+                           per_example_dropout, site_keys, variance_scaling)
 
 
 class CNN(nnx.Module):
@@ -53,11 +45,12 @@ class CNN(nnx.Module):
             raise ValueError(f"model.width={width} must be positive")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"model.dropout={dropout} must be in [0, 1)")
-        self.conv1 = nnx.Conv(c, width, (3, 3), padding="VALID", rngs=rngs)
-        self.conv2 = nnx.Conv(width, 2 * width, (3, 3), padding="VALID", rngs=rngs)
+        init = dict(kernel_init=LECUN_NORMAL, rngs=rngs)
+        self.conv1 = nnx.Conv(c, width, (3, 3), padding="VALID", **init)
+        self.conv2 = nnx.Conv(width, 2 * width, (3, 3), padding="VALID", **init)
         flat = ((h - 4) // 2) * ((w - 4) // 2) * 2 * width
-        self.fc = nnx.Linear(flat, 128, rngs=rngs)
-        self.out = nnx.Linear(128, num_classes, rngs=rngs)
+        self.fc = nnx.Linear(flat, 128, **init)
+        self.out = nnx.Linear(128, num_classes, **init)
         self.dropout = dropout
 
     def __call__(self, x_BxHxWxC: jax.Array, dropout_keys_B: jax.Array | None = None) -> jax.Array:
@@ -65,6 +58,8 @@ class CNN(nnx.Module):
 
         ``dropout_keys_B``: one typed PRNG key per example (shape ``[B]``), or None (no dropout).
         """
+        if self.dropout == 0.0:
+            dropout_keys_B = None  # no key derivation at all
         h = jax.nn.relu(self.conv1(x_BxHxWxC))
         h = jax.nn.relu(self.conv2(h))
         h = nnx.max_pool(h, window_shape=(2, 2), strides=(2, 2), padding="VALID")

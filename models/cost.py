@@ -37,6 +37,10 @@ def flops_per_example(model: nnx.Module, image_shape: Sequence[int], dtype: str 
     * The count is that of the compiled HLO on the current backend: elementwise ops, reductions and
       transcendentals count too (1 per element), and XLA's algebraic simplifications apply. It excludes the
       optimizer update and any collectives. Without dropout (no keys are passed).
+    * XLA counts only the multiply-adds of a convolution whose kernel tap falls on the real input, not on
+      the zero padding: a 3x3 "SAME" convolution on a 4x4 map counts (10/12)^2 = 69% of the naive
+      ``H*W*9*Cin*Cout``. ResNet-18 (width 64) on 32x32x3: 0.97 GFLOP forward here versus the usual
+      2 * 0.556 GMAC = 1.11 GFLOP quoted for it.
     * The per-example figure includes a small batch-independent part (e.g. the parameter cast) amortised
       over ``batch_size``; it is negligible for these models.
 

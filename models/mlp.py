@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.common import per_example_dropout
+from models.common import normal, per_example_dropout
 
 ACTIVATIONS = {"tanh": jnp.tanh, "relu": jax.nn.relu, "gelu": jax.nn.gelu, "sigmoid": jax.nn.sigmoid}
 
@@ -14,7 +14,9 @@ ACTIVATIONS = {"tanh": jnp.tanh, "relu": jax.nn.relu, "gelu": jax.nn.gelu, "sigm
 class MLP(nnx.Module):
     """784 -> hidden -> 10 perceptron (the reference model of the user's JAX data-parallel notes).
 
-    Weights are drawn from N(0, init_std^2) (init_std=0.01 as in the reference), biases are zero.
+    Weights are drawn from N(0, init_std^2) (init_std=0.01 as in the reference), biases are zero. The
+    initialiser is ``models.common.normal``: bitwise the values of ``nnx.initializers.normal(init_std)``
+    for the same key, but drawn flat, which compiles ~10x faster on XLA:CPU.
 
     Args:
       in_features: flattened image size (784 for 28x28x1).
@@ -35,7 +37,7 @@ class MLP(nnx.Module):
             raise ValueError(f"model.activation={activation!r} is unknown; choose one of {sorted(ACTIVATIONS)}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"model.dropout={dropout} must be in [0, 1)")
-        init = nnx.initializers.normal(stddev=init_std)
+        init = normal(init_std)
         self.hidden = nnx.Linear(in_features, hidden, kernel_init=init, bias_init=nnx.initializers.zeros, rngs=rngs)
         self.out = nnx.Linear(hidden, num_classes, kernel_init=init, bias_init=nnx.initializers.zeros, rngs=rngs)
         self.activation = activation

@@ -9,8 +9,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from models.common import HE_NORMAL_FAN_OUT, LECUN_NORMAL
+
 # He-normal on fan_out, as torchvision initialises ResNet convolutions.
-_CONV_INIT = nnx.initializers.variance_scaling(2.0, "fan_out", "normal")
+_CONV_INIT = HE_NORMAL_FAN_OUT
 _MAX_GROUPS = 32
 
 
@@ -93,7 +95,7 @@ class ResNet18(nnx.Module):
                 blocks.append(BasicBlock(in_ch, out_ch, 2 if (i > 0 and j == 0) else 1, rngs=rngs))
                 in_ch = out_ch
         self.blocks = nnx.List(blocks)
-        self.head = nnx.Linear(in_ch, num_classes, rngs=rngs)
+        self.head = nnx.Linear(in_ch, num_classes, kernel_init=LECUN_NORMAL, rngs=rngs)
 
     def __call__(self, x_BxHxWxC: jax.Array, dropout_keys_B: jax.Array | None = None) -> jax.Array:
         """Logits ``[B, num_classes]`` in the compute dtype. ``dropout_keys_B`` is accepted and ignored."""

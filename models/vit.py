@@ -8,10 +8,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.cnn import site_keys
-from models.common import per_example_dropout
+from models.common import LECUN_NORMAL, XAVIER_UNIFORM, normal, per_example_dropout, site_keys
 
-_DENSE_INIT = nnx.initializers.xavier_uniform()
+_DENSE_INIT = XAVIER_UNIFORM
 _POOLS = ("cls", "mean")
 
 
@@ -85,9 +84,9 @@ class ViT(nnx.Module):
         if pool not in _POOLS:
             raise ValueError(f"pool={pool!r} is unknown; choose one of {_POOLS}")
         self.patch_embed = nnx.Conv(c, width, (patch, patch), strides=patch, padding="VALID",
-                                    kernel_init=nnx.initializers.lecun_normal(), rngs=rngs)
+                                    kernel_init=LECUN_NORMAL, rngs=rngs)
         num_tokens = (h // patch) * (w // patch) + (1 if pool == "cls" else 0)
-        self.pos_embed = nnx.Param(0.02 * jax.random.normal(rngs.params(), (1, num_tokens, width)))
+        self.pos_embed = nnx.Param(normal(0.02)(rngs.params(), (1, num_tokens, width)))
         self.cls_token = nnx.Param(jnp.zeros((1, 1, width))) if pool == "cls" else None
         self.blocks = nnx.List([EncoderBlock(width, heads, mlp_ratio, dropout, rngs=rngs) for _ in range(depth)])
         self.norm = nnx.LayerNorm(width, epsilon=1e-6, rngs=rngs)
@@ -100,6 +99,8 @@ class ViT(nnx.Module):
 
         ``dropout_keys_B``: one typed PRNG key per example (shape ``[B]``), or None (no dropout).
         """
+        if self.dropout == 0.0:
+            dropout_keys_B = None  # no key derivation at all
         b = x_BxHxWxC.shape[0]
         t = self.patch_embed(x_BxHxWxC)
         t_BxNxD = t.reshape(b, -1, t.shape[-1])

@@ -20,7 +20,8 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from data.pipeline import BatchLayout
-from training.step import LocalGrads, TrainState, Updater
+from parallel.compress import int8_mean
+from training.step import LocalGrads, TrainState, Updater, global_mean
 
 MESH_AXES = ("data", "fsdp")
 BATCH_AXES = MESH_AXES  # the batch dimension is split over every device
@@ -77,19 +78,23 @@ class ParallelMode(abc.ABC):
       accum_steps: microbatches per optimizer step.
       min_shard_bytes: fsdp only: arrays smaller than this stay replicated.
       grad_reduce_dtype: None (the mode's own reduction) or a dtype name for an explicit reduction.
+      grad_compression: 'none' | 'int8' (``parallel.compress``; the state then carries ``grad_residual``).
     """
 
     name: str = "base"
     default_mesh_shape: tuple[int, int] = (-1, 1)
     allows_fsdp_axis: bool = False
+    # parallel.grad_compression values this mode implements (issue 10).
+    compressions: tuple[str, ...] = ("none", "int8")
 
     def __init__(self, mesh: Mesh, *, global_batch: int, accum_steps: int, min_shard_bytes: int = 0,
-                 grad_reduce_dtype: Optional[str] = None):
+                 grad_reduce_dtype: Optional[str] = None, grad_compression: str = "none"):
         self.mesh = mesh
         self.global_batch = global_batch
         self.accum_steps = accum_steps
         self.min_shard_bytes = min_shard_bytes
         self.grad_reduce_dtype = grad_reduce_dtype
+        self.grad_compression = grad_compression
         self.num_devices = mesh.size
         self.replicated = NamedSharding(mesh, P())
 
@@ -103,8 +108,14 @@ class ParallelMode(abc.ABC):
 
     # ---- placement -------------------------------------------------------------------------------
     def state_shardings(self, abstract_state: TrainState):
-        """Sharding of every state leaf (default: replicated on every device)."""
-        return jax.tree.map(lambda _: self.replicated, abstract_state)
+        """Sharding of every state leaf (default: replicated on every device; the int8 error-feedback residual:
+        one row per device, its leading axis split over every mesh axis)."""
+        shardings = jax.tree.map(lambda _: self.replicated, abstract_state)
+        if getattr(abstract_state, "grad_residual", None) is not None:
+            per_device = NamedSharding(self.mesh, P(BATCH_AXES))
+            shardings = shardings.replace(grad_residual=jax.tree.map(lambda _: per_device,
+                                                                     abstract_state.grad_residual))
+        return shardings
 
     def place_state(self, host_state: TrainState) -> TrainState:
         """Host (or single-device) state -> device state with ``state_shardings``."""
@@ -134,7 +145,7 @@ class ParallelMode(abc.ABC):
         batch_sh = self.batch_layout().sharding
 
         def train_step(state: TrainState, batch):
-            grads, sums = self.grads(local, state.params, batch, state.step, state.loss_scale.scale)
+            state, grads, sums = self.reduce_step(local, state, batch)
             return updater(state, grads, sums)
 
         train = jax.jit(train_step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, self.replicated),
@@ -142,6 +153,66 @@ class ParallelMode(abc.ABC):
         evaluate = jax.jit(local.eval_sums, in_shardings=(state_sh.params, batch_sh),
                            out_shardings=self.replicated)
         return StepFns(train=train, eval=evaluate)
+
+    # ---- explicit and compressed reductions (issue 10) ----------------------------------------------
+    def reduce_step(self, local: LocalGrads, state: TrainState, batch):
+        """``(state, grads, sums)`` of one step: ``grads`` (global mean x loss scale) with this mode's reduction,
+        or, with ``grad_compression=int8``, the int8 mean and ``state.grad_residual`` updated."""
+        scale = state.loss_scale.scale
+        if self.grad_compression == "none":
+            grads, sums = self.grads(local, state.params, batch, state.step, scale)
+            return state, grads, sums
+        grads, sums, residual = self.compressed_grads(local, state.params, batch, state.step, scale,
+                                                      state.grad_residual)
+        return state.replace(grad_residual=residual), grads, sums
+
+    def explicit_grads(self, local, params, batch, step, scale):
+        """Gradients with ONE explicit ``psum`` over every mesh axis in ``grad_reduce_dtype`` (null: float32).
+
+        Inside ``shard_map``: local gradient sums (params cast to varying, see ``pcast_varying``), cast to the
+        reduce dtype, ``psum`` (visible in the lowered module), cast back to float32, then divided by the global
+        batch. The metric sums are reduced in float32.
+        """
+        dtype = reduce_dtype(self.grad_reduce_dtype)
+
+        def per_device(params, batch, step, scale):
+            grad_sums, sums = local(pcast_varying(params, BATCH_AXES), batch, step, scale)
+            grad_sums = cast_tree(jax.lax.psum(cast_tree(grad_sums, dtype), BATCH_AXES), "float32")
+            return grad_sums, jax.lax.psum(sums, BATCH_AXES)
+
+        grad_sums, sums = jax.shard_map(per_device, mesh=self.mesh, in_specs=(P(), P(BATCH_AXES), P(), P()),
+                                        out_specs=(P(), P()))(params, batch, step, scale)
+        return global_mean(grad_sums, sums, self.global_batch)
+
+    def compressed_grads(self, local, params, batch, step, scale, residual):
+        """int8 mean of the gradients with error feedback (``parallel.compress.int8_mean``).
+
+        Two ``shard_map``s in the same jitted step (no data moves between them): the first computes each
+        device's local gradient sums (``[devices, ...]``, one row per device) and psums the metric sums; the
+        second exchanges them as int8. The second runs with ``check_vma=False``: its all-gathered output is the
+        same on every device, which the varying-axes type check cannot infer (JAX's ``all_gather_invariant``
+        is private). ``residual``: ``{"worker": f32 [devices, padded], "server": f32 [devices, chunk]}``,
+        stored divided by the loss scale. Returns ``(grads, sums, residual)``.
+        """
+        dev = P(BATCH_AXES)
+
+        def local_sums(params, batch, step, scale):
+            grad_sums, sums = local(pcast_varying(params, BATCH_AXES), batch, step, scale)
+            return jax.tree.map(lambda g: g[None], grad_sums), jax.lax.psum(sums, BATCH_AXES)
+
+        grad_rows, sums = jax.shard_map(local_sums, mesh=self.mesh, in_specs=(P(), dev, P(), P()),
+                                        out_specs=(dev, P()))(params, batch, step, scale)
+
+        def reduce(grad_rows, residual, scale):
+            mean, new = int8_mean(jax.tree.map(lambda g: g[0], grad_rows), BATCH_AXES,
+                                  jax.tree.map(lambda r: r[0] * scale, residual))
+            return mean, jax.tree.map(lambda r: (r / scale)[None], new)
+
+        mean, residual = jax.shard_map(reduce, mesh=self.mesh, in_specs=(dev, dev, P()), out_specs=(P(), dev),
+                                       check_vma=False)(grad_rows, residual, scale)
+        inv = 1.0 / (self.global_batch // self.num_devices)  # mean of per-device sums -> mean per example
+        return (jax.tree.map(lambda g: g * inv, mean), {**sums, "count": jnp.float32(self.global_batch)},
+                residual)
 
     # ---- replica synchronisation -------------------------------------------------------------------
     def replica_divergence(self, tree: Any) -> float:

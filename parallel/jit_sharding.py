@@ -5,6 +5,9 @@ microbatches of the *global* batch would put that all-reduce inside the loop (K 
 accumulation is written with an explicit leading device axis: the batch is reshaped to
 ``[devices, B/devices, ...]`` (sharded on that axis), each device's scan is ``vmap``-ed over it, and the
 per-device gradient sums are added over the device axis once, after the loop: one all-reduce per step.
+
+With ``parallel.grad_reduce_dtype`` set, the gradient part runs under ``shard_map`` instead (the base class's
+``explicit_grads``): one explicit ``psum`` in that dtype, visible in the lowered module, cast back to float32.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ class JitSharding(ParallelMode):
     name = "jit_sharding"
 
     def grads(self, local, params, batch, step, scale):
+        if self.grad_reduce_dtype is not None:  # explicit reduction in that dtype, under shard_map (issue 10)
+            return self.explicit_grads(local, params, batch, step, scale)
         if self.accum_steps == 1:
             grad_sums, sums = local(params, batch, step, scale)
         else:

@@ -13,7 +13,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from data.pipeline import BatchLayout
-from parallel.base import ParallelMode, StepFns
+from parallel.base import ParallelMode, StepFns, cast_tree, reduce_dtype
+from parallel.compress import int8_mean
 
 AXIS = "data"
 
@@ -29,8 +30,11 @@ class Pmap(ParallelMode):
 
     def place_state(self, host_state):
         n = self.num_devices
-        stacked = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (n,) + np.shape(x)), host_state)
-        return jax.device_put(stacked, self._stacked())
+        # The int8 error-feedback residual already has one row per device: it is split, not broadcast.
+        residual = host_state.grad_residual
+        stacked = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (n,) + np.shape(x)),
+                               host_state.replace(grad_residual=None))
+        return jax.device_put(stacked.replace(grad_residual=residual), self._stacked())
 
     def batch_layout(self) -> BatchLayout:
         n = self.num_devices
@@ -38,22 +42,49 @@ class Pmap(ParallelMode):
                            process_index=jax.process_index(), process_count=jax.process_count())
 
     def state_to_host(self, state):
-        return jax.tree.map(lambda x: np.asarray(jax.device_get(x[0])), state)
+        # issue 7: replica 0 from this process's own first shard (with several processes x[0] may live on
+        # another process's device); every replica holds the same values.
+        host = jax.tree.map(lambda x: np.asarray(jax.device_get(x.addressable_shards[0].data))[0],
+                            state.replace(grad_residual=None))
+        residual = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), state.grad_residual)  # every row
+        return host.replace(grad_residual=residual)
 
     def metrics_to_host(self, metrics):
-        return jax.tree.map(lambda x: np.asarray(x)[0], jax.device_get(metrics))
+        # issue 7: replica 0 of THIS process (all replicas hold the same reduced values); with several
+        # processes the whole [devices] array is not addressable and cannot be fetched.
+        def first(x):
+            if isinstance(x, jax.Array):
+                return np.asarray(jax.device_get(x.addressable_shards[0].data))[0]
+            return np.asarray(x)[0]
+
+        return jax.tree.map(first, metrics)
 
     def grads(self, local, params, batch, step, scale):
         grad_sums, sums = local(params, batch, step, scale)
         per_device_batch = self.global_batch // self.num_devices
-        grads = jax.tree.map(lambda g: g / per_device_batch, jax.lax.pmean(grad_sums, AXIS))
+        if self.grad_reduce_dtype is None:
+            grads = jax.tree.map(lambda g: g / per_device_batch, jax.lax.pmean(grad_sums, AXIS))
+        else:  # psum in that dtype, back to float32, then the mean (issue 10)
+            dtype = reduce_dtype(self.grad_reduce_dtype)
+            summed = cast_tree(jax.lax.psum(cast_tree(grad_sums, dtype), AXIS), "float32")
+            grads = jax.tree.map(lambda g: g / self.global_batch, summed)
         return grads, {**jax.lax.psum(sums, AXIS), "count": jnp.float32(self.global_batch)}
+
+    def compressed_grads(self, local, params, batch, step, scale, residual):
+        """int8 mean with error feedback (``parallel.compress``) over the pmap axis; ``residual`` is this
+        device's row (stored divided by the loss scale). Returns ``(grads, sums, residual)``."""
+        grad_sums, sums = local(params, batch, step, scale)
+        mean, new = int8_mean(grad_sums, AXIS, jax.tree.map(lambda r: r * scale, residual))
+        per_device_batch = self.global_batch // self.num_devices
+        return (jax.tree.map(lambda g: g / per_device_batch, mean),
+                {**jax.lax.psum(sums, AXIS), "count": jnp.float32(self.global_batch)},
+                jax.tree.map(lambda r: r / scale, new))
 
     def build(self, local, updater, abstract_state) -> StepFns:
         devices = list(self.mesh.devices.flat)
 
         def train_step(state, batch):
-            grads, sums = self.grads(local, state.params, batch, state.step, state.loss_scale.scale)
+            state, grads, sums = self.reduce_step(local, state, batch)
             return updater(state, grads, sums)
 
         def eval_step(params, batch):

@@ -9,24 +9,13 @@ gradient sums and the metric sums together, and dividing by the global batch tur
 
 from __future__ import annotations
 
-import jax
-from jax.sharding import PartitionSpec as P
-
-from parallel.base import BATCH_AXES, ParallelMode, cast_tree, pcast_varying, reduce_dtype
-from training.step import global_mean
+from parallel.base import ParallelMode
 
 
 class ShardMap(ParallelMode):
     name = "shard_map"
 
     def grads(self, local, params, batch, step, scale):
-        dtype = reduce_dtype(self.grad_reduce_dtype)
-
-        def per_device(params, batch, step, scale):
-            grad_sums, sums = local(pcast_varying(params, BATCH_AXES), batch, step, scale)
-            grad_sums = cast_tree(jax.lax.psum(cast_tree(grad_sums, dtype), BATCH_AXES), "float32")
-            return grad_sums, jax.lax.psum(sums, BATCH_AXES)
-
-        grad_sums, sums = jax.shard_map(per_device, mesh=self.mesh, in_specs=(P(), P(BATCH_AXES), P(), P()),
-                                        out_specs=(P(), P()))(params, batch, step, scale)
-        return global_mean(grad_sums, sums, self.global_batch)
+        # The explicit shard_map psum (in parallel.grad_reduce_dtype, float32 when null) lives in the base class,
+        # shared with jit_sharding when that option is set.
+        return self.explicit_grads(local, params, batch, step, scale)

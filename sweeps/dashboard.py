@@ -23,7 +23,9 @@ these sections:
   ``mem/temp_bytes_per_device``, ``mem/peak_bytes_per_device`` [bytes] vs devices.
 * **Training curves by mode** - line plots of ``train/loss``, ``eval/loss``,
   ``eval/accuracy`` and ``perf/step_time_s`` [s] against step, grouped by the
-  run config key ``parallel`` (mean line, min-max band).
+  run config key ``parallel.name`` (mean line, min-max band). train.py logs the config nested
+  (``config.parallel = {"name": "fsdp", ...}``), so the mode is ``parallel.name``; a plain ``parallel``
+  would group by the whole sub-dict.
 * **Scaling report** - the ``scaling_table`` table and ``plots/*`` images of the
   report run.
 """
@@ -71,7 +73,7 @@ def _curves(title: str, y: str, groupby: str, y_title: str) -> wr.LinePlot:
 
 
 def build_workspace_spec(entity: str, project: str, group: str, *,
-                         groupby: str = "parallel", name: str | None = None) -> ws.Workspace:
+                         groupby: str = "parallel.name", name: str | None = None) -> ws.Workspace:
     """Build (offline) the scaling-comparison ``wandb_workspaces`` Workspace for ``group``.
 
     Args:
@@ -233,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--entity", required=True, help="W&B entity (user or team)")
     parser.add_argument("--project", required=True, help="W&B project")
     parser.add_argument("--group", required=True, help="W&B run group of the sweep")
-    parser.add_argument("--groupby", default="parallel",
-                        help="run config key that names the parallel mode (default: parallel)")
+    parser.add_argument("--groupby", default="parallel.name",
+                        help="run config key that names the parallel mode (default: parallel.name)")
     parser.add_argument("--name", default=None, help="workspace name (default: 'Scaling: <group>')")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the workspace spec as JSON; do not contact W&B")

@@ -58,11 +58,11 @@ def test_workspace_spec_panels_and_group_filter():
     eff = _find(panels, "regex:^scaling/efficiency/.*")
     assert eff["type"] == "Run History Line Plot" and eff["x"] == "scaling/devices"
 
-    # loss curves grouped by the parallel mode (config key `parallel`)
+    # loss curves grouped by the parallel mode (nested config key `parallel.name`)
     loss = _find(panels, ["train/loss"])
     assert loss["type"] == "Run History Line Plot"
-    assert loss["x"] == "_step" and loss["groupBy"] == "parallel.value"
-    assert _find(panels, ["eval/loss"])["groupBy"] == "parallel.value"
+    assert loss["x"] == "_step" and loss["groupBy"] == "parallel.value.name"
+    assert _find(panels, ["eval/loss"])["groupBy"] == "parallel.value.name"
 
     # report run's table and images
     types = {p["type"] for p in panels if p["section"] == "Scaling report"}

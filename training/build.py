@@ -16,9 +16,11 @@ import numpy as np
 from flax import nnx
 
 from conf.schema import Config
+from data.augment import augment_spec  # issue 9
 from models import build_model
 from parallel import ConfigError, ParallelMode, make_mesh, mode_class, resolve_mesh_shape
 from parallel.base import StepFns, reduce_dtype
+from parallel.compress import COMPRESSIONS, init_residual
 from training.optim import effective_lr, make_optimizer, make_schedule
 from training.precision import LOSS_SCALING_MODES, init_loss_scale
 from training.step import LocalGrads, TrainState, Updater, create_state
@@ -101,14 +103,33 @@ def plan(cfg: Config) -> Plan:
         raise ConfigError(f"train.epochs={cfg.train.epochs} must be positive")
     if cfg.train.eval_every is not None and cfg.train.eval_every <= 0:
         raise ConfigError(f"train.eval_every={cfg.train.eval_every} must be positive (or null: only at the end)")
+    check_compression(cfg.parallel.grad_compression, cfg.parallel.grad_reduce_dtype, mode)  # issue 10
     try:
         reduce_dtype(cfg.parallel.grad_reduce_dtype)
+        augment_spec(cfg.data.augment, cfg.data.crop_padding, cfg.data.flip)  # issue 9
         peak = effective_lr(cfg.optim.lr, cfg.optim.lr_scaling, gb, cfg.optim.base_batch)
         _optimizer(cfg, peak)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return Plan(cfg=cfg, devices=tuple(visible[:n]), mesh_shape=shape, global_batch=gb, per_device_batch=gb // n,
                 scaling=scaling, compute_dtype=COMPUTE_DTYPES[cfg.precision.compute_dtype], peak_lr=peak)
+
+
+def check_compression(compression: str, grad_reduce_dtype: Optional[str], mode: type[ParallelMode]) -> None:
+    """Raises ConfigError for an unknown ``parallel.grad_compression``, one the mode does not implement, or
+    int8 together with ``parallel.grad_reduce_dtype`` (int8 replaces the reduction, the dtype would be ignored)."""
+    if compression not in COMPRESSIONS:
+        raise ConfigError(f"parallel.grad_compression={compression!r} is unknown; choose one of {', '.join(COMPRESSIONS)}")
+    if compression not in mode.compressions:
+        from parallel import MODES
+
+        ok = [m for m, cls in MODES.items() if compression in cls.compressions]
+        raise ConfigError(f"parallel.grad_compression={compression} is not implemented for parallel={mode.name}; "
+                          f"use parallel={', '.join(ok)}, or parallel.grad_compression=none")
+    if compression != "none" and grad_reduce_dtype is not None:
+        raise ConfigError(f"parallel.grad_compression={compression} replaces the gradient reduction, so "
+                          f"parallel.grad_reduce_dtype={grad_reduce_dtype} would be ignored; set "
+                          f"parallel.grad_reduce_dtype=null")
 
 
 def _optimizer(cfg: Config, peak_lr: float):
@@ -135,7 +156,7 @@ class Experiment:
 def init_host_state(cfg: Config, tx) -> tuple[Any, TrainState]:
     """(graphdef, state) created once on the default device from ``train.seed``: identical for any layout."""
     m = cfg.model
-    with jax.default_device(jax.devices()[0]):
+    with jax.default_device(jax.local_devices()[0]):  # issue 7: devices()[0] is not addressable on process > 0
         model = build_model(m.name, tuple(cfg.data.image_shape), cfg.data.num_classes, seed=cfg.train.seed,
                             hidden=m.hidden, activation=m.activation, dropout=m.dropout, init_std=m.init_std,
                             width=m.width, depth=m.depth, patch=m.patch, heads=m.heads, mlp_ratio=m.mlp_ratio)
@@ -151,11 +172,15 @@ def build(p: Plan) -> Experiment:
     mesh = make_mesh(p.devices, p.mesh_shape)
     mode = mode_class(cfg.parallel.name)(mesh, global_batch=p.global_batch, accum_steps=cfg.train.accum_steps,
                                          min_shard_bytes=cfg.parallel.min_shard_bytes,
-                                         grad_reduce_dtype=cfg.parallel.grad_reduce_dtype)
+                                         grad_reduce_dtype=cfg.parallel.grad_reduce_dtype,
+                                         grad_compression=cfg.parallel.grad_compression)
     tx, schedule = _optimizer(cfg, p.peak_lr)
     graphdef, host_state = init_host_state(cfg, tx)
+    if cfg.parallel.grad_compression == "int8":  # issue 10: per-device error-feedback residual, zero at start
+        host_state = host_state.replace(grad_residual=init_residual(host_state.params, mode.num_devices))
     local = LocalGrads(graphdef=graphdef, compute_dtype=p.compute_dtype, accum_steps=cfg.train.accum_steps,
-                       seed=cfg.train.seed, use_example_keys=cfg.model.dropout > 0)
+                       seed=cfg.train.seed, use_example_keys=cfg.model.dropout > 0,
+                       augment=augment_spec(cfg.data.augment, cfg.data.crop_padding, cfg.data.flip))  # issue 9
     updater = Updater(tx=tx, lr_schedule=schedule, loss_scaling=cfg.precision.loss_scale,
                       growth_interval=cfg.precision.growth_interval)
     state = mode.place_state(host_state)

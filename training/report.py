@@ -113,6 +113,39 @@ class Reporter:
                 "wandb/group": self.wandb_run.group}
 
     # ---- records ---------------------------------------------------------------------------------
+    # --- checkpoints (issue 8): a resumed run continues metrics.jsonl ---
+    def continue_metrics(self, previous: Optional[Path], step: int, final_step: int) -> int:
+        """Starts this run's metrics.jsonl as the history of a run resumed after optimizer step ``step``.
+
+        Keeps the records of ``previous`` (the saved run's metrics.jsonl; this run's own file when it is the
+        same folder) with ``step`` <= the restored step and drops the later ones (written after the checkpoint
+        by a run that then crashed), so no step is repeated or skipped. A cut-off last line (a crash while
+        writing it) is dropped. When the restored step is ``final_step`` the final-evaluation record (no
+        ``train/loss``) is dropped too: this run writes it again. Must be called before ``log``. Returns the
+        number of records kept (0 when ``previous`` does not exist).
+        """
+        if not self.enabled:
+            return 0
+        target = self.run_dir / "metrics.jsonl"
+        source = Path(previous) if previous is not None else target
+        kept: list[str] = []
+        if source.exists():
+            for line in source.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                s = int(rec.get("step", -1))
+                if s < step or (s == step and (step < final_step or "train/loss" in rec)):
+                    kept.append(json.dumps(rec, sort_keys=True))
+        elif previous is not None:
+            log.warning("the resumed run's metrics.jsonl (%s) is gone; %s starts at step %d", source, target, step + 1)
+        tmp = target.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, target)
+        return len(kept)
+    # --- end checkpoints ---
+
     def log(self, records: list[dict]) -> None:
         """Appends records (each carries ``step``) to metrics.jsonl and the W&B history."""
         if not self.enabled or not records:
@@ -150,5 +183,17 @@ class Reporter:
 
 
 def console(line: str) -> None:
-    """One line on stderr (errors, warnings a user must see even with logging redirected)."""
+    """One line on stderr (errors, warnings a user must see even with logging redirected).
+
+    Processes other than 0 of a multi-process job send it to their own log instead (``[process i]`` prefix,
+    ``<job>_process<i>.log``; see ``training.distributed.route_logging``): process 0 owns the console.
+    """
+    # --- distributed (issue 7) ---
+    from training.distributed import settings
+
+    s = settings()
+    if s is not None and s.process_id > 0:
+        log.error("%s", line)
+        return
+    # --- end distributed ---
     print(line, file=sys.stderr, flush=True)

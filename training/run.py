@@ -23,10 +23,12 @@ from conf.schema import Config, as_dict
 from data.pipeline import SyntheticSource, TrainSource, make_eval_set, synthetic_eval, train_batches
 from data.sources import DataError, load_tfds_split
 from parallel import ConfigError
+from training import checkpoint
 from training.build import Experiment, Plan, build, plan
+from training.distributed import dump_batch_indices, process_layout
 from training.measure import (compiled_step_metrics, lookup_link_bytes_per_s, lookup_peak_flops_per_s,
                               peak_bytes_per_device, state_bytes_per_device)
-from training.profile import Profiler
+from training.profile import Profiler, check_window, explain_ratio
 from training.report import Reporter, console, resolve_wandb_mode
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,7 @@ class TrainingError(RuntimeError):
 
 
 USER_ERRORS = (ConfigError, DataError, TrainingError)
+TRANSFER_GUARDS = ("allow", "log", "disallow", "log_explicit", "disallow_explicit")  # jax.transfer_guard levels
 
 
 def describe(cfg: Config) -> dict[str, Any]:
@@ -50,7 +53,16 @@ def load_data(cfg: Config, p: Plan):
     """(train source, host test split). Raises DataError with one line when the dataset is missing."""
     d = cfg.data
     if d.name == "synthetic":
-        train = SyntheticSource(d.image_shape, d.num_classes, d.train_size, p.global_batch, cfg.train.seed)
+        # --- issue 9: synthetic sizes and shape are checked before anything is generated ---
+        if len(d.image_shape) != 3 or min(d.image_shape) <= 0 or d.num_classes < 2:
+            raise ConfigError(f"data.image_shape={list(d.image_shape)} and data.num_classes={d.num_classes} must "
+                              f"be [H, W, C] with positive sizes and at least 2 classes")
+        if d.eval_size <= 0 or d.train_size < p.global_batch:
+            raise ConfigError(f"data.train_size={d.train_size} and data.eval_size={d.eval_size}: the train split "
+                              f"needs at least train.global_batch={p.global_batch} examples and the eval split one")
+        # --- end issue 9 ---
+        train = SyntheticSource(d.image_shape, d.num_classes, d.train_size, p.global_batch, cfg.train.seed,
+                                with_index=batches_need_index(cfg))
         return train, synthetic_eval(d.image_shape, d.num_classes, d.eval_size, cfg.train.seed)
     if not d.tfds_name:
         raise ConfigError(f"data={d.name} has no data.tfds_name; set it or use data=synthetic")
@@ -59,7 +71,22 @@ def load_data(cfg: Config, p: Plan):
     if tuple(train.images.shape[1:]) != tuple(d.image_shape):
         raise ConfigError(f"data.image_shape={list(d.image_shape)} but {d.tfds_name} images are "
                           f"{list(train.images.shape[1:])}; fix data.image_shape")
-    return TrainSource(train, p.global_batch, cfg.train.seed), test
+    # --- issue 9: labels must fit data.num_classes; the split must hold one global batch ---
+    top = int(max(train.labels.max(initial=0), test.labels.max(initial=0)))
+    if top >= d.num_classes:
+        raise ConfigError(f"data.num_classes={d.num_classes} but {d.tfds_name} has label {top}; "
+                          f"set data.num_classes={top + 1}")
+    if len(train) < p.global_batch:
+        raise ConfigError(f"train.global_batch={p.global_batch} exceeds the {len(train)} examples of "
+                          f"{d.tfds_name}/train; lower train.global_batch")
+    # --- end issue 9 ---
+    return TrainSource(train, p.global_batch, cfg.train.seed, with_index=batches_need_index(cfg)), test
+
+
+def batches_need_index(cfg: Config) -> bool:
+    """Whether training batches must carry ``index`` (issue 9: without it a step places 2 arrays, not 3):
+    per-example keys (dropout, augmentation) or the debug dump of placed indices need it."""
+    return cfg.model.dropout > 0 or cfg.data.augment or cfg.train.debug_dump_indices
 
 
 def evaluate(exp: Experiment, params, eval_set) -> dict[str, float]:
@@ -116,12 +143,37 @@ def total_steps(cfg: Config, steps_per_epoch: int) -> int:
 def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     """Runs one experiment and returns its summary. Raises USER_ERRORS with one-line messages."""
     p = plan(cfg)  # every check that needs neither data nor compilation
+    ckpt_plan = checkpoint.prepare(cfg.checkpoint, run_dir, jax.process_count())  # issue 8: resume path exists
     wandb_mode = resolve_wandb_mode(cfg.wandb.mode)
     source, test = load_data(cfg, p)
     exp = build(p)
     mode, layout = exp.mode, exp.mode.batch_layout()
     eval_set = make_eval_set(test, cfg.train.eval_batch, mode.num_devices, layout)
     n_steps = total_steps(cfg, source.steps_per_epoch)
+    # --- measurement: checks before anything is written (profile window, transfer guard) ---
+    window_error = check_window(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps, n_steps)
+    if window_error:
+        raise ConfigError(window_error)
+    if cfg.train.transfer_guard not in TRANSFER_GUARDS:
+        raise ConfigError(f"train.transfer_guard={cfg.train.transfer_guard!r} is unknown; "
+                          f"choose one of {', '.join(TRANSFER_GUARDS)}")
+    # --- end measurement checks ---
+    # --- checkpoints (issue 8): restore onto THIS run's layout, before compiling and before W&B starts ---
+    restored = checkpoint.resume(ckpt_plan, mode, exp.state)
+    start = 0
+    if restored is not None:
+        if restored.step > n_steps:
+            raise ConfigError(f"checkpoint {restored.path} is at step {restored.step}, past this run's "
+                              f"{n_steps} steps; raise train.steps/train.epochs or set checkpoint.resume=never")
+        exp.state, start = restored.state, restored.step
+        for line in checkpoint.data_order_warnings(restored.metadata, global_batch=p.global_batch,
+                                                   seed=cfg.train.seed, steps_per_epoch=source.steps_per_epoch,
+                                                   data=cfg.data.name):
+            checkpoint.warn(line)
+        changes = checkpoint.config_changes(restored.metadata.get("config", {}), as_dict(cfg))
+        if changes:
+            checkpoint.warn(f"resuming {restored.path} with settings that differ from its run: {'; '.join(changes)}")
+    # --- end checkpoints ---
     device = p.devices[0]
     info: dict[str, Any] = {
         **describe(cfg), "platform": device.platform, "device_kind": device.device_kind,
@@ -129,9 +181,14 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
         "train/global_batch": p.global_batch, "train/per_device_batch": p.per_device_batch,
         "train/scaling": p.scaling, "train/steps": n_steps, "train/steps_per_epoch": source.steps_per_epoch,
         "parallel/grad_reduce_dtype": cfg.parallel.grad_reduce_dtype, "optim/peak_lr": p.peak_lr,
+        "parallel/grad_compression": cfg.parallel.grad_compression,  # issue 10 (sweeps.report groups by it)
     }
 
-    batches = train_batches(source, layout, 0, n_steps, cfg.data.prefetch)
+    first_step = min(start, n_steps - 1)  # issue 8: a resumed run continues the data order at its step
+    batches = train_batches(source, layout, first_step, n_steps, cfg.data.prefetch)
+    if cfg.train.debug_dump_indices:  # debug aid (issue 7): which examples each process placed, per step
+        batches = dump_batch_indices(batches, run_dir / f"debug_indices_process{jax.process_index()}.jsonl",
+                                     first_step)
     first = next(batches)
     t0 = time.perf_counter()
     lowered = exp.steps.train.lower(exp.state, first)
@@ -150,16 +207,21 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
         info["comm/time_model_s"] = info["comm/bytes_per_step"] / link
 
     wandb_cfg = {**as_dict(cfg), "process_count": jax.process_count(),
-                 "process_layout": {"process_index": jax.process_index(),
-                                    "local_devices": jax.local_device_count()},
+                 "process_layout": process_layout(),  # issue 7: devices of every process
                  "resolved": {k: v for k, v in info.items() if not isinstance(v, list)}}
     reporter.start_wandb(wandb_mode, cfg.wandb.project, cfg.wandb.entity, wandb_group(cfg),
                          job_type=f"{cfg.parallel.name}-{cfg.precision.name}",
                          tags=list(cfg.wandb.tags) + [cfg.parallel.name, cfg.precision.name,
                                                       f"devices={mode.num_devices}"],
-                         config=wandb_cfg, init_timeout_s=cfg.wandb.init_timeout_s)
-    reporter.log([{"step": 0, **{k: v for k, v in info.items() if k.startswith(("comm/", "mem/", "perf/"))
-                                 and not isinstance(v, list)}}])
+                         config=wandb_cfg, init_timeout_s=cfg.wandb.init_timeout_s,
+                         resume_id=None if restored is None else restored.metadata.get("wandb_run_id"))
+    if restored is None:
+        reporter.log([{"step": 0, **{k: v for k, v in info.items() if k.startswith(("comm/", "mem/", "perf/"))
+                                     and not isinstance(v, list)}}])
+    else:  # issue 8: metrics.jsonl continues the saved run's history (records after the checkpoint dropped)
+        previous = restored.metadata.get("run_dir")
+        reporter.continue_metrics(Path(previous) / "metrics.jsonl" if previous else None, start, n_steps)
+        info.update({"checkpoint/resumed_from": str(restored.path), "checkpoint/resumed_step": start})
 
     state = exp.state
     last: dict[str, Any] = {}
@@ -168,23 +230,37 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     step_times: list[float] = []
     timer = StepTimer()
     profiler = Profiler(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps, run_dir / "profile",
-                        device.platform)
-    bar = tqdm(total=n_steps, disable=not reporter.enabled, desc="train", unit="step", dynamic_ncols=True,
-               mininterval=1.0)
+                        device.platform, hlo_text=compiled.as_text() if cfg.profile.enabled else None,
+                        num_devices=mode.num_devices)
+    bar = tqdm(total=n_steps, initial=start, disable=not reporter.enabled, desc="train", unit="step",
+               dynamic_ncols=True, mininterval=1.0)
+    # --- checkpoints (issue 8): periodic/final saves; SIGTERM/SIGINT finish the step, save and stop ---
+    ckpts = checkpoint.RunCheckpoints(ckpt_plan, cfg_dict=as_dict(cfg), mode=mode, mesh_shape=p.mesh_shape,
+                                      global_batch=p.global_batch, steps_per_epoch=source.steps_per_epoch,
+                                      n_steps=n_steps, run_dir=run_dir,
+                                      restored_step=None if restored is None else restored.step)
+    stop = checkpoint.StopOnSignal().install()
+    # --- end checkpoints ---
     try:
         batch = first
-        for step in range(n_steps):
-            if step > 0:
-                batch = next(batches)
-            state, metrics = compiled(state, batch)
-            timer.steps += 1
-            window_records.append((step + 1, metrics))
-            in_flight.append(metrics)
-            if len(in_flight) > cfg.train.max_in_flight:
-                jax.block_until_ready(in_flight.popleft())
+        for step in range(start, n_steps):
+            # Dispatch only: under train.transfer_guard=disallow any implicit host<->device transfer here
+            # raises (logging windows below are outside the guard and copy explicitly).
+            with jax.transfer_guard(cfg.train.transfer_guard):
+                if step > start:
+                    batch = next(batches)
+                state, metrics = compiled(state, batch)
+                timer.steps += 1
+                window_records.append((step + 1, metrics))
+                in_flight.append(metrics)
+                if len(in_flight) > cfg.train.max_in_flight:
+                    jax.block_until_ready(in_flight.popleft())
             bar.update(1)
             done = step + 1
-            profiler.after_step(done, metrics)
+            if profiler.acts_at(done):  # starting/stopping the trace is not step time
+                timer.pause(metrics)
+                profiler.after_step(done, metrics)
+                timer.resume()
             extra: dict[str, Any] = {}
             if done % cfg.train.sync_every == 0 or done == n_steps:
                 timer.pause(metrics)
@@ -200,7 +276,8 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
                 timer.pause(metrics)
                 extra.update(evaluate(exp, state.params, eval_set))
                 timer.resume()
-            if done % cfg.train.log_every == 0 or done == n_steps:
+            saving = ckpts.saves_at(done) | stop.requested(done)  # issue 8 (`|`: requested() runs every step)
+            if done % cfg.train.log_every == 0 or done == n_steps or saving:
                 timer.pause(metrics)
                 elapsed_s, steps = timer.take()
                 step_time_s = elapsed_s / steps
@@ -221,13 +298,31 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
             elif extra:
                 # eval / sync values are attached to the next logged record of this step
                 window_records[-1] = (done, (window_records[-1][1], extra))
+            if saving:  # --- checkpoints (issue 8): after the window is logged (a bad loss stops it first) ---
+                timer.pause(metrics)
+                reason = "final" if done == n_steps else ("signal" if stop.signal_name else "periodic")
+                try:
+                    saved = ckpts.save(state, done, reporter.wandb_info.get("wandb/run_id"), reason)
+                except checkpoint.NonFiniteError as e:
+                    raise TrainingError(str(e)) from None
+                timer.resume()
+                if stop.signal_name is not None and done < n_steps:
+                    where = (f"checkpoint saved in {saved}; continue with the same command and "
+                             f"checkpoint.dir={ckpt_plan.directory} (or checkpoint.resume={saved})"
+                             if saved else "no checkpoint written (checkpoint.enabled=false)")
+                    raise TrainingError(f"stopped by {stop.signal_name} after step {done} of {n_steps}; {where}")
     finally:
         bar.close()
+        profiler.close()
+        stop.uninstall()  # issue 8
+        ckpts.close()  # issue 8: waits for the last asynchronous save
 
     final = evaluate(exp, state.params, eval_set)
-    reporter.log([{"step": n_steps, **final}])
-    summary = {**info, **{k: v for k, v in last.items() if k != "step"}, **final, **profiler.result(),
-               "status": "ok", "perf/step_time_s_median": statistics.median(step_times)}
+    profiled = profiler.result()
+    reporter.log([{"step": n_steps, **final, **{k: v for k, v in profiled.items() if not isinstance(v, str)}}])
+    summary = {**info, **{k: v for k, v in last.items() if k != "step"}, **final, **profiled, **ckpts.summary(),
+               "status": "ok", "perf/step_time_s_median": statistics.median(step_times) if step_times else None}
+    explain_ratio(summary)
     peak = peak_bytes_per_device()
     if peak is not None:
         summary["mem/peak_bytes_per_device"] = peak

@@ -21,7 +21,7 @@ def backend_started() -> bool:
 
 
 def setup_runtime(cfg: Config) -> None:
-    """Applies ``xla.flags`` and ``runtime.cpu_devices`` once per process, before the backend starts.
+    """Applies ``xla.flags``, ``runtime.cpu_devices`` and ``distributed`` once per process, before the backend starts.
 
     Later calls in the same process (Hydra's default launcher runs every sweep job in one process) leave the
     settings as they are: the device count of a process is fixed once its backend is up.
@@ -33,3 +33,8 @@ def setup_runtime(cfg: Config) -> None:
 
     if not backend_started():
         jax.config.update("jax_num_cpu_devices", cfg.runtime.cpu_devices)
+    # --- distributed (issue 7): join a multi-process job before anything queries devices; no-op when done ---
+    from training.distributed import initialize
+
+    initialize(cfg.distributed)
+    # --- end distributed ---

@@ -19,13 +19,14 @@ metric reduction are float32.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
+from data.augment import AugmentSpec, augment_images  # issue 9
 from training.precision import LossScaleState, update_loss_scale
 
 Metrics = dict[str, jax.Array]
@@ -81,8 +82,10 @@ class LocalGrads:
       graphdef: the model's ``nnx.GraphDef``.
       compute_dtype: dtype of the forward/backward pass (float32, bfloat16, float16).
       accum_steps: K, microbatches per optimizer step.
-      seed: seed of the per-example randomness (dropout).
+      seed: seed of the per-example randomness (dropout, augmentation).
       use_example_keys: whether the model needs per-example keys (dropout > 0).
+      augment: issue 9: ``data.augment.AugmentSpec`` (random crop/flip of the uint8 training images, on the
+        device, each example keyed by (seed, step, global example index)), or None (no augmentation).
     """
 
     graphdef: Any
@@ -90,6 +93,7 @@ class LocalGrads:
     accum_steps: int
     seed: int
     use_example_keys: bool
+    augment: Optional[AugmentSpec] = None  # issue 9
 
     def logits(self, params, image, keys=None) -> jax.Array:
         """float32 logits ``[B, classes]`` computed in ``compute_dtype``."""
@@ -98,10 +102,17 @@ class LocalGrads:
         return model(to_float_image(image, self.compute_dtype), keys).astype(jnp.float32)
 
     def _micro(self, params, batch, step, scale):
-        keys = example_keys(self.seed, step, batch["index"]) if self.use_example_keys else None
+        # --- issue 9: per-example keys feed dropout and/or augmentation (independent fold_in sites) ---
+        needs_keys = self.use_example_keys or self.augment is not None
+        example_keys_B = example_keys(self.seed, step, batch["index"]) if needs_keys else None
+        keys = example_keys_B if self.use_example_keys else None
+        image = batch["image"]
+        if self.augment is not None:
+            image = augment_images(image, example_keys_B, self.augment)
+        # --- end issue 9 ---
 
         def loss_fn(p):
-            logits = self.logits(p, batch["image"], keys)
+            logits = self.logits(p, image, keys)
             per_example = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
             loss_sum = jnp.sum(per_example)
             correct = jnp.sum((jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32))

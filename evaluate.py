@@ -1,0 +1,137 @@
+"""Evaluates a checkpoint on the test split and prints accuracy and loss.
+
+    python -m evaluate outputs/ckpt/120                 # one step folder
+    python -m evaluate outputs/ckpt                     # a checkpoint folder: its newest readable step
+    python -m evaluate outputs/ckpt mesh.devices=1 data.data_dir=/data/tfds   # dotted config overrides
+
+The model, data set and seed come from the config saved with the checkpoint (``<step>/meta/metadata``);
+overrides are applied on top. By default the test split is evaluated with ``parallel=jit_sharding`` on every
+visible device (the checkpoint restores onto any device count, see ``training.checkpoint``); the whole split is
+used, padded and masked, so the denominator is exact (10,000 for MNIST).
+
+Output: one line on stdout, ``eval/accuracy=<fraction> eval/loss=<mean cross-entropy, nats> step=<optimizer
+steps> examples=<test examples> checkpoint=<step folder>``; with ``--json`` one JSON object with the same keys.
+Errors (no such checkpoint, unreadable checkpoint, missing data set, bad override): one line ``error: ...`` on
+stderr and exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+log = logging.getLogger("evaluate")
+
+# Applied before the user's overrides: evaluation needs no training batch, W&B or other processes.
+EVAL_DEFAULTS = ["parallel.name=jit_sharding", "mesh.devices=null", "mesh.shape=null", "train.global_batch=null",
+                 "train.per_device_batch=1", "train.accum_steps=1", "distributed.enabled=false",
+                 "wandb.mode=disabled", "profile.enabled=false"]
+
+
+def find_step_dir(path: Path) -> Path:
+    """``path`` if it is a step folder, else the newest finished step folder whose metadata reads.
+
+    Raises:
+      ConfigError: nothing there.
+    """
+    from parallel import ConfigError
+    from training import checkpoint
+
+    path = Path(path).expanduser().absolute()
+    if not path.exists():
+        raise ConfigError(f"checkpoint {path} does not exist; give a checkpoint folder or one <step> folder in it")
+    if checkpoint.is_step_dir(path):
+        return path
+    for step in reversed(checkpoint.complete_steps(path)):
+        candidate = path / str(step)
+        try:
+            checkpoint.read_metadata(candidate)
+            return candidate
+        except (OSError, ValueError) as e:
+            checkpoint.warn(f"skipping checkpoint {candidate}: its metadata cannot be read ({e})")
+    raise ConfigError(f"{path} holds no checkpoint (no <step> folder with state/ and meta/)")
+
+
+def load_test_split(cfg):
+    """The host test split named by ``cfg.data`` (synthetic: the same split training evaluated on)."""
+    from data.pipeline import synthetic_eval
+    from data.sources import load_tfds_split
+    from parallel import ConfigError
+
+    d = cfg.data
+    if d.name == "synthetic":
+        return synthetic_eval(d.image_shape, d.num_classes, d.eval_size, cfg.train.seed)
+    if not d.tfds_name:
+        raise ConfigError(f"data={d.name} has no data.tfds_name; set it")
+    return load_tfds_split(d.tfds_name, "test", d.data_dir, d.cache_dir)
+
+
+def evaluate_checkpoint(path: Path, overrides: Sequence[str] = ()) -> dict:
+    """Restores the checkpoint at ``path`` onto this process's devices and evaluates it on the test split.
+
+    Returns ``{"eval/accuracy", "eval/loss", "step", "examples", "checkpoint"}``. Raises ConfigError/DataError
+    (one line) on bad input.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from conf.schema import Config
+    from parallel import ConfigError
+    from training import checkpoint
+    from training.runtime import setup_runtime
+
+    step_dir = find_step_dir(path)
+    try:
+        saved = checkpoint.read_metadata(step_dir)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"checkpoint {step_dir} has no readable metadata ({e})") from None
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(Config), saved.get("config", {}),
+                                 OmegaConf.from_dotlist(EVAL_DEFAULTS + list(overrides)))
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"bad override or saved config: {str(e).splitlines()[0]}") from None
+    setup_runtime(cfg)  # simulated CPU devices / XLA flags, before the backend starts
+
+    from data.pipeline import make_eval_set
+    from training.build import build, plan
+    from training.run import evaluate
+
+    exp = build(plan(cfg))
+    restored = checkpoint.restore_step(step_dir, exp.mode, exp.state)
+    eval_set = make_eval_set(load_test_split(cfg), cfg.train.eval_batch, exp.mode.num_devices,
+                             exp.mode.batch_layout())
+    metrics = evaluate(exp, restored.state.params, eval_set)
+    return {**metrics, "step": restored.step, "examples": eval_set.num_examples, "checkpoint": str(step_dir)}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m evaluate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", help="a checkpoint folder or one <step> folder in it")
+    parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. mesh.devices=1")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a line")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    from data.sources import DataError
+    from parallel import ConfigError
+
+    try:
+        result = evaluate_checkpoint(Path(args.checkpoint), args.overrides)
+    except (ConfigError, DataError) as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+        return 1
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        print(f"eval/accuracy={result['eval/accuracy']:.4f} eval/loss={result['eval/loss']:.4f} "
+              f"step={result['step']} examples={result['examples']} checkpoint={result['checkpoint']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
