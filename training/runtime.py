@@ -26,12 +26,16 @@ def setup_runtime(cfg: Config) -> None:
     Later calls in the same process (Hydra's default launcher runs every sweep job in one process) leave the
     settings as they are: the device count of a process is fixed once its backend is up.
     """
-    if cfg.xla.flags:
-        os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", "")] + list(cfg.xla.flags)))
-        log.info("XLA flags (xla=%s): %s", cfg.xla.name, " ".join(cfg.xla.flags))
     import jax
 
-    if not backend_started():
+    if backend_started():
+        if cfg.xla.flags:
+            log.warning("xla=%s flags not applied: the JAX backend of this process is already running "
+                        "(use hydra/launcher=submitit_local for a fresh process per job)", cfg.xla.name)
+    else:
+        if cfg.xla.flags:
+            os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", "")] + list(cfg.xla.flags)))
+            log.info("XLA flags (xla=%s): %s", cfg.xla.name, " ".join(cfg.xla.flags))
         jax.config.update("jax_num_cpu_devices", cfg.runtime.cpu_devices)
     # --- distributed (issue 7): join a multi-process job before anything queries devices; no-op when done ---
     from training.distributed import initialize
