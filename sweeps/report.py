@@ -79,20 +79,21 @@ C_STATUS = "status"
 C_PER_DEVICE_BATCH = "per-device batch"
 C_GRAD_REDUCE = "grad reduce dtype"
 C_GRAD_COMPRESSION = "grad compression"
+C_COMM_PAYLOAD_LOWERED = "comm payload bytes/step (lowered)"
 C_JOB = "job"
 
 COLUMNS = [
     C_MODE, C_PRECISION, C_ACCUM, C_SCALING, C_DEVICES, C_GLOBAL_BATCH,
     C_EPS, C_SPEEDUP, C_EFFICIENCY, C_COMM_BYTES, C_COMM_PAYLOAD,
     C_COMM_RATIO, C_COMM_RATIO_SOURCE, C_STATE, C_TEMP, C_EVAL_ACC, C_STATUS,
-    C_PER_DEVICE_BATCH, C_GRAD_REDUCE, C_GRAD_COMPRESSION, C_JOB,
+    C_PER_DEVICE_BATCH, C_GRAD_REDUCE, C_GRAD_COMPRESSION, C_COMM_PAYLOAD_LOWERED, C_JOB,
 ]
 # Configuration columns kept for failed jobs; every other column is blanked.
 CONFIG_COLUMNS = (
     C_MODE, C_PRECISION, C_ACCUM, C_SCALING, C_DEVICES, C_GLOBAL_BATCH,
     C_STATUS, C_PER_DEVICE_BATCH, C_GRAD_REDUCE, C_GRAD_COMPRESSION, C_JOB,
 )
-BYTE_COLUMNS = (C_COMM_BYTES, C_COMM_PAYLOAD, C_STATE, C_TEMP)
+BYTE_COLUMNS = (C_COMM_BYTES, C_COMM_PAYLOAD, C_COMM_PAYLOAD_LOWERED, C_STATE, C_TEMP)
 
 PLOT_NAMES = ("throughput", "efficiency", "comm", "memory")
 
@@ -385,6 +386,7 @@ def build_rows(summaries: list[dict]) -> list[dict]:
             C_EFFICIENCY: None,
             C_COMM_BYTES: _num(summary.get("comm/bytes_per_step")),
             C_COMM_PAYLOAD: _num(summary.get("comm/payload_bytes_per_step")),
+            C_COMM_PAYLOAD_LOWERED: _num(summary.get("comm/payload_bytes_per_step_lowered")),
             C_COMM_RATIO: ratio,
             C_COMM_RATIO_SOURCE: source,
             C_STATE: _num(summary.get("mem/state_bytes_per_device")),
