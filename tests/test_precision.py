@@ -128,3 +128,19 @@ def test_identical_images_get_different_masks():
     assert not np.allclose(out[0], out[1])
     same = model(x, example_keys(0, jnp.int32(0), jnp.array([5, 5], jnp.int32)))
     np.testing.assert_array_equal(same[0], same[1])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gradient_reductions_are_float32_under_fp16(mode):
+    """XLA:CPU keeps f16 collectives as f16 (it only promotes bf16), so fp16 shows the reduction dtype."""
+    from training.comm import parse_hlo_collectives
+
+    cfg = make_cfg(parallel__name=mode, precision__name="fp16", precision__compute_dtype="float16",
+                   precision__loss_scale="dynamic")
+    _, _, exp, _ = run_steps(cfg, DATA, 0)
+    layout, gb = exp.mode.batch_layout(), exp.plan.global_batch
+    batch = layout.place(TrainSource(DATA, gb, 0).local_batch(0, layout.local_rows(gb)), gb)
+    colls = parse_hlo_collectives(exp.steps.train.lower(exp.state, batch).compile().as_text(), 8)
+    reductions = [c for c in colls if c.kind in ("all-reduce", "reduce-scatter")]
+    assert reductions and all(c.dtype == "f32" for c in reductions), [(c.kind, c.dtype) for c in reductions]
+    assert sum(c.payload_bytes for c in reductions) >= 203530 * 4  # every gradient byte, in float32
