@@ -16,9 +16,9 @@
 # outputs/gpu_check/<date>_<time>. W&B runs offline into it. Exit status: train.py's (124 on timeout).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python}
+PY=${PYTHON:-$(command -v python || command -v python3)}
 
-backend=$($PY -c 'import jax; print(jax.default_backend())' 2>/dev/null | tail -n 1)
+backend=$("$PY" -c 'import jax; print(jax.default_backend())' 2>/dev/null | tail -n 1) || backend=unknown
 size=${GPU_CHECK_SIZE:-auto}
 if [[ "$size" == auto ]]; then
   if [[ "$backend" == cpu ]]; then size=small; else size=full; fi
