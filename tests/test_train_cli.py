@@ -73,6 +73,10 @@ def test_many_steps_between_logs_respects_the_in_flight_bound(tmp_path):
     (["parallel=pmap", "mesh.shape=[2,4]"], ["pmap", "[2, 4]"]),
     (["train.accum_steps=3"], ["256", "3", "24"]),
     (["train.global_batch=256", "train.per_device_batch=32"], ["256", "32"]),
+    (["optim.lr=-1"], ["optim.lr=-1.0", ">= 0"]),
+    (["model.activation=foo"], ["model.activation='foo'", "tanh"]),
+    (["runtime.cpu_devices=0"], ["runtime.cpu_devices=0", ">= 1"]),
+    (["model=vit", "model.patch=5"], ["model.patch=5", "28"]),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, overrides, needles):
     run_dir = tmp_path / "run"
@@ -138,3 +142,14 @@ def test_unreachable_wandb_falls_back_to_offline_and_writes_no_secret(tmp_path):
     for path in run_dir.rglob("*"):
         if path.is_file():
             assert key.encode() not in path.read_bytes(), path
+
+
+def test_a_failed_run_in_a_reused_folder_keeps_the_earlier_summary(tmp_path):
+    run_dir = tmp_path / "run"
+    ok = run_train(run_dir, "data=synthetic", "train.steps=5", "wandb.mode=disabled", "checkpoint.enabled=false")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    first = summary(run_dir)
+    bad = run_train(run_dir, "train.global_batch=0", timeout=120)
+    assert bad.returncode != 0 and summary(run_dir)["status"] == "failed"
+    (kept,) = run_dir.glob("summary.previous-*.json")
+    assert json.loads(kept.read_text()) == first

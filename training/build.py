@@ -8,6 +8,7 @@ offending values; ``build(plan)`` then creates the state and the steps.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Optional
 
 import jax
@@ -23,6 +24,7 @@ from parallel.base import StepFns, reduce_dtype
 from parallel.compress import COMPRESSIONS, init_residual
 from training.optim import effective_lr, make_optimizer, make_schedule
 from training.precision import LOSS_SCALING_MODES, init_loss_scale
+from training.report import resolve_wandb_mode
 from training.step import LocalGrads, TrainState, Updater, create_state
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -104,13 +106,16 @@ def plan(cfg: Config) -> Plan:
     if cfg.train.eval_every is not None and cfg.train.eval_every <= 0:
         raise ConfigError(f"train.eval_every={cfg.train.eval_every} must be positive (or null: only at the end)")
     check_compression(cfg.parallel.grad_compression, cfg.parallel.grad_reduce_dtype, mode)  # issue 10
+    check_numbers(cfg)
     try:
         reduce_dtype(cfg.parallel.grad_reduce_dtype)
         augment_spec(cfg.data.augment, cfg.data.crop_padding, cfg.data.flip)  # issue 9
         peak = effective_lr(cfg.optim.lr, cfg.optim.lr_scaling, gb, cfg.optim.base_batch)
         _optimizer(cfg, peak)
+        resolve_wandb_mode(cfg.wandb.mode)
+        nnx.eval_shape(lambda: _model(cfg))  # the model's own checks (shapes, names), without computing
     except ValueError as e:
-        raise ConfigError(str(e)) from None
+        raise ConfigError(str(e).splitlines()[0]) from None
     return Plan(cfg=cfg, devices=tuple(visible[:n]), mesh_shape=shape, global_batch=gb, per_device_batch=gb // n,
                 scaling=scaling, compute_dtype=COMPUTE_DTYPES[cfg.precision.compute_dtype], peak_lr=peak)
 
@@ -130,6 +135,52 @@ def check_compression(compression: str, grad_reduce_dtype: Optional[str], mode: 
         raise ConfigError(f"parallel.grad_compression={compression} replaces the gradient reduction, so "
                           f"parallel.grad_reduce_dtype={grad_reduce_dtype} would be ignored; set "
                           f"parallel.grad_reduce_dtype=null")
+
+
+def check_numbers(cfg: Config) -> None:
+    """Range checks of numeric settings that would otherwise train silently into nonsense.
+
+    Raises:
+      ConfigError: naming the key, its value and the allowed range.
+    """
+    o, pr, m = cfg.optim, cfg.precision, cfg.model
+    checks = [
+        ("optim.lr", o.lr, math.isfinite(o.lr) and o.lr >= 0, "a finite value >= 0"),
+        ("optim.clip_grad_norm", o.clip_grad_norm, o.clip_grad_norm is None or (math.isfinite(o.clip_grad_norm)
+                                                                                and o.clip_grad_norm > 0),
+         "null (off) or a finite value > 0"),
+        ("optim.momentum", o.momentum, 0 <= o.momentum < 1, "in [0, 1)"),
+        ("optim.b1", o.b1, 0 <= o.b1 < 1, "in [0, 1)"),
+        ("optim.b2", o.b2, 0 <= o.b2 < 1, "in [0, 1)"),
+        ("optim.eps", o.eps, math.isfinite(o.eps) and o.eps > 0, "a finite value > 0"),
+        ("optim.weight_decay", o.weight_decay, math.isfinite(o.weight_decay) and o.weight_decay >= 0, ">= 0"),
+        ("optim.warmup_steps", o.warmup_steps, o.warmup_steps >= 0, ">= 0"),
+        ("optim.base_batch", o.base_batch, o.base_batch > 0, "> 0"),
+        ("precision.init_scale", pr.init_scale, math.isfinite(pr.init_scale) and pr.init_scale >= 1, "a finite value >= 1"),
+        ("precision.growth_interval", pr.growth_interval, pr.growth_interval > 0, "> 0"),
+        ("model.hidden", m.hidden, m.hidden > 0, "> 0"),
+        ("model.width", m.width, m.width > 0, "> 0"),
+        ("model.depth", m.depth, m.depth > 0, "> 0"),
+        ("model.init_std", m.init_std, math.isfinite(m.init_std) and m.init_std > 0, "a finite value > 0"),
+        ("parallel.min_shard_bytes", cfg.parallel.min_shard_bytes, cfg.parallel.min_shard_bytes >= 0, ">= 0"),
+        ("data.prefetch", cfg.data.prefetch, cfg.data.prefetch >= 1, ">= 1"),
+        ("runtime.cpu_devices", cfg.runtime.cpu_devices, cfg.runtime.cpu_devices >= 1, ">= 1"),
+        ("hardware.link_bytes_per_s", cfg.hardware.link_bytes_per_s,
+         cfg.hardware.link_bytes_per_s is None or cfg.hardware.link_bytes_per_s > 0, "null or > 0"),
+        ("hardware.peak_flops_per_s", cfg.hardware.peak_flops_per_s,
+         cfg.hardware.peak_flops_per_s is None or cfg.hardware.peak_flops_per_s > 0, "null or > 0"),
+        ("wandb.init_timeout_s", cfg.wandb.init_timeout_s, cfg.wandb.init_timeout_s > 0, "> 0"),
+    ]
+    for key, value, ok, allowed in checks:
+        if not ok:
+            raise ConfigError(f"{key}={value} is out of range; it must be {allowed}")
+
+
+def _model(cfg: Config):
+    m = cfg.model
+    return build_model(m.name, tuple(cfg.data.image_shape), cfg.data.num_classes, seed=cfg.train.seed,
+                       hidden=m.hidden, activation=m.activation, dropout=m.dropout, init_std=m.init_std,
+                       width=m.width, depth=m.depth, patch=m.patch, heads=m.heads, mlp_ratio=m.mlp_ratio)
 
 
 def _optimizer(cfg: Config, peak_lr: float):
@@ -157,9 +208,7 @@ def init_host_state(cfg: Config, tx) -> tuple[Any, TrainState]:
     """(graphdef, state) created once on the default device from ``train.seed``: identical for any layout."""
     m = cfg.model
     with jax.default_device(jax.local_devices()[0]):  # issue 7: devices()[0] is not addressable on process > 0
-        model = build_model(m.name, tuple(cfg.data.image_shape), cfg.data.num_classes, seed=cfg.train.seed,
-                            hidden=m.hidden, activation=m.activation, dropout=m.dropout, init_std=m.init_std,
-                            width=m.width, depth=m.depth, patch=m.patch, heads=m.heads, mlp_ratio=m.mlp_ratio)
+        model = _model(cfg)
         graphdef, params = nnx.split(model, nnx.Param)
         params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
         state = create_state(params, tx, init_loss_scale(cfg.precision.loss_scale, cfg.precision.init_scale))

@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -165,7 +166,14 @@ class Reporter:
         if not self.enabled:
             return
         values = {**values, **self.wandb_info}
-        write_json(self.run_dir / "summary.json", values)
+        path = self.run_dir / "summary.json"
+        if path.exists():  # a reused run folder: keep the earlier run's summary (nothing a user saved is lost)
+            stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+            backup = path.with_name(f"summary.previous-{stamp}.json")
+            if not backup.exists():
+                os.replace(path, backup)
+                log.warning("%s already existed: kept as %s", path, backup.name)
+        write_json(path, values)
         if self.wandb_run is not None:
             for k, v in jsonable(values).items():
                 self.wandb_run.summary[k] = v

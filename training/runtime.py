@@ -36,7 +36,8 @@ def setup_runtime(cfg: Config) -> None:
         if cfg.xla.flags:
             os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", "")] + list(cfg.xla.flags)))
             log.info("XLA flags (xla=%s): %s", cfg.xla.name, " ".join(cfg.xla.flags))
-        jax.config.update("jax_num_cpu_devices", cfg.runtime.cpu_devices)
+        if cfg.runtime.cpu_devices >= 1:  # a bad value is reported by training.build.plan (one line)
+            jax.config.update("jax_num_cpu_devices", cfg.runtime.cpu_devices)
     # --- distributed (issue 7): join a multi-process job before anything queries devices; no-op when done ---
     from training.distributed import initialize
 
