@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 # The initialisers and site_keys live in models.common; re-exported here for older imports.
