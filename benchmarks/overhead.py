@@ -48,6 +48,7 @@ def main() -> None:
     from data.pipeline import TrainSource, train_batches
     from data.sources import HostDataset, load_tfds_split
     from training.build import build, plan
+    from training.run import batches_need_index
 
     tfds_dir = os.environ.get("TFDS_DATA_DIR")
     if tfds_dir and os.path.isdir(os.path.join(tfds_dir, "mnist")):
@@ -67,7 +68,7 @@ def main() -> None:
     p = plan(cfg)
     exp = build(p)
     layout = exp.mode.batch_layout()
-    source = TrainSource(train, p.global_batch, cfg.train.seed)
+    source = TrainSource(train, p.global_batch, cfg.train.seed, with_index=batches_need_index(cfg))
     first = next(train_batches(source, layout, 0, 1, 2))
     step_a = exp.steps.train.lower(exp.state, first).compile()
     state_a = {"s": exp.state, "next": 0}

@@ -35,15 +35,16 @@ DATA = random_dataset(512)
 
 
 @functools.lru_cache(maxsize=None)
-def built(mode: str, accum_steps: int = 1):
+def built(mode: str, accum_steps: int = 1, grad_norm_every=None):
     """The MLP experiment on 8 devices, global batch 256 (state placed, nothing compiled)."""
-    return build(plan(make_cfg(parallel__name=mode, data__name="synthetic", train__accum_steps=accum_steps)))
+    return build(plan(make_cfg({"train": {"grad_norm_every": grad_norm_every}}, parallel__name=mode,
+                               data__name="synthetic", train__accum_steps=accum_steps)))
 
 
 @functools.lru_cache(maxsize=None)
-def compiled(mode: str, accum_steps: int = 1):
+def compiled(mode: str, accum_steps: int = 1, grad_norm_every=None):
     """(experiment, compiled_step_metrics, collectives) of the MLP step on 8 devices, global batch 256."""
-    exp = built(mode, accum_steps)
+    exp = built(mode, accum_steps, grad_norm_every)
     p = exp.plan
     layout = exp.mode.batch_layout()
     batch = layout.place(TrainSource(DATA, p.global_batch, 0).local_batch(0, layout.local_rows(p.global_batch)),
@@ -88,19 +89,20 @@ def test_data_parallel_bytes_exact(mode, accum_steps):
     assert m["comm/count/all-gather"] == m["comm/count/reduce-scatter"] == m["comm/count/all-to-all"] == 0
 
 
-@pytest.mark.parametrize("accum_steps", [1, 4])
-def test_fsdp_bytes_exact(accum_steps):
-    """fsdp [1,8]: all-gather and reduce-scatter of the sharded arrays; all-reduce of the replicated bias, the
-    2 metric sums and one float32 partial sum of squares per sharded gradient leaf (optax.global_norm over
-    sharded gradients: 3 x 4 B)."""
-    exp, m, collectives = compiled("fsdp", accum_steps)
+@pytest.mark.parametrize("accum_steps,grad_norm_every", [(1, None), (4, None), (1, 1)])
+def test_fsdp_bytes_exact(accum_steps, grad_norm_every):
+    """fsdp [1,8]: all-gather and reduce-scatter of the sharded arrays; all-reduce of the replicated bias and
+    the 2 metric sums (48 B) and, with the gradient norm on (``train.grad_norm_every``), one float32 partial sum
+    of squares per sharded gradient leaf (optax.global_norm over sharded gradients: 3 x 4 B more)."""
+    exp, m, collectives = compiled("fsdp", accum_steps, grad_norm_every)
     assert exp.plan.mesh_shape == (1, 8)
     by_kind = payload_by_kind(collectives)
-    all_reduce = REPLICATED_BYTES + METRIC_SUM_BYTES + 4 * N_SHARDED_LEAVES  # 60
+    norm_bytes = 4 * N_SHARDED_LEAVES if grad_norm_every else 0
+    all_reduce = REPLICATED_BYTES + METRIC_SUM_BYTES + norm_bytes  # 48 (60 with the norm)
     assert by_kind == {"all-gather": SHARDED_BYTES, "reduce-scatter": SHARDED_BYTES, "all-reduce": all_reduce}
     assert m["comm/count/all-gather"] == m["comm/count/reduce-scatter"] == N_SHARDED_LEAVES
-    assert m["comm/payload_bytes_per_step"] == 2 * SHARDED_BYTES + all_reduce  # 1628220
-    assert m["comm/bytes_per_step"] == 7 / 8 * 2 * SHARDED_BYTES + 2 * 7 / 8 * all_reduce  # 1424745.0
+    assert m["comm/payload_bytes_per_step"] == 2 * SHARDED_BYTES + all_reduce  # 1628208 (1628220)
+    assert m["comm/bytes_per_step"] == 7 / 8 * 2 * SHARDED_BYTES + 2 * 7 / 8 * all_reduce  # 1424724.0 (1424745.0)
     assert m["comm/in_loop_count"] == 0  # K=4: gathered once before, reduced once after the microbatch loop
 
 
@@ -108,12 +110,12 @@ def test_state_bytes_per_device_exact():
     """params + Adam mu + nu: fsdp holds 1/8 of the sharded arrays and all of the replicated ones."""
     exp = built("fsdp")
     scalars = scalar_leaf_bytes(exp.state)
-    assert scalars == 24  # step, Adam count (int32), loss scale, good steps, skipped steps, ... (6 x 4 B)
+    assert scalars == 20  # step, Adam count (int32), loss scale, good steps, skipped steps (5 x 4 B)
     expected = 3 * (SHARDED_BYTES // 8 + REPLICATED_BYTES) + scalars
-    assert state_bytes_per_device(exp.state) == expected == 305424
+    assert state_bytes_per_device(exp.state) == expected == 305420
     for mode in DP_MODES:  # replicated (pmap: one row of the stacked state per device)
         exp = built(mode)
-        assert state_bytes_per_device(exp.state) == 3 * PARAM_BYTES + scalars == 2442384, mode
+        assert state_bytes_per_device(exp.state) == 3 * PARAM_BYTES + scalars == 2442380, mode
 
 
 # ---- the profiler's measured ratio -----------------------------------------------------------------------

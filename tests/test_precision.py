@@ -87,12 +87,14 @@ def test_linear_lr_scaling_with_warmup():
     _, _, exp, _ = run_steps(cfg, random_dataset(4096), 0)
     layout, gb = exp.mode.batch_layout(), exp.plan.global_batch
     src = TrainSource(random_dataset(4096), gb, 0)
-    state, lrs = exp.state, []
+    state, records = exp.state, []
     for step in range(4):
         state, m = exp.steps.train(state, layout.place(src.local_batch(step, layout.local_rows(gb)), gb))
-        lrs.append(float(exp.mode.metrics_to_host(m)["optim/lr"]))
+        records.append({"step": step + 1, **{k: float(v) for k, v in exp.mode.metrics_to_host(m).items()}})
+    assert "optim/lr" not in records[0]  # a pure function of the step: added on the host, once per window
+    assert exp.updater.complete(records) is None
     peak = 1e-3 * 1024 / 256
-    np.testing.assert_allclose(lrs, [0.0, peak / 2, peak, peak], rtol=1e-6)
+    np.testing.assert_allclose([r["optim/lr"] for r in records], [0.0, peak / 2, peak, peak], rtol=1e-6)
 
 
 def test_cosine_schedule_uses_decay_steps():

@@ -40,6 +40,9 @@ def test_main_job_short_run_logs_to_offline_wandb(tmp_path):
     records = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train_steps = [r["step"] for r in records if "train/loss" in r]
     assert train_steps == list(range(1, 41))  # one record per step, none repeated or skipped
+    steps = [r for r in records if "train/loss" in r]
+    assert all(r["optim/lr"] == pytest.approx(1e-3) for r in steps)  # added on the host, every step
+    assert not any("optim/grad_norm" in r for r in records)  # off unless train.grad_norm_every is set
     assert sum("perf/examples_per_s" in r for r in records) == 4
     (wandb_dir,) = glob.glob(str(run_dir / "wandb" / "offline-run-*"))
     assert s["wandb/run_dir"] == wandb_dir
@@ -77,6 +80,7 @@ def test_many_steps_between_logs_respects_the_in_flight_bound(tmp_path):
     (["model.activation=foo"], ["model.activation='foo'", "tanh"]),
     (["runtime.cpu_devices=0"], ["runtime.cpu_devices=0", ">= 1"]),
     (["model=vit", "model.patch=5"], ["model.patch=5", "28"]),
+    (["train.grad_norm_every=0"], ["train.grad_norm_every=0", "positive"]),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, overrides, needles):
     run_dir = tmp_path / "run"

@@ -57,8 +57,9 @@ def run_steps(cfg: Config, dataset: HostDataset, steps: int):
 def max_abs_diff(a, b) -> float:
     la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
     assert len(la) == len(lb)
-    return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)), initial=0.0))
-               for x, y in zip(la, lb))
+    # (an empty tree, e.g. the optimizer state of constant-rate SGD, differs by 0)
+    return max((float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)), initial=0.0))
+                for x, y in zip(la, lb)), default=0.0)
 
 
 def run_train(run_dir: Path, *overrides: str, env: dict | None = None, timeout: int = 600,

@@ -105,6 +105,9 @@ def plan(cfg: Config) -> Plan:
         raise ConfigError(f"train.epochs={cfg.train.epochs} must be positive")
     if cfg.train.eval_every is not None and cfg.train.eval_every <= 0:
         raise ConfigError(f"train.eval_every={cfg.train.eval_every} must be positive (or null: only at the end)")
+    if cfg.train.grad_norm_every is not None and cfg.train.grad_norm_every <= 0:
+        raise ConfigError(f"train.grad_norm_every={cfg.train.grad_norm_every} must be positive "
+                          f"(or null: no gradient norm)")
     check_compression(cfg.parallel.grad_compression, cfg.parallel.grad_reduce_dtype, mode)  # issue 10
     check_numbers(cfg)
     try:
@@ -186,7 +189,10 @@ def _model(cfg: Config):
 def _optimizer(cfg: Config, peak_lr: float):
     o = cfg.optim
     schedule = make_schedule(peak_lr, o.schedule, o.warmup_steps, o.decay_steps)
-    tx = make_optimizer(o.name, schedule, momentum=o.momentum, b1=o.b1, b2=o.b2, eps=o.eps,
+    # A constant rate goes to optax as a number: no schedule state (a count) and no schedule evaluation in
+    # every step; the schedule function still gives the logged optim/lr.
+    constant = o.schedule == "constant" and o.warmup_steps <= 0
+    tx = make_optimizer(o.name, peak_lr if constant else schedule, momentum=o.momentum, b1=o.b1, b2=o.b2, eps=o.eps,
                         weight_decay=o.weight_decay, clip_grad_norm=o.clip_grad_norm)
     return tx, schedule
 
@@ -210,7 +216,9 @@ def init_host_state(cfg: Config, tx) -> tuple[Any, TrainState]:
     with jax.default_device(jax.local_devices()[0]):  # issue 7: devices()[0] is not addressable on process > 0
         model = _model(cfg)
         graphdef, params = nnx.split(model, nnx.Param)
-        params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+        # A plain nested dict of arrays (``nnx.merge`` takes it back): jit flattens it in C++, while an
+        # ``nnx.State`` of ``Param`` variables costs ~60 us of Python per step to flatten/unflatten (issue 2).
+        params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), nnx.to_pure_dict(params))
         state = create_state(params, tx, init_loss_scale(cfg.precision.loss_scale, cfg.precision.init_scale))
     return graphdef, jax.device_get(state)
 
@@ -231,7 +239,7 @@ def build(p: Plan) -> Experiment:
                        seed=cfg.train.seed, use_example_keys=cfg.model.dropout > 0,
                        augment=augment_spec(cfg.data.augment, cfg.data.crop_padding, cfg.data.flip))  # issue 9
     updater = Updater(tx=tx, lr_schedule=schedule, loss_scaling=cfg.precision.loss_scale,
-                      growth_interval=cfg.precision.growth_interval)
+                      growth_interval=cfg.precision.growth_interval, grad_norm_every=cfg.train.grad_norm_every or 0)
     state = mode.place_state(host_state)
     steps = mode.build(local, updater, jax.eval_shape(lambda: host_state))
     return Experiment(plan=p, mode=mode, local=local, updater=updater, state=state, steps=steps, graphdef=graphdef)

@@ -289,7 +289,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
                     perf["comm/ratio_model"] = info["comm/time_model_s"] / step_time_s
                 if peak_flops and "perf/flops_per_step_per_device" in info:
                     perf["perf/mfu"] = info["perf/flops_per_step_per_device"] / step_time_s / peak_flops
-                records = flush_window(mode, window_records, perf, extra)
+                records = flush_window(mode, exp.updater, window_records, perf, extra)
                 window_records = []
                 last.update(records[-1])
                 reporter.log(records)
@@ -326,12 +326,12 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     peak = peak_bytes_per_device()
     if peak is not None:
         summary["mem/peak_bytes_per_device"] = peak
-    summary.pop("nonfinite", None)
     return summary
 
 
-def flush_window(mode, window_records, perf: dict, extra: dict) -> list[dict]:
-    """Device metrics of a window -> one host record per step; perf and extras go on the last record.
+def flush_window(mode, updater, window_records, perf: dict, extra: dict) -> list[dict]:
+    """Device metrics of a window -> one host record per step (``updater.complete`` adds the host-side
+    metrics); perf and extras go on the last record.
 
     Raises:
       TrainingError: a step's loss or gradients were not finite (names the first bad step).
@@ -340,10 +340,11 @@ def flush_window(mode, window_records, perf: dict, extra: dict) -> list[dict]:
     for step, item in window_records:
         metrics, more = item if isinstance(item, tuple) else (item, {})
         host = {k: float(v) for k, v in mode.metrics_to_host(metrics).items()}
-        if host.pop("nonfinite"):
-            raise TrainingError(f"non-finite loss or gradient at step {step} (loss={host['train/loss']}); "
-                                f"lower optim.lr, enable optim.clip_grad_norm, or use precision=fp32")
         records.append({"step": step, **host, **more})
+    bad = updater.complete(records)
+    if bad is not None:
+        raise TrainingError(f"non-finite loss or gradient at step {bad['step']} (loss={bad['train/loss']}); "
+                            f"lower optim.lr, enable optim.clip_grad_norm, or use precision=fp32")
     records[-1].update(perf)
     records[-1].update(extra)
     return records

@@ -1,0 +1,100 @@
+"""What the compiled step returns, and the host half of the metrics (issue 2: the step holds only training
+work; ``benchmarks/overhead.py`` measures the rest).
+
+The gradient-norm checks use plain SGD (no momentum): its update is ``-lr * grad``, so the exact global mean
+gradient of every step can be read back from the parameters, independently of the code that logs the norm.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from data.pipeline import TrainSource
+from training.build import build, plan
+from utils import make_cfg, random_dataset
+
+DATA = random_dataset(1024)
+LR = 0.1
+
+
+def _steps(cfg, n):
+    """Runs ``n`` steps; returns (host records as the step returned them, exact grad norms from SGD, exp)."""
+    p = plan(cfg)
+    exp = build(p)
+    layout, src = exp.mode.batch_layout(), TrainSource(DATA, p.global_batch, cfg.train.seed, with_index=False)
+    state, records, norms = exp.state, [], []
+    for step in range(n):
+        before = exp.mode.state_to_host(state).params
+        state, m = exp.steps.train(state, layout.place(src.local_batch(step, layout.local_rows(p.global_batch)),
+                                                       p.global_batch))
+        after = exp.mode.state_to_host(state).params
+        records.append({"step": step + 1, **{k: float(v) for k, v in exp.mode.metrics_to_host(m).items()}})
+        grads = jax.tree.map(lambda a, b: (np.float64(a) - np.float64(b)) / LR, before, after)
+        norms.append(math.sqrt(sum(float(np.sum(g * g)) for g in jax.tree.leaves(grads))))
+    return records, norms, exp
+
+
+@pytest.mark.parametrize("mode", ["jit_sharding", "pmap", "fsdp"])
+def test_grad_norm_every_n_is_the_exact_norm_on_those_steps_only(mode):
+    cfg = make_cfg(parallel__name=mode, optim__name="sgd", optim__lr=LR, train__grad_norm_every=3,
+                   train__global_batch=64)
+    records, norms, exp = _steps(cfg, 6)
+    assert all("optim/grad_norm" in r for r in records)  # the step returns a placeholder on the other steps
+    assert [r["optim/grad_norm"] for r in records if r["step"] % 3] == [0.0, 0.0, 0.0, 0.0]
+    assert exp.updater.complete(records) is None
+    logged = {r["step"]: r["optim/grad_norm"] for r in records if "optim/grad_norm" in r}
+    assert sorted(logged) == [3, 6]  # placeholders dropped on the host
+    for step, value in logged.items():
+        assert value == pytest.approx(norms[step - 1], rel=2e-4)
+        assert value > 0.0
+
+
+def test_default_step_returns_only_device_metrics_and_has_no_norm_pass():
+    cfg = make_cfg(train__global_batch=64)
+    records, _, exp = _steps(cfg, 2)
+    assert set(records[0]) == {"step", "train/loss", "train/accuracy"}
+    exp.updater.complete(records)
+    assert set(records[0]) == {"step", "train/loss", "train/accuracy", "optim/lr"}
+    assert records[1]["optim/lr"] == pytest.approx(1e-3)
+    batch = {"image": np.zeros((64, 28, 28, 1), np.uint8), "label": np.zeros(64, np.int32)}
+    hlo = exp.steps.train.lower(exp.state, exp.mode.batch_layout().place(batch, 64)).compile().as_text()
+    assert "conditional" not in hlo
+    # a constant learning rate goes to optax as a number: no schedule count in the optimizer state
+    assert len(jax.tree.leaves(exp.state.opt_state)) == 1 + 2 * len(jax.tree.leaves(exp.state.params))
+
+
+def test_fp16_loss_scaling_reports_norm_and_scale_every_step():
+    cfg = make_cfg(precision__name="fp16", precision__compute_dtype="float16", precision__loss_scale="dynamic",
+                   optim__name="sgd", optim__lr=LR, train__global_batch=64)
+    records, norms, exp = _steps(cfg, 3)
+    assert exp.updater.complete(records) is None
+    for r, norm in zip(records, norms):
+        assert r["optim/grad_norm"] == pytest.approx(norm, rel=2e-3)
+        assert r["precision/loss_scale"] == 2.0**15 and r["precision/skipped_steps"] == 0.0
+
+
+def test_complete_names_the_first_non_finite_step():
+    exp = build(plan(make_cfg(train__grad_norm_every=1, mesh__devices=1)))
+    rec = lambda step, loss, norm: {"step": step, "train/loss": loss, "train/accuracy": 0.5, "optim/grad_norm": norm}
+    assert exp.updater.complete([rec(1, 1.0, 2.0), rec(2, float("nan"), 2.0), rec(3, float("inf"), 2.0)])["step"] == 2
+    assert exp.updater.complete([rec(1, 1.0, 2.0), rec(2, 1.0, float("inf"))])["step"] == 2
+    scaled = build(plan(make_cfg(precision__name="fp16", precision__compute_dtype="float16",
+                                 precision__loss_scale="dynamic", mesh__devices=1)))
+    # with loss scaling a non-finite gradient is an overflow: the step was skipped, training goes on
+    assert scaled.updater.complete([rec(1, 1.0, float("inf"))]) is None
+    assert scaled.updater.complete([rec(1, float("nan"), 1.0)])["step"] == 1
+
+
+def test_logged_lr_follows_warmup_and_cosine_on_the_host():
+    cfg = make_cfg(optim__schedule="cosine", optim__warmup_steps=2, optim__decay_steps=4, mesh__devices=1)
+    exp = build(plan(cfg))
+    records = [{"step": s, "train/loss": 1.0, "train/accuracy": 0.0} for s in range(1, 8)]
+    assert exp.updater.complete(records) is None
+    # lr of the step that starts at count s-1: warmup 0, .5, then cosine from 1e-3 to 0 over 4 steps
+    expected = [0.0, 5e-4, 1e-3, 1e-3 * (1 + math.cos(math.pi / 4)) / 2, 5e-4,
+                1e-3 * (1 + math.cos(3 * math.pi / 4)) / 2, 0.0]
+    np.testing.assert_allclose([r["optim/lr"] for r in records], expected, rtol=1e-5, atol=1e-9)
