@@ -251,6 +251,18 @@ def test_restore_rejects_another_model(tmp_path):
         checkpoint.restore_step(step_dir, other.mode, other.state)
 
 
+def test_checkpoint_of_the_nnx_state_format_names_its_version(tmp_path):
+    """Checkpoints written before the parameters became plain dicts hold '<name>.value' leaves."""
+    cfg = make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 2}})
+    exp = build(plan(cfg))
+    old = exp.state.replace(params=jax.tree.map(lambda x: {"value": x}, exp.state.params))
+    saver = checkpoint.Saver(tmp_path / "ckpt", keep=1)
+    step_dir = saver.save(old, 5, {"step": 5}, exp.mode)
+    saver.close()
+    with pytest.raises(ConfigError, match=r"written by an earlier version of this repository .*'<name>\.value'"):
+        checkpoint.restore_step(step_dir, exp.mode, exp.state)
+
+
 # ---- NaN guard, truncated checkpoints ---------------------------------------------------------------------------
 def test_nan_params_are_never_saved(tmp_path, capsys, monkeypatch):
     """In a real run: NaN injected into the params right before the step-20 save."""

@@ -98,3 +98,16 @@ def test_logged_lr_follows_warmup_and_cosine_on_the_host():
     expected = [0.0, 5e-4, 1e-3, 1e-3 * (1 + math.cos(math.pi / 4)) / 2, 5e-4,
                 1e-3 * (1 + math.cos(3 * math.pi / 4)) / 2, 0.0]
     np.testing.assert_allclose([r["optim/lr"] for r in records], expected, rtol=1e-5, atol=1e-9)
+
+
+def test_logged_lr_does_not_advance_on_steps_skipped_by_loss_scaling():
+    """A skipped fp16 step leaves the optimizer's count (and so its rate) where it was."""
+    cfg = make_cfg(precision__name="fp16", precision__compute_dtype="float16", precision__loss_scale="dynamic",
+                   optim__warmup_steps=4, mesh__devices=1)
+    exp = build(plan(cfg))
+    rec = lambda step, norm, skipped: {"step": step, "train/loss": 1.0, "train/accuracy": 0.0,
+                                       "optim/grad_norm": norm, "precision/skipped_steps": skipped}
+    records = [rec(1, 1.0, 0), rec(2, float("inf"), 1), rec(3, 1.0, 1), rec(4, float("nan"), 2), rec(5, 1.0, 2)]
+    assert exp.updater.complete(records) is None  # overflows are skips, not errors
+    # warmup: lr(count) = count / 4 * 1e-3; counts used: 0, 1 (skipped), 1, 2 (skipped), 2
+    np.testing.assert_allclose([r["optim/lr"] for r in records], [0.0, 2.5e-4, 2.5e-4, 5e-4, 5e-4], rtol=1e-6)

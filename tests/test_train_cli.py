@@ -80,7 +80,8 @@ def test_many_steps_between_logs_respects_the_in_flight_bound(tmp_path):
     (["model.activation=foo"], ["model.activation='foo'", "tanh"]),
     (["runtime.cpu_devices=0"], ["runtime.cpu_devices=0", ">= 1"]),
     (["model=vit", "model.patch=5"], ["model.patch=5", "28"]),
-    (["train.grad_norm_every=0"], ["train.grad_norm_every=0", "positive"]),
+    (["train.grad_norm_every=0"], ["train.grad_norm_every=0", "[1, 2147483647]"]),
+    (["train.grad_norm_every=2147483648"], ["train.grad_norm_every=2147483648", "[1, 2147483647]"]),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, overrides, needles):
     run_dir = tmp_path / "run"

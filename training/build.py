@@ -105,8 +105,8 @@ def plan(cfg: Config) -> Plan:
         raise ConfigError(f"train.epochs={cfg.train.epochs} must be positive")
     if cfg.train.eval_every is not None and cfg.train.eval_every <= 0:
         raise ConfigError(f"train.eval_every={cfg.train.eval_every} must be positive (or null: only at the end)")
-    if cfg.train.grad_norm_every is not None and cfg.train.grad_norm_every <= 0:
-        raise ConfigError(f"train.grad_norm_every={cfg.train.grad_norm_every} must be positive "
+    if cfg.train.grad_norm_every is not None and not 0 < cfg.train.grad_norm_every < 2**31:
+        raise ConfigError(f"train.grad_norm_every={cfg.train.grad_norm_every} must be in [1, {2**31 - 1}] "
                           f"(or null: no gradient norm)")
     check_compression(cfg.parallel.grad_compression, cfg.parallel.grad_reduce_dtype, mode)  # issue 10
     check_numbers(cfg)

@@ -377,6 +377,11 @@ def restore_step(step_dir: Path, mode, placed_state) -> Restored:
         have, want = ({k: v for k, v in _leaf_specs(t).items() if not k.startswith("grad_residual.")}
                       for t in (saved.tree, abstract.replace(grad_residual=None)))
         # --- end issue 10
+        if have != want and any(k.startswith("params.") and k.endswith(".value") for k in have):
+            raise ConfigError(f"checkpoint {step_dir} was written by an earlier version of this repository "
+                              f"(parameters saved as nnx.State leaves '<name>.value', before commit d3cd98a made "
+                              f"them plain dicts); evaluate or resume it with that version, or set "
+                              f"checkpoint.resume=never / another checkpoint.dir")
         if have != want:
             diff = sorted(set(have.items()) ^ set(want.items()))[0][0]
             raise ConfigError(f"checkpoint {step_dir} does not fit this run: {diff} is {have.get(diff, 'absent')} "

@@ -230,19 +230,29 @@ class Updater:
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, loss_scale=loss_scale)
         return new_state, metrics
 
+    @staticmethod
+    def _skipped_before(record: dict) -> int:
+        """Steps skipped by loss scaling before this record's step (0 without loss scaling)."""
+        skipped = int(record.get("precision/skipped_steps", 0))
+        return skipped - (0 if math.isfinite(record.get("optim/grad_norm", 0.0)) else 1)
+
     def complete(self, records: list[dict]) -> Optional[dict]:
         """Host half of a window's per-step metrics, in place. Returns the first bad record, else None.
 
         ``records``: dicts of Python floats with ``step`` = optimizer steps done after that step (>= 1), as
-        the compiled step returned them. Adds ``optim/lr`` = ``lr_schedule(step - 1)`` (the rate that step
-        used; one vectorised evaluation per window, on a CPU device) and drops the placeholder
+        the compiled step returned them. Adds ``optim/lr`` = ``lr_schedule(step - 1 - skipped)``, the rate that
+        step used (``skipped``: steps skipped by loss scaling before it, which did not advance the optimizer's
+        count; one vectorised evaluation per window, on a CPU device) and drops the placeholder
         ``optim/grad_norm`` of the steps that did not compute it. A record is bad when its loss is not
         finite, or, without loss scaling, its computed gradient norm is not finite (with loss scaling a
         non-finite gradient is an overflow and the step was skipped instead).
         """
         if not records:
             return None
-        steps = np.asarray([r["step"] - 1 for r in records], np.int32)
+        # The optimizer's count (hence its learning rate) does not advance on a step skipped by loss scaling:
+        # the step that ends at count s used lr_schedule(s - 1 - skipped before it). A step was skipped iff its
+        # gradient norm is not finite (with loss scaling the norm is computed every step).
+        steps = np.asarray([r["step"] - 1 - self._skipped_before(r) for r in records], np.int32)
         with jax.default_device(jax.local_devices(backend="cpu")[0]):
             lrs = np.asarray(jax.vmap(self.lr_schedule)(jnp.asarray(steps)), np.float64)
         bad = None
