@@ -47,8 +47,9 @@ class TrainState:
     step: int32 ``[]`` optimizer steps taken. params: nested dict of float32 arrays (``nnx.to_pure_dict`` of
     the model's ``nnx.Param`` state). opt_state: optax state (float32). loss_scale: ``LossScaleState``.
     grad_residual: None, or with ``parallel.grad_compression=int8`` the error-feedback residual
-    ``{"worker": f32 [devices, padded], "server": f32 [devices, chunk]}`` (``parallel.compress``): one row per device, sharded over the devices, different on every device (so it
-    is not part of the replica-sync check), saved in checkpoints.
+    ``{"worker": f32 [devices, padded], "server": f32 [devices, chunk]}`` (``parallel.compress``): one row per
+    device, sharded over the devices, different on every device (so it is not part of the replica-sync
+    check), saved in checkpoints.
     """
 
     step: jax.Array
