@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from utils import make_cfg, max_abs_diff, random_dataset, run_steps
+from utils import assert_matches_reference, make_cfg, max_abs_diff, random_dataset, run_steps
 
 STEPS = 20
 DATA = random_dataset(2048)
@@ -28,19 +28,9 @@ def reference(opt: str):
 @pytest.mark.parametrize("opt", ["sgd", "adam"])
 @pytest.mark.parametrize("mode,devices,shape", CASES, ids=[f"{m}-{n}-{s}" for m, n, s in CASES])
 def test_mode_matches_single_device(mode, devices, shape, opt):
-    ref_losses, ref_state, _, ref_init = reference(opt)
     cfg = make_cfg({"mesh": {"shape": shape}}, parallel__name=mode, mesh__devices=devices, optim__name=opt,
                    optim__lr=LR[opt])
-    losses, state, exp, init = run_steps(cfg, DATA, STEPS)
-    # identical initial parameters, bitwise, for every mode and device count
-    assert max_abs_diff(init.params, ref_init.params) == 0.0
-    assert exp.mode.num_devices == devices
-    assert np.max(np.abs(losses - ref_losses)) <= TOL[opt]
-    assert max_abs_diff(state.params, ref_state.params) <= TOL[opt]
-    assert max_abs_diff(state.opt_state, ref_state.opt_state) <= TOL[opt]
-    # replicas stay bitwise identical
-    assert exp.mode.replica_divergence((exp.state.params, exp.state.opt_state)) == 0.0
-    assert int(state.step) == STEPS
+    assert_matches_reference(run_steps(cfg, DATA, STEPS), reference(opt), TOL[opt], devices, STEPS)
 
 
 def test_losses_actually_change():

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from utils import make_cfg, max_abs_diff, random_dataset, run_steps
+from utils import assert_matches_reference, make_cfg, max_abs_diff, random_dataset, run_steps
 
 MODES = ("pmap", "jit_sharding", "shard_map", "fsdp")
 SMALL = {
@@ -100,15 +100,8 @@ def _eq_reference_run(opt: str):
 @pytest.mark.parametrize("opt", ["sgd", "adam"])
 @pytest.mark.parametrize("mode", MODES)
 def test_cnn_mode_matches_single_device(mode, opt):
-    ref_losses, ref_state, _, ref_init = _eq_reference_run(opt)
-    losses, state, exp, init = run_steps(_eq_cfg(opt, parallel__name=mode, mesh__devices=8), EQ_DATA, EQ_STEPS)
-    assert max_abs_diff(init.params, ref_init.params) == 0.0
-    assert exp.mode.num_devices == 8
-    assert np.max(np.abs(losses - ref_losses)) <= TOL[opt]
-    assert max_abs_diff(state.params, ref_state.params) <= TOL[opt]
-    assert max_abs_diff(state.opt_state, ref_state.opt_state) <= TOL[opt]
-    assert exp.mode.replica_divergence((exp.state.params, exp.state.opt_state)) == 0.0
-    assert int(state.step) == EQ_STEPS
+    run = run_steps(_eq_cfg(opt, parallel__name=mode, mesh__devices=8), EQ_DATA, EQ_STEPS)
+    assert_matches_reference(run, _eq_reference_run(opt), TOL[opt], 8, EQ_STEPS)
 
 
 def test_cnn_equivalence_reference_actually_trains():

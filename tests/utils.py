@@ -74,3 +74,18 @@ def run_train(run_dir: Path, *overrides: str, env: dict | None = None, timeout: 
     e.update(env or {})
     cmd = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", *overrides]
     return subprocess.run(cmd, cwd=cwd, env=e, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_matches_reference(run, ref, tol: float, devices: int, steps: int) -> None:
+    """``run`` and ``ref`` are ``run_steps`` results (losses, host state, experiment, initial host state): the
+    same initial parameters bitwise, losses, parameters and optimizer state within ``tol``, bitwise-identical
+    replicas, ``steps`` optimizer steps on ``devices`` devices."""
+    losses, state, exp, init = run
+    ref_losses, ref_state, _, ref_init = ref
+    assert max_abs_diff(init.params, ref_init.params) == 0.0  # identical initial parameters, bitwise
+    assert exp.mode.num_devices == devices
+    assert np.max(np.abs(losses - ref_losses)) <= tol
+    assert max_abs_diff(state.params, ref_state.params) <= tol
+    assert max_abs_diff(state.opt_state, ref_state.opt_state) <= tol
+    assert exp.mode.replica_divergence((exp.state.params, exp.state.opt_state)) == 0.0  # replicas in sync
+    assert int(state.step) == steps
