@@ -131,6 +131,10 @@ class TrainConfig:
     grad_norm_every: Optional[int] = None
     # null: evaluate only at the end.
     eval_every: Optional[int] = None
+    # null: not tracked; in (0, 1]: train/steps_to_target = the first evaluated step (every eval_every steps
+    # and the final evaluation) with eval/accuracy >= this, perf/time_to_target_s = wall time from the first
+    # step dispatched to the end of that evaluation (evaluation time included); both null if never reached.
+    target_accuracy: Optional[float] = None
     seed: int = 0
     sync_every: int = 100
     sync_strict: bool = False

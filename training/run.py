@@ -20,6 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from conf.schema import Config, as_dict
+from measure.throughput import JobClock, TargetTracker, WindowStats, check_target_accuracy, in_multirun
 from data.pipeline import SyntheticSource, TrainSource, make_eval_set, synthetic_eval, train_batches
 from data.sources import DataError, load_tfds_split
 from parallel import ConfigError
@@ -142,6 +143,7 @@ def total_steps(cfg: Config, steps_per_epoch: int) -> int:
 
 def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     """Runs one experiment and returns its summary. Raises USER_ERRORS with one-line messages."""
+    clock = JobClock.for_job(multirun=in_multirun())  # perf/wall_s, perf/startup_s (measure/throughput.py)
     p = plan(cfg)  # every check that needs neither data nor compilation
     ckpt_plan = checkpoint.prepare(cfg.checkpoint, run_dir, jax.process_count())  # issue 8: resume path exists
     wandb_mode = resolve_wandb_mode(cfg.wandb.mode)
@@ -154,6 +156,8 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     window_error = check_window(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps, n_steps)
     if window_error:
         raise ConfigError(window_error)
+    if check_target_accuracy(cfg.train.target_accuracy):
+        raise ConfigError(check_target_accuracy(cfg.train.target_accuracy))
     if cfg.train.transfer_guard not in TRANSFER_GUARDS:
         raise ConfigError(f"train.transfer_guard={cfg.train.transfer_guard!r} is unknown; "
                           f"choose one of {', '.join(TRANSFER_GUARDS)}")
@@ -229,6 +233,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     in_flight: collections.deque = collections.deque()
     step_times: list[float] = []
     timer = StepTimer()
+    stats, target = WindowStats(p.global_batch, mode.num_devices), TargetTracker(cfg.train.target_accuracy)
     profiler = Profiler(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps, run_dir / "profile",
                         device.platform, hlo_text=compiled.as_text() if cfg.profile.enabled else None,
                         num_devices=mode.num_devices)
@@ -250,6 +255,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
                 if step > start:
                     batch = next(batches)
                 state, metrics = compiled(state, batch)
+                clock.first_step()
                 timer.steps += 1
                 window_records.append((step + 1, metrics))
                 in_flight.append(metrics)
@@ -275,6 +281,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
             if cfg.train.eval_every and done % cfg.train.eval_every == 0 and done != n_steps:
                 timer.pause(metrics)
                 extra.update(evaluate(exp, state.params, eval_set))
+                target.observe(done, extra["eval/accuracy"], clock.since_first_step_s())
                 timer.resume()
             saving = ckpts.saves_at(done) | stop.requested(done)  # issue 8 (`|`: requested() runs every step)
             if done % cfg.train.log_every == 0 or done == n_steps or saving:
@@ -282,6 +289,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
                 elapsed_s, steps = timer.take()
                 step_time_s = elapsed_s / steps
                 step_times.append(step_time_s)
+                stats.add(elapsed_s, steps)
                 perf = {"perf/step_time_s": step_time_s, "perf/examples_per_s": p.global_batch / step_time_s,
                         "perf/examples_per_s_per_device": p.global_batch / step_time_s / mode.num_devices,
                         "mesh/devices": mode.num_devices}
@@ -318,14 +326,20 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
         ckpts.close()  # issue 8: waits for the last asynchronous save
 
     final = evaluate(exp, state.params, eval_set)
+    target.observe(n_steps, final["eval/accuracy"], clock.since_first_step_s())
     profiled = profiler.result()
     reporter.log([{"step": n_steps, **final, **{k: v for k, v in profiled.items() if not isinstance(v, str)}}])
     summary = {**info, **{k: v for k, v in last.items() if k != "step"}, **final, **profiled, **ckpts.summary(),
                "status": "ok", "perf/step_time_s_median": statistics.median(step_times) if step_times else None}
+    summary.update({**stats.summary(info.get("comm/time_model_s"), info.get("perf/flops_per_step_per_device"),
+                                    peak_flops), **target.summary()})
+    if stats.warning():
+        console(stats.warning())
     explain_ratio(summary)
     peak = peak_bytes_per_device()
     if peak is not None:
         summary["mem/peak_bytes_per_device"] = peak
+    summary.update(clock.summary())
     return summary
 
 
