@@ -237,6 +237,10 @@ class Config:
 def register() -> None:
     """Registers the schema as ``base_config`` in Hydra's ConfigStore (idempotent)."""
     ConfigStore.instance().store(name="base_config", node=Config)
+    if not OmegaConf.has_resolver("epochs_to_steps"):
+        # ${epochs_to_steps:E,B,N}: optimizer steps in E epochs of N examples at global batch B (whole batches;
+        # e.g. optim.warmup_steps in epochs, for presets that sweep the batch: conf/sweep/large_batch.yaml).
+        OmegaConf.register_new_resolver("epochs_to_steps", lambda e, b, n: int(float(e) * (int(n) // int(b))))
 
 
 def to_typed(cfg: DictConfig) -> Config:

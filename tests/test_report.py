@@ -1,4 +1,5 @@
-"""Tests of sweeps.report on synthetic multirun folders (no JAX, no network)."""
+"""Tests of sweeps.report on synthetic multirun folders (no JAX, no network): repeats and intervals, the
+scaling table, and the matplotlib figures themselves (scales, series, error bars, legend entries)."""
 
 from __future__ import annotations
 
@@ -14,14 +15,18 @@ from pathlib import Path
 import pytest
 
 from sweeps import report
-from sweeps.report import build_rows, load_summaries, write_report
+from sweeps.report import aggregate, load_summaries, write_report
+from sweeps.report.collect import job_record
+from sweeps.report.aggregate import median_interval
+from sweeps.report.plots import CPU_SUBTITLE, NO_LINK_SENTENCE, NO_TARGET_SENTENCE, make_figures
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-EPS = {  # examples/s per device count
+EPS = {  # median examples/s per device count
     "jit_sharding": {1: 1000.0, 2: 1800.0, 4: 3000.0, 8: 4000.0},
     "fsdp": {1: 800.0, 2: 1520.0, 4: 2400.0, 8: 3200.0},
 }
+SPREAD = (0.9, 1.0, 1.2)  # seed s runs at SPREAD[s] x the median
 PAYLOAD = 6_000_000  # gradient bytes per step
 
 
@@ -29,31 +34,19 @@ def ok_summary(mode: str, devices: int, eps: float, **extra) -> dict:
     """A successful job summary with the canonical keys of train.py."""
     gb = 256
     summary = {
-        "status": "ok",
-        "parallel": mode,
-        "precision": "fp32",
-        "platform": "cpu",
-        "device_kind": "cpu",
-        "process_count": 1,
-        "mesh/devices": devices,
-        "mesh/shape": [devices],
-        "train/global_batch": gb,
-        "train/per_device_batch": gb // devices,
-        "train/accum_steps": 1,
-        "train/scaling": "strong",
-        "train/steps": 20,
-        "train/loss": 0.5,
-        "eval/loss": 0.6,
-        "eval/accuracy": 0.875,
-        "perf/step_time_s": gb / eps,
-        "perf/examples_per_s": eps,
-        "perf/examples_per_s_per_device": eps / devices,
-        "comm/payload_bytes_per_step": PAYLOAD,
+        "status": "ok", "parallel": mode, "precision": "fp32", "platform": "cpu", "device_kind": "cpu",
+        "process_count": 1, "mesh/devices": devices, "mesh/shape": [devices], "train/global_batch": gb,
+        "train/per_device_batch": gb // devices, "train/accum_steps": 1, "train/scaling": "strong",
+        "train/steps": 80, "train/loss": 0.5, "eval/loss": 0.6, "eval/accuracy": 0.875,
+        "perf/step_time_s": gb / eps, "perf/examples_per_s": eps, "perf/examples_per_s_median": eps,
+        "perf/examples_per_s_p25": 0.95 * eps, "perf/examples_per_s_p75": 1.05 * eps,
+        "perf/examples_per_s_last_window": 1.3 * eps, "perf/windows_measured": 7,
+        "perf/examples_per_s_per_device": eps / devices, "perf/wall_s": 10.0, "perf/startup_s": 4.0,
+        "comm/payload_bytes_per_step": PAYLOAD * (2 if mode == "fsdp" else 1),
         "comm/bytes_per_step": 2 * (devices - 1) / devices * PAYLOAD,
         "comm/ratio_model": 0.1 * (devices - 1),
         "mem/state_bytes_per_device": 3 * PAYLOAD // (devices if mode == "fsdp" else 1),
-        "mem/temp_bytes_per_device": 4 * 2**20 // devices,
-        "parallel/grad_reduce_dtype": "fp32",
+        "mem/temp_bytes_per_device": 4 * 2**20 // devices, "parallel/grad_reduce_dtype": "fp32",
     }
     summary.update(extra)
     return summary
@@ -70,19 +63,21 @@ def write_job(root: Path, job: int, summary: dict | None, overrides: list[str] =
     return job_dir
 
 
-def make_sweep(root: Path, fail: tuple[str, int] | None = None) -> Path:
-    """Jobs 0..7: jit_sharding and fsdp at 1, 2, 4, 8 devices (Hydra multirun order)."""
+def make_sweep(root: Path, fail: tuple[str, int, int] | None = None, seeds=(0, 1, 2), **extra) -> Path:
+    """Jobs: jit_sharding and fsdp at 1, 2, 4, 8 devices x seeds (Hydra multirun order); ``fail`` =
+    (mode, devices, seed) of a job that failed."""
     job = 0
     for mode in ("jit_sharding", "fsdp"):
         for devices in (1, 2, 4, 8):
-            overrides = [f"mesh.devices={devices}", f"parallel={mode}"]
-            if fail == (mode, devices):
-                summary = {"status": "failed",
-                           "error": "XlaRuntimeError: RESOURCE_EXHAUSTED:\nout of memory"}
-            else:
-                summary = ok_summary(mode, devices, EPS[mode][devices])
-            write_job(root, job, summary, overrides)
-            job += 1
+            for seed in seeds:
+                overrides = [f"mesh.devices={devices}", f"parallel={mode}", f"train.seed={seed}", "data=synthetic"]
+                if fail == (mode, devices, seed):
+                    summary = {"status": "failed",
+                               "error": "XlaRuntimeError: RESOURCE_EXHAUSTED:\nout of memory"}
+                else:
+                    summary = ok_summary(mode, devices, EPS[mode][devices] * SPREAD[seed % 3], **extra)
+                write_job(root, job, summary, overrides)
+                job += 1
     return root
 
 
@@ -114,169 +109,150 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     )
 
 
-# ---------------------------------------------------------------------------
-def test_strong_scaling_exact_speedup_and_efficiency(tmp_path):
+
+def rows_of(root: Path) -> list[dict]:
+    return aggregate([job_record(s) for s in load_summaries(root)])
+
+
+def legend_texts(ax_or_fig) -> list[str]:
+    legend = ax_or_fig.get_legend() if hasattr(ax_or_fig, "get_legend") else ax_or_fig.legends[0]
+    return [t.get_text() for t in legend.get_texts()]
+
+
+# ---- table ------------------------------------------------------------------------------------------------
+
+def test_repeats_aggregate_to_one_row_with_min_max_interval(tmp_path):
+    """3 seeds per configuration: one row each, the median of the jobs' medians, min-max interval."""
     root = make_sweep(tmp_path / "multirun" / "12-00-00")
     paths = write_report(root)
-
-    assert set(paths) == {"csv", "md", "throughput", "efficiency", "comm", "memory"}
-    assert paths["csv"] == root / "scaling.csv"
+    assert {"csv", "jobs_csv", "md", "throughput", "speedup", "efficiency", "comm", "memory",
+            "time_to_target"} == set(paths)
     rows = read_csv(paths["csv"])
-    assert len(rows) == 8
-    assert list(rows[0])[:17] == report.COLUMNS[:17]
-    assert report.COLUMNS[:17] == [
-        "mode", "precision", "accum", "scaling", "devices", "global batch", "examples/s",
-        "speedup vs 1 device", "scaling efficiency", "comm bytes/step (ring model, per device)",
-        "comm payload bytes/step", "comm ratio", "comm ratio source", "state bytes/device",
-        "temp bytes/device", "eval accuracy", "status",
-    ]
-    # sorted by mode then devices
-    assert [(r["mode"], r["devices"]) for r in rows] == [
-        (m, str(d)) for m in ("fsdp", "jit_sharding") for d in (1, 2, 4, 8)
-    ]
-    by = {(r["mode"], int(r["devices"])): r for r in rows}
-    expected = {
-        "jit_sharding": {1: ("1", "1"), 2: ("1.8", "0.9"), 4: ("3", "0.75"), 8: ("4", "0.5")},
-        "fsdp": {1: ("1", "1"), 2: ("1.9", "0.95"), 4: ("3", "0.75"), 8: ("4", "0.5")},
-    }
-    for mode, per_dev in expected.items():
-        for devices, (speedup, eff) in per_dev.items():
-            row = by[(mode, devices)]
-            assert row["speedup vs 1 device"] == speedup, (mode, devices)
-            assert row["scaling efficiency"] == eff, (mode, devices)
-            assert float(row["scaling efficiency"]) == float(speedup) / devices
-            assert row["status"] == "ok"
-    row = by[("jit_sharding", 2)]
-    assert row["examples/s"] == "1800"
-    assert row["comm bytes/step (ring model, per device)"] == str(PAYLOAD)  # 2*(2-1)/2 * P
-    assert row["comm payload bytes/step"] == str(PAYLOAD)
-    assert row["comm ratio"] == "0.1" and row["comm ratio source"] == "model"
-    assert row["state bytes/device"] == str(3 * PAYLOAD)
-    assert row["eval accuracy"] == "0.875"
-    assert by[("fsdp", 8)]["state bytes/device"] == str(3 * PAYLOAD // 8)
-
+    assert len(rows) == 8 and len(read_csv(paths["jobs_csv"])) == 24
+    for column in ("devices", "parallel", "precision", "accum_steps", "scaling", "global_batch", "repeats",
+                   "examples_per_s", "examples_per_s_ci_low", "examples_per_s_ci_high", "speedup",
+                   "speedup_ci_low", "speedup_ci_high", "efficiency", "time_to_target_s", "steps_to_target",
+                   "comm_payload_bytes", "comm_ring_bytes", "state_bytes_per_device"):
+        assert column in rows[0], column
+    assert [(r["parallel"], r["devices"]) for r in rows] == [
+        (m, str(d)) for m in ("fsdp", "jit_sharding") for d in (1, 2, 4, 8)]
+    by = {(r["parallel"], int(r["devices"])): r for r in rows}
+    for mode in EPS:
+        for devices, eps in EPS[mode].items():
+            r = by[(mode, devices)]
+            assert (r["repeats"], r["failed"], r["interval"]) == ("3", "0", "min-max")
+            assert float(r["examples_per_s"]) == eps
+            assert float(r["examples_per_s_ci_low"]) == pytest.approx(0.9 * eps)
+            assert float(r["examples_per_s_ci_high"]) == pytest.approx(1.2 * eps)
+            assert float(r["speedup"]) == pytest.approx(eps / EPS[mode][1])
+            assert float(r["efficiency"]) == pytest.approx(eps / EPS[mode][1] / devices)
+            # ratio interval from the repeats' ranges: [min(N) / max(1), max(N) / min(1)]
+            assert float(r["speedup_ci_low"]) == pytest.approx(0.9 * eps / (1.2 * EPS[mode][1]))
+            assert float(r["speedup_ci_high"]) == pytest.approx(1.2 * eps / (0.9 * EPS[mode][1]))
+    r = by[("fsdp", 8)]
+    assert r["comm_payload_bytes"] == str(2 * PAYLOAD) and r["comm_ring_bytes"] == str(int(1.75 * PAYLOAD))
+    assert r["state_bytes_per_device"] == str(3 * PAYLOAD // 8) and r["eval_accuracy"] == "0.875"
+    assert r["time_to_target_s"] == "" and r["few_windows"] == "0" and r["windows_measured_min"] == "7"
     md = paths["md"].read_text()
-    assert md.startswith("# Scaling report")
-    assert "Platform(s): cpu" in md and "Device kind(s): cpu" in md
-    assert "WARNING" in md and "CPU-simulated" in md and "do NOT predict" in md
-    assert md.count("| jit_sharding |") == 4 and md.count("| fsdp |") == 4
-    for name in ("throughput", "efficiency", "comm", "memory"):
-        assert paths[name] == root / f"{name}.png"
+    assert md.startswith("# Scaling report") and "24 ok, 0 failed; 8 configuration(s)" in md
+    assert "CPU-simulated" in md and "do NOT predict" in md and md.count("| min-max |") == 8
+    for name in ("throughput", "speedup", "efficiency", "comm", "memory", "time_to_target"):
+        assert paths[name] == root / f"{name}.png" and f"({name}.png)" in md
         assert_png(paths[name])
-        assert f"({name}.png)" in md
 
 
-def test_build_rows_api_and_no_baseline(tmp_path):
-    summaries = [ok_summary("fsdp", d, 100.0 * d) for d in (2, 4)]  # no 1-device job
-    summaries += [ok_summary("jit_sharding", d, 100.0 * d) for d in (1, 2)]
-    rows = build_rows(summaries)
-    assert [r["mode"] for r in rows] == ["fsdp", "fsdp", "jit_sharding", "jit_sharding"]
-    assert all(r["speedup vs 1 device"] is None for r in rows[:2])
-    assert all(r["scaling efficiency"] is None for r in rows[:2])
-    assert rows[3]["speedup vs 1 device"] == 2.0 and rows[3]["scaling efficiency"] == 1.0
+def test_five_repeats_use_a_bootstrap_interval():
+    values = [100.0, 90.0, 130.0, 110.0, 95.0]
+    med, low, high, kind = median_interval(values)
+    assert (med, kind) == (100.0, "bootstrap95")
+    assert 90.0 <= low <= med <= high <= 130.0 and low < high
+    assert median_interval(values) == (med, low, high, kind)  # fixed seed: reproducible
+    assert median_interval([3.0, 1.0]) == (2.0, 1.0, 3.0, "min-max")
+    assert median_interval([]) == (None, None, None, "none")
+
+
+def test_failed_repeat_and_failed_configuration(tmp_path):
+    root = make_sweep(tmp_path / "mr", fail=("fsdp", 4, 2))
+    write_job(root, 99, {"status": "failed", "error": "boom"}, ["mesh.devices=16", "parallel=fsdp"])
+    rows = read_csv(write_report(root, tmp_path / "out")["csv"])
+    by = {(r["parallel"], r["devices"]): r for r in rows}
+    r = by[("fsdp", "4")]
+    assert (r["repeats"], r["failed"]) == ("2", "1") and r["status"].startswith("ok (1 failed: failed: XlaRuntime")
+    assert float(r["examples_per_s"]) == pytest.approx((0.9 + 1.0) / 2 * EPS["fsdp"][4])
+    r = by[("fsdp", "16")]
+    assert (r["repeats"], r["examples_per_s"], r["speedup"], r["status"]) == ("0", "", "", "failed: boom")
+
+
+def test_missing_one_device_configuration_leaves_speedup_blank(tmp_path):
+    root = tmp_path / "mr"
+    for i, d in enumerate((2, 4)):
+        write_job(root, i, ok_summary("fsdp", d, 100.0 * d), [f"mesh.devices={d}"])
+    rows = rows_of(root)
+    assert [r["speedup"] for r in rows] == [None, None] and [r["efficiency"] for r in rows] == [None, None]
+
+
+def test_weak_and_strong_scaling_are_separate_series():
+    summaries = []
+    for d, eps in ((1, 100.0), (2, 150.0), (4, 200.0)):
+        summaries.append(ok_summary("fsdp", d, eps, **{"train/global_batch": 128, "train/per_device_batch": 128 // d}))
+    for d, eps in ((1, 40.0), (2, 76.0), (4, 140.0)):
+        summaries.append(ok_summary("fsdp", d, eps, **{"train/scaling": "weak", "train/global_batch": 32 * d,
+                                                        "train/per_device_batch": 32}))
+    rows = aggregate([job_record(s) for s in summaries])
+    got = {(r["scaling"], r["devices"]): (r["speedup"], r["efficiency"]) for r in rows}
+    assert got[("strong", 2)] == (1.5, 0.75) and got[("strong", 4)] == (2.0, 0.5)
+    assert got[("weak", 2)] == (1.9, 0.95) and got[("weak", 4)] == (3.5, 0.875)
+
+
+def test_other_overrides_split_configurations_and_seed_does_not(tmp_path):
+    """Jobs differing only in train.seed are repeats; any other override makes another configuration."""
+    root = tmp_path / "mr"
+    job = 0
+    for scaling in ("none", "linear"):
+        for seed in (0, 1):
+            write_job(root, job, ok_summary("jit_sharding", 1, 10.0 + seed, **{"train/global_batch": 512}),
+                      ["+sweep=large_batch", f"optim.lr_scaling={scaling}", f"train.seed={seed}"])
+            job += 1
+    rows = rows_of(root)
+    assert [(r["config"], r["repeats"], r["examples_per_s"]) for r in rows] == [
+        ("optim.lr_scaling=linear", 2, 10.5), ("optim.lr_scaling=none", 2, 10.5)]
+
+
+def test_few_windows_are_flagged(tmp_path):
+    root = make_sweep(tmp_path / "mr", seeds=(0,), **{"perf/windows_measured": 2})
+    paths = write_report(root)
+    rows = read_csv(paths["csv"])
+    assert all(r["few_windows"] == "1" and r["windows_measured_min"] == "2" for r in rows)
+    md = paths["md"].read_text()
+    assert "8 configuration(s) have repeats with fewer than 5 measured logging windows" in md
+    assert md.count(" * |") == 8
+
+
+def test_time_to_target_median_counts_never_reached_as_infinite():
+    base = {"train/target_accuracy": 0.9}
+    jobs = [ok_summary("fsdp", 1, 10.0, **base, **{"train/steps_to_target": s, "perf/time_to_target_s": t})
+            for s, t in ((100, 5.0), (200, 9.0), (None, None))]
+    (row,) = aggregate([job_record(dict(j, **{"_overrides": [f"train.seed={i}"]})) for i, j in enumerate(jobs)])
+    assert (row["steps_to_target"], row["time_to_target_s"], row["target_reached"]) == (200, 9.0, "2/3")
+    jobs[1]["train/steps_to_target"] = jobs[1]["perf/time_to_target_s"] = None
+    (row,) = aggregate([job_record(dict(j, **{"_overrides": [f"train.seed={i}"]})) for i, j in enumerate(jobs)])
+    assert (row["steps_to_target"], row["time_to_target_s"], row["target_reached"]) == (None, None, "1/3")
 
 
 def test_gpu_platform_has_no_cpu_warning(tmp_path):
     root = tmp_path / "mr"
     for i, d in enumerate((1, 2)):
         write_job(root, i, ok_summary("jit_sharding", d, 10.0 * d, platform="gpu",
-                                      device_kind="NVIDIA H100 80GB HBM3"))
-    md = write_report(root, tmp_path / "out")["md"].read_text()
-    assert "Platform(s): gpu" in md and "NVIDIA H100 80GB HBM3" in md
-    assert "WARNING" not in md
-
-
-def test_failed_job_is_marked_and_rest_reported(tmp_path):
-    root = make_sweep(tmp_path / "mr", fail=("fsdp", 4))
-    out = tmp_path / "report"
-    paths = write_report(root, out)
-    assert paths["csv"].parent == out and not (root / "scaling.csv").exists()
-    rows = read_csv(paths["csv"])
-    assert len(rows) == 8
-    failed = [r for r in rows if r["status"] != "ok"]
-    assert len(failed) == 1
-    bad = failed[0]
-    # mode and device count come from .hydra/overrides.yaml
-    assert bad["mode"] == "fsdp" and bad["devices"] == "4" and bad["job"] == "6"
-    assert bad["status"] == "failed: XlaRuntimeError: RESOURCE_EXHAUSTED: out of memory"
-    for column in ("examples/s", "speedup vs 1 device", "scaling efficiency", "comm ratio",
-                   "comm bytes/step (ring model, per device)", "state bytes/device",
-                   "eval accuracy"):
-        assert bad[column] == "", column
-    by = {(r["mode"], r["devices"]): r for r in rows if r["status"] == "ok"}
-    assert len(by) == 7
-    assert by[("fsdp", "8")]["speedup vs 1 device"] == "4"
-    assert by[("fsdp", "8")]["scaling efficiency"] == "0.5"
-    assert by[("jit_sharding", "4")]["scaling efficiency"] == "0.75"
+                                      device_kind="NVIDIA H100 80GB HBM3"), [f"mesh.devices={d}"])
+    paths = write_report(root, tmp_path / "out")
     md = paths["md"].read_text()
-    assert "7 ok, 1 failed" in md and "failed: XlaRuntimeError" in md
-    for name in ("throughput", "efficiency", "comm", "memory"):
-        assert_png(paths[name])
-
-
-def test_failed_one_device_job_leaves_group_blank(tmp_path):
-    root = make_sweep(tmp_path / "mr", fail=("jit_sharding", 1))
-    rows = read_csv(write_report(root)["csv"])
-    jit = [r for r in rows if r["mode"] == "jit_sharding" and r["status"] == "ok"]
-    assert len(jit) == 3
-    assert all(r["speedup vs 1 device"] == "" and r["scaling efficiency"] == "" for r in jit)
-    fsdp = [r for r in rows if r["mode"] == "fsdp"]
-    assert [r["scaling efficiency"] for r in fsdp] == ["1", "0.95", "0.75", "0.5"]
-
-
-def test_unreadable_summary_is_a_failed_row(tmp_path):
-    root = tmp_path / "mr"
-    write_job(root, 0, ok_summary("fsdp", 1, 10.0))
-    job = write_job(root, 1, None, ["mesh.devices=2", "parallel=fsdp", "precision=bf16"])
-    (job / "summary.json").write_text("{not json")
-    rows = build_rows(load_summaries(root))
-    bad = [r for r in rows if not r["_ok"]]
-    assert len(bad) == 1 and bad[0]["status"].startswith("failed: unreadable summary.json")
-    assert bad[0]["devices"] == 2 and bad[0]["precision"] == "bf16"
-
-
-def test_weak_scaling_grouping():
-    summaries = []
-    # strong: global batch 128 fixed
-    for d, eps in ((1, 100.0), (2, 150.0), (4, 200.0)):
-        summaries.append(ok_summary("fsdp", d, eps, **{
-            "train/global_batch": 128, "train/per_device_batch": 128 // d}))
-    # weak: per-device batch 32 fixed (global grows), its own 1-device baseline
-    for d, eps in ((1, 40.0), (2, 76.0), (4, 140.0)):
-        summaries.append(ok_summary("fsdp", d, eps, **{
-            "train/scaling": "weak", "train/global_batch": 32 * d,
-            "train/per_device_batch": 32}))
-    # weak with another per-device batch and no 1-device job: no baseline
-    summaries.append(ok_summary("fsdp", 2, 500.0, **{
-        "train/scaling": "weak", "train/global_batch": 128, "train/per_device_batch": 64}))
-    rows = build_rows(summaries)
-    assert len(rows) == 7
-    got = {(r["scaling"], r["per-device batch"], r["devices"]):
-           (r["speedup vs 1 device"], r["scaling efficiency"]) for r in rows}
-    assert got[("strong", 64, 2)] == (1.5, 0.75)
-    assert got[("strong", 32, 4)] == (2.0, 0.5)
-    assert got[("weak", 32, 1)] == (1.0, 1.0)
-    assert got[("weak", 32, 2)] == (1.9, 0.95)
-    assert got[("weak", 32, 4)] == (3.5, 0.875)
-    assert got[("weak", 64, 2)] == (None, None)
-    # sorted by mode, precision, accum, scaling, then devices
-    assert [(r["scaling"], r["devices"]) for r in rows][:3] == [
-        ("strong", 1), ("strong", 2), ("strong", 4)]
-
-
-def test_comm_ratio_source_measured_only_if_valid():
-    base = ok_summary("fsdp", 2, 10.0)
-    del base["comm/ratio_model"]
-    valid = dict(base, **{"comm/ratio_measured": 0.25, "comm/ratio_measured_valid": True})
-    invalid = dict(base, **{"comm/ratio_measured": 0.75, "comm/ratio_measured_valid": False,
-                            "train/global_batch": 512})
-    rows = build_rows([valid, invalid])
-    got = {r["global batch"]: (r["comm ratio"], r["comm ratio source"]) for r in rows}
-    assert got == {256: (0.25, "measured"), 512: (None, None)}
+    assert "Platform(s): gpu" in md and "NVIDIA H100 80GB HBM3" in md and "WARNING" not in md
+    figs = make_figures(rows_of(root))
+    assert CPU_SUBTITLE not in figs["throughput"]._suptitle.get_text()
 
 
 def test_load_summaries_skips_output_and_wandb_dirs(tmp_path):
-    root = make_sweep(tmp_path / "mr")
+    root = make_sweep(tmp_path / "mr", seeds=(0,))
     stray = root / "0" / "wandb" / "offline-run-x" / "files"
     stray.mkdir(parents=True)
     (stray / "summary.json").write_text(json.dumps(ok_summary("fsdp", 1, 1.0)))
@@ -284,11 +260,94 @@ def test_load_summaries_skips_output_and_wandb_dirs(tmp_path):
     out.mkdir()
     (out / "summary.json").write_text(json.dumps(ok_summary("fsdp", 1, 1.0)))
     summaries = load_summaries(root, exclude=[out])
-    assert len(summaries) == 8
     assert [s["_job"] for s in summaries] == [str(i) for i in range(8)]
-    assert all(Path(s["_job_dir"]).is_dir() for s in summaries)
-    assert len(read_csv(write_report(root, out)["csv"])) == 8
+    assert len(read_csv(write_report(root, out)["jobs_csv"])) == 8
 
+
+# ---- figures ----------------------------------------------------------------------------------------------
+
+def test_throughput_figure_log_log_error_bars_ideal_and_projection(tmp_path):
+    rows = rows_of(make_sweep(tmp_path / "mr"))
+    fig = make_figures(rows)["throughput"]
+    (ax,) = fig.axes
+    assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
+    assert ax.get_xlabel() == "devices" and ax.get_ylabel() == "examples/s (global)"
+    assert len(ax.containers) == 2  # one error-bar container per series
+    fsdp = ax.containers[0]
+    assert list(fsdp.lines[0].get_ydata()) == [EPS["fsdp"][d] for d in (1, 2, 4, 8)]
+    assert legend_texts(ax) == ["fsdp", "jit_sharding", "ideal (linear from the 1-device median)"]
+    ideal = [line for line in ax.get_lines() if line.get_gid() == "ideal"]
+    assert len(ideal) == 2
+    assert sorted(tuple(line.get_ydata()) for line in ideal) == sorted(
+        tuple(EPS[m][1] * d for d in (1, 2, 4, 8)) for m in EPS)  # anchored at each 1-device median
+    assert CPU_SUBTITLE in fig._suptitle.get_text()
+    projected = make_figures(rows, projection_rows=[{"label": "ring model", "devices": d, "examples_per_s": 900.0 * d}
+                                                    for d in (1, 2, 4, 8)])["throughput"].axes[0]
+    assert legend_texts(projected)[-1] == "projection: ring model" and len(projected.containers) == 2
+
+
+def test_speedup_and_efficiency_figures(tmp_path):
+    figs = make_figures(rows_of(make_sweep(tmp_path / "mr")))
+    (ax,) = figs["speedup"].axes
+    assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log") and len(ax.containers) == 2
+    (diag,) = [line for line in ax.get_lines() if line.get_label() == "ideal (y = x)"]
+    assert list(diag.get_xdata()) == list(diag.get_ydata()) == [1, 2, 4, 8]
+    assert legend_texts(ax) == ["fsdp", "jit_sharding", "ideal (y = x)"]
+    (ax,) = figs["efficiency"].axes
+    assert ax.get_ylim() == (0.0, 1.1) and ax.get_yscale() == "linear" and len(ax.containers) == 2
+    (one,) = [line for line in ax.get_lines() if line.get_label() == "ideal (1.0)"]
+    assert list(one.get_ydata()) == [1.0, 1.0]
+    assert list(ax.containers[1].lines[0].get_ydata()) == pytest.approx([1.0, 0.9, 0.75, 0.5])
+
+
+def test_comm_figure_distinct_styles_and_link_sentence(tmp_path):
+    rows = rows_of(make_sweep(tmp_path / "mr", seeds=(0,), **{"comm/ratio_model": None}))
+    fig = make_figures(rows)["comm"]
+    payload, ring, ratio = fig.axes
+    assert payload.get_ylabel() == "payload bytes / step" and "ring model" in ring.get_ylabel()
+    lines = ring.get_lines()
+    assert len(lines) == 2 and list(lines[0].get_ydata()) == list(lines[1].get_ydata())  # equal bytes ...
+    assert lines[0].get_marker() != lines[1].get_marker()  # ... stay visible
+    assert lines[0].get_linestyle() != lines[1].get_linestyle()
+    assert [list(line.get_ydata()) for line in payload.get_lines()] == [[2 * PAYLOAD] * 4, [PAYLOAD] * 4]
+    assert ratio.texts[0].get_text().replace("\n", " ") == NO_LINK_SENTENCE and not ratio.get_lines()
+    assert legend_texts(fig) == ["fsdp", "jit_sharding"]
+    with_link = make_figures(rows_of(make_sweep(tmp_path / "mr2", seeds=(0,))))["comm"].axes[2]
+    assert len(with_link.get_lines()) == 2 and not with_link.texts
+
+
+def test_memory_and_time_to_target_figures(tmp_path):
+    figs = make_figures(rows_of(make_sweep(tmp_path / "mr", seeds=(0,))))
+    (ax,) = figs["memory"].axes
+    fsdp, jit = ax.get_lines()
+    assert list(fsdp.get_ydata()) == [3 * PAYLOAD // d for d in (1, 2, 4, 8)] and ax.get_xscale() == "log"
+    assert legend_texts(ax) == ["fsdp", "jit_sharding"]
+    (ax,) = figs["time_to_target"].axes
+    assert ax.texts[0].get_text().replace("\n", " ") == NO_TARGET_SENTENCE
+    target = {"train/target_accuracy": 0.9, "train/steps_to_target": 100, "perf/time_to_target_s": 5.0}
+    (ax,) = make_figures(rows_of(make_sweep(tmp_path / "mr2", seeds=(0,), **target)))["time_to_target"].axes
+    assert len(ax.get_lines()) == 2 and list(ax.get_lines()[0].get_ydata()) == [5.0] * 4
+
+
+def test_batch_figure_per_recipe(tmp_path):
+    root = tmp_path / "mr"
+    job = 0
+    for scaling in ("none", "linear"):
+        for batch in (256, 512, 1024):
+            write_job(root, job, ok_summary("jit_sharding", 1, 10.0, **{
+                "train/global_batch": batch, "eval/accuracy": 0.9 if scaling == "none" else 0.95,
+                "train/target_accuracy": 0.9, "train/steps_to_target": 10, "perf/time_to_target_s": 2.0}),
+                      [f"optim.lr_scaling={scaling}", f"train.global_batch={batch}"])
+            job += 1
+    fig = make_figures(rows_of(root))["batch"]
+    acc, ttt = fig.axes
+    assert acc.get_xscale() == "log" and len(acc.containers) == 2 and len(ttt.get_lines()) == 2
+    assert legend_texts(fig) == ["optim.lr_scaling=linear", "optim.lr_scaling=none"]  # sorted configurations
+    assert list(acc.containers[1].lines[0].get_xdata()) == [256, 512, 1024]
+    assert list(acc.containers[1].lines[0].get_ydata()) == [0.9] * 3
+
+
+# ---- CLI and W&B ------------------------------------------------------------------------------------------
 
 def test_infer_group(tmp_path):
     assert report.infer_group([{"wandb/group": "g-1"}, {}], tmp_path / "x") == "g-1"
@@ -319,7 +378,7 @@ def test_cli_errors_are_one_line(tmp_path, kind):
 
 
 def test_cli_wandb_offline(tmp_path):
-    root = make_sweep(tmp_path / "sweep-7", fail=("fsdp", 8))
+    root = make_sweep(tmp_path / "sweep-7", fail=("fsdp", 8, 0))
     wdir = tmp_path / "wb"
     wdir.mkdir()
     env = {

@@ -127,7 +127,13 @@ def aggregate(records: list[dict]) -> list[dict[str, Any]]:
     """
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for rec in records:
-        groups[config_key(rec)].append(rec)
+        if rec["ok"]:
+            groups[config_key(rec)].append(rec)
+    for rec in records:  # a failed job's summary may lack fields: it joins the configuration it matches
+        if not rec["ok"]:
+            key = config_key(rec)
+            match = next((k for k in groups if all(a is None or a == b for a, b in zip(key, k))), key)
+            groups[match].append(rec)
     rows = []
     for key, recs in groups.items():
         ok = [r for r in recs if r["ok"]]

@@ -93,7 +93,7 @@ def plot_throughput(ax, rows: list[dict], projection_rows: Optional[list[dict]] 
         base = next((r for r in pts if r["devices"] == 1), None)
         if base is not None and len(pts) > 1:
             xs = [r["devices"] for r in pts]
-            ax.plot(xs, [base["examples_per_s"] * d for d in xs], label="_nolegend_",
+            ax.plot(xs, [base["examples_per_s"] * d for d in xs], label="_nolegend_", gid="ideal",
                     **{**IDEAL_STYLE, "color": style["color"]})
             ideal_drawn = True
     if ideal_drawn:
