@@ -63,15 +63,18 @@ def test_setting_both_batches_is_one_clear_error():
 
 PRESETS = {
     "scaling_devices": {"mesh.devices": "1,2,4,8", "parallel": "pmap,jit_sharding,shard_map,fsdp",
-                        "train.per_device_batch": "null,32"},
-    "precision": {"precision": "fp32,bf16,fp16", "parallel": "pmap,jit_sharding,shard_map,fsdp"},
-    "accumulation": {"train.accum_steps": "1,2,4,8", "parallel": "pmap,jit_sharding,shard_map,fsdp"},
+                        "train.per_device_batch": "null,32", "train.seed": "0,1,2"},
+    "precision": {"precision": "fp32,bf16,fp16", "parallel": "pmap,jit_sharding,shard_map,fsdp",
+                  "train.seed": "0,1,2"},
+    "accumulation": {"train.accum_steps": "1,2,4,8", "parallel": "pmap,jit_sharding,shard_map,fsdp",
+                     "train.seed": "0,1,2"},
 }
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_sweep_presets_compose(name):
-    """``+sweep=<name>`` sets hydra.sweeper.params, a small train.steps and its own sweep folder."""
+    """``+sweep=<name>`` sets hydra.sweeper.params (3 seeds: repeats), enough steps for 6 measured logging
+    windows (70 steps, windows of 10, the first excluded) and its own sweep folder."""
     from hydra import compose, initialize_config_dir
 
     from conf.schema import register
@@ -80,8 +83,26 @@ def test_sweep_presets_compose(name):
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[f"+sweep={name}"], return_hydra_config=True)
     assert dict(cfg.hydra.sweeper.params) == PRESETS[name]
-    assert cfg.train.steps == 30 and cfg.train.log_every == 10
+    assert cfg.train.steps == 70 and cfg.train.log_every == 10
     assert cfg.hydra.sweep.dir.startswith(f"multirun/{name}/")
+
+
+def test_large_batch_preset_composes_epoch_based_lengths():
+    """+sweep=large_batch: batch x lr scaling x warmup x optimizer x seeds; eval every epoch, warmup in epochs."""
+    from hydra import compose, initialize_config_dir
+
+    from conf.schema import register
+
+    register()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["+sweep=large_batch"], return_hydra_config=True)
+        assert dict(cfg.hydra.sweeper.params) == {
+            "optim": "sgd,adam", "train.global_batch": "256,512,1024,2048,4096,8192",
+            "optim.lr_scaling": "none,linear", "+warmup": "none,epochs2", "train.seed": "0,1,2"}
+        job = compose("config", overrides=["+sweep=large_batch", "optim=sgd", "train.global_batch=8192",
+                                           "+warmup=epochs2"])
+    assert (job.train.eval_every, job.train.log_every, job.optim.warmup_steps) == (7, 3, 14)  # 60000 // 8192 = 7
+    assert (job.optim.name, job.optim.momentum, job.mesh.devices, job.train.target_accuracy) == ("sgd", 0.9, 1, 0.97)
 
 
 # ---- a real multirun -------------------------------------------------------------------------------------
@@ -134,12 +155,12 @@ def test_multirun_default_launcher_wandb_groups_and_report(tmp_path):
     assert rep.returncode == 0, rep.stderr[-3000:]
     with open(sweep / "scaling.csv") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 6
+    assert len(rows) == 6  # one configuration per job (no repeats here)
     failed = [r for r in rows if r["status"].startswith("failed")]
     assert len(failed) == 2 and all("mesh.devices=16" in r["status"] for r in failed)
-    assert sorted((r["mode"], r["devices"]) for r in rows if r["status"] == "ok") == [
+    assert sorted((r["parallel"], r["devices"]) for r in rows if r["status"] == "ok") == [
         ("fsdp", "1"), ("fsdp", "2"), ("jit_sharding", "1"), ("jit_sharding", "2")]
-    for png in ("throughput", "efficiency", "comm", "memory"):
+    for png in ("throughput", "speedup", "efficiency", "comm", "memory", "time_to_target"):
         assert (sweep / f"{png}.png").stat().st_size > 10_000
 
 
