@@ -2,8 +2,16 @@
 
 Usage::
 
-    python -m sweeps.dashboard --entity E --project P --group G --dry-run   # print spec, offline
-    python -m sweeps.dashboard --entity E --project P --group G             # save, print URL
+    python -m sweeps.dashboard multirun/<date>/<time> --dry-run              # print spec, offline
+    python -m sweeps.dashboard multirun/<date>/<time> [--entity E]          # save, print URL
+    python -m sweeps.dashboard --entity E --project P --group G [--dry-run]
+
+With a multirun folder, the W&B group comes from the jobs' ``summary.json`` (``wandb/group``: the sweep's
+folder, ``sweep-<path with _>``, unless ``wandb.group`` was set), project and entity from their
+``.hydra/config.yaml`` (``wandb.project``, ``wandb.entity``; ``--entity``/``--project`` override), and the
+runs are grouped by *configuration*: every config key whose value differs between the jobs, except
+``train.seed`` (``varying_config_keys``). Repeats (jobs differing only in the seed) then form one group, so
+the training curves show one line per configuration with a min-max band.
 
 The workspace (built with ``wandb_workspaces``; building it needs no network)
 shows only the runs of W&B group ``G`` (runset filter ``Group == G``) and has
@@ -44,7 +52,59 @@ import wandb_workspaces.reports.v2 as wr
 import wandb_workspaces.workspaces as ws
 
 DEVICES = "mesh/devices"
-REPORT_PLOTS = ("throughput", "efficiency", "comm", "memory")
+REPORT_PLOTS = ("throughput", "speedup", "efficiency", "comm", "memory", "time_to_target")
+REPEAT_KEYS = ("train.seed",)  # config keys that only name a repeat
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: json.dumps(node, sort_keys=True) if isinstance(node, list) else node}
+
+
+def read_multirun(folder) -> dict[str, Any]:
+    """W&B coordinates and the configuration keys of a multirun folder (``<job>/summary.json`` and
+    ``<job>/.hydra/config.yaml``): ``{"group", "project", "entity", "config_keys", "jobs"}``.
+
+    ``config_keys``: dotted config keys (e.g. ``parallel.name``, ``mesh.devices``) whose values differ
+    between jobs, ``train.seed`` and ``hydra``/``wandb`` keys left out; sorted.
+
+    Raises:
+      ValueError: no job with a ``summary.json`` and a W&B group under ``folder`` (one-line message).
+    """
+    from collections import Counter
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(folder)
+    if not root.is_dir():
+        raise ValueError(f"multirun folder does not exist or is not a directory: {folder}")
+    groups: Counter = Counter()
+    configs = []
+    for summary_path in sorted(root.rglob("summary.json")):
+        if "wandb" in summary_path.relative_to(root).parts[:-1]:
+            continue
+        try:
+            summary = json.loads(summary_path.read_text())
+        except ValueError:
+            continue
+        if summary.get("wandb/group"):
+            groups[summary["wandb/group"]] += 1
+        config_path = summary_path.parent / ".hydra" / "config.yaml"
+        if config_path.is_file():
+            configs.append(_flatten(yaml.safe_load(config_path.read_text()) or {}))
+    if not groups:
+        raise ValueError(f"no job under {folder} has a summary.json with wandb/group (was W&B disabled?)")
+    keys = sorted({k for c in configs for k in c})
+    varying = [k for k in keys if k not in REPEAT_KEYS and not k.startswith(("hydra.", "wandb."))
+               and len({json.dumps(c.get(k), sort_keys=True, default=str) for c in configs}) > 1]
+    first = configs[0] if configs else {}
+    return {"group": groups.most_common(1)[0][0], "project": first.get("wandb.project"),
+            "entity": first.get("wandb.entity"), "config_keys": varying, "jobs": len(configs)}
 
 
 def _scatter(title: str, y: str, log_y: bool | None = None) -> wr.ScatterPlot:
@@ -58,22 +118,24 @@ def _scatter(title: str, y: str, log_y: bool | None = None) -> wr.ScatterPlot:
     )
 
 
-def _curves(title: str, y: str, groupby: str, y_title: str) -> wr.LinePlot:
-    """History of ``y`` vs step, one mean line (+ min-max band) per ``groupby`` value."""
+def _curves(title: str, y: str, groupby: str | None, y_title: str) -> wr.LinePlot:
+    """History of ``y`` vs step, one mean line (+ min-max band) per ``groupby`` value (None: per group of
+    the runset's grouping)."""
     return wr.LinePlot(
         title=title,
         x="Step",
         y=[y],
         title_x="step",
         title_y=y_title,
-        groupby=wr.Config(groupby),
+        groupby=wr.Config(groupby) if groupby else None,
         groupby_aggfunc="mean",
         groupby_rangefunc="minmax",
     )
 
 
 def build_workspace_spec(entity: str, project: str, group: str, *,
-                         groupby: str = "parallel.name", name: str | None = None) -> ws.Workspace:
+                         groupby: str = "parallel.name", name: str | None = None,
+                         config_keys: list[str] | None = None) -> ws.Workspace:
     """Build (offline) the scaling-comparison ``wandb_workspaces`` Workspace for ``group``.
 
     Args:
@@ -81,6 +143,8 @@ def build_workspace_spec(entity: str, project: str, group: str, *,
         group: W&B run group of the sweep (the runset is filtered to it).
         groupby: run *config* key used to group training curves by parallel mode.
         name: workspace name (default ``"Scaling: <group>"``).
+        config_keys: group the runset by these config keys (one group per configuration: repeats share
+            one line with a min-max band); the curves then follow that grouping instead of ``groupby``.
 
     Returns the ``ws.Workspace``; ``spec_to_dict`` gives its JSON view spec.
     Raises ``ValueError`` for a group name with quotes (the filter expression
@@ -88,6 +152,9 @@ def build_workspace_spec(entity: str, project: str, group: str, *,
     """
     if "'" in group or '"' in group:
         raise ValueError(f"W&B group names with quotes are not supported here: {group!r}")
+    by_config = bool(config_keys)
+    curve_group = None if by_config else groupby
+    by = "configuration" if by_config else "parallel mode"
     sections = [
         ws.Section(
             name="Scaling",
@@ -138,15 +205,16 @@ def build_workspace_spec(entity: str, project: str, group: str, *,
             ],
         ),
         ws.Section(
-            name="Training curves by mode",
+            name="Training curves by configuration" if by_config else "Training curves by mode",
             is_open=True,
-            layout_settings=ws.SectionLayoutSettings(columns=2, rows=2),
+            layout_settings=ws.SectionLayoutSettings(columns=3, rows=2),
             panels=[
-                _curves("Train loss by parallel mode", "train/loss", groupby, "train loss"),
-                _curves("Eval loss by parallel mode", "eval/loss", groupby, "eval loss"),
-                _curves("Eval accuracy by parallel mode", "eval/accuracy", groupby, "eval accuracy"),
-                _curves("Step time by parallel mode (s)", "perf/step_time_s", groupby,
-                        "step time (s)"),
+                _curves(f"Train loss by {by}", "train/loss", curve_group, "train loss"),
+                _curves(f"Eval loss by {by}", "eval/loss", curve_group, "eval loss"),
+                _curves(f"Eval accuracy by {by}", "eval/accuracy", curve_group, "eval accuracy"),
+                _curves(f"Step time by {by} (s)", "perf/step_time_s", curve_group, "step time (s)"),
+                _curves(f"Throughput per logging window by {by} (examples/s)", "perf/examples_per_s",
+                        curve_group, "examples/s"),
             ],
         ),
         ws.Section(
@@ -167,10 +235,11 @@ def build_workspace_spec(entity: str, project: str, group: str, *,
         settings=ws.WorkspaceSettings(x_axis="Step", max_runs=100),
         runset_settings=ws.RunsetSettings(
             filters=ws.And(ws.Metric("Group") == group),
+            groupby=[ws.Config(k) for k in config_keys or []],
             pinned_columns=[
                 "summary:parallel",
                 f"summary:{DEVICES}",
-                "summary:perf/examples_per_s",
+                "summary:perf/examples_per_s_median",
                 "summary:comm/ratio_model",
                 "summary:mem/peak_bytes_per_device",
                 "summary:status",
@@ -232,9 +301,11 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m sweeps.dashboard",
         description="Build a W&B workspace comparing data-parallel scaling runs of one group.",
     )
-    parser.add_argument("--entity", required=True, help="W&B entity (user or team)")
-    parser.add_argument("--project", required=True, help="W&B project")
-    parser.add_argument("--group", required=True, help="W&B run group of the sweep")
+    parser.add_argument("folder", nargs="?", default=None,
+                        help="multirun folder: group, project, entity and configuration keys from its jobs")
+    parser.add_argument("--entity", default=None, help="W&B entity (user or team)")
+    parser.add_argument("--project", default=None, help="W&B project")
+    parser.add_argument("--group", default=None, help="W&B run group of the sweep")
     parser.add_argument("--groupby", default="parallel.name",
                         help="run config key that names the parallel mode (default: parallel.name)")
     parser.add_argument("--name", default=None, help="workspace name (default: 'Scaling: <group>')")
@@ -243,8 +314,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     try:
-        workspace = build_workspace_spec(args.entity, args.project, args.group,
-                                         groupby=args.groupby, name=args.name)
+        entity, project, group, config_keys = args.entity, args.project, args.group, None
+        if args.folder is not None:
+            found = read_multirun(args.folder)
+            entity = entity or found["entity"] or os.environ.get("WANDB_ENTITY")
+            project = project or found["project"]
+            group = group or found["group"]
+            config_keys = found["config_keys"]
+        missing = [flag for flag, value in (("--project", project), ("--group", group)) if not value]
+        if missing or (not entity and not args.dry_run):
+            missing += [] if entity or args.dry_run else ["--entity (or WANDB_ENTITY)"]
+            raise ValueError(f"missing {', '.join(missing)}: give a multirun folder or set them")
+        workspace = build_workspace_spec(entity or "", project, group, groupby=args.groupby, name=args.name,
+                                         config_keys=config_keys)
     except ValueError as exc:
         print(f"sweeps.dashboard: error: {exc}", file=sys.stderr)
         return 2

@@ -112,3 +112,49 @@ def test_cli_without_api_key_fails_with_one_line(tmp_path):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
     assert "API key" in lines[0]
+
+
+def _fake_multirun(root: Path) -> Path:
+    """4 jobs: 2 modes x 2 seeds, each with summary.json (W&B group) and .hydra/config.yaml."""
+    job = 0
+    for mode in ("fsdp", "jit_sharding"):
+        for seed in (0, 1):
+            d = root / str(job)
+            (d / ".hydra").mkdir(parents=True)
+            (d / "summary.json").write_text(json.dumps({"status": "ok", "wandb/group": "sweep-x", "parallel": mode}))
+            (d / ".hydra" / "config.yaml").write_text(
+                f"parallel:\n  name: {mode}\n  min_shard_bytes: 0\ntrain:\n  seed: {seed}\n  steps: 80\n"
+                f"mesh:\n  shape: [1, -1]\nwandb:\n  project: proj-a\n  entity: null\n  tags: [t{seed}]\n")
+            job += 1
+    return root
+
+
+def test_read_multirun_groups_by_configuration_not_seed(tmp_path):
+    from sweeps.dashboard import read_multirun
+
+    found = read_multirun(_fake_multirun(tmp_path / "mr"))
+    assert found == {"group": "sweep-x", "project": "proj-a", "entity": None, "config_keys": ["parallel.name"],
+                     "jobs": 4}
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no job under"):
+        read_multirun(tmp_path / "empty")
+
+
+def test_cli_multirun_folder_dry_run_groups_runset_by_configuration(tmp_path):
+    root = _fake_multirun(tmp_path / "mr")
+    res = _cli(str(root), "--dry-run", env={"HOME": str(tmp_path), "WANDB_CONFIG_DIR": str(tmp_path)})
+    assert res.returncode == 0, res.stderr
+    spec = json.loads(res.stdout)
+    assert spec["project"] == "proj-a"
+    (runset,) = spec["spec"]["section"]["runSets"]
+    assert runset["grouping"] == [{"section": "config", "name": "parallel.value.name"}]
+    assert "sweep-x" in json.dumps(runset["filters"])
+    curves = [p for p in panels_of(spec) if p["type"] == "Run History Line Plot" and p["x"] == "_step"]
+    assert len(curves) == 5 and all(p["groupBy"] is None for p in curves)
+    assert all(p["section"] == "Training curves by configuration" for p in curves)
+
+
+def test_cli_without_folder_or_group_is_one_line(tmp_path):
+    res = _cli("--dry-run", env={"HOME": str(tmp_path), "WANDB_CONFIG_DIR": str(tmp_path)})
+    assert res.returncode == 2 and res.stderr.strip() == \
+        "sweeps.dashboard: error: missing --project, --group: give a multirun folder or set them"
