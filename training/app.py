@@ -42,6 +42,9 @@ def run_and_report(cfg: Config, run_dir: Path) -> bool:
         raise
     reporter.summary(summary)
     reporter.close(exit_code=0)
-    log.info("eval/accuracy=%.4f eval/loss=%.4f examples/s=%.0f; outputs in %s", summary["eval/accuracy"],
-             summary["eval/loss"], summary.get("perf/examples_per_s", float("nan")), run_dir)
+    log.info("eval/accuracy=%.4f eval/loss=%.4f examples/s=%.0f (median of %s windows, p25-p75 %.0f-%.0f) "
+             "wall=%.1fs startup=%.1fs; outputs in %s", summary["eval/accuracy"], summary["eval/loss"],
+             summary.get("perf/examples_per_s", float("nan")), summary.get("perf/windows_measured", 0),
+             summary.get("perf/examples_per_s_p25", float("nan")), summary.get("perf/examples_per_s_p75", float("nan")),
+             summary.get("perf/wall_s", float("nan")), summary.get("perf/startup_s", float("nan")), run_dir)
     return True
