@@ -405,5 +405,17 @@ def test_cli_wandb_offline(tmp_path):
     for needle in (b"scaling_report", b"sweep-7", b"scaling_table", b"scaling-test"):
         assert needle in data, needle
     run_dir = sync.parent
+    sys.path.insert(0, str(REPO / "tests"))
+    from wandb_reader import read_run
+
+    run = read_run(str(run_dir))
+    assert run["run"].run_group == "sweep-7" and run["config"]["n_configurations"] == 8
+    points = {h["scaling/devices"]: h for h in run["history"] if "scaling/devices" in h}
+    assert sorted(points) == [1, 2, 4, 8]
+    assert points[2]["scaling/examples_per_s/jit_sharding"] == EPS["jit_sharding"][2]
+    assert points[2]["scaling/examples_per_s_ci_low/jit_sharding"] == pytest.approx(0.9 * EPS["jit_sharding"][2])
+    assert points[4]["scaling/speedup/fsdp"] == pytest.approx(3.0)
+    images = {k.split("/")[1] for h in run["history"] for k in h if k.startswith("plots/") and k.endswith("/_type")}
+    assert images == {"throughput", "speedup", "efficiency", "comm", "memory", "time_to_target"}
     assert list(run_dir.rglob("*.png")), "wandb.Image media not written"
     assert list(run_dir.rglob("scaling_table*.table.json")), "wandb.Table not written"
