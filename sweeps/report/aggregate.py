@@ -34,6 +34,7 @@ BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
 
 # Configuration fields (with ``overrides``); ``devices`` is left out of the series key.
+# ``config`` (a column) lists the overrides that differ between configurations of the sweep.
 CONFIG_FIELDS = ("parallel", "precision", "accum_steps", "scaling", "grad_reduce_dtype", "grad_compression",
                  "global_batch", "per_device_batch", "devices", "overrides")
 
@@ -174,9 +175,11 @@ def aggregate(records: list[dict]) -> list[dict[str, Any]]:
             "_values": eps, "_platform": _same([r["platform"] for r in recs]),
             "_device_kind": _same([r["device_kind"] for r in recs]),
         })
-        row["config"] = " ".join(row["overrides"]) if row["overrides"] else ""
         row["_series"] = series_key(row)
         rows.append(row)
+    common = set.intersection(*(set(r["overrides"] or ()) for r in rows)) if rows else set()
+    for row in rows:  # the config column names what distinguishes a configuration, not the sweep's constants
+        row["config"] = " ".join(o for o in row["overrides"] or () if o not in common)
     baselines = {r["_series"]: r for r in rows if r["devices"] == 1 and r["examples_per_s"]}
     for row in rows:
         base = baselines.get(row["_series"])
