@@ -217,8 +217,11 @@ def plot_vs_batch(axes, rows: list[dict]) -> list:
         pts = [r for r in members if r["time_to_target_s"] is not None]
         if pts:
             axes[1].plot([r["global_batch"] for r in pts], [r["time_to_target_s"] for r in pts], **style)
+    batches = sorted({r["global_batch"] for r in rows if r["global_batch"]})
     for ax in axes:
         ax.set_xscale("log", base=2)
+        ax.set_xticks(batches)
+        ax.set_xticklabels([str(b) for b in batches])
         ax.set_xlabel("global batch")
         ax.grid(True, alpha=0.3)
     axes[0].set_ylabel("final eval accuracy")
@@ -239,10 +242,19 @@ def _figure(title: str, common: str, cpu: bool, ncols: int = 1, width: float = 7
     return fig, axes
 
 
-def _legend(fig, ax, handles, outside: bool = False) -> None:
+MAX_LEGEND = 16  # more series than this: no legend, a note pointing to scaling.csv
+
+
+def _legend(fig, ax, handles, outside: bool = False, below: bool = False) -> None:
     if not handles:
         return
-    if outside:
+    if len(handles) > MAX_LEGEND:
+        ax.text(0.01, 0.99, f"{len(handles)} series: too many for a legend (see scaling.csv)", va="top",
+                fontsize=8, transform=ax.transAxes)
+        return
+    if below:
+        fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8)
+    elif outside:
         fig.legend(handles=handles, loc="outside right upper", fontsize=8)
     else:
         ax.legend(handles=handles, fontsize=8, loc="best")
@@ -277,7 +289,8 @@ def make_figures(rows: list[dict], projection_rows: Optional[list[dict]] = None)
         by_devices.setdefault(r["devices"], set()).add(r["global_batch"])
     if any(len(b) > 1 for b in by_devices.values()):
         fig, axes = _figure("Final accuracy and time to target vs global batch", "", cpu, ncols=2)
-        _legend(fig, axes[0], plot_vs_batch(axes, rows), outside=True)
+        fig.set_size_inches(12, 7)
+        _legend(fig, axes[0], plot_vs_batch(axes, rows), below=True)
         figs["batch"] = fig
     return figs
 
