@@ -23,7 +23,7 @@ import math
 import os
 import statistics
 import time
-from typing import Any, Optional
+from typing import Any
 
 MIN_WINDOWS = 5  # fewer measured windows than this: a warning line and perf/few_windows=true
 _IMPORT_EPOCH_S = time.time()  # fallback for the process start where /proc is unavailable
@@ -79,8 +79,8 @@ class WindowStats:
         """Windows in the statistics (0 when only excluded windows exist)."""
         return sum(not w[2] for w in self.windows)
 
-    def summary(self, time_model_s: Optional[float] = None, flops_per_step_per_device: Optional[float] = None,
-                peak_flops_per_s: Optional[float] = None) -> dict[str, Any]:
+    def summary(self, time_model_s: float | None = None, flops_per_step_per_device: float | None = None,
+                peak_flops_per_s: float | None = None) -> dict[str, Any]:
         """The ``perf/*`` keys (empty dict without any window).
 
         ``comm/ratio_model`` (= ``time_model_s`` / median step time) and ``perf/mfu`` (= FLOPs per step and
@@ -111,7 +111,7 @@ class WindowStats:
             out["perf/mfu"] = flops_per_step_per_device / step_time_s / peak_flops_per_s
         return out
 
-    def warning(self) -> Optional[str]:
+    def warning(self) -> str | None:
         """One line when fewer than ``MIN_WINDOWS`` windows were measured, else None."""
         n = self.windows_measured
         if n >= MIN_WINDOWS:
@@ -157,14 +157,14 @@ class JobClock:
       start_epoch_s: job start in ``time.time()`` seconds; None: now.
     """
 
-    def __init__(self, start_epoch_s: Optional[float] = None):
+    def __init__(self, start_epoch_s: float | None = None):
         now_epoch, now = time.time(), time.perf_counter()
         start_epoch_s = now_epoch if start_epoch_s is None else start_epoch_s
         self._start = now - (now_epoch - start_epoch_s)  # on the perf_counter scale
-        self._first_step: Optional[float] = None
+        self._first_step: float | None = None
 
     @classmethod
-    def for_job(cls, multirun: bool) -> "JobClock":
+    def for_job(cls, multirun: bool) -> JobClock:
         """Process start for a single run; now (the job's own start) when several jobs share a process."""
         return cls(None if multirun else process_start_epoch_s())
 
@@ -185,7 +185,7 @@ class JobClock:
         return out
 
 
-def check_target_accuracy(target: Optional[float]) -> Optional[str]:
+def check_target_accuracy(target: float | None) -> str | None:
     """One-line error for ``train.target_accuracy`` outside (0, 1], else None (null is allowed)."""
     if target is None or (0.0 < target <= 1.0):
         return None
@@ -195,10 +195,10 @@ def check_target_accuracy(target: Optional[float]) -> Optional[str]:
 class TargetTracker:
     """First evaluation that reaches ``target`` accuracy (None: nothing tracked, no keys)."""
 
-    def __init__(self, target: Optional[float]):
+    def __init__(self, target: float | None):
         self.target = target
-        self.step: Optional[int] = None
-        self.time_s: Optional[float] = None
+        self.step: int | None = None
+        self.time_s: float | None = None
 
     def observe(self, step: int, accuracy: float, elapsed_s: float) -> bool:
         """Records an evaluation at optimizer ``step`` (``elapsed_s``: training time up to its end);

@@ -16,9 +16,14 @@ import pytest
 
 from sweeps import report
 from sweeps.report import aggregate, load_summaries, write_report
-from sweeps.report.collect import job_record
 from sweeps.report.aggregate import median_interval
-from sweeps.report.plots import CPU_SUBTITLE, NO_LINK_SENTENCE, NO_TARGET_SENTENCE, make_figures
+from sweeps.report.collect import job_record
+from sweeps.report.plots import (
+    CPU_SUBTITLE,
+    NO_LINK_SENTENCE,
+    NO_TARGET_SENTENCE,
+    make_figures,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -232,10 +237,10 @@ def test_time_to_target_median_counts_never_reached_as_infinite():
     base = {"train/target_accuracy": 0.9}
     jobs = [ok_summary("fsdp", 1, 10.0, **base, **{"train/steps_to_target": s, "perf/time_to_target_s": t})
             for s, t in ((100, 5.0), (200, 9.0), (None, None))]
-    (row,) = aggregate([job_record(dict(j, **{"_overrides": [f"train.seed={i}"]})) for i, j in enumerate(jobs)])
+    (row,) = aggregate([job_record(dict(j, _overrides=[f"train.seed={i}"])) for i, j in enumerate(jobs)])
     assert (row["steps_to_target"], row["time_to_target_s"], row["target_reached"]) == (200, 9.0, "2/3")
     jobs[1]["train/steps_to_target"] = jobs[1]["perf/time_to_target_s"] = None
-    (row,) = aggregate([job_record(dict(j, **{"_overrides": [f"train.seed={i}"]})) for i, j in enumerate(jobs)])
+    (row,) = aggregate([job_record(dict(j, _overrides=[f"train.seed={i}"])) for i, j in enumerate(jobs)])
     assert (row["steps_to_target"], row["time_to_target_s"], row["target_reached"]) == (None, None, "1/3")
 
 

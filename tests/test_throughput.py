@@ -10,10 +10,16 @@ import sys
 import time
 
 import pytest
-
-from measure.throughput import (JobClock, TargetTracker, WindowStats, check_target_accuracy, process_start_epoch_s,
-                                quantile)
 from utils import REPO
+
+from measure.throughput import (
+    JobClock,
+    TargetTracker,
+    WindowStats,
+    check_target_accuracy,
+    process_start_epoch_s,
+    quantile,
+)
 
 
 def test_window_stats_drop_the_first_window_and_take_medians():

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -69,7 +69,7 @@ def _rng() -> np.random.Generator:
     return np.random.default_rng(BOOTSTRAP_SEED)
 
 
-def median_interval(values: list[float]) -> tuple[Optional[float], Optional[float], Optional[float], str]:
+def median_interval(values: list[float]) -> tuple[float | None, float | None, float | None, str]:
     """(median, low, high, kind) of repeat values; kind ``bootstrap95`` (>= 5 values) or ``min-max``.
     All None (kind ``none``) for no values."""
     if not values:
@@ -84,7 +84,7 @@ def median_interval(values: list[float]) -> tuple[Optional[float], Optional[floa
     return med, float(min(values)), float(max(values)), "min-max"
 
 
-def ratio_interval(num: list[float], den: list[float]) -> tuple[Optional[float], Optional[float]]:
+def ratio_interval(num: list[float], den: list[float]) -> tuple[float | None, float | None]:
     """Interval of median(num) / median(den) (see the module docstring); (None, None) without values."""
     if not num or not den or min(den) <= 0:
         return None, None
@@ -98,7 +98,7 @@ def ratio_interval(num: list[float], den: list[float]) -> tuple[Optional[float],
     return min(num) / max(den), max(num) / min(den)
 
 
-def _median_censored(values: list[Optional[float]]) -> Optional[float]:
+def _median_censored(values: list[float | None]) -> float | None:
     """Median where None (never reached) counts as +infinity; None when that median is infinite."""
     if not values:
         return None
@@ -114,7 +114,7 @@ def _same(values: list[Any]) -> Any:
     return None
 
 
-def _median_or_none(values: list[Optional[float]]) -> Optional[float]:
+def _median_or_none(values: list[float | None]) -> float | None:
     values = [v for v in values if v is not None]
     return float(statistics.median(values)) if values else None
 
@@ -248,7 +248,7 @@ def is_cpu(rows: list[dict]) -> bool:
     return any((r.get("_platform") or "").lower() == "cpu" for r in rows)
 
 
-def few_windows_note(rows: list[dict]) -> Optional[str]:
+def few_windows_note(rows: list[dict]) -> str | None:
     """A sentence flagging configurations with repeats that measured fewer than 5 windows, else None."""
     flagged = [r for r in rows if r["few_windows"]]
     if not flagged:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Optional
 
 from sweeps.report.aggregate import aggregate
 from sweeps.report.collect import SUMMARY_NAME, ReportError, job_record, load_summaries
@@ -13,9 +12,9 @@ from sweeps.report.plots import make_figures, save
 from sweeps.report.tables import JOB_COLUMNS, job_rows, write_csv, write_markdown
 
 
-def write_report(folder, out_dir=None, use_wandb: bool = False, group: Optional[str] = None,
-                 project: Optional[str] = None, entity: Optional[str] = None,
-                 projection_rows: Optional[list[dict]] = None) -> dict[str, Path]:
+def write_report(folder, out_dir=None, use_wandb: bool = False, group: str | None = None,
+                 project: str | None = None, entity: str | None = None,
+                 projection_rows: list[dict] | None = None) -> dict[str, Path]:
     """Builds the scaling report of the multirun ``folder`` into ``out_dir`` (default ``folder``):
     ``scaling.csv`` (one row per configuration, repeats aggregated), ``jobs.csv`` (one row per job),
     ``scaling.md`` and one PNG per figure of ``plots.make_figures``; with ``use_wandb`` also a W&B run.
@@ -45,7 +44,7 @@ def write_report(folder, out_dir=None, use_wandb: bool = False, group: Optional[
 
         try:
             info = log_to_wandb(rows, plots, summaries, folder, group=group, project=project, entity=entity)
-        except Exception as exc:  # noqa: BLE001 - one clear line
+        except Exception as exc:
             first = (str(exc).strip().splitlines() or [""])[0]
             raise ReportError(f"report written to {out}, but W&B logging failed: {type(exc).__name__}: {first}") \
                 from exc
@@ -53,7 +52,7 @@ def write_report(folder, out_dir=None, use_wandb: bool = False, group: Optional[
     return paths
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Command line; returns the exit status (2 with one ``error:`` line on bad input)."""
     parser = argparse.ArgumentParser(prog="python -m sweeps.report",
                                      description="Scaling table (CSV + Markdown) and plots from a Hydra multirun.")

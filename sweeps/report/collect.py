@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 SUMMARY_NAME = "summary.json"
 OVERRIDES_PATH = Path(".hydra") / "overrides.yaml"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
-from typing import Optional
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -76,7 +75,7 @@ def _message(ax, text: str) -> None:
     ax.set_axis_off()
 
 
-def plot_throughput(ax, rows: list[dict], projection_rows: Optional[list[dict]] = None) -> list:
+def plot_throughput(ax, rows: list[dict], projection_rows: list[dict] | None = None) -> list:
     """Examples/s vs devices on log-log axes: per series the median over repeats with error bars from the
     interval, and its ideal line (linear from the series' 1-device median; one legend entry for all ideal
     lines). ``projection_rows``: optional ``{"label", "devices", "examples_per_s"}`` dicts drawn as dotted
@@ -260,7 +259,7 @@ def _legend(fig, ax, handles, outside: bool = False, below: bool = False) -> Non
         ax.legend(handles=handles, fontsize=8, loc="best")
 
 
-def make_figures(rows: list[dict], projection_rows: Optional[list[dict]] = None) -> dict[str, Figure]:
+def make_figures(rows: list[dict], projection_rows: list[dict] | None = None) -> dict[str, Figure]:
     """Every figure of the report: ``throughput``, ``speedup``, ``efficiency``, ``comm``, ``memory``,
     ``time_to_target`` and, when a device count has more than one global batch, ``batch``."""
     _, common = series_labels(rows)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from sweeps.report.aggregate import COLUMNS, few_windows_note, is_cpu
 
