@@ -1,0 +1,1 @@
+"""Measurements and models of the machine: hardware profiles (hardware.py)."""
