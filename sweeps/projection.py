@@ -89,7 +89,7 @@ class Hardware:
                    source=str(profile.get("source") or ""))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, order=True)
 class Collective:
     """One collective of the step: ``kind`` (one of :data:`KINDS`), its payload S in bytes, and how often it
     runs per optimizer step (``repeats``: ``accum_steps`` for a collective inside the accumulation loop)."""
