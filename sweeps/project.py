@@ -105,6 +105,8 @@ def collectives_from_summary(summary: dict[str, Any]) -> list[Collective]:
 
 def _config_label(summary: dict[str, Any]) -> str:
     parts = [str(summary.get(k)) for k in ("parallel", "precision", "model") if summary.get(k) not in (None, "")]
+    if summary.get("train/global_batch") and summary.get("mesh/devices"):
+        parts.append(f"batch/device={summary['train/global_batch'] / summary['mesh/devices']:g}")
     if int(summary.get("train/accum_steps") or 1) > 1:
         parts.append(f"accum={summary['train/accum_steps']}")
     if summary.get("parallel/grad_compression") not in (None, "", "none"):
@@ -252,11 +254,12 @@ def write_plot(rows: Sequence[dict[str, Any]], path: Path, header: str) -> Path:
     configs = list(dict.fromkeys(r["config"] for r in rows))
     for config in configs:
         sub = [r for r in rows if r["config"] == config]
-        overlay_projection(ax_t, sub, "examples_per_s", label=config)
-        overlay_projection(ax_e, sub, "efficiency", label=config)
-        ideal = sub[0]["examples_per_s"] / sub[0]["devices"]
-        ax_t.plot([r["devices"] for r in sub], [ideal * r["devices"] for r in sub], color="grey", linewidth=0.8,
-                  linestyle=":", label="linear" if config == configs[0] else None)
+        line = overlay_projection(ax_t, sub, "examples_per_s", label=config)
+        overlay_projection(ax_e, sub, "efficiency", label=config, color=line.get_color())
+        # linear scaling of one device's throughput (per_device_batch / compute_s = examples_per_s / efficiency)
+        ax_t.plot([r["devices"] for r in sub], [r["examples_per_s"] / r["efficiency"] for r in sub],
+                  color=line.get_color(), linewidth=0.8, linestyle=":",
+                  label="linear (no communication)" if config == configs[0] else None)
     for ax, ylabel in ((ax_t, "examples/s (projected)"), (ax_e, "efficiency = compute / step time")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

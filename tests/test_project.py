@@ -214,3 +214,34 @@ def test_overlay_projection_draws_rows():
     assert list(line.get_ydata()) == pytest.approx([1.0, 0.1 / 0.10175, 0.1 / 0.103])
     assert line.get_label() == "proj" and line.get_linestyle() == "--"
     plt.close(fig)
+
+
+def test_sweep_folder_summaries(tmp_path):
+    """A sweep folder: one configuration per (mode, precision, model, batch...), the job with the most devices;
+    collectives inside the accumulation loop count accum_steps times; failed jobs are skipped."""
+    jobs = {
+        "0": {"status": "ok", "parallel": "jit_sharding", "precision": "fp32", "model": "mlp", "mesh/devices": 4,
+              "train/global_batch": 128, "train/accum_steps": 1, "train/per_device_batch": 32,
+              "comm/collectives": ["all-reduce f32 1000B n=4"], "comm/payload_bytes_per_step": 1000},
+        "1": {"status": "ok", "parallel": "jit_sharding", "precision": "fp32", "model": "mlp", "mesh/devices": 8,
+              "train/global_batch": 256, "train/accum_steps": 1, "train/per_device_batch": 32,
+              "comm/collectives": ["all-reduce f32 1000B n=8"], "comm/payload_bytes_per_step": 1000},
+        "2": {"status": "ok", "parallel": "jit_sharding", "precision": "fp32", "model": "mlp", "mesh/devices": 8,
+              "train/global_batch": 256, "train/accum_steps": 4, "train/per_device_batch": 32,
+              "comm/collectives": ["all-reduce f32 1000B n=8 loop"], "comm/payload_bytes_per_step": 1000},
+        "3": {"status": "failed", "error": "x"},
+    }
+    for name, summary in jobs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+    configs = cli.configurations(cli.load_summaries(tmp_path))
+    assert [(c["mesh/devices"], c["train/accum_steps"]) for c in configs] == [(8, 1), (8, 4)]
+    assert cli.collectives_from_summary(configs[1]) == [Collective("all-reduce", 1000.0, 4)]
+    out = tmp_path / "out"
+    assert cli.main([str(tmp_path), *CUSTOM, "--step-time-s", "0.1", "--devices", "8,16", "--out", str(out)]) == 0
+    rows = _csv(out / "projection.csv")
+    assert [r["config"] for r in rows] == ["jit_sharding fp32 mlp batch/device=32"] * 2 + \
+        ["jit_sharding fp32 mlp batch/device=32 accum=4"] * 2
+    one = all_reduce_time_s(1000, 16, HW)
+    assert float(rows[1]["comm_s"]) == pytest.approx(one) and float(rows[3]["comm_s"]) == pytest.approx(4 * one)
+    assert float(rows[1]["examples_per_s"]) == pytest.approx(16 * 32 / (0.1 + one), rel=1e-12)
