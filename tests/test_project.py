@@ -97,6 +97,8 @@ def test_profiles_and_device_kind_lookup():
     assert profile_for_device_kind("NVIDIA H100 80GB HBM3")["name"] == "h100_sxm"
     assert profile_for_device_kind("NVIDIA A100-SXM4-40GB")["name"] == "a100_sxm"
     assert profile_for_device_kind("TPU v5 lite")["name"] == "tpu_v5e"
+    assert profile_for_device_kind("TPU v5")["name"] == "tpu_v5p"
+    assert profile_for_device_kind("TPU v4")["name"] == "tpu_v4"
     assert profile_for_device_kind("cpu")["link_bytes_per_s"] is None
     assert profile_for_device_kind("some accelerator") is None
     from training.measure import lookup_link_bytes_per_s, lookup_peak_flops_per_s
