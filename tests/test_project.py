@@ -247,3 +247,21 @@ def test_sweep_folder_summaries(tmp_path):
     one = all_reduce_time_s(1000, 16, HW)
     assert float(rows[1]["comm_s"]) == pytest.approx(one) and float(rows[3]["comm_s"]) == pytest.approx(4 * one)
     assert float(rows[1]["examples_per_s"]) == pytest.approx(16 * 32 / (0.1 + one), rel=1e-12)
+
+
+def test_published_comparison_table_matches_readme():
+    """The README's published-vs-projected table is what benchmarks/projection_vs_published.py computes."""
+    from benchmarks.projection_vs_published import rows
+
+    table = rows()
+    assert [(r["model"], r["devices"], r["published"]) for r in table] == [
+        ("Inception V3", 128, 0.90), ("Inception V3", 512, 0.90), ("VGG-16", 128, 0.79), ("VGG-16", 512, 0.68),
+        ("ResNet-50", 256, 0.90)]
+    assert [round(r["projected@0"], 2) for r in table] == [0.87, 0.86, 0.55, 0.54, 0.79]
+    assert [r["projected@1"] for r in table] == [1.0] * 5
+    assert [round(r["fitted_overlap"], 2) for r in table] == [0.04, 0.05, 0.55, 0.37, 0.17]
+    readme = (REPO / "README.md").read_text()
+    for r in table:
+        line = (f"| {r['study']} | {r['model']} | {r['devices']} ({r['baseline']}) | {r['published']:.2f} | "
+                f"{r['compute_s']:.3f} | {r['comm_s@0']:.3f} | {r['projected@0']:.2f} ({r['error@0']:+.0%}) |")
+        assert line in readme
