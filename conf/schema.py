@@ -168,10 +168,28 @@ class RuntimeConfig:
 
 @dataclass
 class HardwareConfig:
-    """``link_bytes_per_s``: per-direction interconnect bandwidth; null = from the device-kind table."""
+    """The target machine: a profile of ``conf/hardware/<name>.yaml`` (``hardware=h100_sxm``), every field
+    overridable (``hardware.inter_node_bytes_per_s=25e9``).
 
+    ``link_bytes_per_s``: bandwidth (bytes/s, per device, one direction) for ``comm/time_model_s`` and
+    ``comm/ratio_model``; a profile sets it to its ``intra_node_bytes_per_s``. ``peak_flops_per_s``: the peak
+    for ``perf/mfu`` (profiles: bf16 dense). Both null (``hardware=auto``, the default) = looked up from the
+    detected device kind among the profiles' ``device_kinds`` when ``detect`` is true (measure/hardware.py).
+    ``devices_per_node``, ``intra_node_bytes_per_s``, ``inter_node_bytes_per_s``, ``latency_s`` (per
+    collective step) feed ``python -m sweeps.project``; ``source`` names the documents the numbers come from.
+    """
+
+    name: str = "auto"
+    detect: bool = True
     link_bytes_per_s: Optional[float] = None
     peak_flops_per_s: Optional[float] = None
+    peak_flops_per_s_float32: Optional[float] = None
+    devices_per_node: Optional[int] = None
+    intra_node_bytes_per_s: Optional[float] = None
+    inter_node_bytes_per_s: Optional[float] = None
+    latency_s: Optional[float] = None
+    device_kinds: List[str] = field(default_factory=list)
+    source: str = ""
 
 
 @dataclass

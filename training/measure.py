@@ -1,4 +1,4 @@
-"""Static measurements of the compiled step: communication, memory, FLOPs, and hardware tables.
+"""Static measurements of the compiled step: communication, memory, FLOPs, and hardware look-ups.
 
 Definitions are those of DESIGN.md ("Metric definitions").
 """
@@ -14,43 +14,33 @@ from training.comm import comm_metrics, parse_hlo_collectives, parse_stablehlo_c
 
 log = logging.getLogger(__name__)
 
-# Per-direction interconnect bandwidth, bytes/s, by device kind (substring match, lower case).
-# NVLink 4 (H100/H200): 900 GB/s bidirectional = 450e9 per direction; NVLink 3 (A100): 600 GB/s = 300e9.
-# Source: "How to Scale Your Model" (Austin et al.), GPU chapter; NVIDIA H100/A100 datasheets.
-# TPU ICI per-link, per direction: v4 45e9 x 6 links... we use the per-chip one-axis figure of the
-# scaling book's TPU chapter: v4 ~4.5e10, v5e ~4.5e10, v5p ~9e10 bytes/s per link per direction.
-LINK_BYTES_PER_S = {
-    "h100": 450e9, "h200": 450e9, "gh200": 450e9, "a100": 300e9,
-    "tpu v4": 4.5e10, "tpu v5 lite": 4.5e10, "tpu v5e": 4.5e10, "tpu v5p": 9e10, "tpu v5": 9e10,
-}
-
-# Dense peak FLOP/s per device by (device kind substring, compute dtype). Sources: NVIDIA H100 SXM datasheet
-# (bf16/fp16 dense 989e12, tf32 494e12 dense; the 1979e12 figure is with 2:4 sparsity), A100 datasheet
-# (bf16 312e12, tf32 156e12), Google Cloud TPU docs (v4 275e12, v5e 197e12, v5p 459e12 bf16).
-PEAK_FLOPS_PER_S = {
-    ("h100", "bfloat16"): 989e12, ("h100", "float16"): 989e12, ("h100", "float32"): 494e12,
-    ("h200", "bfloat16"): 989e12, ("h200", "float16"): 989e12, ("h200", "float32"): 494e12,
-    ("a100", "bfloat16"): 312e12, ("a100", "float16"): 312e12, ("a100", "float32"): 156e12,
-    ("tpu v4", "bfloat16"): 275e12, ("tpu v5 lite", "bfloat16"): 197e12, ("tpu v5e", "bfloat16"): 197e12,
-    ("tpu v5p", "bfloat16"): 459e12,
-}
-
-
 def lookup_link_bytes_per_s(device_kind: str) -> Optional[float]:
-    """Per-direction link bandwidth (bytes/s) for ``device_kind``, or None (e.g. CPU)."""
-    kind = device_kind.lower()
-    for key, value in LINK_BYTES_PER_S.items():
-        if key in kind:
-            return value
-    return None
+    """Per-direction link bandwidth (bytes/s) for ``device_kind``, or None (e.g. CPU).
+
+    The ``link_bytes_per_s`` of the hardware profile matching the device kind (``conf/hardware/*.yaml``,
+    measure/hardware.py: ``profile_for_device_kind``).
+    """
+    from measure.hardware import profile_for_device_kind
+
+    profile = profile_for_device_kind(device_kind)
+    return None if profile is None else profile["link_bytes_per_s"]
 
 
 def lookup_peak_flops_per_s(device_kind: str, dtype_name: str) -> Optional[float]:
-    """Dense peak FLOP/s of one device of ``device_kind`` in ``dtype_name``, or None when unknown."""
-    kind = device_kind.lower()
-    for (key, dt), value in PEAK_FLOPS_PER_S.items():
-        if key in kind and dt == dtype_name:
-            return value
+    """Dense peak FLOP/s of one device of ``device_kind`` in ``dtype_name``, or None when unknown.
+
+    From the hardware profile matching the device kind: ``peak_flops_per_s`` for bfloat16/float16,
+    ``peak_flops_per_s_float32`` for float32 (TF32 tensor cores on NVIDIA); None for other dtypes.
+    """
+    from measure.hardware import profile_for_device_kind
+
+    profile = profile_for_device_kind(device_kind)
+    if profile is None:
+        return None
+    if dtype_name in ("bfloat16", "float16"):
+        return profile["peak_flops_per_s"]
+    if dtype_name == "float32":
+        return profile["peak_flops_per_s_float32"]
     return None
 
 

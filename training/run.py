@@ -200,9 +200,10 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     info["perf/compile_time_s"] = time.perf_counter() - t0
     info.update(compiled_step_metrics(lowered, compiled, mode.num_devices))
     info["mem/state_bytes_per_device"] = state_bytes_per_device(exp.state)
-    link = cfg.hardware.link_bytes_per_s or lookup_link_bytes_per_s(device.device_kind)
-    peak_flops = cfg.hardware.peak_flops_per_s or lookup_peak_flops_per_s(device.device_kind,
-                                                                         cfg.precision.compute_dtype)
+    detect = cfg.hardware.detect  # hardware=auto: the profile matching the device kind; a chosen profile: its own
+    link = cfg.hardware.link_bytes_per_s or (lookup_link_bytes_per_s(device.device_kind) if detect else None)
+    peak_flops = cfg.hardware.peak_flops_per_s or (
+        lookup_peak_flops_per_s(device.device_kind, cfg.precision.compute_dtype) if detect else None)
     if link is None:
         log.info("no link bandwidth known for %s: comm/time_model_s and comm/ratio_model are not computed "
                  "(set hardware.link_bytes_per_s to model a target)", device.device_kind)

@@ -1,0 +1,359 @@
+"""Project data-parallel throughput and scaling efficiency to clusters of up to 1024 devices.
+
+    python -m sweeps.project RUN_OR_SWEEP_FOLDER --hardware h100_sxm --mfu 0.4 --devices 8,64,512
+    python -m sweeps.project --hardware custom --set devices_per_node=8 --set intra_node_bytes_per_s=100e9 \\
+        --set inter_node_bytes_per_s=10e9 --set latency_s=0 --params 25000000 --grad-bytes-per-param 4 \\
+        --flops-per-example 1e9 --per-device-batch 32 --step-time-s 0.1 --overlap 0 --devices 1,8,16 --out DIR
+
+Inputs: either a run folder (or a sweep folder: every ``summary.json`` below it; per configuration the job
+with the most devices is used) from which the compiled step's collectives (``comm/collectives``: kind and
+payload S of each; in-loop ones repeat ``train/accum_steps`` times), ``perf/flops_per_step_per_device`` and the
+per-device batch (``train/global_batch`` / ``mesh/devices``) are read; or explicit ``--params``,
+``--grad-bytes-per-param``, ``--flops-per-example``, ``--per-device-batch``, ``--parallel``.
+The payload S of every collective is the same for every N (the gradients and parameters keep their full
+size; tests/test_project.py checks this against the compiled step at 2, 4 and 8 devices).
+
+The hardware is a profile of ``conf/hardware/`` (``--hardware NAME``) with ``--set key=value`` overrides.
+The compute time of one step is ``--step-time-s`` (measured on one device of the target) or
+``--mfu`` x peak: FLOPs per step per device / (mfu * peak_flops_per_s).
+
+Writes ``projection.csv``, ``projection.md`` and ``projection.png`` into ``--out`` (default: the folder, or
+the current directory) and with ``--wandb`` logs them as a ``job_type="projection"`` run in the sweep's W&B
+group. The model is that of sweeps/projection.py (README "Projecting to a cluster"). Bad input: one line on
+stderr, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from measure.hardware import HardwareError, load_profile, set_field
+from sweeps.projection import (ALGORITHMS, COLUMNS, Collective, Hardware, ProjectionError, collectives_for,
+                               overlay_projection, project)
+
+SUMMARY_NAME = "summary.json"
+_COLLECTIVE_RE = re.compile(r"^(?P<kind>[a-z\-]+) (?P<dtype>\S+) (?P<bytes>\d+)B n=(?P<n>\d+)(?P<loop> loop)?$")
+# Summary keys that make two jobs "the same configuration" (all but the device count and the seed).
+CONFIG_KEYS = ("parallel", "precision", "model", "data", "parallel/grad_reduce_dtype", "parallel/grad_compression",
+               "train/accum_steps", "train/per_device_batch")
+
+
+def parse_devices(text: str) -> list[int]:
+    """``"1,2,4"`` -> [1, 2, 4]; raises ProjectionError for anything but positive integers."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise ProjectionError(f"--devices {text!r}: give positive integers separated by commas, e.g. 1,8,64,1024")
+    return sorted(set(values))
+
+
+def load_summaries(folder: Path) -> list[dict[str, Any]]:
+    """Every readable ``summary.json`` below ``folder`` whose ``status`` is ok (``wandb`` folders skipped)."""
+    if not folder.is_dir():
+        raise ProjectionError(f"run folder does not exist or is not a directory: {folder}")
+    out = []
+    for path in sorted(folder.rglob(SUMMARY_NAME)):
+        if "wandb" in path.relative_to(folder).parts[:-1]:
+            continue
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(summary, dict) and summary.get("status", "ok") == "ok":
+            summary["_job_dir"] = str(path.parent)
+            out.append(summary)
+    if not out:
+        raise ProjectionError(f"no finished run (summary.json with status ok) below {folder}")
+    return out
+
+
+def collectives_from_summary(summary: dict[str, Any]) -> list[Collective]:
+    """The compiled step's collectives from ``comm/collectives`` (``"all-reduce f32 814128B n=8[ loop]"``).
+
+    In-loop collectives get ``repeats = train/accum_steps``. Without the list (older summaries), one kind with
+    ``comm/count/<kind>`` > 0 is accepted: its ``comm/payload_bytes_per_step`` split evenly over the count.
+    Raises ProjectionError when neither is usable.
+    """
+    accum = int(summary.get("train/accum_steps") or 1)
+    entries = summary.get("comm/collectives")
+    if isinstance(entries, list):
+        out = []
+        for entry in entries:
+            match = _COLLECTIVE_RE.match(str(entry))
+            if not match:
+                raise ProjectionError(f"{summary.get('_job_dir')}: cannot read collective {entry!r}")
+            out.append(Collective(match["kind"], float(match["bytes"]), accum if match["loop"] else 1))
+        return out
+    kinds = {k[len("comm/count/"):]: int(v) for k, v in summary.items() if k.startswith("comm/count/") and v}
+    payload = summary.get("comm/payload_bytes_per_step")
+    if len(kinds) == 1 and payload is not None:
+        (kind, count), = kinds.items()
+        return [Collective(kind, float(payload) / count) for _ in range(count)]
+    raise ProjectionError(f"{summary.get('_job_dir')}: summary.json has no comm/collectives; rerun the job "
+                          "with this version of train.py or give --params/--grad-bytes-per-param")
+
+
+def _config_label(summary: dict[str, Any]) -> str:
+    parts = [str(summary.get(k)) for k in ("parallel", "precision", "model") if summary.get(k) not in (None, "")]
+    if summary.get("train/global_batch") and summary.get("mesh/devices"):
+        parts.append(f"batch/device={summary['train/global_batch'] / summary['mesh/devices']:g}")
+    if int(summary.get("train/accum_steps") or 1) > 1:
+        parts.append(f"accum={summary['train/accum_steps']}")
+    if summary.get("parallel/grad_compression") not in (None, "", "none"):
+        parts.append(f"compression={summary['parallel/grad_compression']}")
+    if summary.get("parallel/grad_reduce_dtype") not in (None, ""):
+        parts.append(f"reduce={summary['parallel/grad_reduce_dtype']}")
+    return " ".join(parts) or "run"
+
+
+def configurations(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One summary per configuration (:data:`CONFIG_KEYS`): the job with the most devices."""
+    best: dict[tuple, dict[str, Any]] = {}
+    for s in summaries:
+        key = tuple(str(s.get(k)) for k in CONFIG_KEYS)
+        if key not in best or int(s.get("mesh/devices") or 0) > int(best[key].get("mesh/devices") or 0):
+            best[key] = s
+    return [best[k] for k in sorted(best)]
+
+
+def hardware_from_args(name: str, sets: Sequence[str]) -> tuple[Hardware, dict[str, Any]]:
+    """The profile ``name`` with the ``key=value`` overrides applied; raises HardwareError/ProjectionError."""
+    profile = load_profile(name)
+    for item in sets:
+        if "=" not in item:
+            raise HardwareError(f"--set {item!r}: expected key=value, e.g. --set inter_node_bytes_per_s=25e9")
+        key, value = item.split("=", 1)
+        profile = set_field(profile, key.strip(), value.strip())
+    return Hardware.from_profile(profile), profile
+
+
+def _compute_s(args, flops_per_step: Optional[float], hw: Hardware) -> float:
+    if (args.step_time_s is None) == (args.mfu is None):
+        raise ProjectionError("give exactly one of --step-time-s (compute time of one step on one device) "
+                              "or --mfu (with the profile's peak_flops_per_s)")
+    if args.step_time_s is not None:
+        if not args.step_time_s > 0:
+            raise ProjectionError(f"--step-time-s {args.step_time_s}: must be > 0")
+        return float(args.step_time_s)
+    if not 0 < args.mfu <= 1:
+        raise ProjectionError(f"--mfu {args.mfu}: must be in (0, 1]")
+    if not hw.peak_flops_per_s:
+        raise ProjectionError(f"--mfu needs the peak: profile {hw.name!r} has no peak_flops_per_s; "
+                              "add --set peak_flops_per_s=... or use --step-time-s")
+    if not flops_per_step:
+        raise ProjectionError("--mfu needs the FLOPs of a step: give --flops-per-example (and --per-device-batch) "
+                              "or a run folder whose summary has perf/flops_per_step_per_device")
+    return float(flops_per_step) / (args.mfu * hw.peak_flops_per_s)
+
+
+def build_projection(args) -> tuple[list[dict[str, Any]], Hardware, dict[str, Any], list[dict[str, Any]]]:
+    """Rows (one per configuration and device count, with a ``config`` column), the hardware, the profile
+    and the summaries used (empty for explicit inputs)."""
+    hw, profile = hardware_from_args(args.hardware, args.set)
+    devices = parse_devices(args.devices)
+    explicit = args.params is not None
+    if explicit == (args.folder is not None):
+        raise ProjectionError("give a run or sweep folder, or --params with --grad-bytes-per-param "
+                              "(and --per-device-batch), not both and not neither")
+    rows: list[dict[str, Any]] = []
+    if explicit:
+        if args.per_device_batch is None:
+            raise ProjectionError("--params needs --per-device-batch (examples per device per optimizer step)")
+        collectives = collectives_for(args.parallel, args.params, args.grad_bytes_per_param)
+        flops = None if args.flops_per_example is None else args.flops_per_example * args.per_device_batch
+        compute = _compute_s(args, flops, hw)
+        for row in project(collectives, compute, args.per_device_batch, devices, hw, args.overlap, args.algorithm,
+                           flops):
+            rows.append({"config": args.parallel, **row})
+        return rows, hw, profile, []
+    summaries = load_summaries(Path(args.folder))
+    for summary in configurations(summaries):
+        collectives = collectives_from_summary(summary)
+        n_run = int(summary.get("mesh/devices") or 1)
+        batch = args.per_device_batch
+        if batch is None:
+            global_batch = summary.get("train/global_batch")
+            batch = global_batch / n_run if global_batch else summary.get("train/per_device_batch")
+        if not batch:
+            raise ProjectionError(f"{summary['_job_dir']}: no train/global_batch in summary.json; "
+                                  "give --per-device-batch")
+        flops = summary.get("perf/flops_per_step_per_device")
+        if args.flops_per_example is not None:
+            flops = args.flops_per_example * batch
+        compute = _compute_s(args, flops, hw)
+        for row in project(collectives, compute, batch, devices, hw, args.overlap, args.algorithm, flops):
+            rows.append({"config": _config_label(summary), "run_devices": n_run, **row})
+    return rows, hw, profile, summaries
+
+
+def assumptions(args, hw: Hardware) -> str:
+    """One line: profile numbers and the assumptions (for titles and the Markdown header)."""
+    compute = f"step time {args.step_time_s:g} s" if args.step_time_s is not None else f"MFU {args.mfu:g}"
+    return (f"{hw.name}: {hw.devices_per_node}/node, intra {hw.intra_node_bytes_per_s:.3g} B/s, "
+            f"inter {hw.inter_node_bytes_per_s:.3g} B/s, latency {hw.latency_s:.3g} s; {compute}, "
+            f"overlap {args.overlap:g}, {args.algorithm} collectives, per-device batch fixed")
+
+
+def _columns(rows: Sequence[dict[str, Any]]) -> list[str]:
+    lead = ["config"] + (["run_devices"] if any("run_devices" in r for r in rows) else [])
+    return lead + COLUMNS
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(value) if value == value else ""
+    return str(value)
+
+
+def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> Path:
+    """``projection.csv``: :data:`COLUMNS` (with ``config`` first); floats at full precision."""
+    cols = _columns(rows)
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(cols)
+        for row in rows:
+            writer.writerow([_fmt(row.get(c)) for c in cols])
+    return path
+
+
+def write_markdown(rows: Sequence[dict[str, Any]], path: Path, header: str, source: str) -> Path:
+    """``projection.md``: a titled table (a projection, not a measurement) with the assumptions and sources."""
+    cols = _columns(rows)
+    lines = ["# Projection (model, not a measurement)", "", header, "", f"Hardware sources: {source or 'n/a'}", "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in rows:
+        cells = []
+        for c in cols:
+            v = row.get(c)
+            cells.append(f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v)))
+        lines.append("| " + " | ".join(cells) + " |")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_plot(rows: Sequence[dict[str, Any]], path: Path, header: str) -> Path:
+    """``projection.png``: examples/s and efficiency against devices, log-log, one line per configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(12, 4.8))
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    for config in configs:
+        sub = [r for r in rows if r["config"] == config]
+        line = overlay_projection(ax_t, sub, "examples_per_s", label=config)
+        overlay_projection(ax_e, sub, "efficiency", label=config, color=line.get_color())
+        # linear scaling of one device's throughput (per_device_batch / compute_s = examples_per_s / efficiency)
+        ax_t.plot([r["devices"] for r in sub], [r["examples_per_s"] / r["efficiency"] for r in sub],
+                  color=line.get_color(), linewidth=0.8, linestyle=":",
+                  label="linear (no communication)" if config == configs[0] else None)
+    for ax, ylabel in ((ax_t, "examples/s (projected)"), (ax_e, "efficiency = compute / step time")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("devices")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+    ax_t.legend(fontsize=8)
+    fig.suptitle(f"PROJECTION (model, not measured)\n{header}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def log_to_wandb(rows, paths: dict[str, Path], summaries, args, header: str) -> str:
+    """Logs a ``job_type="projection"`` run into the sweep's W&B group; returns the group."""
+    import wandb
+
+    def common(key):
+        values = [str(s[key]) for s in summaries if s.get(key) not in (None, "")]
+        return Counter(values).most_common(1)[0][0] if values else None
+
+    group = args.group or common("wandb/group") or (Path(args.folder).resolve().name if args.folder else "projection")
+    run = wandb.init(project=common("wandb/project") or os.environ.get("WANDB_PROJECT", "dp-scaling"),
+                     entity=common("wandb/entity") or os.environ.get("WANDB_ENTITY"), group=group,
+                     job_type="projection", name=f"projection-{args.hardware}-{group}",
+                     config={"hardware": args.hardware, "set": list(args.set), "overlap": args.overlap,
+                             "algorithm": args.algorithm, "step_time_s": args.step_time_s, "mfu": args.mfu,
+                             "assumptions": header},
+                     settings=wandb.Settings(x_disable_stats=True, x_disable_machine_info=True, save_code=False,
+                                             disable_git=True, console="off"))
+    try:
+        run.define_metric("projection/devices")
+        run.define_metric("projection/*", step_metric="projection/devices")
+        for row in rows:
+            name = re.sub(r"[^A-Za-z0-9_.=+-]+", "_", row["config"])
+            run.log({"projection/devices": row["devices"],
+                     f"projection/examples_per_s/{name}": row["examples_per_s"],
+                     f"projection/efficiency/{name}": row["efficiency"]})
+        cols = _columns(rows)
+        run.log({"projection_table": wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in rows],
+                                                 allow_mixed_types=True),
+                 "plots/projection": wandb.Image(str(paths["png"]), caption="projection (model)")})
+    finally:
+        run.finish()
+    return group
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sweeps.project", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folder", nargs="?", help="run folder or sweep (multirun) folder with summary.json files")
+    parser.add_argument("--params", type=int, help="parameter count (explicit input)")
+    parser.add_argument("--grad-bytes-per-param", type=float, default=4.0,
+                        help="bytes of one gradient element in the reduction (4: float32)")
+    parser.add_argument("--flops-per-example", type=float,
+                        help="training FLOPs per example (forward + backward, e.g. 6 x params for dense layers)")
+    parser.add_argument("--per-device-batch", type=float, help="examples per device per optimizer step")
+    parser.add_argument("--parallel", default="allreduce",
+                        help="allreduce (jit_sharding, pmap, shard_map) or fsdp (explicit input)")
+    parser.add_argument("--hardware", required=True, help="a profile of conf/hardware (e.g. h100_sxm, custom)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a profile number, e.g. --set inter_node_bytes_per_s=25e9 (repeatable)")
+    parser.add_argument("--step-time-s", type=float, help="compute time of one step on one target device (s)")
+    parser.add_argument("--mfu", type=float, help="model FLOPs utilisation; compute = FLOPs / (mfu * peak)")
+    parser.add_argument("--overlap", type=float, default=0.0,
+                        help="fraction of the compute time that hides communication, in [0, 1]")
+    parser.add_argument("--devices", default="1,2,4,8,16,32,64,128,256,512,1024", help="device counts")
+    parser.add_argument("--algorithm", default="hierarchical", choices=ALGORITHMS,
+                        help="collective cost model (hierarchical: the README's; ring/tree/nccl: NCCL's)")
+    parser.add_argument("--out", help="output folder (default: the run folder, else the current directory)")
+    parser.add_argument("--wandb", action="store_true", help="log to the sweep's W&B group")
+    parser.add_argument("--group", help="W&B group (default: the runs' wandb/group, else the folder name)")
+    args = parser.parse_args(argv)
+    try:
+        rows, hw, profile, summaries = build_projection(args)
+        out = Path(args.out or args.folder or ".")
+        out.mkdir(parents=True, exist_ok=True)
+        header = assumptions(args, hw)
+        paths = {"csv": write_csv(rows, out / "projection.csv"),
+                 "md": write_markdown(rows, out / "projection.md", header, hw.source),
+                 "png": write_plot(rows, out / "projection.png", header)}
+        if args.wandb:
+            group = log_to_wandb(rows, paths, summaries, args, header)
+            print(f"logged the projection to W&B group {group!r}")
+    except (ProjectionError, HardwareError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for row in rows:
+        print(f"{row['config']:<28} N={row['devices']:>5} step {row['step_time_s']:.6g} s  "
+              f"comm {row['comm_s']:.3g} s  {row['examples_per_s']:.4g} ex/s  efficiency {row['efficiency']:.3f}")
+    print(f"wrote {paths['csv']}, {paths['md']}, {paths['png']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""Hardware profiles and the scaling projection (sweeps/projection.py, sweeps/project.py, measure/hardware.py)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from measure.hardware import HardwareError, load_profile, profile_for_device_kind, profile_names, set_field
+from sweeps import project as cli
+from sweeps.projection import (Collective, Hardware, ProjectionError, all_reduce_time_s, collective_time_s,
+                               collectives_for, gather_time_s, overlay_projection, project)
+from tests.utils import REPO, make_cfg
+
+CUSTOM = ["--hardware", "custom", "--set", "devices_per_node=8", "--set", "intra_node_bytes_per_s=100e9",
+          "--set", "inter_node_bytes_per_s=10e9", "--set", "latency_s=0"]
+HW = Hardware("custom", devices_per_node=8, intra_node_bytes_per_s=100e9, inter_node_bytes_per_s=10e9, latency_s=0.0)
+
+
+def _csv(path: Path) -> list[dict]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_acceptance_command(tmp_path, capsys):
+    """The issue's first acceptance command: S = 1e8 B; 8 devices: 2*7/8*1e8/1e11; 16: + 2*1/2*1.25e7/1e10."""
+    rc = cli.main([*CUSTOM, "--params", "25000000", "--grad-bytes-per-param", "4", "--flops-per-example", "1e9",
+                   "--per-device-batch", "32", "--step-time-s", "0.1", "--overlap", "0", "--devices", "1,8,16",
+                   "--out", str(tmp_path)])
+    assert rc == 0
+    rows = _csv(tmp_path / "projection.csv")
+    assert [int(r["devices"]) for r in rows] == [1, 8, 16]
+    assert [int(r["nodes"]) for r in rows] == [1, 1, 2]
+    for row, step in zip(rows, (0.1, 0.10175, 0.103)):
+        assert float(row["step_time_s"]) == pytest.approx(step, abs=1e-9)
+        assert float(row["efficiency"]) == pytest.approx(0.1 / step, abs=1e-12)
+        assert float(row["examples_per_s"]) == pytest.approx(int(row["devices"]) * 32 / step, rel=1e-12)
+        assert float(row["payload_bytes"]) == 1e8
+    assert float(rows[1]["comm_s"]) == pytest.approx(2 * 7 / 8 * 1e8 / 1e11, abs=1e-15)
+    assert float(rows[2]["comm_s"]) == pytest.approx(2 * 7 / 8 * 1e8 / 1e11 + 2 * 0.5 * 1.25e7 / 1e10, abs=1e-15)
+    md = (tmp_path / "projection.md").read_text()
+    assert md.startswith("# Projection (model, not a measurement)") and "| allreduce | 16 | 2 |" in md
+    assert (tmp_path / "projection.png").stat().st_size > 10_000
+
+
+def test_fsdp_formula_equals_all_reduce_bandwidth():
+    """All-gather and reduce-scatter each (g-1)/g*S/B_intra + (m-1)/m*(S/g)/B_inter; together = one all-reduce."""
+    s = 1e8
+    assert gather_time_s(s, 16, HW) == pytest.approx(7 / 8 * 1e8 / 1e11 + 0.5 * 1.25e7 / 1e10, abs=1e-15)
+    assert gather_time_s(s, 16, HW) == pytest.approx(1.5e-3, abs=1e-15)
+    fsdp = collectives_for("fsdp", 25_000_000, 4)
+    assert fsdp == [Collective("all-gather", 1e8), Collective("reduce-scatter", 1e8)]
+    rows = project(fsdp, 0.1, 32, [1, 8, 16, 64], HW)
+    assert [r["comm_s"] for r in rows] == pytest.approx([0.0, 1.75e-3, 3e-3, 2 * 7 / 8 * 1e8 / 1e11
+                                                         + 2 * 7 / 8 * 1.25e7 / 1e10], abs=1e-15)
+    assert rows[3]["nodes"] == 8
+
+
+def test_latency_term():
+    """a * (2(g-1) + 2(m-1)) per all-reduce, a * ((g-1) + (m-1)) per all-gather / reduce-scatter."""
+    hw = Hardware("lat", 8, 100e9, 10e9, latency_s=1e-5)
+    assert all_reduce_time_s(1e8, 16, hw) == pytest.approx(3e-3 + 1e-5 * (2 * 7 + 2 * 1), abs=1e-15)
+    assert gather_time_s(1e8, 16, hw) == pytest.approx(1.5e-3 + 1e-5 * (7 + 1), abs=1e-15)
+    assert all_reduce_time_s(0, 1024, hw) == pytest.approx(1e-5 * (2 * 7 + 2 * 127), abs=1e-15)
+    assert all_reduce_time_s(1e8, 1, hw) == 0.0
+    # NCCL's ring: one flat ring, 2(N-1) latency steps; the tree: 2((g-1) + log2 m) steps.
+    assert collective_time_s("all-reduce", 0, 16, hw, "ring") == pytest.approx(1e-5 * 30, abs=1e-15)
+    assert collective_time_s("all-reduce", 0, 1024, hw, "tree") == pytest.approx(1e-5 * 2 * (7 + 7), abs=1e-15)
+    # ring bandwidth term: 2(N-1)/N * S / min(B_intra, g * B_inter) across nodes
+    assert collective_time_s("all-reduce", 1e8, 16, HW, "ring") == pytest.approx(2 * 15 / 16 * 1e8 / 80e9)
+
+
+def test_overlap():
+    """exposed = max(0, comm - overlap * compute); step = compute + exposed."""
+    ar = collectives_for("allreduce", 25_000_000, 4)
+    half, small = (project(ar, 0.1, 32, [16], HW, overlap=o)[0] for o in (0.5, 0.01))
+    assert half["exposed_comm_s"] == 0.0 and half["step_time_s"] == 0.1 and half["efficiency"] == 1.0
+    assert small["exposed_comm_s"] == pytest.approx(3e-3 - 1e-3, abs=1e-15)
+    assert small["step_time_s"] == pytest.approx(0.102, abs=1e-15)
+    with pytest.raises(ProjectionError, match="overlap"):
+        project(ar, 0.1, 32, [16], HW, overlap=1.5)
+    with pytest.raises(ProjectionError, match="not a multiple"):
+        project(ar, 0.1, 32, [12], HW)
+
+
+def test_profiles_and_device_kind_lookup():
+    assert {"a100_sxm", "h100_sxm", "h200_sxm", "tpu_v5e", "cpu", "none", "custom", "auto"} <= set(profile_names())
+    h100 = load_profile("h100_sxm")
+    assert (h100["peak_flops_per_s"], h100["devices_per_node"], h100["intra_node_bytes_per_s"],
+            h100["inter_node_bytes_per_s"], h100["link_bytes_per_s"]) == (989e12, 8, 450e9, 50e9, 450e9)
+    for name in ("a100_sxm", "h100_sxm", "h200_sxm", "tpu_v5e", "cpu"):
+        assert load_profile(name)["source"], name
+    assert profile_for_device_kind("NVIDIA H100 80GB HBM3")["name"] == "h100_sxm"
+    assert profile_for_device_kind("NVIDIA A100-SXM4-40GB")["name"] == "a100_sxm"
+    assert profile_for_device_kind("TPU v5 lite")["name"] == "tpu_v5e"
+    assert profile_for_device_kind("TPU v5")["name"] == "tpu_v5p"
+    assert profile_for_device_kind("TPU v4")["name"] == "tpu_v4"
+    assert profile_for_device_kind("cpu")["link_bytes_per_s"] is None
+    assert profile_for_device_kind("some accelerator") is None
+    from training.measure import lookup_link_bytes_per_s, lookup_peak_flops_per_s
+
+    assert lookup_link_bytes_per_s("NVIDIA H200") == 450e9 and lookup_link_bytes_per_s("cpu") is None
+    assert lookup_peak_flops_per_s("NVIDIA A100-SXM4-80GB", "float32") == 156e12
+    assert lookup_peak_flops_per_s("NVIDIA A100-SXM4-80GB", "bfloat16") == 312e12
+    assert set_field(h100, "intra_node_bytes_per_s", "1e11")["link_bytes_per_s"] == 1e11
+    with pytest.raises(HardwareError, match="choices: a100_sxm, auto, cpu"):
+        load_profile("h999")
+    with pytest.raises(HardwareError, match="devices_per_node must be a positive integer"):
+        set_field(h100, "devices_per_node", "2.5")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--hardware", "h999"], "error: unknown hardware profile 'h999'; choices: a100_sxm, auto, cpu, custom, h100_sxm"),
+    (["--hardware", "custom", "--set", "devices_per_node=abc"],
+     "error: --set devices_per_node=abc: devices_per_node must be a positive integer (or null)"),
+    (["--hardware", "h100_sxm", "--set", "bandwidth=1e9"], "error: unknown hardware field 'bandwidth'"),
+    (["--hardware", "cpu"], "error: hardware profile 'cpu' has no devices_per_node, intra_node_bytes_per_s"),
+])
+def test_bad_input_is_one_line(tmp_path, args, message):
+    """Unknown profile, bad --set, a profile without numbers: one line on stderr, exit 2, no traceback."""
+    proc = subprocess.run([sys.executable, "-m", "sweeps.project", *args, "--params", "1000", "--per-device-batch",
+                           "8", "--step-time-s", "0.1", "--out", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), proc.stderr
+    assert not (tmp_path / "projection.csv").exists()
+
+
+def _run_job(run_dir: Path, hardware: dict | None = None, **dotted) -> dict:
+    """training.app.run_and_report in-process (W&B disabled, no checkpoints); returns summary.json."""
+    from training.app import run_and_report
+
+    cfg = make_cfg({"hardware": hardware or {}}, wandb__mode="disabled", checkpoint__enabled="false",
+                   data__name="synthetic", train__steps=2, train__log_every=1, **dotted)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    assert run_and_report(cfg, run_dir)
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def _hydra_hardware(name: str) -> dict:
+    """The ``hardware`` node that ``train.py hardware=<name>`` composes (Hydra, the real config group)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from conf.schema import register
+
+    register()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"hardware={name}"])
+    return OmegaConf.to_container(cfg.hardware, resolve=True)
+
+
+def test_run_folder_projection_matches_compiled_payload(tmp_path):
+    """train with hardware=h100_sxm records comm/ratio_model from the profile; sweeps.project on that run folder
+    uses the compiled step's collectives: its payload at 8 devices is the run's comm/payload_bytes_per_step."""
+    hardware = _hydra_hardware("h100_sxm")
+    assert hardware["link_bytes_per_s"] == 450e9 and hardware["name"] == "h100_sxm"
+    summary = _run_job(tmp_path / "run", hardware=hardware, parallel__name="jit_sharding")
+    assert summary["hardware/link_bytes_per_s"] == 450e9
+    assert summary["comm/ratio_model"] == pytest.approx(summary["comm/bytes_per_step"] / 450e9
+                                                        / summary["perf/step_time_s"], rel=1e-12)
+    assert summary["perf/mfu"] > 0  # the profile's peak (989e12)
+    out = tmp_path / "projection"
+    assert cli.main([str(tmp_path / "run"), "--hardware", "h100_sxm", "--mfu", "0.4", "--devices", "8,64,512",
+                     "--out", str(out)]) == 0
+    rows = _csv(out / "projection.csv")
+    assert [int(r["devices"]) for r in rows] == [8, 64, 512] and [int(r["nodes"]) for r in rows] == [1, 8, 64]
+    payload = summary["comm/payload_bytes_per_step"]
+    assert summary["comm/count/all-reduce"] == 1 and payload > 0
+    assert float(rows[0]["payload_bytes"]) == payload
+    hw = Hardware.from_profile(load_profile("h100_sxm"))
+    for row in rows:
+        assert float(row["comm_s"]) == pytest.approx(all_reduce_time_s(payload, int(row["devices"]), hw), rel=1e-12)
+    compute = summary["perf/flops_per_step_per_device"] / (0.4 * 989e12)
+    assert float(rows[0]["compute_s"]) == pytest.approx(compute, rel=1e-12)
+    assert float(rows[0]["examples_per_s"]) == pytest.approx(
+        8 * summary["train/global_batch"] / 8 / (compute + float(rows[0]["comm_s"])), rel=1e-12)
+
+
+@pytest.mark.parametrize("parallel", ["jit_sharding", "fsdp"])
+def test_payload_formula_against_compiled_step_at_2_4_8(tmp_path, parallel):
+    """The projection keeps every collective's payload S for any N. Check against the step compiled at 2, 4 and 8
+    simulated devices: jit_sharding has the same collectives (kind and bytes) at every N; under fsdp an array
+    that N does not divide stays replicated (all-reduce instead of all-gather + reduce-scatter), which moves
+    bytes between kinds but not the modelled bandwidth time (an all-reduce costs exactly an all-gather plus a
+    reduce-scatter), so the latency-free comm time projected to 1024 devices is the same from every N."""
+    hw = Hardware("nolat", 8, 450e9, 50e9, latency_s=0.0)
+    by_n = {}
+    for n in (2, 4, 8):
+        summary = _run_job(tmp_path / str(n), parallel__name=parallel, mesh__devices=n, train__per_device_batch=8)
+        assert summary["mesh/devices"] == n
+        collectives = cli.collectives_from_summary(summary)
+        assert sum(c.payload_bytes for c in collectives) == summary["comm/payload_bytes_per_step"]
+        by_n[n] = collectives
+    if parallel == "jit_sharding":
+        assert sorted(by_n[2]) == sorted(by_n[4]) == sorted(by_n[8])
+    comm = {n: project(c, 1.0, 8, [1024], hw)[0]["comm_s"] for n, c in by_n.items()}
+    assert comm[2] == pytest.approx(comm[8], rel=1e-12) and comm[4] == pytest.approx(comm[8], rel=1e-12)
+
+
+def test_overlay_projection_draws_rows():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = project(collectives_for("allreduce", 25_000_000, 4), 0.1, 32, [1, 8, 16], HW)
+    fig, ax = plt.subplots()
+    line = overlay_projection(ax, rows, "efficiency", label="proj")
+    assert list(line.get_xdata()) == [1, 8, 16]
+    assert list(line.get_ydata()) == pytest.approx([1.0, 0.1 / 0.10175, 0.1 / 0.103])
+    assert line.get_label() == "proj" and line.get_linestyle() == "--"
+    plt.close(fig)
+
+
+def test_sweep_folder_summaries(tmp_path):
+    """A sweep folder: one configuration per (mode, precision, model, batch...), the job with the most devices;
+    collectives inside the accumulation loop count accum_steps times; failed jobs are skipped."""
+    jobs = {
+        "0": {"status": "ok", "parallel": "jit_sharding", "precision": "fp32", "model": "mlp", "mesh/devices": 4,
+              "train/global_batch": 128, "train/accum_steps": 1, "train/per_device_batch": 32,
+              "comm/collectives": ["all-reduce f32 1000B n=4"], "comm/payload_bytes_per_step": 1000},
+        "1": {"status": "ok", "parallel": "jit_sharding", "precision": "fp32", "model": "mlp", "mesh/devices": 8,
+              "train/global_batch": 256, "train/accum_steps": 1, "train/per_device_batch": 32,
+              "comm/collectives": ["all-reduce f32 1000B n=8"], "comm/payload_bytes_per_step": 1000},
+        "2": {"status": "ok", "parallel": "jit_sharding", "precision": "fp32", "model": "mlp", "mesh/devices": 8,
+              "train/global_batch": 256, "train/accum_steps": 4, "train/per_device_batch": 32,
+              "comm/collectives": ["all-reduce f32 1000B n=8 loop"], "comm/payload_bytes_per_step": 1000},
+        "3": {"status": "failed", "error": "x"},
+    }
+    for name, summary in jobs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+    configs = cli.configurations(cli.load_summaries(tmp_path))
+    assert [(c["mesh/devices"], c["train/accum_steps"]) for c in configs] == [(8, 1), (8, 4)]
+    assert cli.collectives_from_summary(configs[1]) == [Collective("all-reduce", 1000.0, 4)]
+    out = tmp_path / "out"
+    assert cli.main([str(tmp_path), *CUSTOM, "--step-time-s", "0.1", "--devices", "8,16", "--out", str(out)]) == 0
+    rows = _csv(out / "projection.csv")
+    assert [r["config"] for r in rows] == ["jit_sharding fp32 mlp batch/device=32"] * 2 + \
+        ["jit_sharding fp32 mlp batch/device=32 accum=4"] * 2
+    one = all_reduce_time_s(1000, 16, HW)
+    assert float(rows[1]["comm_s"]) == pytest.approx(one) and float(rows[3]["comm_s"]) == pytest.approx(4 * one)
+    assert float(rows[1]["examples_per_s"]) == pytest.approx(16 * 32 / (0.1 + one), rel=1e-12)
+
+
+def test_published_comparison_table_matches_readme():
+    """The README's published-vs-projected table is what benchmarks/projection_vs_published.py computes."""
+    from benchmarks.projection_vs_published import rows
+
+    table = rows()
+    assert [(r["model"], r["devices"], r["published"]) for r in table] == [
+        ("Inception V3", 128, 0.90), ("Inception V3", 512, 0.90), ("VGG-16", 128, 0.79), ("VGG-16", 512, 0.68),
+        ("ResNet-50", 256, 0.90)]
+    assert [round(r["projected@0"], 2) for r in table] == [0.87, 0.86, 0.55, 0.54, 0.79]
+    assert [r["projected@1"] for r in table] == [1.0] * 5
+    assert [round(r["fitted_overlap"], 2) for r in table] == [0.04, 0.05, 0.55, 0.37, 0.17]
+    readme = (REPO / "README.md").read_text()
+    for r in table:
+        line = (f"| {r['study']} | {r['model']} | {r['devices']} ({r['baseline']}) | {r['published']:.2f} | "
+                f"{r['compute_s']:.3f} | {r['comm_s@0']:.3f} | {r['projected@0']:.2f} ({r['error@0']:+.0%}) |")
+        assert line in readme
