@@ -21,8 +21,11 @@ log = logging.getLogger(__name__)
 WANDB_MODES = ("online", "offline", "disabled")
 
 
+NONFINITE_KEY = "nonfinite"
+
+
 def jsonable(value: Any) -> Any:
-    """numpy / jax scalars -> Python numbers; NaN/inf -> strings (JSON has no NaN)."""
+    """numpy / jax scalars -> Python numbers; NaN/inf -> None (strict JSON has no NaN/Infinity)."""
     if isinstance(value, dict):
         return {k: jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -30,14 +33,30 @@ def jsonable(value: Any) -> Any:
     if hasattr(value, "item") and np.ndim(value) == 0:
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
+        return None
     return value
 
 
+def strict_record(record: dict) -> dict:
+    """``record`` as strict JSON: every non-finite float becomes ``null`` and the key ``nonfinite`` maps each
+    such top-level key to the value it had (``"nan"``, ``"inf"`` or ``"-inf"``), e.g.
+    ``{"step": 1, "eval/loss": null, "nonfinite": {"eval/loss": "inf"}}``; finite records are unchanged."""
+    bad = {}
+    for k, v in record.items():
+        if hasattr(v, "item") and np.ndim(v) == 0:
+            v = v.item()
+        if isinstance(v, float) and not math.isfinite(v):
+            bad[k] = str(v)
+    out = jsonable(record)
+    if bad:
+        out[NONFINITE_KEY] = {**out.get(NONFINITE_KEY, {}), **bad}
+    return out
+
+
 def write_json(path: Path, obj: dict) -> None:
-    """Writes ``obj`` atomically (tmp file + rename)."""
+    """Writes ``obj`` atomically (tmp file + rename) as strict JSON (``strict_record``)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(jsonable(obj), indent=2, sort_keys=True) + "\n")
+    tmp.write_text(json.dumps(strict_record(obj), indent=2, sort_keys=True, allow_nan=False) + "\n")
     os.replace(tmp, path)
 
 
@@ -154,11 +173,11 @@ class Reporter:
         if self._jsonl is None:
             self._jsonl = open(self.run_dir / "metrics.jsonl", "a")
         for rec in records:
-            rec = jsonable(rec)
-            self._jsonl.write(json.dumps(rec, sort_keys=True) + "\n")
+            rec = strict_record(rec)
+            self._jsonl.write(json.dumps(rec, sort_keys=True, allow_nan=False) + "\n")
             if self.wandb_run is not None:
-                self.wandb_run.log({k: v for k, v in rec.items() if k != "step" and not isinstance(v, (str, list))},
-                                   step=int(rec["step"]))
+                self.wandb_run.log({k: v for k, v in rec.items() if k != "step" and v is not None
+                                    and not isinstance(v, (str, list, dict))}, step=int(rec["step"]))
         self._jsonl.flush()
 
     def summary(self, values: dict) -> None:
@@ -175,7 +194,7 @@ class Reporter:
                 log.warning("%s already existed: kept as %s", path, backup.name)
         write_json(path, values)
         if self.wandb_run is not None:
-            for k, v in jsonable(values).items():
+            for k, v in strict_record(values).items():
                 self.wandb_run.summary[k] = v
 
     def close(self, exit_code: int = 0) -> None:

@@ -26,6 +26,7 @@ from parallel import ConfigError
 from training import checkpoint
 from training.build import Experiment, Plan, build, plan
 from training.distributed import dump_batch_indices, process_layout
+from training.outcome import nonfinite_final
 from training.measure import (compiled_step_metrics, lookup_link_bytes_per_s, lookup_peak_flops_per_s,
                               peak_bytes_per_device, state_bytes_per_device)
 from training.profile import Profiler, check_window, explain_ratio
@@ -320,6 +321,9 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     final = evaluate(exp, state.params, eval_set)
     profiled = profiler.result()
     reporter.log([{"step": n_steps, **final, **{k: v for k, v in profiled.items() if not isinstance(v, str)}}])
+    diverged = nonfinite_final(last, final)  # after the record is written (strict JSON: null + "nonfinite")
+    if diverged:
+        raise TrainingError(diverged)
     summary = {**info, **{k: v for k, v in last.items() if k != "step"}, **final, **profiled, **ckpts.summary(),
                "status": "ok", "perf/step_time_s_median": statistics.median(step_times) if step_times else None}
     explain_ratio(summary)

@@ -1,0 +1,93 @@
+"""A new user's mistakes end in one clear line (diverged runs, failed sweep jobs, evaluate overrides, settings
+handed to libraries, changed settings on resume, restarted runs, relative and special paths)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from utils import REPO, run_train
+
+
+def summary(run_dir):
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def error_lines(proc) -> list[str]:
+    return [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+
+
+# ---- a diverged run fails; metrics.jsonl and summary.json stay strict JSON ----------------------------------
+def test_diverged_run_fails_with_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_train(run_dir, "data=synthetic", "optim=sgd", "optim.lr=1e37", "train.steps=1", "wandb.mode=disabled")
+    assert proc.returncode == 1
+    (err,) = error_lines(proc)
+    assert err == ("error: the run diverged: final eval/loss=inf is not finite; lower optim.lr, enable "
+                   "optim.clip_grad_norm, or use precision=fp32")
+    assert "Traceback" not in proc.stderr
+    s = summary(run_dir)
+    assert s["status"] == "failed" and s["error"] == err[len("error: "):]
+    strict = lambda c: (_ for _ in ()).throw(ValueError(c))  # noqa: E731  (NaN/Infinity are not JSON)
+    records = [json.loads(l, parse_constant=strict) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    final = records[-1]
+    assert final["step"] == 1 and final["eval/loss"] is None and final["nonfinite"] == {"eval/loss": "inf"}
+    assert math.isfinite(records[-2]["train/loss"])  # the step's own loss was finite: only the update blew up
+
+
+def test_strict_record_writes_null_and_lists_the_keys():
+    import numpy as np
+
+    from training.report import strict_record
+
+    rec = {"step": 3, "a": float("nan"), "b": np.float32("-inf"), "c": 1.5, "d": [float("inf"), 2.0]}
+    assert strict_record(rec) == {"step": 3, "a": None, "b": None, "c": 1.5, "d": [None, 2.0],
+                                  "nonfinite": {"a": "nan", "b": "-inf"}}
+    assert strict_record({"step": 1, "c": 1.0}) == {"step": 1, "c": 1.0}
+
+
+def test_nonfinite_final_names_every_key():
+    from training.outcome import nonfinite_final
+
+    assert nonfinite_final({"train/loss": 2.3}, {"eval/loss": 1.0, "eval/accuracy": 0.5}) is None
+    msg = nonfinite_final({"train/loss": float("nan")}, {"eval/loss": float("inf"), "eval/accuracy": 0.1})
+    assert msg.startswith("the run diverged: final eval/loss=inf, train/loss=nan is not finite;")
+
+
+# ---- a sweep with failed jobs ends with "k of n jobs failed" and exit 1 -------------------------------------
+def _sweep(tmp_path, *overrides):
+    env = {"WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    import os
+
+    cmd = [sys.executable, "train.py", "-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "data=synthetic",
+           "train.steps=2", "wandb.mode=disabled", *overrides]
+    return subprocess.run(cmd, cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("launcher", [[], ["hydra/launcher=submitit_local"]])
+def test_sweep_with_a_failed_job_exits_nonzero(tmp_path, launcher):
+    proc = _sweep(tmp_path, "train.global_batch=250,256", *launcher)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    i = lines.index("1 of 2 jobs failed")
+    assert lines[i + 1] == (f"  {tmp_path / 'sweep' / '0'}: train.global_batch=250 is not divisible by "
+                            f"mesh.devices=8; choose a global batch that is a multiple of 8 (e.g. 248)")
+    assert summary(tmp_path / "sweep" / "1")["status"] == "ok"
+
+
+def test_job_outcomes_counts_a_job_without_summary(tmp_path):
+    from training.sweep_summary import failure_report, job_outcomes
+
+    for name, s in (("0", {"status": "ok"}), ("1", {"status": "failed", "error": "boom"}), ("2", None)):
+        (tmp_path / name / ".hydra").mkdir(parents=True)
+        if s is not None:
+            (tmp_path / name / "summary.json").write_text(json.dumps(s))
+    lines = failure_report(job_outcomes(tmp_path))
+    assert lines[0] == "2 of 3 jobs failed"
+    assert lines[1] == f"  {tmp_path / '1'}: boom"
+    assert lines[2].startswith(f"  {tmp_path / '2'}: no summary.json")
+    assert failure_report(job_outcomes(tmp_path)[:1]) == []
