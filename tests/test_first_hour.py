@@ -91,3 +91,24 @@ def test_job_outcomes_counts_a_job_without_summary(tmp_path):
     assert lines[1] == f"  {tmp_path / '1'}: boom"
     assert lines[2].startswith(f"  {tmp_path / '2'}: no summary.json")
     assert failure_report(job_outcomes(tmp_path)[:1]) == []
+
+
+# ---- evaluate takes train.py's override syntax ----------------------------------------------------------------
+def test_evaluate_overrides_compose_like_train():
+    from conf.schema import as_dict
+    from evaluate import compose_eval_config
+    from parallel import ConfigError
+    from utils import make_cfg
+
+    saved = as_dict(make_cfg(train__seed=7, model__hidden=64, parallel__name="fsdp", precision__name="bf16",
+                             precision__compute_dtype="bfloat16"))
+    cfg = compose_eval_config(saved, ["parallel=pmap", "mesh.devices=2"])
+    assert (cfg.parallel.name, cfg.mesh.devices, cfg.train.seed, cfg.model.hidden) == ("pmap", 2, 7, 64)
+    assert cfg.precision.compute_dtype == "bfloat16" and cfg.wandb.mode == "disabled"  # saved, EVAL_DEFAULTS
+    assert compose_eval_config(saved, ["parallel.name=pmap"]).parallel == cfg.parallel
+    assert compose_eval_config(saved, []).parallel.name == "jit_sharding"
+    assert compose_eval_config(saved, ["precision=fp32"]).precision.compute_dtype == "float32"
+    for bad, needle in ((["parallel=pmapp"], "parallel/pmapp"), (["paralel=pmap"], "paralel"),
+                        (["+foo=1"], "foo"), (["mesh.devices=1,2"], "not a sweep")):
+        with pytest.raises(ConfigError, match=needle):
+            compose_eval_config(saved, bad)
