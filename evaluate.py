@@ -42,7 +42,10 @@ def find_step_dir(path: Path) -> Path:
     from parallel import ConfigError
     from training import checkpoint
 
+    from training.validate import check_path
+
     path = Path(path).expanduser().absolute()
+    check_path("the checkpoint argument", path)
     if not path.exists():
         raise ConfigError(f"checkpoint {path} does not exist; give a checkpoint folder or one <step> folder in it")
     if checkpoint.is_step_dir(path):

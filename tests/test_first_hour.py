@@ -112,3 +112,67 @@ def test_evaluate_overrides_compose_like_train():
                         (["+foo=1"], "foo"), (["mesh.devices=1,2"], "not a sweep")):
         with pytest.raises(ConfigError, match=needle):
             compose_eval_config(saved, bad)
+
+
+# ---- settings handed to libraries are checked in plan(), before data and compilation -------------------------
+def test_long_wandb_tag_fails_at_start(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_train(run_dir, "data=synthetic", "train.steps=10", f"wandb.tags=[{'t' * 70}]")
+    assert proc.returncode == 1
+    assert error_lines(proc) == ["error: wandb.tags[0]='tttttttttttttttttttt...' is 70 characters; W&B tags must "
+                                 "have 1 to 64 characters: shorten it"]
+    assert "Traceback" not in proc.stderr and not (run_dir / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("dotted,needle", [
+    ({"wandb__tags": "[" + "x" * 65 + "]"}, "65 characters"),
+    ({"wandb__tags": "['']"}, "0 characters"),
+    ({"wandb__project": "a/b"}, "wandb.project='a/b'"),
+    ({"wandb__project": "p" * 129}, "1 to 128"),
+    ({"wandb__group": "g" * 129}, "wandb.group="),
+    ({"wandb__entity": "a b"}, "wandb.entity='a b'"),
+    ({"xla__flags": "[xla_gpu_foo=1]"}, "--name or --name=value"),
+    ({"xla__flags": "['--xla_not_a_flag=1']"}, "XLA does not know --xla_not_a_flag=1"),
+    ({"checkpoint__dir": "'/tmp/a[1]'"}, "checkpoint.dir='/tmp/a[1]' contains [ ]"),
+    ({"checkpoint__resume": "/tmp/ck*"}, "checkpoint.resume='/tmp/ck*' contains *"),
+    ({"data__data_dir": "/d?"}, "data.data_dir='/d?' contains ?"),
+    ({"data__name": "mnist", "data__tfds_name": "mnsit"}, "TFDS has no dataset 'mnsit'; did you mean mnist"),
+    ({"data__name": "mnist", "data__tfds_name": "MNIST!"}, "is not a TFDS name"),
+])
+def test_library_settings_are_refused_in_plan(dotted, needle):
+    from parallel import ConfigError
+    from training.build import plan
+    from utils import make_cfg
+
+    with pytest.raises(ConfigError, match=__import__("re").escape(needle)):
+        plan(make_cfg(**dotted))
+
+
+def test_valid_library_settings_pass():
+    from training.validate import check_library_settings, check_path
+    from utils import make_cfg
+
+    check_library_settings(make_cfg(wandb__tags="[" + "x" * 64 + "]", xla__flags="['--xla_cpu_use_thunk_runtime=true']",
+                                    checkpoint__dir="'/tmp/sp ace,=%#é'"))
+    check_path("checkpoint.dir", "/tmp/a b/c=d,e%f#g/é")
+
+
+# ---- paths with special characters work end to end ------------------------------------------------------------
+def test_special_characters_in_checkpoint_dir_work_end_to_end(tmp_path):
+    ckpt = tmp_path / "ck sp,a=c%e#é"
+    run_dir = tmp_path / "run%1"  # (run_train passes hydra.run.dir unquoted: no space, comma, # or é)
+    common = ["data=synthetic", "train.steps=4", "wandb.mode=disabled", "checkpoint.every=2", f"checkpoint.dir='{ckpt}'"]
+    proc = run_train(run_dir, *common)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["2", "4"]
+    assert (ckpt / "4" / "state" / "manifest.ocdbt").exists()  # the OCDBT merge ran: the step is whole
+    out = subprocess.run([sys.executable, "-m", "evaluate", str(ckpt), "--json"], cwd=REPO, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout)
+    assert result["step"] == 4 and result["eval/accuracy"] == summary(run_dir)["eval/accuracy"]
+    proc = run_train(tmp_path / "run2", *common[:-3], "train.steps=6", "checkpoint.every=2", f"checkpoint.dir='{ckpt}'")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = summary(tmp_path / "run2")
+    assert s["checkpoint/resumed_step"] == 4 and s["checkpoint/last_step"] == 6
+    assert "corrupt" not in proc.stderr and sorted(p.name for p in ckpt.iterdir()) == ["2", "4", "6"]

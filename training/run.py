@@ -27,6 +27,7 @@ from training import checkpoint
 from training.build import Experiment, Plan, build, plan
 from training.distributed import dump_batch_indices, process_layout
 from training.outcome import nonfinite_final
+from training.validate import check_run_folder
 from training.measure import (compiled_step_metrics, lookup_link_bytes_per_s, lookup_peak_flops_per_s,
                               peak_bytes_per_device, state_bytes_per_device)
 from training.profile import Profiler, check_window, explain_ratio
@@ -144,6 +145,7 @@ def total_steps(cfg: Config, steps_per_epoch: int) -> int:
 def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     """Runs one experiment and returns its summary. Raises USER_ERRORS with one-line messages."""
     p = plan(cfg)  # every check that needs neither data nor compilation
+    check_run_folder(run_dir, cfg.checkpoint)
     ckpt_plan = checkpoint.prepare(cfg.checkpoint, run_dir, jax.process_count())  # issue 8: resume path exists
     wandb_mode = resolve_wandb_mode(cfg.wandb.mode)
     source, test = load_data(cfg, p)
