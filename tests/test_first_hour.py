@@ -4,6 +4,7 @@ handed to libraries, changed settings on resume, restarted runs, relative and sp
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import math
 import subprocess
 import sys
@@ -176,3 +177,79 @@ def test_special_characters_in_checkpoint_dir_work_end_to_end(tmp_path):
     s = summary(tmp_path / "run2")
     assert s["checkpoint/resumed_step"] == 4 and s["checkpoint/last_step"] == 6
     assert "corrupt" not in proc.stderr and sorted(p.name for p in ckpt.iterdir()) == ["2", "4", "6"]
+
+
+# ---- resuming with changed settings ----------------------------------------------------------------------------
+def test_resume_conflicts_rule():
+    from conf.schema import as_dict
+    from training.resume_policy import resume_conflicts
+    from utils import make_cfg
+
+    saved = as_dict(make_cfg())
+    allowed = as_dict(make_cfg(train__steps=500, train__log_every=7, mesh__devices=4, parallel__name="pmap",
+                               checkpoint__keep=9, wandb__mode="offline", train__global_batch=256))
+    assert resume_conflicts(saved, allowed, 256, 256) == []
+    # weak scaling with the same resolved global batch (32 x 8 = 256) is the same run
+    assert resume_conflicts(saved, as_dict(make_cfg(train__per_device_batch=32)), 256, 256) == []
+    assert resume_conflicts(saved, as_dict(make_cfg(train__per_device_batch=16)), 256, 128) == [
+        "train.per_device_batch: None -> 16"]
+    refused = as_dict(make_cfg(train__seed=1, optim__lr=0.5, model__hidden=64, train__accum_steps=2))
+    assert resume_conflicts(saved, refused, 256, 256) == [
+        "model.hidden: 256 -> 64", "optim.lr: 0.001 -> 0.5", "train.accum_steps: 1 -> 2", "train.seed: 0 -> 1"]
+
+
+def test_sweep_sharing_a_checkpoint_dir_refuses_the_second_seed(tmp_path):
+    ckpt = tmp_path / "ck"
+    proc = _sweep(tmp_path, "train.steps=3", f"checkpoint.dir={ckpt}", "train.seed=0,1")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    line = (f"checkpoint {ckpt / '3'} was trained with other settings (train.seed: 0 -> 1); to resume it set them "
+            f"back, otherwise give this run its own checkpoint.dir (the checkpoint is kept as it is)")
+    assert f"error: {line}" in proc.stderr.splitlines()
+    assert "1 of 2 jobs failed" in proc.stderr.splitlines()
+    assert sorted(p.name for p in ckpt.iterdir()) == ["3"]  # the healthy checkpoint is neither moved nor renamed
+    assert "corrupt" not in proc.stderr
+
+
+# ---- restarted runs: every step once, complete summaries ------------------------------------------------------
+def test_killed_before_first_checkpoint_then_finished_then_rerun(tmp_path):
+    import signal
+    import time
+
+    from test_checkpoint import finish, last_logged_step, start_train
+
+    run, ckpt = tmp_path / "run", tmp_path / "ck"
+    extra = ["train.steps=60", "checkpoint.every=50", "wandb=disabled"]
+    proc = start_train(run, ckpt, *extra)
+    deadline = time.monotonic() + 600
+    while last_logged_step(run) < 5:
+        assert proc.poll() is None and time.monotonic() < deadline, Path(f"{run}.err").read_text()[-2000:]
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    assert finish(proc) == -signal.SIGKILL
+    from training.checkpoint import complete_steps
+
+    assert complete_steps(ckpt) == []  # killed before the first checkpoint (step 50)
+    assert finish(start_train(run, ckpt, *extra)) == 0, Path(f"{run}.err").read_text()[-2000:]
+    records = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "train/loss" in r] == list(range(1, 61))
+    assert len(list(run.glob("metrics.previous-*.jsonl"))) == 1
+    first = summary(run)
+
+    # rerun of the finished run: says so, keeps its summary, no nan
+    err_before = len(Path(f"{run}.err").read_text())
+    assert finish(start_train(run, ckpt, *extra)) == 0
+    err = Path(f"{run}.err").read_text()[err_before:]
+    assert f"already complete at step 60: eval/accuracy={first['eval/accuracy']}" in err
+    assert "nan" not in err and summary(run) == first
+
+    # killed after the final checkpoint, before its summary: the restart writes a complete one
+    (run / "summary.json").unlink()
+    assert finish(start_train(run, ckpt, *extra)) == 0
+    s = summary(run)
+    last_train = [r for r in records if "train/loss" in r][-1]
+    for key in ("train/loss", "train/accuracy", "optim/lr", "perf/examples_per_s", "sync/max_replica_divergence"):
+        assert s[key] == last_train[key], key
+    assert s["eval/accuracy"] == first["eval/accuracy"]
+    records = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "train/loss" in r] == list(range(1, 61))
+    assert sum("eval/loss" in r for r in records) == 1

@@ -40,8 +40,26 @@ def run_and_report(cfg: Config, run_dir: Path) -> bool:
         reporter.summary({**describe(cfg), "status": "failed", "error": f"{type(e).__name__}: {e}".splitlines()[0]})
         reporter.close(exit_code=1)
         raise
+    if summary.get("checkpoint/already_complete"):
+        console(f"already complete at step {summary.get('train/steps')}: eval/accuracy="
+                f"{summary.get('eval/accuracy')} (checkpoint {summary.get('checkpoint/last_path')}); nothing to do")
+        if not keeps_summary(run_dir / "summary.json"):
+            reporter.summary(summary)
+        reporter.close(exit_code=0)
+        return True
     reporter.summary(summary)
     reporter.close(exit_code=0)
-    log.info("eval/accuracy=%.4f eval/loss=%.4f examples/s=%.0f; outputs in %s", summary["eval/accuracy"],
-             summary["eval/loss"], summary.get("perf/examples_per_s", float("nan")), run_dir)
+    rate = summary.get("perf/examples_per_s")
+    log.info("eval/accuracy=%.4f eval/loss=%.4f%s; outputs in %s", summary["eval/accuracy"], summary["eval/loss"],
+             f" examples/s={rate:.0f}" if isinstance(rate, (int, float)) else "", run_dir)
     return True
+
+
+def keeps_summary(path: Path) -> bool:
+    """Whether ``path`` already holds a successful run's summary (a rerun of a finished run leaves it)."""
+    import json
+
+    try:
+        return json.loads(path.read_text()).get("status") == "ok"
+    except (OSError, ValueError):
+        return False

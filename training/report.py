@@ -166,6 +166,23 @@ class Reporter:
         return len(kept)
     # --- end checkpoints ---
 
+    def start_metrics(self) -> Optional[Path]:
+        """Starts an empty metrics.jsonl for a run that starts at step 0 (no checkpoint to continue).
+
+        A metrics.jsonl already in the run folder (a run killed before its first checkpoint, restarted in the
+        same folder) is kept as ``metrics.previous-<time>.jsonl`` and returned, so no step is recorded twice.
+        """
+        if not self.enabled:
+            return None
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists() or path.stat().st_size == 0:
+            return None
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+        backup = path.with_name(f"metrics.previous-{stamp}.jsonl")
+        os.replace(path, backup)
+        log.warning("%s held the history of an earlier run that left no checkpoint: kept as %s", path, backup.name)
+        return backup
+
     def log(self, records: list[dict]) -> None:
         """Appends records (each carries ``step``) to metrics.jsonl and the W&B history."""
         if not self.enabled or not records:

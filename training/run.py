@@ -27,6 +27,7 @@ from training import checkpoint
 from training.build import Experiment, Plan, build, plan
 from training.distributed import dump_batch_indices, process_layout
 from training.outcome import nonfinite_final
+from training.resume_policy import check_resume_settings, finished_summary, history_values
 from training.validate import check_run_folder
 from training.measure import (compiled_step_metrics, lookup_link_bytes_per_s, lookup_peak_flops_per_s,
                               peak_bytes_per_device, state_bytes_per_device)
@@ -162,12 +163,16 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
                           f"choose one of {', '.join(TRANSFER_GUARDS)}")
     # --- end measurement checks ---
     # --- checkpoints (issue 8): restore onto THIS run's layout, before compiling and before W&B starts ---
+    check_resume_settings(ckpt_plan, as_dict(cfg), p.global_batch)  # refused changes: one line, nothing moved
     restored = checkpoint.resume(ckpt_plan, mode, exp.state)
     start = 0
     if restored is not None:
         if restored.step > n_steps:
             raise ConfigError(f"checkpoint {restored.path} is at step {restored.step}, past this run's "
                               f"{n_steps} steps; raise train.steps/train.epochs or set checkpoint.resume=never")
+        finished = finished_summary(restored.metadata.get("run_dir"), n_steps) if restored.step == n_steps else None
+        if finished is not None:  # a rerun of a finished run: its summary, no training, no W&B
+            return {**finished, "checkpoint/already_complete": True}
         exp.state, start = restored.state, restored.step
         for line in checkpoint.data_order_warnings(restored.metadata, global_batch=p.global_batch,
                                                    seed=cfg.train.seed, steps_per_epoch=source.steps_per_epoch,
@@ -219,6 +224,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
                          config=wandb_cfg, init_timeout_s=cfg.wandb.init_timeout_s,
                          resume_id=None if restored is None else restored.metadata.get("wandb_run_id"))
     if restored is None:
+        reporter.start_metrics()  # a restart without a checkpoint: the earlier history is set aside, not repeated
         reporter.log([{"step": 0, **{k: v for k, v in info.items() if k.startswith(("comm/", "mem/", "perf/"))
                                      and not isinstance(v, list)}}])
     else:  # issue 8: metrics.jsonl continues the saved run's history (records after the checkpoint dropped)
@@ -228,6 +234,8 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
 
     state = exp.state
     last: dict[str, Any] = {}
+    if restored is not None:  # the summary's training values also when this run trains no step (killed at the end)
+        last.update(history_values(run_dir / "metrics.jsonl", start))
     window_records: list[tuple[int, Any]] = []
     in_flight: collections.deque = collections.deque()
     step_times: list[float] = []
@@ -327,7 +335,8 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     if diverged:
         raise TrainingError(diverged)
     summary = {**info, **{k: v for k, v in last.items() if k != "step"}, **final, **profiled, **ckpts.summary(),
-               "status": "ok", "perf/step_time_s_median": statistics.median(step_times) if step_times else None}
+               "status": "ok", "perf/step_time_s_median": statistics.median(step_times) if step_times
+               else last.get("perf/step_time_s_median")}
     explain_ratio(summary)
     peak = peak_bytes_per_device()
     if peak is not None:
