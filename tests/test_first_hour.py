@@ -253,3 +253,33 @@ def test_killed_before_first_checkpoint_then_finished_then_rerun(tmp_path):
     records = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "train/loss" in r] == list(range(1, 61))
     assert sum("eval/loss" in r for r in records) == 1
+
+
+# ---- relative paths under hydra.job.chdir=true -----------------------------------------------------------------
+def test_absolute_paths_against_the_launch_folder(tmp_path):
+    from training.paths import absolute_paths
+    from utils import make_cfg
+
+    env = {"TFDS_DATA_DIR": "data/tfds"}
+    cfg = absolute_paths(make_cfg(checkpoint__dir="ck/x", checkpoint__resume="old/5", data__data_dir="d",
+                                  data__cache_dir="/abs/cache"), tmp_path, env)
+    assert (cfg.checkpoint.dir, cfg.checkpoint.resume, cfg.data.data_dir, cfg.data.cache_dir) == (
+        str(tmp_path / "ck/x"), str(tmp_path / "old/5"), str(tmp_path / "d"), "/abs/cache")
+    assert env["TFDS_DATA_DIR"] == str(tmp_path / "data/tfds")
+    assert absolute_paths(make_cfg(), tmp_path, {}).checkpoint.resume == "auto"
+
+
+def test_chdir_true_keeps_relative_checkpoint_dir_in_the_launch_folder(tmp_path):
+    import os
+
+    def train(i):
+        cmd = [sys.executable, str(REPO / "train.py"), "data=synthetic", "train.steps=3", "wandb.mode=disabled",
+               "checkpoint.dir=ck/x", "hydra.job.chdir=true", f"hydra.run.dir=run{i}"]
+        return subprocess.run(cmd, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                              text=True, timeout=600)
+
+    assert train(1).returncode == 0
+    assert sorted(p.name for p in (tmp_path / "ck" / "x").iterdir()) == ["3"]
+    proc = train(2)
+    assert proc.returncode == 0 and "already complete at step 3" in proc.stderr
+    assert not (tmp_path / "run1" / "ck").exists() and not (tmp_path / "run2" / "ck").exists()
