@@ -283,3 +283,48 @@ def test_chdir_true_keeps_relative_checkpoint_dir_in_the_launch_folder(tmp_path)
     proc = train(2)
     assert proc.returncode == 0 and "already complete at step 3" in proc.stderr
     assert not (tmp_path / "run1" / "ck").exists() and not (tmp_path / "run2" / "ck").exists()
+
+
+# ---- a fresh machine: the data set is prepared on first use ---------------------------------------------------
+RAW_MNIST = REPO.parent / "shared" / "data" / "mnist"
+
+
+@pytest.mark.skipif(not RAW_MNIST.exists(), reason="needs the raw MNIST files of ../shared/data/mnist")
+def test_mnist_is_prepared_from_raw_files_without_tensorflow(tmp_path):
+    import shutil
+
+    import numpy as np
+
+    from data.sources import load_tfds_split
+    from utils import SHARED_TFDS
+
+    manual = tmp_path / "tfds" / "downloads" / "manual"
+    manual.mkdir(parents=True)
+    for f in RAW_MNIST.iterdir():
+        shutil.copy(f, manual / f.name)
+    for split, n in (("train", 60000), ("test", 10000)):
+        got = load_tfds_split("mnist", split, str(tmp_path / "tfds"), str(tmp_path / "cache"))
+        want = load_tfds_split("mnist", split, str(SHARED_TFDS), str(tmp_path / "cache_ref"))
+        assert len(got) == n and np.array_equal(got.images, want.images) and np.array_equal(got.labels, want.labels)
+    assert sorted(p.name for p in (tmp_path / "tfds" / "mnist" / "3.0.1").iterdir()) == [
+        "dataset_info.json", "features.json", "mnist-test.array_record-00000-of-00001",
+        "mnist-train.array_record-00000-of-00001"]
+
+
+def test_missing_dataset_without_network_or_download_is_one_line(tmp_path, monkeypatch):
+    import socket
+
+    from data.sources import DataError, load_tfds_split
+
+    def no_network(*args, **kwargs):
+        raise OSError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    with pytest.raises(DataError) as e:
+        load_tfds_split("mnist", "train", str(tmp_path), str(tmp_path / "cache"))
+    assert str(e.value) == (
+        f"dataset 'mnist' is not prepared in {tmp_path} and storage.googleapis.com cannot be reached (OSError: "
+        f"[Errno -2] Name or service not known); connect to the internet, put the raw files in "
+        f"{tmp_path / 'downloads' / 'manual'}, point TFDS_DATA_DIR at a prepared copy, or run with data=synthetic")
+    with pytest.raises(DataError, match="is not prepared in .* and data.download=false"):
+        load_tfds_split("mnist", "train", str(tmp_path), str(tmp_path / "cache"), download=False)

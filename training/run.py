@@ -69,8 +69,8 @@ def load_data(cfg: Config, p: Plan):
         return train, synthetic_eval(d.image_shape, d.num_classes, d.eval_size, cfg.train.seed)
     if not d.tfds_name:
         raise ConfigError(f"data={d.name} has no data.tfds_name; set it or use data=synthetic")
-    train = load_tfds_split(d.tfds_name, "train", d.data_dir, d.cache_dir)
-    test = load_tfds_split(d.tfds_name, "test", d.data_dir, d.cache_dir)
+    train = load_tfds_split(d.tfds_name, "train", d.data_dir, d.cache_dir, download=d.download)
+    test = load_tfds_split(d.tfds_name, "test", d.data_dir, d.cache_dir, download=d.download)
     if tuple(train.images.shape[1:]) != tuple(d.image_shape):
         raise ConfigError(f"data.image_shape={list(d.image_shape)} but {d.tfds_name} images are "
                           f"{list(train.images.shape[1:])}; fix data.image_shape")
