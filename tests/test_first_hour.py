@@ -328,3 +328,18 @@ def test_missing_dataset_without_network_or_download_is_one_line(tmp_path, monke
         f"{tmp_path / 'downloads' / 'manual'}, point TFDS_DATA_DIR at a prepared copy, or run with data=synthetic")
     with pytest.raises(DataError, match="is not prepared in .* and data.download=false"):
         load_tfds_split("mnist", "train", str(tmp_path), str(tmp_path / "cache"), download=False)
+
+
+# ---- output that explains itself ----------------------------------------------------------------------------------
+def test_startup_line_and_one_train_log_line_per_window(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_train(run_dir, "data=synthetic", "train.steps=20", "train.log_every=10", "wandb.mode=disabled",
+                     "train.global_batch=128")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [l.split(" - ", 1)[1] for l in (run_dir / "train.log").read_text().splitlines() if " - " in l]
+    assert ("start: 8 cpu devices (cpu), 1 process, jit_sharding mesh [8, 1], fp32, batch 128 global / 16 per "
+            "device, accum 1, 20 steps, mlp 203,530 params, data synthetic") in lines
+    windows = [l for l in lines if l.startswith("step ")]
+    assert [w.split()[1] for w in windows] == ["10/20", "20/20"] and all(" examples/s=" in w for w in windows)
+    assert "Unable to initialize backend 'tpu'" not in proc.stderr and "OpenCV" not in proc.stderr
+    assert proc.stderr.count("wandb sync") == 0  # W&B disabled: no offline message

@@ -122,8 +122,7 @@ class Reporter:
             self.wandb_run = wandb.init(mode="offline", settings=wandb.Settings(**settings), **kwargs)
             mode = "offline"
         if mode == "offline":
-            log.info("W&B is offline; the run is in %s; upload it later with: wandb sync %s",
-                     self.wandb_run.dir, os.path.dirname(self.wandb_run.dir))
+            log.info("W&B is offline; upload the run later with: wandb sync %s", os.path.dirname(self.wandb_run.dir))
 
     @property
     def wandb_info(self) -> dict:

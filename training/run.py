@@ -8,6 +8,7 @@ Apart from that and the logging windows, it never synchronises with the host.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import statistics
@@ -18,6 +19,7 @@ from typing import Any, Optional
 import jax
 import numpy as np
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from conf.schema import Config, as_dict
 from data.pipeline import SyntheticSource, TrainSource, make_eval_set, synthetic_eval, train_batches
@@ -26,6 +28,7 @@ from parallel import ConfigError
 from training import checkpoint
 from training.build import Experiment, Plan, build, plan
 from training.distributed import dump_batch_indices, process_layout
+from training.console_lines import startup_line, window_line
 from training.outcome import nonfinite_final
 from training.resume_policy import check_resume_settings, finished_summary, history_values
 from training.validate import check_run_folder
@@ -243,6 +246,12 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     profiler = Profiler(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps, run_dir / "profile",
                         device.platform, hlo_text=compiled.as_text() if cfg.profile.enabled else None,
                         num_devices=mode.num_devices)
+    log.info("%s", startup_line(info, accum_steps=cfg.train.accum_steps, model=cfg.model.name,
+                                param_count=sum(int(np.prod(x.shape)) for x in
+                                                jax.tree.leaves(checkpoint.host_abstract(exp.state).params)),
+                                dataset=cfg.data.name))
+    redirect = contextlib.ExitStack()
+    redirect.enter_context(logging_redirect_tqdm())  # log lines above the bar, never glued to it
     bar = tqdm(total=n_steps, initial=start, disable=not reporter.enabled, desc="train", unit="step",
                dynamic_ncols=True, mininterval=1.0)
     # --- checkpoints (issue 8): periodic/final saves; SIGTERM/SIGINT finish the step, save and stop ---
@@ -305,6 +314,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
                 last.update(records[-1])
                 reporter.log(records)
                 bar.set_postfix(loss=f"{last['train/loss']:.4f}", ex_s=f"{perf['perf/examples_per_s']:.0f}")
+                log.info("%s", window_line(done, n_steps, last["train/loss"], perf["perf/examples_per_s"]))
                 timer.resume()
             elif extra:
                 # eval / sync values are attached to the next logged record of this step
@@ -323,6 +333,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
                              if saved else "no checkpoint written (checkpoint.enabled=false)")
                     raise TrainingError(f"stopped by {stop.signal_name} after step {done} of {n_steps}; {where}")
     finally:
+        redirect.close()
         bar.close()
         profiler.close()
         stop.uninstall()  # issue 8
