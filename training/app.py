@@ -51,7 +51,9 @@ def run_and_report(cfg: Config, run_dir: Path) -> bool:
     reporter.close(exit_code=0)
     rate = summary.get("perf/examples_per_s")
     log.info("eval/accuracy=%.4f eval/loss=%.4f%s; outputs in %s", summary["eval/accuracy"], summary["eval/loss"],
-             f" examples/s={rate:.0f}" if isinstance(rate, (int, float)) else "", run_dir)
+             (f" examples/s={rate:.0f}" + (f" (timed by process {jax.process_index()} of {jax.process_count()}; "
+                                           f"summary.json has process 0's)" if jax.process_count() > 1 else ""))
+             if isinstance(rate, (int, float)) else "", run_dir)
     return True
 
 
