@@ -343,3 +343,18 @@ def test_startup_line_and_one_train_log_line_per_window(tmp_path):
     assert [w.split()[1] for w in windows] == ["10/20", "20/20"] and all(" examples/s=" in w for w in windows)
     assert "Unable to initialize backend 'tpu'" not in proc.stderr and "OpenCV" not in proc.stderr
     assert proc.stderr.count("wandb sync") == 0  # W&B disabled: no offline message
+
+
+def test_launch_local_leaves_out_gloo_connection_lines(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("launch_local", REPO / "scripts" / "launch_local.py")
+    launch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launch)
+    src = tmp_path / "src"
+    src.write_bytes(b"start\n[Gloo] Rank 3 is connected to 3 peer ranks. Expected number of connected peer ranks is"
+                    b" : 3\ntrain: 50%\rtrain: 100%\nerror: real\n")
+    out, counter = tmp_path / "out", [0]
+    with open(src, "rb") as s, open(out, "wb") as d:
+        launch.forward_filtered(s, d, counter)
+    assert out.read_bytes() == b"start\ntrain: 50%\rtrain: 100%\nerror: real\n" and counter == [1]

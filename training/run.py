@@ -314,7 +314,8 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
                 last.update(records[-1])
                 reporter.log(records)
                 bar.set_postfix(loss=f"{last['train/loss']:.4f}", ex_s=f"{perf['perf/examples_per_s']:.0f}")
-                log.info("%s", window_line(done, n_steps, last["train/loss"], perf["perf/examples_per_s"]))
+                if reporter.enabled:  # process 0 (the others' figures are their own timings)
+                    log.info("%s", window_line(done, n_steps, last["train/loss"], perf["perf/examples_per_s"]))
                 timer.resume()
             elif extra:
                 # eval / sync values are attached to the next logged record of this step
