@@ -98,7 +98,10 @@ def check_resume_settings(ckpt_plan, cfg_dict: dict, global_batch: int) -> None:
     step_dir = candidate_step_dir(ckpt_plan)
     if step_dir is None:
         return
-    meta = checkpoint.read_metadata(step_dir)
+    try:
+        meta = checkpoint.read_metadata(step_dir)
+    except (OSError, ValueError):
+        return  # unreadable: checkpoint.resume reports it (one line) or skips to an older step
     conflicts = resume_conflicts(meta.get("config", {}), cfg_dict, meta.get("global_batch"), global_batch)
     if conflicts:
         raise ConfigError(refusal(step_dir, conflicts))
