@@ -3,10 +3,11 @@
     python -m evaluate outputs/ckpt/120                 # one step folder
     python -m evaluate outputs/ckpt                     # a checkpoint folder: its newest readable step
     python -m evaluate outputs/ckpt mesh.devices=1 data.data_dir=/data/tfds   # dotted config overrides
+    python -m evaluate outputs/ckpt parallel=pmap precision=bf16               # group options, as train.py
 
 The model, data set and seed come from the config saved with the checkpoint (``<step>/meta/metadata``);
-overrides are applied on top. By default the test split is evaluated with ``parallel=jit_sharding`` on every
-visible device (the checkpoint restores onto any device count, see ``training.checkpoint``); the whole split is
+overrides (``train.py``'s syntax: ``group=option`` replaces a whole group, ``dotted.key=value`` one value) are
+applied on top. By default the test split is evaluated with ``parallel=jit_sharding`` on every visible device (the checkpoint restores onto any device count, see ``training.checkpoint``); the whole split is
 used, padded and masked, so the denominator is exact (10,000 for MNIST).
 
 Output: one line on stdout, ``eval/accuracy=<fraction> eval/loss=<mean cross-entropy, nats> step=<optimizer
@@ -41,7 +42,10 @@ def find_step_dir(path: Path) -> Path:
     from parallel import ConfigError
     from training import checkpoint
 
+    from training.validate import check_path
+
     path = Path(path).expanduser().absolute()
+    check_path("the checkpoint argument", path)
     if not path.exists():
         raise ConfigError(f"checkpoint {path} does not exist; give a checkpoint folder or one <step> folder in it")
     if checkpoint.is_step_dir(path):
@@ -70,16 +74,59 @@ def load_test_split(cfg):
     return load_tfds_split(d.tfds_name, "test", d.data_dir, d.cache_dir)
 
 
+def _override_key(override) -> str:
+    """The config path an override sets: ``parallel`` for ``parallel=pmap``, ``mesh.devices`` for
+    ``+mesh.devices=1``; Hydra's ``group@package`` form is not accepted."""
+    return override.key_or_group
+
+
+def compose_eval_config(saved_cfg: dict, overrides: Sequence[str] = ()):
+    """The typed config of an evaluation: the checkpoint's saved config, then ``EVAL_DEFAULTS``, then the user's
+    overrides in ``train.py``'s syntax (Hydra's compose API on ``conf/``: group options such as
+    ``parallel=pmap`` replace that whole group, dotted keys such as ``mesh.devices=1`` one value).
+
+    Raises:
+      ConfigError: an override Hydra cannot parse or compose (unknown group option, unknown key, bad type),
+        or a sweep (``a=1,2``); one line.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from conf.schema import Config, register
+    from parallel import ConfigError
+
+    register()
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
+        if sweeps:
+            raise ConfigError(f"evaluate takes one value per key, not a sweep: {', '.join(sweeps)}")
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent / "conf"), version_base="1.3"):
+            composed = compose(config_name="config", overrides=list(overrides))
+        merged = OmegaConf.merge(OmegaConf.structured(Config), saved_cfg, OmegaConf.from_dotlist(EVAL_DEFAULTS))
+        for o in parsed:
+            key = _override_key(o)
+            if o.is_delete():
+                raise ConfigError(f"{o.input_line}: evaluate cannot delete keys; give a value instead")
+            OmegaConf.update(merged, key, OmegaConf.select(composed, key), merge=False)
+        return OmegaConf.to_object(merged)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(f"bad override {' '.join(overrides)}: {str(e).strip().splitlines()[0]}") from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
 def evaluate_checkpoint(path: Path, overrides: Sequence[str] = ()) -> dict:
     """Restores the checkpoint at ``path`` onto this process's devices and evaluates it on the test split.
 
     Returns ``{"eval/accuracy", "eval/loss", "step", "examples", "checkpoint"}``. Raises ConfigError/DataError
     (one line) on bad input.
     """
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from conf.schema import Config
     from parallel import ConfigError
     from training import checkpoint
     from training.runtime import setup_runtime
@@ -89,12 +136,7 @@ def evaluate_checkpoint(path: Path, overrides: Sequence[str] = ()) -> dict:
         saved = checkpoint.read_metadata(step_dir)
     except (OSError, ValueError) as e:
         raise ConfigError(f"checkpoint {step_dir} has no readable metadata ({e})") from None
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(Config), saved.get("config", {}),
-                                 OmegaConf.from_dotlist(EVAL_DEFAULTS + list(overrides)))
-        cfg = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"bad override or saved config: {str(e).splitlines()[0]}") from None
+    cfg = compose_eval_config(saved.get("config", {}), overrides)
     setup_runtime(cfg)  # simulated CPU devices / XLA flags, before the backend starts
 
     from data.pipeline import make_eval_set
@@ -112,7 +154,8 @@ def evaluate_checkpoint(path: Path, overrides: Sequence[str] = ()) -> dict:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="a checkpoint folder or one <step> folder in it")
-    parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. mesh.devices=1")
+    parser.add_argument("overrides", nargs="*", help="config overrides as for train.py, e.g. mesh.devices=1 "
+                        "parallel=pmap")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a line")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -16,6 +16,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from conf.schema import register, to_typed
+from training.console_lines import quiet_known_noise
+from training.paths import absolute_paths
 from training.runtime import setup_runtime
 
 register()
@@ -25,7 +27,8 @@ log = logging.getLogger("train")
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
-    typed = to_typed(cfg)
+    quiet_known_noise()  # the TPU probe and TFDS's OpenCV notice (README "Output")
+    typed = absolute_paths(to_typed(cfg), Path(hydra.utils.get_original_cwd()))  # hydra.job.chdir=true safe
     setup_runtime(typed)  # before anything touches devices: simulated CPU devices, XLA flags, jax.distributed
 
     from training.app import run_and_report  # imports jax-dependent modules after the runtime is set up

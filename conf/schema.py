@@ -73,6 +73,8 @@ class DataConfig:
     data_dir: Optional[str] = None
     # Decoded arrays are cached here (never inside the TFDS folder).
     cache_dir: str = "${oc.env:XDG_CACHE_HOME,${oc.env:HOME}/.cache}/dp_scaling"
+    # A data set missing under data_dir is downloaded and prepared there (TFDS, array_record); false: stop instead.
+    download: bool = True
     image_shape: List[int] = field(default_factory=lambda: [28, 28, 1])
     num_classes: int = 10
     train_size: int = 60000

@@ -25,9 +25,11 @@ import argparse
 import datetime
 import os
 import signal
+import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -55,6 +57,36 @@ def commands(n: int, overrides: list[str], run_dir: str, port: int, cpu_devices:
         common.append(f"checkpoint.dir={Path(run_dir).absolute() / 'checkpoints'}")  # one folder all processes see
     return [[sys.executable, str(REPO / "train.py"), *user, *common, f"distributed.process_id={i}"]
             + (["hydra.output_subdir=null"] if i > 0 else []) for i in range(n)]
+
+
+# gloo (JAX's CPU collectives across processes) prints one such line per rank and communicator when it connects;
+# they are expected and say nothing about the run, so they are counted, not shown.
+GLOO_CONNECTED = re.compile(rb"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. Expected number of connected "
+                            rb"peer ranks is : \d+")
+
+
+def forward_filtered(src, dst, counter: list) -> None:
+    """Copies ``src`` (a child's stdout or stderr) to ``dst`` as it comes (``\r`` and ``\n`` end a piece, so progress bars
+    stay live), leaving out gloo's per-rank connection lines; ``counter[0]`` counts them."""
+    pending = b""
+    while True:
+        chunk = os.read(src.fileno(), 65536)
+        if not chunk:
+            break
+        pending += chunk
+        pieces = re.split(rb"(?<=[\r\n])", pending)
+        pending = pieces.pop()  # not yet ended
+        for piece in pieces:
+            if GLOO_CONNECTED.search(piece):
+                counter[0] += 1
+                piece = GLOO_CONNECTED.sub(b"", piece)
+                if not piece.strip():
+                    continue
+            dst.write(piece)
+        dst.flush()
+    if pending:
+        dst.write(pending)
+        dst.flush()
 
 
 def stop(procs: list[subprocess.Popen], grace_s: float) -> None:
@@ -96,7 +128,12 @@ def main(argv: list[str] | None = None) -> int:
           + (f" x {args.cpu_devices} CPU devices" if args.cpu_devices else "")
           + f", coordinator 127.0.0.1:{port}, run folder {run_dir} (process i>0 logs to train_process<i>.log)",
           file=sys.stderr, flush=True)
-    procs = [subprocess.Popen(c, cwd=os.getcwd()) for c in cmds]
+    procs = [subprocess.Popen(c, cwd=os.getcwd(), stdout=subprocess.PIPE, stderr=subprocess.PIPE) for c in cmds]
+    gloo_lines = [0]
+    readers = [threading.Thread(target=forward_filtered, args=(src, dst, gloo_lines), daemon=True)
+               for p in procs for src, dst in ((p.stdout, sys.stdout.buffer), (p.stderr, sys.stderr.buffer))]
+    for r in readers:
+        r.start()
     try:
         while any(p.poll() is None for p in procs):
             if any(p.returncode not in (None, 0) for p in procs):
@@ -110,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
             if p.poll() is None:
                 p.kill()
             p.wait()
+    for r in readers:
+        r.join(timeout=5.0)
+    if gloo_lines[0]:
+        print(f"launch_local: {gloo_lines[0]} gloo connection lines of the processes left out (expected: one per "
+              f"rank and communicator when the CPU collectives connect)", file=sys.stderr, flush=True)
     codes = [p.returncode for p in procs]
     failed = [(i, c) for i, c in enumerate(codes) if c != 0]
     if failed:

@@ -40,6 +40,13 @@ def run_and_report(cfg: Config, run_dir: Path) -> bool:
         reporter.summary({**describe(cfg), "status": "failed", "error": f"{type(e).__name__}: {e}".splitlines()[0]})
         reporter.close(exit_code=1)
         raise
+    if summary.get("checkpoint/already_complete"):
+        console(f"already complete at step {summary.get('train/steps')}: eval/accuracy="
+                f"{summary.get('eval/accuracy')} (checkpoint {summary.get('checkpoint/last_path')}); nothing to do")
+        if not keeps_summary(run_dir / "summary.json"):
+            reporter.summary(summary)
+        reporter.close(exit_code=0)
+        return True
     reporter.summary(summary)
     reporter.close(exit_code=0)
     log.info("eval/accuracy=%.4f eval/loss=%.4f examples/s=%.0f (median of %s windows, p25-p75 %.0f-%.0f) "
@@ -48,3 +55,13 @@ def run_and_report(cfg: Config, run_dir: Path) -> bool:
              summary.get("perf/examples_per_s_p25", float("nan")), summary.get("perf/examples_per_s_p75", float("nan")),
              summary.get("perf/wall_s", float("nan")), summary.get("perf/startup_s", float("nan")), run_dir)
     return True
+
+
+def keeps_summary(path: Path) -> bool:
+    """Whether ``path`` already holds a successful run's summary (a rerun of a finished run leaves it)."""
+    import json
+
+    try:
+        return json.loads(path.read_text()).get("status") == "ok"
+    except (OSError, ValueError):
+        return False

@@ -25,6 +25,7 @@ from parallel.compress import COMPRESSIONS, init_residual
 from training.optim import effective_lr, make_optimizer, make_schedule
 from training.precision import LOSS_SCALING_MODES, init_loss_scale
 from training.report import resolve_wandb_mode
+from training.validate import check_library_settings
 from training.step import LocalGrads, TrainState, Updater, create_state
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -110,6 +111,7 @@ def plan(cfg: Config) -> Plan:
                           f"(or null: no gradient norm)")
     check_compression(cfg.parallel.grad_compression, cfg.parallel.grad_reduce_dtype, mode)  # issue 10
     check_numbers(cfg)
+    check_library_settings(cfg, extra_tags=[mode.name, cfg.precision.name, f"devices={n}"])
     try:
         reduce_dtype(cfg.parallel.grad_reduce_dtype)
         augment_spec(cfg.data.augment, cfg.data.crop_padding, cfg.data.flip)  # issue 9

@@ -21,8 +21,11 @@ log = logging.getLogger(__name__)
 WANDB_MODES = ("online", "offline", "disabled")
 
 
+NONFINITE_KEY = "nonfinite"
+
+
 def jsonable(value: Any) -> Any:
-    """numpy / jax scalars -> Python numbers; NaN/inf -> strings (JSON has no NaN)."""
+    """numpy / jax scalars -> Python numbers; NaN/inf -> None (strict JSON has no NaN/Infinity)."""
     if isinstance(value, dict):
         return {k: jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -30,14 +33,30 @@ def jsonable(value: Any) -> Any:
     if hasattr(value, "item") and np.ndim(value) == 0:
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
+        return None
     return value
 
 
+def strict_record(record: dict) -> dict:
+    """``record`` as strict JSON: every non-finite float becomes ``null`` and the key ``nonfinite`` maps each
+    such top-level key to the value it had (``"nan"``, ``"inf"`` or ``"-inf"``), e.g.
+    ``{"step": 1, "eval/loss": null, "nonfinite": {"eval/loss": "inf"}}``; finite records are unchanged."""
+    bad = {}
+    for k, v in record.items():
+        if hasattr(v, "item") and np.ndim(v) == 0:
+            v = v.item()
+        if isinstance(v, float) and not math.isfinite(v):
+            bad[k] = str(v)
+    out = jsonable(record)
+    if bad:
+        out[NONFINITE_KEY] = {**out.get(NONFINITE_KEY, {}), **bad}
+    return out
+
+
 def write_json(path: Path, obj: dict) -> None:
-    """Writes ``obj`` atomically (tmp file + rename)."""
+    """Writes ``obj`` atomically (tmp file + rename) as strict JSON (``strict_record``)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(jsonable(obj), indent=2, sort_keys=True) + "\n")
+    tmp.write_text(json.dumps(strict_record(obj), indent=2, sort_keys=True, allow_nan=False) + "\n")
     os.replace(tmp, path)
 
 
@@ -103,8 +122,7 @@ class Reporter:
             self.wandb_run = wandb.init(mode="offline", settings=wandb.Settings(**settings), **kwargs)
             mode = "offline"
         if mode == "offline":
-            log.info("W&B is offline; the run is in %s; upload it later with: wandb sync %s",
-                     self.wandb_run.dir, os.path.dirname(self.wandb_run.dir))
+            log.info("W&B is offline; upload the run later with: wandb sync %s", os.path.dirname(self.wandb_run.dir))
 
     @property
     def wandb_info(self) -> dict:
@@ -147,6 +165,23 @@ class Reporter:
         return len(kept)
     # --- end checkpoints ---
 
+    def start_metrics(self) -> Optional[Path]:
+        """Starts an empty metrics.jsonl for a run that starts at step 0 (no checkpoint to continue).
+
+        A metrics.jsonl already in the run folder (a run killed before its first checkpoint, restarted in the
+        same folder) is kept as ``metrics.previous-<time>.jsonl`` and returned, so no step is recorded twice.
+        """
+        if not self.enabled:
+            return None
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists() or path.stat().st_size == 0:
+            return None
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+        backup = path.with_name(f"metrics.previous-{stamp}.jsonl")
+        os.replace(path, backup)
+        log.warning("%s held the history of an earlier run that left no checkpoint: kept as %s", path, backup.name)
+        return backup
+
     def log(self, records: list[dict]) -> None:
         """Appends records (each carries ``step``) to metrics.jsonl and the W&B history."""
         if not self.enabled or not records:
@@ -154,11 +189,11 @@ class Reporter:
         if self._jsonl is None:
             self._jsonl = open(self.run_dir / "metrics.jsonl", "a")
         for rec in records:
-            rec = jsonable(rec)
-            self._jsonl.write(json.dumps(rec, sort_keys=True) + "\n")
+            rec = strict_record(rec)
+            self._jsonl.write(json.dumps(rec, sort_keys=True, allow_nan=False) + "\n")
             if self.wandb_run is not None:
-                self.wandb_run.log({k: v for k, v in rec.items() if k != "step" and not isinstance(v, (str, list))},
-                                   step=int(rec["step"]))
+                self.wandb_run.log({k: v for k, v in rec.items() if k != "step" and v is not None
+                                    and not isinstance(v, (str, list, dict))}, step=int(rec["step"]))
         self._jsonl.flush()
 
     def summary(self, values: dict) -> None:
@@ -175,7 +210,7 @@ class Reporter:
                 log.warning("%s already existed: kept as %s", path, backup.name)
         write_json(path, values)
         if self.wandb_run is not None:
-            for k, v in jsonable(values).items():
+            for k, v in strict_record(values).items():
                 self.wandb_run.summary[k] = v
 
     def close(self, exit_code: int = 0) -> None:

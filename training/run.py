@@ -8,6 +8,7 @@ Apart from that and the logging windows, it never synchronises with the host.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import statistics
@@ -18,6 +19,7 @@ from typing import Any, Optional
 import jax
 import numpy as np
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from conf.schema import Config, as_dict
 from measure.throughput import JobClock, TargetTracker, WindowStats, check_target_accuracy, in_multirun
@@ -27,6 +29,10 @@ from parallel import ConfigError
 from training import checkpoint
 from training.build import Experiment, Plan, build, plan
 from training.distributed import dump_batch_indices, process_layout
+from training.console_lines import startup_line, window_line
+from training.outcome import nonfinite_final
+from training.resume_policy import check_resume_settings, finished_summary, history_values
+from training.validate import check_run_folder
 from training.measure import (compiled_step_metrics, lookup_link_bytes_per_s, lookup_peak_flops_per_s,
                               peak_bytes_per_device, state_bytes_per_device)
 from training.profile import Profiler, check_window, explain_ratio
@@ -67,8 +73,8 @@ def load_data(cfg: Config, p: Plan):
         return train, synthetic_eval(d.image_shape, d.num_classes, d.eval_size, cfg.train.seed)
     if not d.tfds_name:
         raise ConfigError(f"data={d.name} has no data.tfds_name; set it or use data=synthetic")
-    train = load_tfds_split(d.tfds_name, "train", d.data_dir, d.cache_dir)
-    test = load_tfds_split(d.tfds_name, "test", d.data_dir, d.cache_dir)
+    train = load_tfds_split(d.tfds_name, "train", d.data_dir, d.cache_dir, download=d.download)
+    test = load_tfds_split(d.tfds_name, "test", d.data_dir, d.cache_dir, download=d.download)
     if tuple(train.images.shape[1:]) != tuple(d.image_shape):
         raise ConfigError(f"data.image_shape={list(d.image_shape)} but {d.tfds_name} images are "
                           f"{list(train.images.shape[1:])}; fix data.image_shape")
@@ -145,6 +151,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     """Runs one experiment and returns its summary. Raises USER_ERRORS with one-line messages."""
     clock = JobClock.for_job(multirun=in_multirun())  # perf/wall_s, perf/startup_s (measure/throughput.py)
     p = plan(cfg)  # every check that needs neither data nor compilation
+    check_run_folder(run_dir, cfg.checkpoint)
     ckpt_plan = checkpoint.prepare(cfg.checkpoint, run_dir, jax.process_count())  # issue 8: resume path exists
     wandb_mode = resolve_wandb_mode(cfg.wandb.mode)
     source, test = load_data(cfg, p)
@@ -163,12 +170,16 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
                           f"choose one of {', '.join(TRANSFER_GUARDS)}")
     # --- end measurement checks ---
     # --- checkpoints (issue 8): restore onto THIS run's layout, before compiling and before W&B starts ---
+    check_resume_settings(ckpt_plan, as_dict(cfg), p.global_batch)  # refused changes: one line, nothing moved
     restored = checkpoint.resume(ckpt_plan, mode, exp.state)
     start = 0
     if restored is not None:
         if restored.step > n_steps:
             raise ConfigError(f"checkpoint {restored.path} is at step {restored.step}, past this run's "
                               f"{n_steps} steps; raise train.steps/train.epochs or set checkpoint.resume=never")
+        finished = finished_summary(restored.metadata.get("run_dir"), n_steps) if restored.step == n_steps else None
+        if finished is not None:  # a rerun of a finished run: its summary, no training, no W&B
+            return {**finished, "checkpoint/already_complete": True}
         exp.state, start = restored.state, restored.step
         for line in checkpoint.data_order_warnings(restored.metadata, global_batch=p.global_batch,
                                                    seed=cfg.train.seed, steps_per_epoch=source.steps_per_epoch,
@@ -221,6 +232,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
                          config=wandb_cfg, init_timeout_s=cfg.wandb.init_timeout_s,
                          resume_id=None if restored is None else restored.metadata.get("wandb_run_id"))
     if restored is None:
+        reporter.start_metrics()  # a restart without a checkpoint: the earlier history is set aside, not repeated
         reporter.log([{"step": 0, **{k: v for k, v in info.items() if k.startswith(("comm/", "mem/", "perf/"))
                                      and not isinstance(v, list)}}])
     else:  # issue 8: metrics.jsonl continues the saved run's history (records after the checkpoint dropped)
@@ -230,6 +242,8 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
 
     state = exp.state
     last: dict[str, Any] = {}
+    if restored is not None:  # the summary's training values also when this run trains no step (killed at the end)
+        last.update(history_values(run_dir / "metrics.jsonl", start))
     window_records: list[tuple[int, Any]] = []
     in_flight: collections.deque = collections.deque()
     step_times: list[float] = []
@@ -238,6 +252,12 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     profiler = Profiler(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps, run_dir / "profile",
                         device.platform, hlo_text=compiled.as_text() if cfg.profile.enabled else None,
                         num_devices=mode.num_devices)
+    log.info("%s", startup_line(info, accum_steps=cfg.train.accum_steps, model=cfg.model.name,
+                                param_count=sum(int(np.prod(x.shape)) for x in
+                                                jax.tree.leaves(checkpoint.host_abstract(exp.state).params)),
+                                dataset=cfg.data.name))
+    redirect = contextlib.ExitStack()
+    redirect.enter_context(logging_redirect_tqdm())  # log lines above the bar, never glued to it
     bar = tqdm(total=n_steps, initial=start, disable=not reporter.enabled, desc="train", unit="step",
                dynamic_ncols=True, mininterval=1.0)
     # --- checkpoints (issue 8): periodic/final saves; SIGTERM/SIGINT finish the step, save and stop ---
@@ -303,6 +323,8 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
                 last.update(records[-1])
                 reporter.log(records)
                 bar.set_postfix(loss=f"{last['train/loss']:.4f}", ex_s=f"{perf['perf/examples_per_s']:.0f}")
+                if reporter.enabled:  # process 0 (the others' figures are their own timings)
+                    log.info("%s", window_line(done, n_steps, last["train/loss"], perf["perf/examples_per_s"]))
                 timer.resume()
             elif extra:
                 # eval / sync values are attached to the next logged record of this step
@@ -321,6 +343,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
                              if saved else "no checkpoint written (checkpoint.enabled=false)")
                     raise TrainingError(f"stopped by {stop.signal_name} after step {done} of {n_steps}; {where}")
     finally:
+        redirect.close()
         bar.close()
         profiler.close()
         stop.uninstall()  # issue 8
@@ -330,8 +353,12 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     target.observe(n_steps, final["eval/accuracy"], clock.since_first_step_s())
     profiled = profiler.result()
     reporter.log([{"step": n_steps, **final, **{k: v for k, v in profiled.items() if not isinstance(v, str)}}])
+    diverged = nonfinite_final(last, final)  # after the record is written (strict JSON: null + "nonfinite")
+    if diverged:
+        raise TrainingError(diverged)
     summary = {**info, **{k: v for k, v in last.items() if k != "step"}, **final, **profiled, **ckpts.summary(),
-               "status": "ok", "perf/step_time_s_median": statistics.median(step_times) if step_times else None}
+               "status": "ok", "perf/step_time_s_median": statistics.median(step_times) if step_times
+               else last.get("perf/step_time_s_median")}
     summary.update({**stats.summary(info.get("comm/time_model_s"), info.get("perf/flops_per_step_per_device"),
                                     peak_flops), **target.summary()})
     if stats.warning():

@@ -33,7 +33,9 @@ def setup_runtime(cfg: Config) -> None:
             log.warning("xla=%s flags not applied: the JAX backend of this process is already running "
                         "(use hydra/launcher=submitit_local for a fresh process per job)", cfg.xla.name)
     else:
-        if cfg.xla.flags:
+        from training.validate import xla_flags_error
+
+        if cfg.xla.flags and xla_flags_error(cfg.xla.flags) is None:  # bad flags: plan() reports them (one line)
             os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", "")] + list(cfg.xla.flags)))
             log.info("XLA flags (xla=%s): %s", cfg.xla.name, " ".join(cfg.xla.flags))
         if cfg.runtime.cpu_devices >= 1:  # a bad value is reported by training.build.plan (one line)

@@ -1,0 +1,61 @@
+"""The lines a run prints: one start-up line, one line per logging window, and known harmless noise silenced."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+# (logger name, text in the message): messages that are expected and harmless on the machines this runs on.
+KNOWN_NOISE = (
+    # jax probes for a TPU at start; on machines without one it logs this at INFO (no effect on the run)
+    ("jax._src.xla_bridge", "Unable to initialize backend 'tpu'"),
+    # TFDS decodes PNGs with Pillow when OpenCV is absent; the decode happens once (then cached), so speed is moot
+    ("absl", "OpenCV is not installed"),
+)
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, needles: tuple[str, ...]):
+        super().__init__()
+        self.needles = needles
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(n in message for n in self.needles)
+
+
+def quiet_known_noise() -> None:
+    """Drops the ``KNOWN_NOISE`` messages (only those exact messages: every other warning stays). Idempotent."""
+    try:  # absl must create its own logger class first (else orbax's filter in training.checkpoint sees the
+        import absl.logging  # noqa: F401  wrong caller and its INFO chatter comes through)
+    except ImportError:
+        pass
+    by_logger: dict[str, tuple[str, ...]] = {}
+    for name, needle in KNOWN_NOISE:
+        by_logger[name] = by_logger.get(name, ()) + (needle,)
+    for name, needles in by_logger.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessages) for f in logger.filters):
+            logger.addFilter(_DropMessages(needles))
+
+
+def startup_line(info: dict[str, Any], *, accum_steps: int, model: str, param_count: int, dataset: str) -> str:
+    """One line with what is about to run, e.g. ``start: 8 cpu devices (cpu), 1 process, jit_sharding mesh
+    [8, 1], fp32, batch 256 global / 32 per device, accum 1, 20 steps, mlp 203,530 params, data mnist``.
+
+    Args:
+      info: the run's resolved values (``training.run``: platform, device_kind, process_count, parallel,
+        mesh/shape, mesh/devices, precision, train/global_batch, train/per_device_batch, train/steps).
+      param_count: number of trainable parameters (all leaves of the host-form params).
+    """
+    procs = info["process_count"]
+    return (f"start: {info['mesh/devices']} {info['platform']} devices ({info['device_kind']}), {procs} "
+            f"process{'es' if procs > 1 else ''}, {info['parallel']} mesh {list(info['mesh/shape'])}, "
+            f"{info['precision']}, batch {info['train/global_batch']} global / {info['train/per_device_batch']} "
+            f"per device, accum {accum_steps}, {info['train/steps']} steps, {model} {param_count:,} params, "
+            f"data {dataset}")
+
+
+def window_line(step: int, n_steps: int, loss: float, examples_per_s: float) -> str:
+    """One line per logging window for train.log (and the console above the bar)."""
+    return f"step {step}/{n_steps} loss={loss:.4f} examples/s={examples_per_s:.0f}"

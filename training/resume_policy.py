@@ -1,0 +1,150 @@
+"""What a run may change when it resumes another run's checkpoint, and what a finished run reports again.
+
+Rule (``resume_conflicts``, a pure function of the two resolved configs):
+
+- Allowed: keys that only extend or re-place the run: ``train.steps``/``train.epochs``, logging, evaluation,
+  sync-check and in-flight settings, the checkpoint period/keep/folder, W&B, profiling, device count and mesh
+  (``mesh.*``, ``runtime.cpu_devices``), the parallel mode (``parallel.name``, ``parallel.min_shard_bytes``:
+  the state restores onto any layout), XLA flags, hardware figures, data paths and prefetch, ``distributed.*``.
+- Adapted by an exact rule: ``train.global_batch`` / ``train.per_device_batch`` may change as long as the
+  resolved global batch (per-device batch x devices under weak scaling) equals the checkpoint's, so the same
+  examples make each step; otherwise the keys are refused.
+- Refused: every other difference (seed, data set and its sizes/augmentation, model, optimizer and its
+  settings, clipping, schedule, precision and loss scaling, accumulation, gradient reduction dtype and
+  compression): the run would continue another experiment's parameters. The one-line error names the keys
+  with both values and the two ways out (set them back, or give the run its own ``checkpoint.dir``). Nothing
+  is renamed or deleted: the checkpoint is healthy.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Optional
+
+from parallel import ConfigError
+
+ALLOWED = ("train.steps", "train.epochs", "train.log_every", "train.eval_every", "train.eval_batch",
+           "train.sync_every", "train.sync_strict", "train.max_in_flight", "train.debug_dump_indices",
+           "train.transfer_guard", "train.grad_norm_every", "checkpoint.", "wandb.", "profile.", "mesh.",
+           "runtime.", "parallel.name", "parallel.min_shard_bytes", "xla.", "hardware.", "distributed.",
+           "data.cache_dir", "data.data_dir", "data.prefetch")
+BATCH_KEYS = ("train.global_batch", "train.per_device_batch")
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def resume_conflicts(saved_cfg: dict, cfg_dict: dict, saved_global_batch: Optional[int],
+                     global_batch: int) -> list[str]:
+    """``key: saved -> now`` for every difference the rule above refuses (empty: the resume is allowed).
+
+    Args:
+      saved_cfg: the checkpoint's resolved config (``metadata["config"]``).
+      cfg_dict: this run's resolved config (``conf.schema.as_dict``).
+      saved_global_batch / global_batch: resolved global batches (examples per optimizer step); None when the
+        checkpoint does not record it (then the batch keys are compared as written).
+    """
+    old, new = _flat(saved_cfg), _flat(cfg_dict)
+    out = []
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) == new.get(key) or key.startswith(ALLOWED):
+            continue
+        if key in BATCH_KEYS and saved_global_batch is not None and saved_global_batch == global_batch:
+            continue
+        out.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}")
+    if saved_global_batch is not None and saved_global_batch != global_batch and not any(
+            c.startswith(BATCH_KEYS) for c in out):
+        out.append(f"global batch: {saved_global_batch} -> {global_batch}")
+    return out
+
+
+def refusal(step_dir: Path, conflicts: list[str], limit: int = 4) -> str:
+    """The one-line error for refused changes."""
+    shown = "; ".join(conflicts[:limit]) + (f"; ... {len(conflicts) - limit} more" if len(conflicts) > limit else "")
+    return (f"checkpoint {step_dir} was trained with other settings ({shown}); to resume it set them back, "
+            f"otherwise give this run its own checkpoint.dir (the checkpoint is kept as it is)")
+
+
+def candidate_step_dir(ckpt_plan) -> Optional[Path]:
+    """The step folder ``checkpoint.resume`` will try first (newest finished step whose metadata reads), or
+    None (no checkpoint, resume=never, checkpoints disabled)."""
+    from training import checkpoint
+
+    if ckpt_plan.directory is None or ckpt_plan.resume == "never":
+        return None
+    where = ckpt_plan.directory if ckpt_plan.resume == "auto" else ckpt_plan.resume_path
+    if checkpoint.is_step_dir(where):
+        return Path(where)
+    for step in reversed(checkpoint.complete_steps(where)):
+        try:
+            checkpoint.read_metadata(Path(where) / str(step))
+            return Path(where) / str(step)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def check_resume_settings(ckpt_plan, cfg_dict: dict, global_batch: int) -> None:
+    """Raises ConfigError (one line) when the checkpoint this run would resume was trained with refused
+    settings; call before restoring (nothing is read but the JSON metadata)."""
+    from training import checkpoint
+
+    step_dir = candidate_step_dir(ckpt_plan)
+    if step_dir is None:
+        return
+    try:
+        meta = checkpoint.read_metadata(step_dir)
+    except (OSError, ValueError):
+        return  # unreadable: checkpoint.resume reports it (one line) or skips to an older step
+    conflicts = resume_conflicts(meta.get("config", {}), cfg_dict, meta.get("global_batch"), global_batch)
+    if conflicts:
+        raise ConfigError(refusal(step_dir, conflicts))
+
+
+# ---- a run restored at its final step ---------------------------------------------------------------------
+SUMMARY_PREFIXES = ("train/", "optim/", "perf/", "sync/", "mesh/", "loss_scale/", "comm/", "mem/")
+
+
+def history_values(metrics_path: Path, up_to_step: int) -> dict[str, Any]:
+    """The last value of every training key (``train/``, ``optim/``, ``perf/``, ``sync/`` ...) in the records of
+    ``metrics_path`` with ``step`` <= ``up_to_step``, plus ``perf/step_time_s_median`` over its logging windows;
+    empty when the file is missing. Non-finite values (written as null) are skipped."""
+    out: dict[str, Any] = {}
+    step_times = []
+    try:
+        lines = Path(metrics_path).read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if int(rec.get("step", -1)) > up_to_step:
+            continue
+        out.update({k: v for k, v in rec.items() if k.startswith(SUMMARY_PREFIXES) and v is not None})
+        if rec.get("perf/step_time_s") is not None:
+            step_times.append(rec["perf/step_time_s"])
+    if step_times:
+        out["perf/step_time_s_median"] = statistics.median(step_times)
+    return out
+
+
+def finished_summary(saved_run_dir: Optional[str], step: int) -> Optional[dict]:
+    """The saved run's ``summary.json`` when that run finished successfully at ``step`` (a rerun of a finished
+    run reports it again instead of training 0 steps), else None."""
+    if not saved_run_dir:
+        return None
+    try:
+        s = json.loads((Path(saved_run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if s.get("status") == "ok" and s.get("train/steps") == step and "train/loss" in s:
+        return s
+    return None

@@ -1,0 +1,139 @@
+"""Checks of the settings this repository hands to libraries (W&B, orbax, TFDS, XLA), done at start.
+
+A library validates its own settings late: ``wandb.init`` after the data is loaded and the step compiled (a
+pydantic traceback), XLA when its backend starts (``F... Unknown flag in XLA_FLAGS`` and an abort), orbax /
+tensorstore when the first checkpoint is merged. ``check_library_settings`` (called by
+``training.build.plan``) applies the same rules before any data is read or anything compiled, and raises
+``ConfigError`` with one line naming the key, the value and the fix.
+
+Rules and their sources:
+- W&B (wandb 0.21 ``wandb_settings.py`` and its server): every tag 1-64 characters; project 1-128 characters
+  without any of ``/ \\ # ? % :``; group, run name at most 128 characters; notes a string; entity without
+  ``/`` or spaces.
+- XLA: every flag ``--name`` or ``--name=value``; names are checked by starting XLA once in a subprocess with
+  the flags (~0.4 s, only when ``xla.flags`` is set): XLA's own parser is the only complete list.
+- TFDS: ``data.tfds_name`` is ``name[/config][:version]`` of a builder TFDS knows.
+- Paths (orbax/tensorstore, TFDS): ``[ ] * ?`` are glob characters; orbax's OCDBT merge finds the per-process
+  files of a checkpoint with a glob, so in a checkpoint folder they leave a step folder that was reported saved
+  but cannot be read. They are refused in ``checkpoint.dir``, ``checkpoint.resume``, the run folder (when
+  ``checkpoint.dir`` is null) and ``data.data_dir`` / ``TFDS_DATA_DIR``. Spaces, ``=``, ``,``, ``%``, ``#``
+  and non-ASCII letters work end to end (save, resume, evaluate).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from parallel import ConfigError
+
+GLOB_CHARS = "[]*?"
+WANDB_TAG_MAX_CHARS = 64
+WANDB_NAME_MAX_CHARS = 128
+WANDB_PROJECT_BAD_CHARS = "/\\#?%:"
+XLA_FLAG = re.compile(r"--[A-Za-z0-9_]+(=.*)?")
+TFDS_NAME = re.compile(r"[a-z0-9_]+(/[A-Za-z0-9_.\-]+)?(:[0-9]+\.[0-9]+\.[0-9]+)?")
+
+
+def check_wandb(wandb_cfg, extra_tags: Sequence[str] = ()) -> None:
+    """W&B ``tags`` (plus the tags the run adds, ``extra_tags``), ``project``, ``group``, ``entity`` and, when the
+    schema has them, ``name`` and ``notes``. Raises ConfigError (one line)."""
+    for i, tag in enumerate(list(wandb_cfg.tags) + list(extra_tags)):
+        tag = str(tag)
+        if not 1 <= len(tag) <= WANDB_TAG_MAX_CHARS:
+            key = f"wandb.tags[{i}]" if i < len(wandb_cfg.tags) else "a tag this run adds"
+            shown = tag if len(tag) <= 24 else tag[:20] + "..."
+            raise ConfigError(f"{key}={shown!r} is {len(tag)} characters; W&B tags must have 1 to "
+                              f"{WANDB_TAG_MAX_CHARS} characters: shorten it")
+    project = wandb_cfg.project
+    if not project or len(project) > WANDB_NAME_MAX_CHARS or any(c in project for c in WANDB_PROJECT_BAD_CHARS):
+        raise ConfigError(f"wandb.project={project!r} must have 1 to {WANDB_NAME_MAX_CHARS} characters and none "
+                          f"of {' '.join(WANDB_PROJECT_BAD_CHARS)}")
+    for key in ("group", "name"):
+        value = getattr(wandb_cfg, key, None)
+        if value is not None and not 1 <= len(str(value)) <= WANDB_NAME_MAX_CHARS:
+            raise ConfigError(f"wandb.{key}={str(value)[:24]!r}... has {len(str(value))} characters; W&B allows "
+                              f"1 to {WANDB_NAME_MAX_CHARS} (or null)")
+    notes = getattr(wandb_cfg, "notes", None)
+    if notes is not None and not isinstance(notes, str):
+        raise ConfigError(f"wandb.notes={notes!r} must be a string (or null)")
+    entity = wandb_cfg.entity
+    if entity is not None and (not entity or any(c in entity for c in "/ ")):
+        raise ConfigError(f"wandb.entity={entity!r} must be a W&B user or team name (no '/' or spaces), or null")
+
+
+def xla_flags_error(flags: Sequence[str]) -> Optional[str]:
+    """One-line error for malformed or unknown XLA flags, else None. Cached per flag list (one probe)."""
+    return _xla_flags_error(tuple(flags))
+
+
+@functools.lru_cache(maxsize=8)
+def _xla_flags_error(flags: tuple) -> Optional[str]:
+    if not flags:
+        return None
+    bad = [f for f in flags if not XLA_FLAG.fullmatch(str(f))]
+    if bad:
+        return f"xla.flags {bad} are not of the form --name or --name=value"
+    env = {**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"}
+    try:
+        probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env, capture_output=True,
+                               text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None  # the probe could not run: XLA itself reports bad flags when the backend starts
+    unknown = re.findall(r"Unknown flags? in XLA_FLAGS: (.*)", probe.stderr)
+    if unknown:
+        return f"xla.flags: XLA does not know {unknown[0].strip()}; fix or remove it (see xla/debug_options_flags.cc)"
+    return None
+
+
+def check_tfds_name(tfds_name: str) -> None:
+    """``data.tfds_name`` must name a TFDS builder. Raises ConfigError (one line, with close names)."""
+    if not TFDS_NAME.fullmatch(tfds_name):
+        raise ConfigError(f"data.tfds_name={tfds_name!r} is not a TFDS name (name[/config][:x.y.z], e.g. mnist)")
+    import difflib
+
+    import tensorflow_datasets as tfds
+
+    name = tfds_name.split(":")[0].split("/")[0]
+    known = tfds.list_builders(with_community_datasets=False)
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ConfigError(f"data.tfds_name={tfds_name!r}: TFDS has no dataset {name!r}{hint}")
+
+
+def check_path(key: str, path) -> None:
+    """Refuses glob characters in a path handed to orbax/TFDS (see the module docstring). Raises ConfigError."""
+    if path is None:
+        return
+    found = sorted({c for c in str(path) if c in GLOB_CHARS})
+    if found:
+        raise ConfigError(f"{key}={str(path)!r} contains {' '.join(found)}: orbax and TFDS read these folders "
+                          f"with glob patterns, where they are wildcards; choose a path without {' '.join(found)}")
+
+
+def check_library_settings(cfg, extra_tags: Sequence[str] = ()) -> None:
+    """Every check of this module on a typed ``conf.schema.Config``. Raises ConfigError (one line)."""
+    check_wandb(cfg.wandb, extra_tags)
+    error = xla_flags_error(cfg.xla.flags)
+    if error:
+        raise ConfigError(error)
+    check_path("checkpoint.dir", cfg.checkpoint.dir)
+    if cfg.checkpoint.resume not in ("auto", "never"):
+        check_path("checkpoint.resume", cfg.checkpoint.resume)
+    check_path("data.data_dir", cfg.data.data_dir)
+    if not cfg.data.data_dir:
+        check_path("TFDS_DATA_DIR", os.environ.get("TFDS_DATA_DIR"))
+    if cfg.data.name != "synthetic" and cfg.data.tfds_name:
+        check_tfds_name(cfg.data.tfds_name)
+
+
+def check_run_folder(run_dir: Path, checkpoint_cfg) -> None:
+    """The run folder holds the checkpoints when ``checkpoint.dir`` is null: no glob characters then."""
+    if checkpoint_cfg.enabled and not checkpoint_cfg.dir:
+        check_path("the run folder (hydra.run.dir / hydra.sweep.dir)", Path(run_dir) / "checkpoints")
