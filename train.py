@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from conf.schema import register, to_typed
+from conf.schema import UnknownKeyError, register, to_typed
 from training.runtime import setup_runtime
 
 register()
@@ -25,7 +25,11 @@ log = logging.getLogger("train")
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
-    typed = to_typed(cfg)
+    try:
+        typed = to_typed(cfg)
+    except UnknownKeyError as e:  # e.g. +optim.learning_rate=0.5: stop at start with one line
+        print(f"train.py: {e}", file=sys.stderr)
+        sys.exit(1)
     setup_runtime(typed)  # before anything touches devices: simulated CPU devices, XLA flags, jax.distributed
 
     from training.app import run_and_report  # imports jax-dependent modules after the runtime is set up
