@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from conf.schema import register, to_typed
+from conf.schema import UnknownKeyError, register, to_typed
 from training.console_lines import quiet_known_noise
 from training.paths import absolute_paths
 from training.runtime import setup_runtime
@@ -28,7 +28,11 @@ log = logging.getLogger("train")
 def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     quiet_known_noise()  # the TPU probe and TFDS's OpenCV notice (README "Output")
-    typed = absolute_paths(to_typed(cfg), Path(hydra.utils.get_original_cwd()))  # hydra.job.chdir=true safe
+    try:
+        typed = absolute_paths(to_typed(cfg), Path(hydra.utils.get_original_cwd()))  # hydra.job.chdir=true safe
+    except UnknownKeyError as e:  # e.g. +optim.learning_rate=0.5: stop at start with one line
+        print(f"train.py: {e}", file=sys.stderr)
+        sys.exit(1)
     setup_runtime(typed)  # before anything touches devices: simulated CPU devices, XLA flags, jax.distributed
 
     from training.app import run_and_report  # imports jax-dependent modules after the runtime is set up

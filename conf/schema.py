@@ -11,6 +11,7 @@ builders take plain, typed fields.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
@@ -263,8 +264,52 @@ def register() -> None:
         OmegaConf.register_new_resolver("epochs_to_steps", lambda e, b, n: int(float(e) * (int(n) // int(b))))
 
 
+class UnknownKeyError(ValueError):
+    """A key the schema does not know (e.g. ``+optim.learning_rate=0.5``); the message is one line."""
+
+
+def unknown_keys(cfg: DictConfig, prefix: str = "") -> list[tuple[str, list[str]]]:
+    """(dotted key, known keys of its parent) for every key of ``cfg`` that its dataclass schema lacks.
+
+    Hydra's ``+key=value`` adds keys even to a typed (struct) node and ``OmegaConf.to_object`` then drops
+    them silently, so they are looked for here, recursively, in every node that has a dataclass type.
+    """
+    found: list[tuple[str, list[str]]] = []
+    schema = OmegaConf.get_type(cfg)
+    known = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else None
+    for key in cfg.keys():
+        dotted = f"{prefix}{key}"
+        if known is not None and key not in known:
+            found.append((dotted, known))
+            continue
+        child = cfg._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+            found.extend(unknown_keys(child, dotted + "."))
+    return found
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Raises ``UnknownKeyError`` (one line, with a "did you mean" hint) for the first key the schema lacks."""
+    bad = unknown_keys(cfg)
+    if not bad:
+        return
+    key, known = bad[0]
+    parent, _, leaf = key.rpartition(".")
+    close = difflib.get_close_matches(leaf, known, n=1, cutoff=0.5)
+    where = f"{parent}." if parent else ""
+    hint = f"did you mean {where}{close[0]}?" if close else f"known keys{' of ' + parent if parent else ''}: " + \
+        ", ".join(known)
+    more = f" (and {len(bad) - 1} more: {', '.join(k for k, _ in bad[1:])})" if len(bad) > 1 else ""
+    raise UnknownKeyError(f"unknown config key {key}{more}; {hint}")
+
+
 def to_typed(cfg: DictConfig) -> Config:
-    """Resolves ``cfg`` and converts it into the typed ``Config`` dataclass tree."""
+    """Resolves ``cfg`` and converts it into the typed ``Config`` dataclass tree.
+
+    Raises:
+      UnknownKeyError: ``cfg`` holds a key the schema does not know (one line naming it).
+    """
+    check_known_keys(cfg)
     obj = OmegaConf.to_object(cfg)
     if not isinstance(obj, Config):  # composed without the schema (should not happen)
         obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), cfg))

@@ -1,0 +1,46 @@
+"""Unknown config keys stop the run at start with one line (compose-level unit tests + one train.py run)."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from conf.schema import UnknownKeyError, register, to_typed
+from utils import REPO, run_train
+
+
+def _typed(*overrides: str):
+    register()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return to_typed(compose(config_name="config", overrides=list(overrides)))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("+optim.learning_rate=0.5", "unknown config key optim.learning_rate; known keys of optim: name, lr, "
+                                 "momentum, b1, b2, eps, weight_decay, schedule, warmup_steps, decay_steps, "
+                                 "lr_scaling, base_batch, clip_grad_norm"),
+    ("+train.stepz=3", "unknown config key train.stepz; did you mean train.steps?"),
+    ("+model.hiden=3", "unknown config key model.hiden; did you mean model.hidden?"),
+    ("+mesh.devics=2", "unknown config key mesh.devics; did you mean mesh.devices?"),
+    ("+foo=1", "unknown config key foo; known keys: parallel, precision, model, data, optim, mesh, wandb, "
+               "train, runtime, hardware, profile, checkpoint, distributed, xla"),
+])
+def test_unknown_key_is_one_line(override, message):
+    with pytest.raises(UnknownKeyError) as e:
+        _typed(override)
+    assert str(e.value) == message
+
+
+def test_known_keys_pass():
+    cfg = _typed("optim.lr=0.5", "train.steps=3", "+sweep=precision")
+    assert (cfg.optim.lr, cfg.train.steps) == (0.5, 3)
+
+
+def test_train_py_stops_at_start(tmp_path):
+    r = run_train(tmp_path / "run", "data=synthetic", "train.steps=10", "+optim.learning_rate=0.5", timeout=300)
+    assert r.returncode == 1
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert lines == ["train.py: unknown config key optim.learning_rate; known keys of optim: name, lr, momentum, "
+                     "b1, b2, eps, weight_decay, schedule, warmup_steps, decay_steps, lr_scaling, base_batch, "
+                     "clip_grad_norm"]
+    assert not (tmp_path / "run" / "summary.json").exists()
