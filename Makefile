@@ -1,9 +1,9 @@
-# make test-unit: the quick tests (no train.py subprocesses); make test: exactly what CI runs (README).
+# make lint: ruff; make test-unit: a quick tier to run while editing (config, throughput, report, projection, comm)
+# make test: exactly what CI runs (the README's test command).
 .PHONY: lint test test-unit
 lint:
 	ruff check .
-	ruff format --check .
 test-unit:
-	python -m pytest -q tests/test_config.py
+	python -m pytest -q -p no:cacheprovider tests/test_config.py tests/test_throughput.py tests/test_report.py tests/test_project.py tests/test_comm.py
 test:
 	python -m pytest -q -m "not slow"

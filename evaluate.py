@@ -7,7 +7,8 @@
 
 The model, data set and seed come from the config saved with the checkpoint (``<step>/meta/metadata``);
 overrides (``train.py``'s syntax: ``group=option`` replaces a whole group, ``dotted.key=value`` one value) are
-applied on top. By default the test split is evaluated with ``parallel=jit_sharding`` on every visible device (the checkpoint restores onto any device count, see ``training.checkpoint``); the whole split is
+applied on top. By default the test split is evaluated with ``parallel=jit_sharding`` on every visible device
+(the checkpoint restores onto any device count, see ``training.checkpoint``); the whole split is
 used, padded and masked, so the denominator is exact (10,000 for MNIST).
 
 Output: one line on stdout, ``eval/accuracy=<fraction> eval/loss=<mean cross-entropy, nats> step=<optimizer

@@ -27,7 +27,6 @@ def main() -> None:
     import jax
 
     jax.config.update("jax_num_cpu_devices", args.devices)
-    import numpy as np
     from omegaconf import OmegaConf
 
     from conf.schema import Config

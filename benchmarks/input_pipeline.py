@@ -100,7 +100,8 @@ def main() -> None:
     load_before = os.getloadavg()
     print(f"input_pipeline: model={args.model}{f' width={args.width}' if args.width else ''}, "
           f"parallel={args.parallel}, {args.devices} devices, global batch {p.global_batch}, {args.precision}, "
-          f"augment={args.augment}, batch arrays {sorted(first)}, {args.steps} steps per trial, platform {jax.devices()[0].platform}, "
+          f"augment={args.augment}, batch arrays {sorted(first)}, {args.steps} steps per trial, "
+          f"platform {jax.devices()[0].platform}, "
           f"{os.cpu_count()} CPUs, load average {load_before[0]:.1f}")
     ratios = []
     for i in range(args.pairs):

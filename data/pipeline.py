@@ -19,7 +19,7 @@ import dataclasses
 import math
 import queue
 import threading
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -136,7 +136,8 @@ class SyntheticSource:
                 index = (step_ % spe) * b + jnp.arange(b, dtype=jnp.int32)  # issue 9: example i < train_size
                 keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(seed), i))(index)
                 image = jax.vmap(lambda k: _random_bytes(k, shape))(keys)
-                label = jax.vmap(lambda k: jax.random.randint(jax.random.fold_in(k, 1), (), 0, classes, jnp.int32))(keys)
+                label = jax.vmap(lambda k: jax.random.randint(jax.random.fold_in(k, 1), (), 0, classes,
+                                                              jnp.int32))(keys)
                 batch = {"image": image, "label": label, **({"index": index} if self.with_index else {})}
                 return {k: v.reshape(layout.reshape(v.shape)) for k, v in batch.items()}
 

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from parallel.base import BATCH_AXES, ParallelMode, cast_tree, pcast_varying, reduce_dtype
+from parallel.base import BATCH_AXES, ParallelMode, pcast_varying, reduce_dtype
 from training.step import global_mean
 
 FSDP = "fsdp"

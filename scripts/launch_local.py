@@ -66,8 +66,8 @@ GLOO_CONNECTED = re.compile(rb"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\
 
 
 def forward_filtered(src, dst, counter: list) -> None:
-    """Copies ``src`` (a child's stdout or stderr) to ``dst`` as it comes (``\r`` and ``\n`` end a piece, so progress bars
-    stay live), leaving out gloo's per-rank connection lines; ``counter[0]`` counts them."""
+    """Copies ``src`` (a child's stdout or stderr) to ``dst`` as it comes (``\r`` and ``\n`` end a piece, so
+    progress bars stay live), leaving out gloo's per-rank connection lines; ``counter[0]`` counts them."""
     pending = b""
     while True:
         chunk = os.read(src.fileno(), 65536)

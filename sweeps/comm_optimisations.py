@@ -55,7 +55,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "none": (),
     "bf16_reduce": ("parallel.grad_reduce_dtype=bfloat16",),
     "int8_ef": ("parallel.grad_compression=int8",),
-    "accum4": (f"train.accum_steps={ACCUM}", f"train.global_batch={{accum_global_batch}}"),
+    "accum4": (f"train.accum_steps={ACCUM}", "train.global_batch={accum_global_batch}"),
 }
 
 COLUMNS = ["variant", "status", "mode", "devices", "global batch", "accum",

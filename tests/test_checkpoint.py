@@ -286,8 +286,8 @@ def test_nan_params_are_never_saved(tmp_path, capsys, monkeypatch):
     assert run_and_report(cfg, run_dir) is False
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert err == [f"error: parameters are not finite after step 20: no checkpoint written; the last good "
-                   f"checkpoint is {ckpt / '10'} (step 10); lower optim.lr, enable optim.clip_grad_norm, or use "
-                   f"precision=fp32"]
+                   f"checkpoint is {ckpt / '10'} (step 10); lower optim.lr, enable optim.clip_grad_norm, or, under "
+                   f"bf16/fp16, use precision=fp32"]
     assert checkpoint.complete_steps(ckpt) == [10] and not checkpoint.unfinished_saves(ckpt)
     assert summary(run_dir)["status"] == "failed"
     # The previous checkpoint is intact and restores onto a fresh run of the same config.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from utils import assert_matches_reference, make_cfg, max_abs_diff, random_dataset, run_steps

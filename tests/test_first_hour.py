@@ -29,7 +29,7 @@ def test_diverged_run_fails_with_one_line(tmp_path):
     assert proc.returncode == 1
     (err,) = error_lines(proc)
     assert err == ("error: the run diverged: final eval/loss=inf is not finite; lower optim.lr, enable "
-                   "optim.clip_grad_norm, or use precision=fp32")
+                   "optim.clip_grad_norm, or, under bf16/fp16, use precision=fp32")
     assert "Traceback" not in proc.stderr
     s = summary(run_dir)
     assert s["status"] == "failed" and s["error"] == err[len("error: "):]
@@ -162,7 +162,8 @@ def test_valid_library_settings_pass():
 def test_special_characters_in_checkpoint_dir_work_end_to_end(tmp_path):
     ckpt = tmp_path / "ck sp,a=c%e#é"
     run_dir = tmp_path / "run%1"  # (run_train passes hydra.run.dir unquoted: no space, comma, # or é)
-    common = ["data=synthetic", "train.steps=4", "wandb.mode=disabled", "checkpoint.every=2", f"checkpoint.dir='{ckpt}'"]
+    common = ["data=synthetic", "train.steps=4", "wandb.mode=disabled", "checkpoint.every=2",
+              f"checkpoint.dir='{ckpt}'"]
     proc = run_train(run_dir, *common)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in ckpt.iterdir()) == ["2", "4"]

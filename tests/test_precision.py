@@ -121,7 +121,6 @@ def test_dropout_is_independent_of_device_count_and_reproducible():
 
 def test_identical_images_get_different_masks():
     from models import build_model
-    from flax import nnx
 
     model = build_model("mlp", (28, 28, 1), 10, seed=0, dropout=0.5)
     x = jnp.ones((2, 28, 28, 1))

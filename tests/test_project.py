@@ -265,3 +265,24 @@ def test_published_comparison_table_matches_readme():
         line = (f"| {r['study']} | {r['model']} | {r['devices']} ({r['baseline']}) | {r['published']:.2f} | "
                 f"{r['compute_s']:.3f} | {r['comm_s@0']:.3f} | {r['projected@0']:.2f} ({r['error@0']:+.0%}) |")
         assert line in readme
+
+
+def test_report_draws_projection_from_csv(tmp_path):
+    """`sweeps.report --projection projection.csv`: the CSV's rows reach the throughput plot, one line per config."""
+    from sweeps.report.cli import read_projection
+    from sweeps.report.plots import plot_throughput
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    csv_path = tmp_path / "projection.csv"
+    csv_path.write_text("config,devices,examples_per_s\nfsdp,8,100.0\nfsdp,16,180.0\ndp,8,90.0\n")
+    rows = read_projection(csv_path)
+    assert rows[0] == {"label": "fsdp", "devices": 8, "examples_per_s": 100.0}
+    fig, ax = plt.subplots()
+    handles = plot_throughput(ax, [], rows)
+    labels = sorted(h.get_label() for h in handles)
+    assert labels == ["projection: dp", "projection: fsdp"]
+    assert ax.get_xlim()[1] >= 16  # the x axis reaches the projected device counts
+    plt.close(fig)

@@ -38,7 +38,9 @@ def random_dataset(n: int = 2048, seed: int = 0, shape=(28, 28, 1), classes: int
 
 
 def run_steps(cfg: Config, dataset: HostDataset, steps: int):
-    """Trains ``steps`` steps in-process. Returns (losses float64 [steps], host state, experiment, initial host state)."""
+    """Trains ``steps`` steps in-process.
+
+    Returns (losses float64 [steps], host state, experiment, initial host state)."""
     p = plan(cfg)
     exp = build(p)
     initial = exp.mode.state_to_host(exp.state)

@@ -13,7 +13,6 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from conf.schema import Config
@@ -129,7 +128,8 @@ def check_compression(compression: str, grad_reduce_dtype: Optional[str], mode: 
     """Raises ConfigError for an unknown ``parallel.grad_compression``, one the mode does not implement, or
     int8 together with ``parallel.grad_reduce_dtype`` (int8 replaces the reduction, the dtype would be ignored)."""
     if compression not in COMPRESSIONS:
-        raise ConfigError(f"parallel.grad_compression={compression!r} is unknown; choose one of {', '.join(COMPRESSIONS)}")
+        raise ConfigError(f"parallel.grad_compression={compression!r} is unknown; "
+                          f"choose one of {', '.join(COMPRESSIONS)}")
     if compression not in mode.compressions:
         from parallel import MODES
 
@@ -161,7 +161,8 @@ def check_numbers(cfg: Config) -> None:
         ("optim.weight_decay", o.weight_decay, math.isfinite(o.weight_decay) and o.weight_decay >= 0, ">= 0"),
         ("optim.warmup_steps", o.warmup_steps, o.warmup_steps >= 0, ">= 0"),
         ("optim.base_batch", o.base_batch, o.base_batch > 0, "> 0"),
-        ("precision.init_scale", pr.init_scale, math.isfinite(pr.init_scale) and pr.init_scale >= 1, "a finite value >= 1"),
+        ("precision.init_scale", pr.init_scale, math.isfinite(pr.init_scale) and pr.init_scale >= 1,
+         "a finite value >= 1"),
         ("precision.growth_interval", pr.growth_interval, pr.growth_interval > 0, "> 0"),
         ("model.hidden", m.hidden, m.hidden > 0, "> 0"),
         ("model.width", m.width, m.width > 0, "> 0"),
@@ -214,7 +215,6 @@ class Experiment:
 
 def init_host_state(cfg: Config, tx) -> tuple[Any, TrainState]:
     """(graphdef, state) created once on the default device from ``train.seed``: identical for any layout."""
-    m = cfg.model
     with jax.default_device(jax.local_devices()[0]):  # issue 7: devices()[0] is not addressable on process > 0
         model = _model(cfg)
         graphdef, params = nnx.split(model, nnx.Param)

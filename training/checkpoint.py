@@ -290,7 +290,7 @@ class Saver:
             prev = (f"the last good checkpoint is {self.step_dir(self.last_step)} (step {self.last_step})"
                     if self.last_step is not None else "no earlier checkpoint of this run exists")
             raise NonFiniteError(f"{what} are not finite after step {step}: no checkpoint written; {prev}; lower "
-                                 f"optim.lr, enable optim.clip_grad_norm, or use precision=fp32")
+                                 f"optim.lr, enable optim.clip_grad_norm, or, under bf16/fp16, use precision=fp32")
         ocp = _ocp()
         to_save = mode.state_to_host(state) if device_axes(state) else state
         self.manager.save(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardSave(to_save),

@@ -24,4 +24,4 @@ def nonfinite_final(last_train: dict, final_eval: dict) -> Optional[str]:
         return None
     which = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
     return (f"the run diverged: final {which} is not finite; lower optim.lr, enable optim.clip_grad_norm, "
-            f"or use precision=fp32")
+            f"or, under bf16/fp16, use precision=fp32")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import logging
 import statistics
 import time
@@ -386,7 +385,7 @@ def flush_window(mode, updater, window_records, perf: dict, extra: dict) -> list
     bad = updater.complete(records)
     if bad is not None:
         raise TrainingError(f"non-finite loss or gradient at step {bad['step']} (loss={bad['train/loss']}); "
-                            f"lower optim.lr, enable optim.clip_grad_norm, or use precision=fp32")
+                            f"lower optim.lr, enable optim.clip_grad_norm, or, under bf16/fp16, use precision=fp32")
     records[-1].update(perf)
     records[-1].update(extra)
     return records

@@ -52,6 +52,24 @@ def write_report(folder, out_dir=None, use_wandb: bool = False, group: str | Non
     return paths
 
 
+def read_projection(path) -> list[dict]:
+    """Rows of a ``projection.csv`` as ``{"label", "devices", "examples_per_s"}`` (label: its ``config`` column).
+
+    Raises:
+      ReportError: the file is missing or lacks the ``devices`` / ``examples_per_s`` columns.
+    """
+    import csv
+
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        return [{"label": r.get("config") or "projection", "devices": int(r["devices"]),
+                 "examples_per_s": float(r["examples_per_s"])} for r in rows]
+    except (OSError, KeyError, ValueError) as exc:
+        raise ReportError(f"--projection {path}: not a projection.csv of sweeps.project ({type(exc).__name__}: "
+                          f"{exc}); write one with `python -m sweeps.project ... --out DIR`") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line; returns the exit status (2 with one ``error:`` line on bad input)."""
     parser = argparse.ArgumentParser(prog="python -m sweeps.report",
@@ -63,10 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", default=None, help="W&B group (default: summaries' wandb/group, else the folder)")
     parser.add_argument("--project", default=None, help="W&B project (default: summaries', else WANDB_PROJECT)")
     parser.add_argument("--entity", default=None, help="W&B entity (default: summaries', else WANDB_ENTITY)")
+    parser.add_argument("--projection", default=None, metavar="PROJECTION_CSV",
+                        help="projection.csv of `python -m sweeps.project`: dotted lines on the throughput plot")
     args = parser.parse_args(argv)
     try:
+        projection = read_projection(args.projection) if args.projection else None
         paths = write_report(args.folder, args.out, use_wandb=args.wandb, group=args.group,
-                             project=args.project, entity=args.entity)
+                             project=args.project, entity=args.entity, projection_rows=projection)
     except ReportError as exc:
         print(f"sweeps.report: error: {exc}", file=sys.stderr)
         return 2

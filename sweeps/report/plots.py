@@ -105,7 +105,7 @@ def plot_throughput(ax, rows: list[dict], projection_rows: list[dict] | None = N
         (line,) = ax.plot([p["devices"] for p in pts], [p["examples_per_s"] for p in pts], linestyle=(0, (1, 2)),
                           linewidth=2, color=series_style(i)["color"], label=f"projection: {label}")
         handles.append(line)
-    _log2_x(ax, rows)
+    _log2_x(ax, list(rows) + list(projection_rows or []))  # the projection may reach past the measured counts
     ax.set_yscale("log")
     ax.set_ylabel("examples/s (global)")
     return handles
