@@ -81,7 +81,7 @@ class DataConfig:
     train_size: int = 60000
     eval_size: int = 10000
     augment: bool = False
-    # issue 9: with augment=true, every training example is zero-padded by crop_padding pixels per side and
+    # with augment=true, every training example is zero-padded by crop_padding pixels per side and
     # randomly cropped back to its size, then (flip=true) mirrored left-right with probability 1/2, on the
     # device, keyed by (train.seed, step, example index) (data/augment.py).
     crop_padding: int = 4
@@ -142,7 +142,7 @@ class TrainConfig:
     sync_every: int = 100
     sync_strict: bool = False
     max_in_flight: int = 2
-    # DEBUG AID (issue 7): every process writes the global example indices it placed on its devices at each
+    # DEBUG AID: every process writes the global example indices it placed on its devices at each
     # step to <run dir>/debug_indices_process<i>.jsonl (one device->host copy per step).
     debug_dump_indices: bool = False
     # jax.transfer_guard level around the step dispatch: allow | log | disallow (implicit host<->device

@@ -58,9 +58,9 @@ class BatchLayout:
 
         With one process the local rows are the global batch: one ``jax.device_put`` of the whole dict
         (same arrays, same sharding; ~1.0 instead of ~1.5 ms per 3-array MNIST batch on 8 simulated CPU
-        devices, issue 9).
+        devices).
         """
-        if self.process_count == 1:  # issue 9: cheaper single-process placement
+        if self.process_count == 1:  # cheaper single-process placement
             return jax.device_put({k: v.reshape(self.reshape((global_batch,) + v.shape[1:]))
                                    for k, v in local.items()}, self.sharding)
         out = {}
@@ -75,7 +75,7 @@ class TrainSource:
     """Host-memory training data: global batch ``step`` -> this process's rows.
 
     ``with_index``: whether batches carry ``index`` (needed by dropout, augmentation and
-    ``train.debug_dump_indices``); without it a step places 2 arrays instead of 3 (issue 9).
+    ``train.debug_dump_indices``); without it a step places 2 arrays instead of 3.
     """
 
     def __init__(self, dataset: HostDataset, global_batch: int, seed: int, with_index: bool = True):
@@ -118,7 +118,7 @@ class SyntheticSource:
 
     def __init__(self, image_shape: Sequence[int], num_classes: int, train_size: int, global_batch: int,
                  seed: int, with_index: bool = True):
-        if global_batch > train_size:  # issue 9: data.train_size is honoured
+        if global_batch > train_size:  # data.train_size is honoured
             raise ValueError(f"train.global_batch={global_batch} exceeds data.train_size={train_size} "
                              f"synthetic examples")
         self.image_shape, self.num_classes = tuple(image_shape), num_classes
@@ -133,7 +133,7 @@ class SyntheticSource:
             spe = self.steps_per_epoch
 
             def make(step_):
-                index = (step_ % spe) * b + jnp.arange(b, dtype=jnp.int32)  # issue 9: example i < train_size
+                index = (step_ % spe) * b + jnp.arange(b, dtype=jnp.int32)  # example i < train_size
                 keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(seed), i))(index)
                 image = jax.vmap(lambda k: _random_bytes(k, shape))(keys)
                 label = jax.vmap(lambda k: jax.random.randint(jax.random.fold_in(k, 1), (), 0, classes,
@@ -150,7 +150,7 @@ class SyntheticSource:
 
 def _random_bytes(key: jax.Array, shape: Sequence[int]) -> jax.Array:
     """uint8 ``shape`` of uniform random bytes: 32-bit words from ``jax.random.bits`` split into 4 bytes each
-    (issue 9: 2-4x cheaper than ``randint(0, 256)`` per byte on XLA:CPU, so synthetic data costs the devices
+    (2-4x cheaper than ``randint(0, 256)`` per byte on XLA:CPU, so synthetic data costs the devices
     little; ~2 ms per 256x28x28x1 batch on 8 simulated CPU devices)."""
     n = math.prod(shape)
     words = jax.random.bits(key, (-(-n // 4),), jnp.uint32)

@@ -84,7 +84,7 @@ class ParallelMode(abc.ABC):
     name: str = "base"
     default_mesh_shape: tuple[int, int] = (-1, 1)
     allows_fsdp_axis: bool = False
-    # parallel.grad_compression values this mode implements (issue 10).
+    # parallel.grad_compression values this mode implements.
     compressions: tuple[str, ...] = ("none", "int8")
 
     def __init__(self, mesh: Mesh, *, global_batch: int, accum_steps: int, min_shard_bytes: int = 0,
@@ -154,7 +154,7 @@ class ParallelMode(abc.ABC):
                            out_shardings=self.replicated)
         return StepFns(train=train, eval=evaluate)
 
-    # ---- explicit and compressed reductions (issue 10) ----------------------------------------------
+    # explicit and compressed reductions
     def reduce_step(self, local: LocalGrads, state: TrainState, batch):
         """``(state, grads, sums)`` of one step: ``grads`` (global mean x loss scale) with this mode's reduction,
         or, with ``grad_compression=int8``, the int8 mean and ``state.grad_residual`` updated."""

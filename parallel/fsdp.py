@@ -47,7 +47,7 @@ class Fsdp(ParallelMode):
     name = "fsdp"
     default_mesh_shape = (1, -1)
     allows_fsdp_axis = True
-    compressions = ("none",)  # int8 (issue 10) is not implemented for sharded parameters
+    compressions = ("none",)  # int8 is not implemented for sharded parameters
 
     @classmethod
     def check(cls, mesh_shape):

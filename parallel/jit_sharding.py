@@ -29,7 +29,7 @@ class JitSharding(ParallelMode):
     name = "jit_sharding"
 
     def grads(self, local, params, batch, step, scale):
-        if self.grad_reduce_dtype is not None:  # explicit reduction in that dtype, under shard_map (issue 10)
+        if self.grad_reduce_dtype is not None:  # explicit reduction in that dtype, under shard_map
             return self.explicit_grads(local, params, batch, step, scale)
         if self.accum_steps == 1 and jnp.dtype(local.compute_dtype) == jnp.float32:
             grad_sums, sums = local(params, batch, step, scale)

@@ -42,7 +42,7 @@ class Pmap(ParallelMode):
                            process_index=jax.process_index(), process_count=jax.process_count())
 
     def state_to_host(self, state):
-        # issue 7: replica 0 from this process's own first shard (with several processes x[0] may live on
+        # replica 0 from this process's own first shard (with several processes x[0] may live on
         # another process's device); every replica holds the same values.
         host = jax.tree.map(lambda x: np.asarray(jax.device_get(x.addressable_shards[0].data))[0],
                             state.replace(grad_residual=None))
@@ -50,7 +50,7 @@ class Pmap(ParallelMode):
         return host.replace(grad_residual=residual)
 
     def metrics_to_host(self, metrics):
-        # issue 7: replica 0 of THIS process (all replicas hold the same reduced values); with several
+        # replica 0 of THIS process (all replicas hold the same reduced values); with several
         # processes the whole [devices] array is not addressable and cannot be fetched.
         def first(x):
             if isinstance(x, jax.Array):
@@ -64,7 +64,7 @@ class Pmap(ParallelMode):
         per_device_batch = self.global_batch // self.num_devices
         if self.grad_reduce_dtype is None:
             grads = jax.tree.map(lambda g: g / per_device_batch, jax.lax.pmean(grad_sums, AXIS))
-        else:  # psum in that dtype, back to float32, then the mean (issue 10)
+        else:  # psum in that dtype, back to float32, then the mean
             dtype = reduce_dtype(self.grad_reduce_dtype)
             summed = cast_tree(jax.lax.psum(cast_tree(grad_sums, dtype), AXIS), "float32")
             grads = jax.tree.map(lambda g: g / self.global_batch, summed)

@@ -24,11 +24,10 @@ def run_and_report(cfg: Config, run_dir: Path) -> bool:
     """
     reporter = Reporter(run_dir, enabled=jax.process_index() == 0)
     try:
-        # --- distributed (issue 7): a bad multi-process setting or unequal device counts stop here ---
+        # distributed: a bad multi-process setting or unequal device counts stop here
         raise_startup_error()
         if jax.process_count() > 1:
             check_device_counts()
-        # --- end distributed ---
         summary = run(cfg, run_dir, reporter)
     except USER_ERRORS as e:
         line = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -42,7 +42,7 @@ import numpy as np
 
 from conf.schema import CheckpointConfig
 from parallel import ConfigError
-from parallel.compress import adapt_residual  # issue 10
+from parallel.compress import adapt_residual
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ def device_axes(placed_state) -> int:
 def host_abstract(placed_state):
     """``jax.ShapeDtypeStruct`` tree of the host-form state (no device axis) of a placed state.
 
-    The int8 error-feedback residual (issue 10) keeps its rows: it has one row per device in every form."""
+    The int8 error-feedback residual keeps its rows: it has one row per device in every form."""
     lead = device_axes(placed_state)
     residual = jax.eval_shape(lambda r: r, placed_state.grad_residual)
     host = jax.eval_shape(lambda s: jax.tree.map(lambda x: x[(0,) * lead], s), placed_state.replace(grad_residual=None))
@@ -369,14 +369,13 @@ def restore_step(step_dir: Path, mode, placed_state) -> Restored:
         saved = manager.item_metadata(step)[STATE]
         if saved is None:
             raise FileNotFoundError(f"{step_dir / STATE} is missing")
-        # --- issue 10: the int8 residual's shape depends on the device count; it is read as saved (host numpy)
+        # the int8 residual's shape depends on the device count; it is read as saved (host numpy)
         # and adapted below (kept, or reset to zero with a warning), so it is left out of the comparison.
         saved_residual = saved.tree.get("grad_residual") if isinstance(saved.tree, dict) else None
         residual_target = ({k: np.zeros(v.shape, v.dtype) for k, v in saved_residual.items()}
                            if saved_residual else None)
         have, want = ({k: v for k, v in _leaf_specs(t).items() if not k.startswith("grad_residual.")}
                       for t in (saved.tree, abstract.replace(grad_residual=None)))
-        # --- end issue 10
         if have != want and any(k.startswith("params.") and k.endswith(".value") for k in have):
             raise ConfigError(f"checkpoint {step_dir} was written by an earlier version of this repository "
                               f"(parameters saved as nnx.State leaves '<name>.value', before commit d3cd98a made "
@@ -392,18 +391,17 @@ def restore_step(step_dir: Path, mode, placed_state) -> Restored:
         else:
             shardings = mode.state_shardings(abstract)
             target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
-        target = target.replace(grad_residual=residual_target)  # issue 10
+        target = target.replace(grad_residual=residual_target)
         out = manager.restore(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target),
                                                                META: ocp.args.JsonRestore()}))
     state, meta = out[STATE], dict(out[META])
-    # --- issue 10: keep the residual when saved for this device count, else zeros (warning); None when unused
+    # keep the residual when saved for this device count, else zeros (warning); None when unused
     residual = None
     if placed_state.grad_residual is not None:
         residual = adapt_residual(state.grad_residual, abstract.params, mode.num_devices)
         if not device_axes(placed_state):
             residual = jax.device_put(residual, mode.state_shardings(abstract).grad_residual)
     state = state.replace(grad_residual=residual)
-    # --- end issue 10
     if device_axes(placed_state):
         saved_step = int(state.step)
         state = mode.place_state(state)

@@ -132,7 +132,7 @@ class Reporter:
                 "wandb/group": self.wandb_run.group}
 
     # ---- records ---------------------------------------------------------------------------------
-    # --- checkpoints (issue 8): a resumed run continues metrics.jsonl ---
+    # checkpoints: a resumed run continues metrics.jsonl
     def continue_metrics(self, previous: Optional[Path], step: int, final_step: int) -> int:
         """Starts this run's metrics.jsonl as the history of a run resumed after optimizer step ``step``.
 
@@ -163,7 +163,6 @@ class Reporter:
         tmp.write_text("".join(line + "\n" for line in kept))
         os.replace(tmp, target)
         return len(kept)
-    # --- end checkpoints ---
 
     def start_metrics(self) -> Optional[Path]:
         """Starts an empty metrics.jsonl for a run that starts at step 0 (no checkpoint to continue).
@@ -231,12 +230,11 @@ def console(line: str) -> None:
     Processes other than 0 of a multi-process job send it to their own log instead (``[process i]`` prefix,
     ``<job>_process<i>.log``; see ``training.distributed.route_logging``): process 0 owns the console.
     """
-    # --- distributed (issue 7) ---
+    # distributed
     from training.distributed import settings
 
     s = settings()
     if s is not None and s.process_id > 0:
         log.error("%s", line)
         return
-    # --- end distributed ---
     print(line, file=sys.stderr, flush=True)

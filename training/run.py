@@ -59,14 +59,13 @@ def load_data(cfg: Config, p: Plan):
     """(train source, host test split). Raises DataError with one line when the dataset is missing."""
     d = cfg.data
     if d.name == "synthetic":
-        # --- issue 9: synthetic sizes and shape are checked before anything is generated ---
+        # synthetic sizes and shape are checked before anything is generated
         if len(d.image_shape) != 3 or min(d.image_shape) <= 0 or d.num_classes < 2:
             raise ConfigError(f"data.image_shape={list(d.image_shape)} and data.num_classes={d.num_classes} must "
                               f"be [H, W, C] with positive sizes and at least 2 classes")
         if d.eval_size <= 0 or d.train_size < p.global_batch:
             raise ConfigError(f"data.train_size={d.train_size} and data.eval_size={d.eval_size}: the train split "
                               f"needs at least train.global_batch={p.global_batch} examples and the eval split one")
-        # --- end issue 9 ---
         train = SyntheticSource(d.image_shape, d.num_classes, d.train_size, p.global_batch, cfg.train.seed,
                                 with_index=batches_need_index(cfg))
         return train, synthetic_eval(d.image_shape, d.num_classes, d.eval_size, cfg.train.seed)
@@ -77,7 +76,7 @@ def load_data(cfg: Config, p: Plan):
     if tuple(train.images.shape[1:]) != tuple(d.image_shape):
         raise ConfigError(f"data.image_shape={list(d.image_shape)} but {d.tfds_name} images are "
                           f"{list(train.images.shape[1:])}; fix data.image_shape")
-    # --- issue 9: labels must fit data.num_classes; the split must hold one global batch ---
+    # labels must fit data.num_classes; the split must hold one global batch
     top = int(max(train.labels.max(initial=0), test.labels.max(initial=0)))
     if top >= d.num_classes:
         raise ConfigError(f"data.num_classes={d.num_classes} but {d.tfds_name} has label {top}; "
@@ -85,12 +84,11 @@ def load_data(cfg: Config, p: Plan):
     if len(train) < p.global_batch:
         raise ConfigError(f"train.global_batch={p.global_batch} exceeds the {len(train)} examples of "
                           f"{d.tfds_name}/train; lower train.global_batch")
-    # --- end issue 9 ---
     return TrainSource(train, p.global_batch, cfg.train.seed, with_index=batches_need_index(cfg)), test
 
 
 def batches_need_index(cfg: Config) -> bool:
-    """Whether training batches must carry ``index`` (issue 9: without it a step places 2 arrays, not 3):
+    """Whether training batches must carry ``index`` (without it a step places 2 arrays, not 3):
     per-example keys (dropout, augmentation) or the debug dump of placed indices need it."""
     return cfg.model.dropout > 0 or cfg.data.augment or cfg.train.debug_dump_indices
 
@@ -151,14 +149,14 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     clock = JobClock.for_job(multirun=in_multirun())  # perf/wall_s, perf/startup_s (measure/throughput.py)
     p = plan(cfg)  # every check that needs neither data nor compilation
     check_run_folder(run_dir, cfg.checkpoint)
-    ckpt_plan = checkpoint.prepare(cfg.checkpoint, run_dir, jax.process_count())  # issue 8: resume path exists
+    ckpt_plan = checkpoint.prepare(cfg.checkpoint, run_dir, jax.process_count())  # resume path exists
     wandb_mode = resolve_wandb_mode(cfg.wandb.mode)
     source, test = load_data(cfg, p)
     exp = build(p)
     mode, layout = exp.mode, exp.mode.batch_layout()
     eval_set = make_eval_set(test, cfg.train.eval_batch, mode.num_devices, layout)
     n_steps = total_steps(cfg, source.steps_per_epoch)
-    # --- measurement: checks before anything is written (profile window, transfer guard) ---
+    # measurement: checks before anything is written (profile window, transfer guard)
     window_error = check_window(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps, n_steps)
     if window_error:
         raise ConfigError(window_error)
@@ -167,8 +165,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     if cfg.train.transfer_guard not in TRANSFER_GUARDS:
         raise ConfigError(f"train.transfer_guard={cfg.train.transfer_guard!r} is unknown; "
                           f"choose one of {', '.join(TRANSFER_GUARDS)}")
-    # --- end measurement checks ---
-    # --- checkpoints (issue 8): restore onto THIS run's layout, before compiling and before W&B starts ---
+    # checkpoints: restore onto THIS run's layout, before compiling and before W&B starts
     check_resume_settings(ckpt_plan, as_dict(cfg), p.global_batch)  # refused changes: one line, nothing moved
     restored = checkpoint.resume(ckpt_plan, mode, exp.state)
     start = 0
@@ -187,7 +184,6 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
         changes = checkpoint.config_changes(restored.metadata.get("config", {}), as_dict(cfg))
         if changes:
             checkpoint.warn(f"resuming {restored.path} with settings that differ from its run: {'; '.join(changes)}")
-    # --- end checkpoints ---
     device = p.devices[0]
     info: dict[str, Any] = {
         **describe(cfg), "platform": device.platform, "device_kind": device.device_kind,
@@ -195,12 +191,12 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
         "train/global_batch": p.global_batch, "train/per_device_batch": p.per_device_batch,
         "train/scaling": p.scaling, "train/steps": n_steps, "train/steps_per_epoch": source.steps_per_epoch,
         "parallel/grad_reduce_dtype": cfg.parallel.grad_reduce_dtype, "optim/peak_lr": p.peak_lr,
-        "parallel/grad_compression": cfg.parallel.grad_compression,  # issue 10 (sweeps.report groups by it)
+        "parallel/grad_compression": cfg.parallel.grad_compression,  # sweeps.report groups by it
     }
 
-    first_step = min(start, n_steps - 1)  # issue 8: a resumed run continues the data order at its step
+    first_step = min(start, n_steps - 1)  # a resumed run continues the data order at its step
     batches = train_batches(source, layout, first_step, n_steps, cfg.data.prefetch)
-    if cfg.train.debug_dump_indices:  # debug aid (issue 7): which examples each process placed, per step
+    if cfg.train.debug_dump_indices:  # debug aid: which examples each process placed, per step
         batches = dump_batch_indices(batches, run_dir / f"debug_indices_process{jax.process_index()}.jsonl",
                                      first_step)
     first = next(batches)
@@ -222,7 +218,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
         info["comm/time_model_s"] = info["comm/bytes_per_step"] / link
 
     wandb_cfg = {**as_dict(cfg), "process_count": jax.process_count(),
-                 "process_layout": process_layout(),  # issue 7: devices of every process
+                 "process_layout": process_layout(),  # devices of every process
                  "resolved": {k: v for k, v in info.items() if not isinstance(v, list)}}
     reporter.start_wandb(wandb_mode, cfg.wandb.project, cfg.wandb.entity, wandb_group(cfg),
                          job_type=f"{cfg.parallel.name}-{cfg.precision.name}",
@@ -234,7 +230,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
         reporter.start_metrics()  # a restart without a checkpoint: the earlier history is set aside, not repeated
         reporter.log([{"step": 0, **{k: v for k, v in info.items() if k.startswith(("comm/", "mem/", "perf/"))
                                      and not isinstance(v, list)}}])
-    else:  # issue 8: metrics.jsonl continues the saved run's history (records after the checkpoint dropped)
+    else:  # metrics.jsonl continues the saved run's history (records after the checkpoint dropped)
         previous = restored.metadata.get("run_dir")
         reporter.continue_metrics(Path(previous) / "metrics.jsonl" if previous else None, start, n_steps)
         info.update({"checkpoint/resumed_from": str(restored.path), "checkpoint/resumed_step": start})
@@ -259,13 +255,12 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     redirect.enter_context(logging_redirect_tqdm())  # log lines above the bar, never glued to it
     bar = tqdm(total=n_steps, initial=start, disable=not reporter.enabled, desc="train", unit="step",
                dynamic_ncols=True, mininterval=1.0)
-    # --- checkpoints (issue 8): periodic/final saves; SIGTERM/SIGINT finish the step, save and stop ---
+    # checkpoints: periodic/final saves; SIGTERM/SIGINT finish the step, save and stop
     ckpts = checkpoint.RunCheckpoints(ckpt_plan, cfg_dict=as_dict(cfg), mode=mode, mesh_shape=p.mesh_shape,
                                       global_batch=p.global_batch, steps_per_epoch=source.steps_per_epoch,
                                       n_steps=n_steps, run_dir=run_dir,
                                       restored_step=None if restored is None else restored.step)
     stop = checkpoint.StopOnSignal().install()
-    # --- end checkpoints ---
     try:
         batch = first
         for step in range(start, n_steps):
@@ -303,7 +298,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
                 extra.update(evaluate(exp, state.params, eval_set))
                 target.observe(done, extra["eval/accuracy"], clock.since_first_step_s())
                 timer.resume()
-            saving = ckpts.saves_at(done) | stop.requested(done)  # issue 8 (`|`: requested() runs every step)
+            saving = ckpts.saves_at(done) | stop.requested(done)  # `|`: requested() runs every step
             if done % cfg.train.log_every == 0 or done == n_steps or saving:
                 timer.pause(metrics)
                 elapsed_s, steps = timer.take()
@@ -328,7 +323,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
             elif extra:
                 # eval / sync values are attached to the next logged record of this step
                 window_records[-1] = (done, (window_records[-1][1], extra))
-            if saving:  # --- checkpoints (issue 8): after the window is logged (a bad loss stops it first) ---
+            if saving:  # checkpoints: after the window is logged (a bad loss stops it first)
                 timer.pause(metrics)
                 reason = "final" if done == n_steps else ("signal" if stop.signal_name else "periodic")
                 try:
@@ -345,8 +340,8 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
         redirect.close()
         bar.close()
         profiler.close()
-        stop.uninstall()  # issue 8
-        ckpts.close()  # issue 8: waits for the last asynchronous save
+        stop.uninstall()
+        ckpts.close()  # waits for the last asynchronous save
 
     final = evaluate(exp, state.params, eval_set)
     target.observe(n_steps, final["eval/accuracy"], clock.since_first_step_s())

@@ -40,8 +40,7 @@ def setup_runtime(cfg: Config) -> None:
             log.info("XLA flags (xla=%s): %s", cfg.xla.name, " ".join(cfg.xla.flags))
         if cfg.runtime.cpu_devices >= 1:  # a bad value is reported by training.build.plan (one line)
             jax.config.update("jax_num_cpu_devices", cfg.runtime.cpu_devices)
-    # --- distributed (issue 7): join a multi-process job before anything queries devices; no-op when done ---
+    # distributed: join a multi-process job before anything queries devices; no-op when done
     from training.distributed import initialize
 
     initialize(cfg.distributed)
-    # --- end distributed ---
