@@ -26,11 +26,11 @@ log = logging.getLogger("train")
 def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     typed = to_typed(cfg)
-    setup_runtime(typed)  # before anything touches devices: simulated CPU devices, XLA flags, jax.distributed
+    startup = setup_runtime(typed)  # before anything touches devices: simulated CPU devices, XLA flags, jax.distributed
 
     from training.app import run_and_report  # imports jax-dependent modules after the runtime is set up
 
-    ok = run_and_report(typed, Path(hc.runtime.output_dir))
+    ok = run_and_report(typed, Path(hc.runtime.output_dir), startup)
     if not ok and hc.mode != RunMode.MULTIRUN:
         sys.exit(1)  # in a sweep the failure is recorded in the job's summary.json and the sweep goes on
 

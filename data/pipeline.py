@@ -25,9 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from core.layout import Batch, BatchLayout
 from data.sources import HostDataset
-
-Batch = dict  # str -> np.ndarray (host) or jax.Array (device)
 
 
 def epoch_permutation(seed: int, epoch: int, num_examples: int) -> np.ndarray:
@@ -35,47 +34,11 @@ def epoch_permutation(seed: int, epoch: int, num_examples: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(num_examples)
 
 
-@dataclasses.dataclass(frozen=True)
-class BatchLayout:
-    """Where a global batch goes: its global shape transform and its sharding.
-
-    ``reshape(global_shape) -> device shape`` (identity, or (devices, per-device, ...) for pmap) and the
-    ``sharding`` of the device array; ``process_index``/``process_count`` pick this process's rows.
-    """
-
-    sharding: jax.sharding.Sharding
-    reshape: Callable[[tuple], tuple]
-    process_index: int
-    process_count: int
-
-    def local_rows(self, global_batch: int) -> slice:
-        """This process's contiguous rows of a global batch of ``global_batch`` examples."""
-        per_process = global_batch // self.process_count
-        return slice(self.process_index * per_process, (self.process_index + 1) * per_process)
-
-    def place(self, local: Batch, global_batch: int) -> Batch:
-        """Assembles this process's rows into global device arrays (``make_array_from_process_local_data``).
-
-        With one process the local rows are the global batch: one ``jax.device_put`` of the whole dict
-        (same arrays, same sharding; ~1.0 instead of ~1.5 ms per 3-array MNIST batch on 8 simulated CPU
-        devices, issue 9).
-        """
-        if self.process_count == 1:  # issue 9: cheaper single-process placement
-            return jax.device_put({k: v.reshape(self.reshape((global_batch,) + v.shape[1:]))
-                                   for k, v in local.items()}, self.sharding)
-        out = {}
-        for key, value in local.items():
-            gshape = self.reshape((global_batch,) + value.shape[1:])
-            lshape = (gshape[0] // self.process_count,) + gshape[1:]
-            out[key] = jax.make_array_from_process_local_data(self.sharding, value.reshape(lshape), gshape)
-        return out
-
-
 class TrainSource:
     """Host-memory training data: global batch ``step`` -> this process's rows.
 
     ``with_index``: whether batches carry ``index`` (needed by dropout, augmentation and
-    ``train.debug_dump_indices``); without it a step places 2 arrays instead of 3 (issue 9).
+    ``train.debug_dump_indices``); without it a step places 2 arrays instead of 3.
     """
 
     def __init__(self, dataset: HostDataset, global_batch: int, seed: int, with_index: bool = True):
@@ -118,7 +81,7 @@ class SyntheticSource:
 
     def __init__(self, image_shape: Sequence[int], num_classes: int, train_size: int, global_batch: int,
                  seed: int, with_index: bool = True):
-        if global_batch > train_size:  # issue 9: data.train_size is honoured
+        if global_batch > train_size:  # data.train_size is honoured
             raise ValueError(f"train.global_batch={global_batch} exceeds data.train_size={train_size} "
                              f"synthetic examples")
         self.image_shape, self.num_classes = tuple(image_shape), num_classes
@@ -133,7 +96,7 @@ class SyntheticSource:
             spe = self.steps_per_epoch
 
             def make(step_):
-                index = (step_ % spe) * b + jnp.arange(b, dtype=jnp.int32)  # issue 9: example i < train_size
+                index = (step_ % spe) * b + jnp.arange(b, dtype=jnp.int32)  # example i < train_size
                 keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(seed), i))(index)
                 image = jax.vmap(lambda k: _random_bytes(k, shape))(keys)
                 label = jax.vmap(lambda k: jax.random.randint(jax.random.fold_in(k, 1), (), 0, classes, jnp.int32))(keys)
@@ -149,7 +112,7 @@ class SyntheticSource:
 
 def _random_bytes(key: jax.Array, shape: Sequence[int]) -> jax.Array:
     """uint8 ``shape`` of uniform random bytes: 32-bit words from ``jax.random.bits`` split into 4 bytes each
-    (issue 9: 2-4x cheaper than ``randint(0, 256)`` per byte on XLA:CPU, so synthetic data costs the devices
+    (2-4x cheaper than ``randint(0, 256)`` per byte on XLA:CPU, so synthetic data costs the devices
     little; ~2 ms per 256x28x28x1 batch on 8 simulated CPU devices)."""
     n = math.prod(shape)
     words = jax.random.bits(key, (-(-n // 4),), jnp.uint32)

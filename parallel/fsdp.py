@@ -21,8 +21,8 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from parallel.base import BATCH_AXES, ParallelMode, cast_tree, pcast_varying, reduce_dtype
-from training.step import global_mean
+from parallel.base import BATCH_AXES, ParallelMode, pcast_varying, reduce_dtype
+from core.step import global_mean
 
 FSDP = "fsdp"
 
@@ -47,7 +47,7 @@ class Fsdp(ParallelMode):
     name = "fsdp"
     default_mesh_shape = (1, -1)
     allows_fsdp_axis = True
-    compressions = ("none",)  # int8 (issue 10) is not implemented for sharded parameters
+    compressions = ("none",)  # int8 is not implemented for sharded parameters
 
     @classmethod
     def check(cls, mesh_shape):

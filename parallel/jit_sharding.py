@@ -22,14 +22,14 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from parallel.base import BATCH_AXES, ParallelMode
-from training.step import global_mean
+from core.step import global_mean
 
 
 class JitSharding(ParallelMode):
     name = "jit_sharding"
 
     def grads(self, local, params, batch, step, scale):
-        if self.grad_reduce_dtype is not None:  # explicit reduction in that dtype, under shard_map (issue 10)
+        if self.grad_reduce_dtype is not None:  # explicit reduction in that dtype, under shard_map
             return self.explicit_grads(local, params, batch, step, scale)
         if self.accum_steps == 1 and jnp.dtype(local.compute_dtype) == jnp.float32:
             grad_sums, sums = local(params, batch, step, scale)

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from data.pipeline import BatchLayout
-from parallel.base import ParallelMode, StepFns, cast_tree, reduce_dtype
+from core.layout import BatchLayout
+from parallel.base import ParallelMode, StepFns, cast_tree, host_finite_flags, reduce_dtype
 from parallel.compress import int8_mean
 
 AXIS = "data"
@@ -42,15 +42,34 @@ class Pmap(ParallelMode):
                            process_index=jax.process_index(), process_count=jax.process_count())
 
     def state_to_host(self, state):
-        # issue 7: replica 0 from this process's own first shard (with several processes x[0] may live on
+        # replica 0 from this process's own first shard (with several processes x[0] may live on
         # another process's device); every replica holds the same values.
         host = jax.tree.map(lambda x: np.asarray(jax.device_get(x.addressable_shards[0].data))[0],
                             state.replace(grad_residual=None))
         residual = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), state.grad_residual)  # every row
         return host.replace(grad_residual=residual)
 
+    # ---- checkpoints: saved and restored as host arrays without the device axis ----------------------
+    def host_abstract(self, placed_state):
+        residual = jax.eval_shape(lambda r: r, placed_state.grad_residual)
+        host = jax.eval_shape(lambda s: jax.tree.map(lambda x: x[0], s), placed_state.replace(grad_residual=None))
+        return host.replace(grad_residual=residual)
+
+    def restore_target(self, abstract):
+        return jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), abstract)
+
+    def from_restored(self, restored, abstract, residual):
+        state = restored.replace(grad_residual=residual)
+        return self.place_state(state), int(state.step)
+
+    def state_for_save(self, state):
+        return self.state_to_host(state)
+
+    def finite_flags(self, state):
+        return host_finite_flags(state.params, state.opt_state)
+
     def metrics_to_host(self, metrics):
-        # issue 7: replica 0 of THIS process (all replicas hold the same reduced values); with several
+        # replica 0 of THIS process (all replicas hold the same reduced values); with several
         # processes the whole [devices] array is not addressable and cannot be fetched.
         def first(x):
             if isinstance(x, jax.Array):
@@ -64,7 +83,7 @@ class Pmap(ParallelMode):
         per_device_batch = self.global_batch // self.num_devices
         if self.grad_reduce_dtype is None:
             grads = jax.tree.map(lambda g: g / per_device_batch, jax.lax.pmean(grad_sums, AXIS))
-        else:  # psum in that dtype, back to float32, then the mean (issue 10)
+        else:  # psum in that dtype, back to float32, then the mean
             dtype = reduce_dtype(self.grad_reduce_dtype)
             summed = cast_tree(jax.lax.psum(cast_tree(grad_sums, dtype), AXIS), "float32")
             grads = jax.tree.map(lambda g: g / self.global_batch, summed)

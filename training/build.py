@@ -17,16 +17,19 @@ import numpy as np
 from flax import nnx
 
 from conf.schema import Config
-from data.augment import augment_spec  # issue 9
+from core.errors import ConfigError
+from core.optim import effective_lr, make_optimizer, make_schedule
+from core.precision import LOSS_SCALING_MODES, init_loss_scale
+from core.step import LocalGrads, TrainState, Updater, create_state
+from data.augment import augment_spec
+from measure.profiler import check_window
 from models import build_model
-from parallel import ConfigError, ParallelMode, make_mesh, mode_class, resolve_mesh_shape
+from parallel import ParallelMode, make_mesh, mode_class, resolve_mesh_shape
 from parallel.base import StepFns, reduce_dtype
 from parallel.compress import COMPRESSIONS, init_residual
-from training.optim import effective_lr, make_optimizer, make_schedule
-from training.precision import LOSS_SCALING_MODES, init_loss_scale
 from training.report import resolve_wandb_mode
-from training.step import LocalGrads, TrainState, Updater, create_state
 
+TRANSFER_GUARDS = ("allow", "log", "disallow", "log_explicit", "disallow_explicit")  # jax.transfer_guard levels
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 DEFAULT_GLOBAL_BATCH = 256
 
@@ -108,11 +111,12 @@ def plan(cfg: Config) -> Plan:
     if cfg.train.grad_norm_every is not None and not 0 < cfg.train.grad_norm_every < 2**31:
         raise ConfigError(f"train.grad_norm_every={cfg.train.grad_norm_every} must be in [1, {2**31 - 1}] "
                           f"(or null: no gradient norm)")
-    check_compression(cfg.parallel.grad_compression, cfg.parallel.grad_reduce_dtype, mode)  # issue 10
+    check_compression(cfg.parallel.grad_compression, cfg.parallel.grad_reduce_dtype, mode)
     check_numbers(cfg)
+    check_measurement(cfg)
     try:
         reduce_dtype(cfg.parallel.grad_reduce_dtype)
-        augment_spec(cfg.data.augment, cfg.data.crop_padding, cfg.data.flip)  # issue 9
+        augment_spec(cfg.data.augment, cfg.data.crop_padding, cfg.data.flip)
         peak = effective_lr(cfg.optim.lr, cfg.optim.lr_scaling, gb, cfg.optim.base_batch)
         _optimizer(cfg, peak)
         resolve_wandb_mode(cfg.wandb.mode)
@@ -138,6 +142,19 @@ def check_compression(compression: str, grad_reduce_dtype: Optional[str], mode: 
         raise ConfigError(f"parallel.grad_compression={compression} replaces the gradient reduction, so "
                           f"parallel.grad_reduce_dtype={grad_reduce_dtype} would be ignored; set "
                           f"parallel.grad_reduce_dtype=null")
+
+
+def check_measurement(cfg: Config) -> None:
+    """Raises ConfigError for an unknown ``train.transfer_guard``, or a profile window past ``train.steps``
+    (with ``train.epochs`` the step count needs the data; ``training.prepare`` checks the window then)."""
+    if cfg.train.transfer_guard not in TRANSFER_GUARDS:
+        raise ConfigError(f"train.transfer_guard={cfg.train.transfer_guard!r} is unknown; "
+                          f"choose one of {', '.join(TRANSFER_GUARDS)}")
+    if cfg.train.steps is not None and cfg.train.steps > 0:
+        window_error = check_window(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps,
+                                    cfg.train.steps)
+        if window_error:
+            raise ConfigError(window_error)
 
 
 def check_numbers(cfg: Config) -> None:
@@ -213,11 +230,11 @@ class Experiment:
 def init_host_state(cfg: Config, tx) -> tuple[Any, TrainState]:
     """(graphdef, state) created once on the default device from ``train.seed``: identical for any layout."""
     m = cfg.model
-    with jax.default_device(jax.local_devices()[0]):  # issue 7: devices()[0] is not addressable on process > 0
+    with jax.default_device(jax.local_devices()[0]):  # devices()[0] is not addressable on process > 0
         model = _model(cfg)
         graphdef, params = nnx.split(model, nnx.Param)
         # A plain nested dict of arrays (``nnx.merge`` takes it back): jit flattens it in C++, while an
-        # ``nnx.State`` of ``Param`` variables costs ~60 us of Python per step to flatten/unflatten (issue 2).
+        # ``nnx.State`` of ``Param`` variables costs ~60 us of Python per step to flatten/unflatten.
         params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), nnx.to_pure_dict(params))
         state = create_state(params, tx, init_loss_scale(cfg.precision.loss_scale, cfg.precision.init_scale))
     return graphdef, jax.device_get(state)
@@ -233,11 +250,11 @@ def build(p: Plan) -> Experiment:
                                          grad_compression=cfg.parallel.grad_compression)
     tx, schedule = _optimizer(cfg, p.peak_lr)
     graphdef, host_state = init_host_state(cfg, tx)
-    if cfg.parallel.grad_compression == "int8":  # issue 10: per-device error-feedback residual, zero at start
+    if cfg.parallel.grad_compression == "int8":  # per-device error-feedback residual, zero at start
         host_state = host_state.replace(grad_residual=init_residual(host_state.params, mode.num_devices))
     local = LocalGrads(graphdef=graphdef, compute_dtype=p.compute_dtype, accum_steps=cfg.train.accum_steps,
                        seed=cfg.train.seed, use_example_keys=cfg.model.dropout > 0,
-                       augment=augment_spec(cfg.data.augment, cfg.data.crop_padding, cfg.data.flip))  # issue 9
+                       augment=augment_spec(cfg.data.augment, cfg.data.crop_padding, cfg.data.flip))
     updater = Updater(tx=tx, lr_schedule=schedule, loss_scaling=cfg.precision.loss_scale,
                       growth_interval=cfg.precision.growth_interval, grad_norm_every=cfg.train.grad_norm_every or 0)
     state = mode.place_state(host_state)

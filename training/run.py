@@ -1,92 +1,28 @@
-"""One experiment: validate, load data, build, compile, train with bounded dispatch, evaluate, report.
-
-The loop keeps at most ``train.max_in_flight`` (2) steps in flight: before dispatching step t+1 it waits on
-step t-1's output (on the CPU backend, queueing ~32 steps of simulated-device collectives aborts the process).
-Apart from that and the logging windows, it never synchronises with the host.
-"""
+"""One experiment: prepare (``training.prepare``), start reporting, run the loop with its hooks
+(``training.loop``, ``training.hooks``), evaluate, summarise."""
 
 from __future__ import annotations
 
-import collections
-import dataclasses
-import logging
 import statistics
-import time
 from pathlib import Path
 from typing import Any, Optional
 
 import jax
-import numpy as np
 from tqdm import tqdm
 
 from conf.schema import Config, as_dict
-from data.pipeline import SyntheticSource, TrainSource, make_eval_set, synthetic_eval, train_batches
-from data.sources import DataError, load_tfds_split
-from parallel import ConfigError
+from core.errors import USER_ERRORS, ConfigError, DataError, TrainingError  # noqa: F401  (re-exported)
+from measure.compiled import peak_bytes_per_device
+from measure.profiler import Profiler, explain_ratio
 from training import checkpoint
-from training.build import Experiment, Plan, build, plan
-from training.distributed import dump_batch_indices, process_layout
-from training.measure import (compiled_step_metrics, lookup_link_bytes_per_s, lookup_peak_flops_per_s,
-                              peak_bytes_per_device, state_bytes_per_device)
-from training.profile import Profiler, check_window, explain_ratio
-from training.report import Reporter, console, resolve_wandb_mode
-
-log = logging.getLogger(__name__)
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on (e.g. a non-finite loss); the message is one line."""
-
-
-USER_ERRORS = (ConfigError, DataError, TrainingError)
-TRANSFER_GUARDS = ("allow", "log", "disallow", "log_explicit", "disallow_explicit")  # jax.transfer_guard levels
-
-
-def describe(cfg: Config) -> dict[str, Any]:
-    """Summary keys known before anything is built (also written for failed runs)."""
-    return {"parallel": cfg.parallel.name, "precision": cfg.precision.name, "model": cfg.model.name,
-            "data": cfg.data.name, "mesh/devices_requested": cfg.mesh.devices,
-            "train/accum_steps": cfg.train.accum_steps, "process_count": jax.process_count()}
-
-
-def load_data(cfg: Config, p: Plan):
-    """(train source, host test split). Raises DataError with one line when the dataset is missing."""
-    d = cfg.data
-    if d.name == "synthetic":
-        # --- issue 9: synthetic sizes and shape are checked before anything is generated ---
-        if len(d.image_shape) != 3 or min(d.image_shape) <= 0 or d.num_classes < 2:
-            raise ConfigError(f"data.image_shape={list(d.image_shape)} and data.num_classes={d.num_classes} must "
-                              f"be [H, W, C] with positive sizes and at least 2 classes")
-        if d.eval_size <= 0 or d.train_size < p.global_batch:
-            raise ConfigError(f"data.train_size={d.train_size} and data.eval_size={d.eval_size}: the train split "
-                              f"needs at least train.global_batch={p.global_batch} examples and the eval split one")
-        # --- end issue 9 ---
-        train = SyntheticSource(d.image_shape, d.num_classes, d.train_size, p.global_batch, cfg.train.seed,
-                                with_index=batches_need_index(cfg))
-        return train, synthetic_eval(d.image_shape, d.num_classes, d.eval_size, cfg.train.seed)
-    if not d.tfds_name:
-        raise ConfigError(f"data={d.name} has no data.tfds_name; set it or use data=synthetic")
-    train = load_tfds_split(d.tfds_name, "train", d.data_dir, d.cache_dir)
-    test = load_tfds_split(d.tfds_name, "test", d.data_dir, d.cache_dir)
-    if tuple(train.images.shape[1:]) != tuple(d.image_shape):
-        raise ConfigError(f"data.image_shape={list(d.image_shape)} but {d.tfds_name} images are "
-                          f"{list(train.images.shape[1:])}; fix data.image_shape")
-    # --- issue 9: labels must fit data.num_classes; the split must hold one global batch ---
-    top = int(max(train.labels.max(initial=0), test.labels.max(initial=0)))
-    if top >= d.num_classes:
-        raise ConfigError(f"data.num_classes={d.num_classes} but {d.tfds_name} has label {top}; "
-                          f"set data.num_classes={top + 1}")
-    if len(train) < p.global_batch:
-        raise ConfigError(f"train.global_batch={p.global_batch} exceeds the {len(train)} examples of "
-                          f"{d.tfds_name}/train; lower train.global_batch")
-    # --- end issue 9 ---
-    return TrainSource(train, p.global_batch, cfg.train.seed, with_index=batches_need_index(cfg)), test
-
-
-def batches_need_index(cfg: Config) -> bool:
-    """Whether training batches must carry ``index`` (issue 9: without it a step places 2 arrays, not 3):
-    per-example keys (dropout, augmentation) or the debug dump of placed indices need it."""
-    return cfg.model.dropout > 0 or cfg.data.augment or cfg.train.debug_dump_indices
+from training.build import Experiment
+from training.distributed import process_layout
+from training.hooks import (CheckpointHook, Evaluation, Hook, LoopState, ProfilerHook, SyncCheck, WindowLog,
+                            flush_window)  # noqa: F401  (flush_window re-exported)
+from training.loop import in_flight_bound, train_loop
+from training.prepare import Prepared, batches_need_index, describe, prepare  # noqa: F401  (re-exported)
+from training.report import Reporter, resolve_wandb_mode
+from training.signals import StopOnSignal
 
 
 def evaluate(exp: Experiment, params, eval_set) -> dict[str, float]:
@@ -99,25 +35,6 @@ def evaluate(exp: Experiment, params, eval_set) -> dict[str, float]:
     count = float(host["count"])
     assert count == eval_set.num_examples, (count, eval_set.num_examples)
     return {"eval/loss": float(host["loss_sum"]) / count, "eval/accuracy": float(host["correct"]) / count}
-
-
-class StepTimer:
-    """Wall time of the steps of a logging window, excluding pauses (eval, sync checks, logging)."""
-
-    def __init__(self):
-        self.elapsed_s, self.steps, self._t0 = 0.0, 0, time.perf_counter()
-
-    def pause(self, last_output) -> None:
-        jax.block_until_ready(last_output)
-        self.elapsed_s += time.perf_counter() - self._t0
-
-    def resume(self) -> None:
-        self._t0 = time.perf_counter()
-
-    def take(self) -> tuple[float, int]:
-        out = (self.elapsed_s, self.steps)
-        self.elapsed_s, self.steps = 0.0, 0
-        return out
 
 
 def wandb_group(cfg: Config) -> Optional[str]:
@@ -136,215 +53,79 @@ def wandb_group(cfg: Config) -> Optional[str]:
     return None
 
 
-def total_steps(cfg: Config, steps_per_epoch: int) -> int:
-    return cfg.train.steps if cfg.train.steps is not None else cfg.train.epochs * steps_per_epoch
-
-
-def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
-    """Runs one experiment and returns its summary. Raises USER_ERRORS with one-line messages."""
-    p = plan(cfg)  # every check that needs neither data nor compilation
-    ckpt_plan = checkpoint.prepare(cfg.checkpoint, run_dir, jax.process_count())  # issue 8: resume path exists
-    wandb_mode = resolve_wandb_mode(cfg.wandb.mode)
-    source, test = load_data(cfg, p)
-    exp = build(p)
-    mode, layout = exp.mode, exp.mode.batch_layout()
-    eval_set = make_eval_set(test, cfg.train.eval_batch, mode.num_devices, layout)
-    n_steps = total_steps(cfg, source.steps_per_epoch)
-    # --- measurement: checks before anything is written (profile window, transfer guard) ---
-    window_error = check_window(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps, n_steps)
-    if window_error:
-        raise ConfigError(window_error)
-    if cfg.train.transfer_guard not in TRANSFER_GUARDS:
-        raise ConfigError(f"train.transfer_guard={cfg.train.transfer_guard!r} is unknown; "
-                          f"choose one of {', '.join(TRANSFER_GUARDS)}")
-    # --- end measurement checks ---
-    # --- checkpoints (issue 8): restore onto THIS run's layout, before compiling and before W&B starts ---
-    restored = checkpoint.resume(ckpt_plan, mode, exp.state)
-    start = 0
-    if restored is not None:
-        if restored.step > n_steps:
-            raise ConfigError(f"checkpoint {restored.path} is at step {restored.step}, past this run's "
-                              f"{n_steps} steps; raise train.steps/train.epochs or set checkpoint.resume=never")
-        exp.state, start = restored.state, restored.step
-        for line in checkpoint.data_order_warnings(restored.metadata, global_batch=p.global_batch,
-                                                   seed=cfg.train.seed, steps_per_epoch=source.steps_per_epoch,
-                                                   data=cfg.data.name):
-            checkpoint.warn(line)
-        changes = checkpoint.config_changes(restored.metadata.get("config", {}), as_dict(cfg))
-        if changes:
-            checkpoint.warn(f"resuming {restored.path} with settings that differ from its run: {'; '.join(changes)}")
-    # --- end checkpoints ---
-    device = p.devices[0]
-    info: dict[str, Any] = {
-        **describe(cfg), "platform": device.platform, "device_kind": device.device_kind,
-        "process_count": jax.process_count(), "mesh/devices": mode.num_devices, "mesh/shape": list(p.mesh_shape),
-        "train/global_batch": p.global_batch, "train/per_device_batch": p.per_device_batch,
-        "train/scaling": p.scaling, "train/steps": n_steps, "train/steps_per_epoch": source.steps_per_epoch,
-        "parallel/grad_reduce_dtype": cfg.parallel.grad_reduce_dtype, "optim/peak_lr": p.peak_lr,
-        "parallel/grad_compression": cfg.parallel.grad_compression,  # issue 10 (sweeps.report groups by it)
-    }
-
-    first_step = min(start, n_steps - 1)  # issue 8: a resumed run continues the data order at its step
-    batches = train_batches(source, layout, first_step, n_steps, cfg.data.prefetch)
-    if cfg.train.debug_dump_indices:  # debug aid (issue 7): which examples each process placed, per step
-        batches = dump_batch_indices(batches, run_dir / f"debug_indices_process{jax.process_index()}.jsonl",
-                                     first_step)
-    first = next(batches)
-    t0 = time.perf_counter()
-    lowered = exp.steps.train.lower(exp.state, first)
-    compiled = lowered.compile()
-    info["perf/compile_time_s"] = time.perf_counter() - t0
-    info.update(compiled_step_metrics(lowered, compiled, mode.num_devices))
-    info["mem/state_bytes_per_device"] = state_bytes_per_device(exp.state)
-    link = cfg.hardware.link_bytes_per_s or lookup_link_bytes_per_s(device.device_kind)
-    peak_flops = cfg.hardware.peak_flops_per_s or lookup_peak_flops_per_s(device.device_kind,
-                                                                         cfg.precision.compute_dtype)
-    if link is None:
-        log.info("no link bandwidth known for %s: comm/time_model_s and comm/ratio_model are not computed "
-                 "(set hardware.link_bytes_per_s to model a target)", device.device_kind)
-    else:
-        info["hardware/link_bytes_per_s"] = link
-        info["comm/time_model_s"] = info["comm/bytes_per_step"] / link
-
+def start_reporting(prep: Prepared, reporter: Reporter) -> None:
+    """Starts W&B (resuming the saved run's id) and writes the step-0 record, or continues the saved run's
+    ``metrics.jsonl`` history when resuming."""
+    cfg, info, restored, n = prep.cfg, prep.info, prep.restored, prep.exp.mode.num_devices
     wandb_cfg = {**as_dict(cfg), "process_count": jax.process_count(),
-                 "process_layout": process_layout(),  # issue 7: devices of every process
+                 "process_layout": process_layout(),  # devices of every process
                  "resolved": {k: v for k, v in info.items() if not isinstance(v, list)}}
-    reporter.start_wandb(wandb_mode, cfg.wandb.project, cfg.wandb.entity, wandb_group(cfg),
+    reporter.start_wandb(resolve_wandb_mode(cfg.wandb.mode), cfg.wandb.project, cfg.wandb.entity, wandb_group(cfg),
                          job_type=f"{cfg.parallel.name}-{cfg.precision.name}",
-                         tags=list(cfg.wandb.tags) + [cfg.parallel.name, cfg.precision.name,
-                                                      f"devices={mode.num_devices}"],
+                         tags=list(cfg.wandb.tags) + [cfg.parallel.name, cfg.precision.name, f"devices={n}"],
                          config=wandb_cfg, init_timeout_s=cfg.wandb.init_timeout_s,
                          resume_id=None if restored is None else restored.metadata.get("wandb_run_id"))
     if restored is None:
         reporter.log([{"step": 0, **{k: v for k, v in info.items() if k.startswith(("comm/", "mem/", "perf/"))
                                      and not isinstance(v, list)}}])
-    else:  # issue 8: metrics.jsonl continues the saved run's history (records after the checkpoint dropped)
+    else:  # metrics.jsonl continues the saved run's history (records after the checkpoint dropped)
         previous = restored.metadata.get("run_dir")
-        reporter.continue_metrics(Path(previous) / "metrics.jsonl" if previous else None, start, n_steps)
-        info.update({"checkpoint/resumed_from": str(restored.path), "checkpoint/resumed_step": start})
+        reporter.continue_metrics(Path(previous) / "metrics.jsonl" if previous else None, prep.start, prep.n_steps)
+        info.update({"checkpoint/resumed_from": str(restored.path), "checkpoint/resumed_step": prep.start})
 
-    state = exp.state
-    last: dict[str, Any] = {}
-    window_records: list[tuple[int, Any]] = []
-    in_flight: collections.deque = collections.deque()
-    step_times: list[float] = []
-    timer = StepTimer()
-    profiler = Profiler(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps, run_dir / "profile",
-                        device.platform, hlo_text=compiled.as_text() if cfg.profile.enabled else None,
-                        num_devices=mode.num_devices)
-    bar = tqdm(total=n_steps, initial=start, disable=not reporter.enabled, desc="train", unit="step",
+
+def make_hooks(prep: Prepared, reporter: Reporter, bar) -> list[Hook]:
+    """The hooks of a run, in the order they act at a step (``training.hooks``)."""
+    cfg, exp, n_steps, p = prep.cfg, prep.exp, prep.n_steps, prep.plan
+    profiler = Profiler(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps,
+                        prep.run_dir / "profile", p.devices[0].platform,
+                        hlo_text=prep.compiled.as_text() if cfg.profile.enabled else None,
+                        num_devices=exp.mode.num_devices)
+    ckpts = checkpoint.RunCheckpoints(prep.ckpt_plan, cfg_dict=as_dict(cfg), mode=exp.mode, mesh_shape=p.mesh_shape,
+                                      global_batch=p.global_batch, steps_per_epoch=prep.source.steps_per_epoch,
+                                      n_steps=n_steps, run_dir=prep.run_dir,
+                                      restored_step=None if prep.restored is None else prep.restored.step)
+    saving = CheckpointHook(ckpts, StopOnSignal().install(), n_steps, prep.ckpt_plan.directory,
+                            wandb_run_id=lambda: reporter.wandb_info.get("wandb/run_id"))
+    window = WindowLog(exp.mode, exp.updater, reporter, bar, every=cfg.train.log_every, n_steps=n_steps,
+                       global_batch=p.global_batch, info=prep.info, peak_flops_per_s=prep.peak_flops_per_s,
+                       saving=saving)
+    # the checkpoint hook acts after the window is logged (a non-finite loss stops the run before a save)
+    hooks: list[Hook] = [ProfilerHook(profiler),
+                         SyncCheck(exp.mode, cfg.train.sync_every, n_steps, cfg.train.sync_strict),
+                         Evaluation(lambda params: evaluate(exp, params, prep.eval_set), cfg.train.eval_every,
+                                    n_steps),
+                         window, saving]
+    return hooks
+
+
+def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
+    """Runs one experiment and returns its summary. Raises USER_ERRORS with one-line messages."""
+    prep = prepare(cfg, run_dir)
+    start_reporting(prep, reporter)
+    bar = tqdm(total=prep.n_steps, initial=prep.start, disable=not reporter.enabled, desc="train", unit="step",
                dynamic_ncols=True, mininterval=1.0)
-    # --- checkpoints (issue 8): periodic/final saves; SIGTERM/SIGINT finish the step, save and stop ---
-    ckpts = checkpoint.RunCheckpoints(ckpt_plan, cfg_dict=as_dict(cfg), mode=mode, mesh_shape=p.mesh_shape,
-                                      global_batch=p.global_batch, steps_per_epoch=source.steps_per_epoch,
-                                      n_steps=n_steps, run_dir=run_dir,
-                                      restored_step=None if restored is None else restored.step)
-    stop = checkpoint.StopOnSignal().install()
-    # --- end checkpoints ---
-    try:
-        batch = first
-        for step in range(start, n_steps):
-            # Dispatch only: under train.transfer_guard=disallow any implicit host<->device transfer here
-            # raises (logging windows below are outside the guard and copy explicitly).
-            with jax.transfer_guard(cfg.train.transfer_guard):
-                if step > start:
-                    batch = next(batches)
-                state, metrics = compiled(state, batch)
-                timer.steps += 1
-                window_records.append((step + 1, metrics))
-                in_flight.append(metrics)
-                if len(in_flight) > cfg.train.max_in_flight:
-                    jax.block_until_ready(in_flight.popleft())
-            bar.update(1)
-            done = step + 1
-            if profiler.acts_at(done):  # starting/stopping the trace is not step time
-                timer.pause(metrics)
-                profiler.after_step(done, metrics)
-                timer.resume()
-            extra: dict[str, Any] = {}
-            if done % cfg.train.sync_every == 0 or done == n_steps:
-                timer.pause(metrics)
-                divergence = mode.replica_divergence((state.params, state.opt_state))
-                extra["sync/max_replica_divergence"] = divergence
-                if divergence != 0.0:
-                    msg = f"replicas diverged at step {done}: max |difference| = {divergence:g}"
-                    if cfg.train.sync_strict:
-                        raise TrainingError(msg + " (train.sync_strict=true)")
-                    log.warning(msg)
-                timer.resume()
-            if cfg.train.eval_every and done % cfg.train.eval_every == 0 and done != n_steps:
-                timer.pause(metrics)
-                extra.update(evaluate(exp, state.params, eval_set))
-                timer.resume()
-            saving = ckpts.saves_at(done) | stop.requested(done)  # issue 8 (`|`: requested() runs every step)
-            if done % cfg.train.log_every == 0 or done == n_steps or saving:
-                timer.pause(metrics)
-                elapsed_s, steps = timer.take()
-                step_time_s = elapsed_s / steps
-                step_times.append(step_time_s)
-                perf = {"perf/step_time_s": step_time_s, "perf/examples_per_s": p.global_batch / step_time_s,
-                        "perf/examples_per_s_per_device": p.global_batch / step_time_s / mode.num_devices,
-                        "mesh/devices": mode.num_devices}
-                if "comm/time_model_s" in info:
-                    perf["comm/ratio_model"] = info["comm/time_model_s"] / step_time_s
-                if peak_flops and "perf/flops_per_step_per_device" in info:
-                    perf["perf/mfu"] = info["perf/flops_per_step_per_device"] / step_time_s / peak_flops
-                records = flush_window(mode, exp.updater, window_records, perf, extra)
-                window_records = []
-                last.update(records[-1])
-                reporter.log(records)
-                bar.set_postfix(loss=f"{last['train/loss']:.4f}", ex_s=f"{perf['perf/examples_per_s']:.0f}")
-                timer.resume()
-            elif extra:
-                # eval / sync values are attached to the next logged record of this step
-                window_records[-1] = (done, (window_records[-1][1], extra))
-            if saving:  # --- checkpoints (issue 8): after the window is logged (a bad loss stops it first) ---
-                timer.pause(metrics)
-                reason = "final" if done == n_steps else ("signal" if stop.signal_name else "periodic")
-                try:
-                    saved = ckpts.save(state, done, reporter.wandb_info.get("wandb/run_id"), reason)
-                except checkpoint.NonFiniteError as e:
-                    raise TrainingError(str(e)) from None
-                timer.resume()
-                if stop.signal_name is not None and done < n_steps:
-                    where = (f"checkpoint saved in {saved}; continue with the same command and "
-                             f"checkpoint.dir={ckpt_plan.directory} (or checkpoint.resume={saved})"
-                             if saved else "no checkpoint written (checkpoint.enabled=false)")
-                    raise TrainingError(f"stopped by {stop.signal_name} after step {done} of {n_steps}; {where}")
-    finally:
-        bar.close()
-        profiler.close()
-        stop.uninstall()  # issue 8
-        ckpts.close()  # issue 8: waits for the last asynchronous save
+    hooks = make_hooks(prep, reporter, bar)
+    loop = train_loop(prep.compiled, LoopState(state=prep.exp.state), prep.first, prep.batches, start=prep.start,
+                      n_steps=prep.n_steps, hooks=hooks,
+                      bound=in_flight_bound(prep.exp.mode.num_devices, cfg.train.max_in_flight),
+                      transfer_guard=cfg.train.transfer_guard, bar=bar)
+    return finish(prep, loop, hooks, reporter)
 
-    final = evaluate(exp, state.params, eval_set)
-    profiled = profiler.result()
-    reporter.log([{"step": n_steps, **final, **{k: v for k, v in profiled.items() if not isinstance(v, str)}}])
-    summary = {**info, **{k: v for k, v in last.items() if k != "step"}, **final, **profiled, **ckpts.summary(),
+
+def finish(prep: Prepared, loop: LoopState, hooks: list[Hook], reporter: Reporter) -> dict[str, Any]:
+    """Final evaluation, the last record and the run's summary."""
+    final = evaluate(prep.exp, loop.state.params, prep.eval_set)
+    extra: dict[str, Any] = {}
+    for hook in hooks:
+        extra.update(hook.summary())
+    profiled = next((h.summary() for h in hooks if isinstance(h, ProfilerHook)), {})
+    reporter.log([{"step": prep.n_steps, **final, **{k: v for k, v in profiled.items() if not isinstance(v, str)}}])
+    step_times = [elapsed_s / steps for steps, elapsed_s in loop.windows]
+    summary = {**prep.info, **{k: v for k, v in loop.last.items() if k != "step"}, **final, **extra,
                "status": "ok", "perf/step_time_s_median": statistics.median(step_times) if step_times else None}
     explain_ratio(summary)
     peak = peak_bytes_per_device()
     if peak is not None:
         summary["mem/peak_bytes_per_device"] = peak
     return summary
-
-
-def flush_window(mode, updater, window_records, perf: dict, extra: dict) -> list[dict]:
-    """Device metrics of a window -> one host record per step (``updater.complete`` adds the host-side
-    metrics); perf and extras go on the last record.
-
-    Raises:
-      TrainingError: a step's loss or gradients were not finite (names the first bad step).
-    """
-    records = []
-    for step, item in window_records:
-        metrics, more = item if isinstance(item, tuple) else (item, {})
-        host = {k: float(v) for k, v in mode.metrics_to_host(metrics).items()}
-        records.append({"step": step, **host, **more})
-    bad = updater.complete(records)
-    if bad is not None:
-        raise TrainingError(f"non-finite loss or gradient at step {bad['step']} (loss={bad['train/loss']}); "
-                            f"lower optim.lr, enable optim.clip_grad_norm, or use precision=fp32")
-    records[-1].update(perf)
-    records[-1].update(extra)
-    return records

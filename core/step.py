@@ -29,8 +29,8 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from data.augment import AugmentSpec, augment_images  # issue 9
-from training.precision import LossScaleState, update_loss_scale
+from core.augment import AugmentSpec, augment_images
+from core.precision import LossScaleState, update_loss_scale
 
 Metrics = dict[str, jax.Array]
 
@@ -56,7 +56,7 @@ class TrainState:
     params: Any
     opt_state: Any
     loss_scale: LossScaleState
-    grad_residual: Any = None  # issue 10: int8 error feedback (parallel.compress.init_residual)
+    grad_residual: Any = None  # int8 error feedback (parallel.compress.init_residual)
 
 
 def create_state(params, tx: optax.GradientTransformation, loss_scale: LossScaleState) -> TrainState:
@@ -88,7 +88,7 @@ class LocalGrads:
       accum_steps: K, microbatches per optimizer step.
       seed: seed of the per-example randomness (dropout, augmentation).
       use_example_keys: whether the model needs per-example keys (dropout > 0).
-      augment: issue 9: ``data.augment.AugmentSpec`` (random crop/flip of the uint8 training images, on the
+      augment: ``core.augment.AugmentSpec`` (random crop/flip of the uint8 training images, on the
         device, each example keyed by (seed, step, global example index)), or None (no augmentation).
     """
 
@@ -97,7 +97,7 @@ class LocalGrads:
     accum_steps: int
     seed: int
     use_example_keys: bool
-    augment: Optional[AugmentSpec] = None  # issue 9
+    augment: Optional[AugmentSpec] = None
 
     def logits(self, params, image, keys=None) -> jax.Array:
         """float32 logits ``[B, classes]`` computed in ``compute_dtype``."""
@@ -106,14 +106,13 @@ class LocalGrads:
         return model(to_float_image(image, self.compute_dtype), keys).astype(jnp.float32)
 
     def _micro(self, params, batch, step, scale):
-        # --- issue 9: per-example keys feed dropout and/or augmentation (independent fold_in sites) ---
+        # per-example keys feed dropout and/or augmentation (independent fold_in sites)
         needs_keys = self.use_example_keys or self.augment is not None
         example_keys_B = example_keys(self.seed, step, batch["index"]) if needs_keys else None
         keys = example_keys_B if self.use_example_keys else None
         image = batch["image"]
         if self.augment is not None:
             image = augment_images(image, example_keys_B, self.augment)
-        # --- end issue 9 ---
 
         def loss_fn(p):
             logits = self.logits(p, image, keys)
