@@ -23,6 +23,7 @@ from core.errors import ConfigError
 from core.layout import BatchLayout
 from core.step import LocalGrads, TrainState, Updater
 from parallel import shard_map_ops
+from parallel.feedback import ErrorFeedback
 from parallel.shard_map_ops import BATCH_AXES, MESH_AXES, cast_tree, pcast_varying, reduce_dtype  # noqa: F401
 
 
@@ -92,6 +93,7 @@ class ParallelMode(abc.ABC):
         self.grad_compression = grad_compression
         self.num_devices = mesh.size
         self.replicated = NamedSharding(mesh, P())
+        self.feedback = ErrorFeedback(mesh)  # the int8 error-feedback residual, when the state carries one
 
     # ---- validation ------------------------------------------------------------------------------
     @classmethod
@@ -107,9 +109,7 @@ class ParallelMode(abc.ABC):
         one row per device, its leading axis split over every mesh axis)."""
         shardings = jax.tree.map(lambda _: self.replicated, abstract_state)
         if getattr(abstract_state, "grad_residual", None) is not None:
-            per_device = NamedSharding(self.mesh, P(BATCH_AXES))
-            shardings = shardings.replace(grad_residual=jax.tree.map(lambda _: per_device,
-                                                                     abstract_state.grad_residual))
+            shardings = shardings.replace(grad_residual=self.feedback.shardings(abstract_state.grad_residual))
         return shardings
 
     def place_state(self, host_state: TrainState) -> TrainState:
@@ -145,7 +145,7 @@ class ParallelMode(abc.ABC):
         """``(placed state, its step)`` from what ``restore_target`` received; ``residual``: the error-feedback
         residual as host numpy (already adapted to this device count), or None."""
         if residual is not None:
-            residual = jax.device_put(residual, self.state_shardings(abstract).grad_residual)
+            residual = jax.device_put(residual, self.feedback.shardings(residual))
         state = restored.replace(grad_residual=residual)
         return state, int(np.asarray(state.step.addressable_data(0)))
 

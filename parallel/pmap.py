@@ -14,7 +14,6 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from core.layout import BatchLayout
 from parallel.base import ParallelMode, StepFns, cast_tree, host_finite_flags, reduce_dtype
-from parallel.compress import int8_mean
 
 AXIS = "data"
 
@@ -93,11 +92,10 @@ class Pmap(ParallelMode):
         """int8 mean with error feedback (``parallel.compress``) over the pmap axis; ``residual`` is this
         device's row (stored divided by the loss scale). Returns ``(grads, sums, residual)``."""
         grad_sums, sums = local(params, batch, step, scale)
-        mean, new = int8_mean(grad_sums, AXIS, jax.tree.map(lambda r: r * scale, residual))
+        mean, residual = self.feedback.reduce(grad_sums, residual, scale, AXIS)
         per_device_batch = self.global_batch // self.num_devices
         return (jax.tree.map(lambda g: g / per_device_batch, mean),
-                {**jax.lax.psum(sums, AXIS), "count": jnp.float32(self.global_batch)},
-                jax.tree.map(lambda r: r / scale, new))
+                {**jax.lax.psum(sums, AXIS), "count": jnp.float32(self.global_batch)}, residual)
 
     def build(self, local, updater, abstract_state) -> StepFns:
         devices = list(self.mesh.devices.flat)

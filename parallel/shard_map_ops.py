@@ -11,7 +11,6 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from core.step import global_mean
-from parallel.compress import int8_mean
 
 MESH_AXES = ("data", "fsdp")
 BATCH_AXES = MESH_AXES  # the batch dimension is split over every device
@@ -85,9 +84,9 @@ def compressed_grads(mode, local, params, batch, step, scale, residual):
                                     out_specs=(dev, P()))(params, batch, step, scale)
 
     def reduce(grad_rows, residual, scale):
-        mean, new = int8_mean(jax.tree.map(lambda g: g[0], grad_rows), BATCH_AXES,
-                              jax.tree.map(lambda r: r[0] * scale, residual))
-        return mean, jax.tree.map(lambda r: (r / scale)[None], new)
+        mean, new = mode.feedback.reduce(jax.tree.map(lambda g: g[0], grad_rows),
+                                         jax.tree.map(lambda r: r[0], residual), scale, BATCH_AXES)
+        return mean, jax.tree.map(lambda r: r[None], new)
 
     mean, residual = jax.shard_map(reduce, mesh=mode.mesh, in_specs=(dev, dev, P()), out_specs=(P(), dev),
                                    check_vma=False)(grad_rows, residual, scale)

@@ -26,7 +26,7 @@ from measure.profiler import check_window
 from models import build_model
 from parallel import ParallelMode, make_mesh, mode_class, resolve_mesh_shape
 from parallel.base import StepFns, reduce_dtype
-from parallel.compress import COMPRESSIONS, init_residual
+from parallel.compress import COMPRESSIONS
 from training.report import resolve_wandb_mode
 
 TRANSFER_GUARDS = ("allow", "log", "disallow", "log_explicit", "disallow_explicit")  # jax.transfer_guard levels
@@ -251,7 +251,7 @@ def build(p: Plan) -> Experiment:
     tx, schedule = _optimizer(cfg, p.peak_lr)
     graphdef, host_state = init_host_state(cfg, tx)
     if cfg.parallel.grad_compression == "int8":  # per-device error-feedback residual, zero at start
-        host_state = host_state.replace(grad_residual=init_residual(host_state.params, mode.num_devices))
+        host_state = host_state.replace(grad_residual=mode.feedback.init(host_state.params))
     local = LocalGrads(graphdef=graphdef, compute_dtype=p.compute_dtype, accum_steps=cfg.train.accum_steps,
                        seed=cfg.train.seed, use_example_keys=cfg.model.dropout > 0,
                        augment=augment_spec(cfg.data.augment, cfg.data.crop_padding, cfg.data.flip))

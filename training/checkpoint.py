@@ -42,7 +42,6 @@ import numpy as np
 from conf.schema import CheckpointConfig
 from parallel import ConfigError
 from parallel.base import host_finite_flags
-from parallel.compress import adapt_residual
 
 log = logging.getLogger(__name__)
 
@@ -340,8 +339,7 @@ def restore_step(step_dir: Path, mode, placed_state) -> Restored:
         # the int8 residual's shape depends on the device count; it is read as saved (host numpy)
         # and adapted below (kept, or reset to zero with a warning), so it is left out of the comparison.
         saved_residual = saved.tree.get("grad_residual") if isinstance(saved.tree, dict) else None
-        residual_target = ({k: np.zeros(v.shape, v.dtype) for k, v in saved_residual.items()}
-                           if saved_residual else None)
+        residual_target = mode.feedback.restore_target(saved_residual)
         have, want = ({k: v for k, v in _leaf_specs(t).items() if not k.startswith("grad_residual.")}
                       for t in (saved.tree, abstract.replace(grad_residual=None)))
         if have != want and any(k.startswith("params.") and k.endswith(".value") for k in have):
@@ -361,7 +359,7 @@ def restore_step(step_dir: Path, mode, placed_state) -> Restored:
     # keep the residual when saved for this device count, else zeros (warning); None when unused
     residual = None
     if placed_state.grad_residual is not None:
-        residual = adapt_residual(state.grad_residual, abstract.params, mode.num_devices)
+        residual = mode.feedback.adapt(state.grad_residual, abstract.params)
     state, saved_step = mode.from_restored(state, abstract, residual)
     if saved_step != step or meta.get("step") != step:
         raise ValueError(f"{step_dir} holds step {saved_step} (metadata: {meta.get('step')}), not {step}")
