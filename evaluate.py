@@ -40,7 +40,7 @@ def find_step_dir(path: Path) -> Path:
     Raises:
       ConfigError: nothing there.
     """
-    from parallel import ConfigError
+    from core.errors import ConfigError
     from training import checkpoint
 
     from training.validate import check_path
@@ -65,7 +65,7 @@ def load_test_split(cfg):
     """The host test split named by ``cfg.data`` (synthetic: the same split training evaluated on)."""
     from data.pipeline import synthetic_eval
     from data.sources import load_tfds_split
-    from parallel import ConfigError
+    from core.errors import ConfigError
 
     d = cfg.data
     if d.name == "synthetic":
@@ -98,7 +98,7 @@ def compose_eval_config(saved_cfg: dict, overrides: Sequence[str] = ()):
     from omegaconf.errors import OmegaConfBaseException
 
     from conf.schema import Config, register
-    from parallel import ConfigError
+    from core.errors import ConfigError
 
     register()
     try:
@@ -128,7 +128,7 @@ def evaluate_checkpoint(path: Path, overrides: Sequence[str] = ()) -> dict:
     Returns ``{"eval/accuracy", "eval/loss", "step", "examples", "checkpoint"}``. Raises ConfigError/DataError
     (one line) on bad input.
     """
-    from parallel import ConfigError
+    from core.errors import ConfigError
     from training import checkpoint
     from training.runtime import setup_runtime
 
@@ -161,8 +161,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
-    from data.sources import DataError
-    from parallel import ConfigError
+    from core.errors import ConfigError, DataError
 
     try:
         result = evaluate_checkpoint(Path(args.checkpoint), args.overrides)

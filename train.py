@@ -33,11 +33,11 @@ def main(cfg: DictConfig) -> None:
     except UnknownKeyError as e:  # e.g. +optim.learning_rate=0.5: stop at start with one line
         print(f"train.py: {e}", file=sys.stderr)
         sys.exit(1)
-    setup_runtime(typed)  # before anything touches devices: simulated CPU devices, XLA flags, jax.distributed
+    startup = setup_runtime(typed)  # before anything touches devices: simulated CPU devices, XLA flags, jax.distributed
 
     from training.app import run_and_report  # imports jax-dependent modules after the runtime is set up
 
-    ok = run_and_report(typed, Path(hc.runtime.output_dir))
+    ok = run_and_report(typed, Path(hc.runtime.output_dir), startup)
     if not ok and hc.mode != RunMode.MULTIRUN:
         sys.exit(1)  # in a sweep the failure is recorded in the job's summary.json and the sweep goes on
 

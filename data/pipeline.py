@@ -25,50 +25,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from core.layout import Batch, BatchLayout
 from data.sources import HostDataset
-
-Batch = dict  # str -> np.ndarray (host) or jax.Array (device)
 
 
 def epoch_permutation(seed: int, epoch: int, num_examples: int) -> np.ndarray:
     """The order of ``epoch``: int64 ``[num_examples]``, a permutation drawn from (seed, epoch)."""
     return np.random.default_rng([seed, epoch]).permutation(num_examples)
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchLayout:
-    """Where a global batch goes: its global shape transform and its sharding.
-
-    ``reshape(global_shape) -> device shape`` (identity, or (devices, per-device, ...) for pmap) and the
-    ``sharding`` of the device array; ``process_index``/``process_count`` pick this process's rows.
-    """
-
-    sharding: jax.sharding.Sharding
-    reshape: Callable[[tuple], tuple]
-    process_index: int
-    process_count: int
-
-    def local_rows(self, global_batch: int) -> slice:
-        """This process's contiguous rows of a global batch of ``global_batch`` examples."""
-        per_process = global_batch // self.process_count
-        return slice(self.process_index * per_process, (self.process_index + 1) * per_process)
-
-    def place(self, local: Batch, global_batch: int) -> Batch:
-        """Assembles this process's rows into global device arrays (``make_array_from_process_local_data``).
-
-        With one process the local rows are the global batch: one ``jax.device_put`` of the whole dict
-        (same arrays, same sharding; ~1.0 instead of ~1.5 ms per 3-array MNIST batch on 8 simulated CPU
-        devices).
-        """
-        if self.process_count == 1:  # cheaper single-process placement
-            return jax.device_put({k: v.reshape(self.reshape((global_batch,) + v.shape[1:]))
-                                   for k, v in local.items()}, self.sharding)
-        out = {}
-        for key, value in local.items():
-            gshape = self.reshape((global_batch,) + value.shape[1:])
-            lshape = (gshape[0] // self.process_count,) + gshape[1:]
-            out[key] = jax.make_array_from_process_local_data(self.sharding, value.reshape(lshape), gshape)
-        return out
 
 
 class TrainSource:

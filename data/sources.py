@@ -16,11 +16,9 @@ from typing import Optional
 
 import numpy as np
 
+from core.errors import DataError
+
 log = logging.getLogger(__name__)
-
-
-class DataError(RuntimeError):
-    """The dataset cannot be found or read; the message is one line that says the way out."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The interface every parallel mode implements, and the mesh.
 
-A mode decides only how the pure step of ``training.step`` is wrapped (``jit`` with shardings, ``pmap``,
+A mode decides only how the pure step of ``core.step`` is wrapped (``jit`` with shardings, ``pmap``,
 ``shard_map``) and which collectives reduce the gradients; ``train.py`` and the step never branch on it.
 
 Mesh: two axes, ``data`` (replicas) and ``fsdp`` (parameter shards), built from the first
@@ -19,16 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from data.pipeline import BatchLayout
-from parallel.compress import int8_mean
-from training.step import LocalGrads, TrainState, Updater, global_mean
-
-MESH_AXES = ("data", "fsdp")
-BATCH_AXES = MESH_AXES  # the batch dimension is split over every device
-
-
-class ConfigError(ValueError):
-    """Bad user input; the message is one line naming the offending values and the fix."""
+from core.errors import ConfigError
+from core.layout import BatchLayout
+from core.step import LocalGrads, TrainState, Updater
+from parallel import shard_map_ops
+from parallel.feedback import ErrorFeedback
+from parallel.shard_map_ops import BATCH_AXES, MESH_AXES, cast_tree, pcast_varying, reduce_dtype  # noqa: F401
 
 
 def resolve_mesh_shape(shape: Optional[Sequence[int]], default: Sequence[int], num_devices: int,
@@ -97,6 +93,7 @@ class ParallelMode(abc.ABC):
         self.grad_compression = grad_compression
         self.num_devices = mesh.size
         self.replicated = NamedSharding(mesh, P())
+        self.feedback = ErrorFeedback(mesh)  # the int8 error-feedback residual, when the state carries one
 
     # ---- validation ------------------------------------------------------------------------------
     @classmethod
@@ -112,9 +109,7 @@ class ParallelMode(abc.ABC):
         one row per device, its leading axis split over every mesh axis)."""
         shardings = jax.tree.map(lambda _: self.replicated, abstract_state)
         if getattr(abstract_state, "grad_residual", None) is not None:
-            per_device = NamedSharding(self.mesh, P(BATCH_AXES))
-            shardings = shardings.replace(grad_residual=jax.tree.map(lambda _: per_device,
-                                                                     abstract_state.grad_residual))
+            shardings = shardings.replace(grad_residual=self.feedback.shardings(abstract_state.grad_residual))
         return shardings
 
     def place_state(self, host_state: TrainState) -> TrainState:
@@ -133,6 +128,35 @@ class ParallelMode(abc.ABC):
     def metrics_to_host(self, metrics) -> dict:
         """Per-step metrics (device) -> numpy scalars."""
         return jax.tree.map(lambda x: np.asarray(x), jax.device_get(metrics))
+
+    # ---- checkpoints: the mode says how its state is saved and restored ------------------------------
+    def host_abstract(self, placed_state):
+        """``jax.ShapeDtypeStruct`` tree of the host-form state (what a checkpoint holds) of a placed state.
+
+        The int8 error-feedback residual keeps its rows: it has one row per device in every form."""
+        return jax.eval_shape(lambda s: s, placed_state)
+
+    def restore_target(self, abstract):
+        """What a checkpoint is restored into: ``abstract`` with this mode's shardings (straight onto the devices)."""
+        shardings = self.state_shardings(abstract)
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
+
+    def from_restored(self, restored, abstract, residual) -> tuple[TrainState, int]:
+        """``(placed state, its step)`` from what ``restore_target`` received; ``residual``: the error-feedback
+        residual as host numpy (already adapted to this device count), or None."""
+        if residual is not None:
+            residual = jax.device_put(residual, self.feedback.shardings(residual))
+        state = restored.replace(grad_residual=residual)
+        return state, int(np.asarray(state.step.addressable_data(0)))
+
+    def state_for_save(self, state: TrainState) -> TrainState:
+        """The form of the placed state a checkpoint writes (default: as placed; orbax gathers the shards)."""
+        return state
+
+    def finite_flags(self, state: TrainState) -> tuple[bool, bool]:
+        """(params all finite, optimizer state all finite) of the placed state (one small device op)."""
+        flags = _finite_flags(state.params, state.opt_state)
+        return tuple(bool(np.asarray(f.addressable_data(0))) for f in flags)
 
     # ---- the step --------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -167,52 +191,13 @@ class ParallelMode(abc.ABC):
         return state.replace(grad_residual=residual), grads, sums
 
     def explicit_grads(self, local, params, batch, step, scale):
-        """Gradients with ONE explicit ``psum`` over every mesh axis in ``grad_reduce_dtype`` (null: float32).
-
-        Inside ``shard_map``: local gradient sums (params cast to varying, see ``pcast_varying``), cast to the
-        reduce dtype, ``psum`` (visible in the lowered module), cast back to float32, then divided by the global
-        batch. The metric sums are reduced in float32.
-        """
-        dtype = reduce_dtype(self.grad_reduce_dtype)
-
-        def per_device(params, batch, step, scale):
-            grad_sums, sums = local(pcast_varying(params, BATCH_AXES), batch, step, scale)
-            grad_sums = cast_tree(jax.lax.psum(cast_tree(grad_sums, dtype), BATCH_AXES), "float32")
-            return grad_sums, jax.lax.psum(sums, BATCH_AXES)
-
-        grad_sums, sums = jax.shard_map(per_device, mesh=self.mesh, in_specs=(P(), P(BATCH_AXES), P(), P()),
-                                        out_specs=(P(), P()))(params, batch, step, scale)
-        return global_mean(grad_sums, sums, self.global_batch)
+        """Gradients with ONE explicit ``psum`` in ``grad_reduce_dtype`` (``parallel.shard_map_ops``)."""
+        return shard_map_ops.explicit_grads(self, local, params, batch, step, scale)
 
     def compressed_grads(self, local, params, batch, step, scale, residual):
-        """int8 mean of the gradients with error feedback (``parallel.compress.int8_mean``).
-
-        Two ``shard_map``s in the same jitted step (no data moves between them): the first computes each
-        device's local gradient sums (``[devices, ...]``, one row per device) and psums the metric sums; the
-        second exchanges them as int8. The second runs with ``check_vma=False``: its all-gathered output is the
-        same on every device, which the varying-axes type check cannot infer (JAX's ``all_gather_invariant``
-        is private). ``residual``: ``{"worker": f32 [devices, padded], "server": f32 [devices, chunk]}``,
-        stored divided by the loss scale. Returns ``(grads, sums, residual)``.
-        """
-        dev = P(BATCH_AXES)
-
-        def local_sums(params, batch, step, scale):
-            grad_sums, sums = local(pcast_varying(params, BATCH_AXES), batch, step, scale)
-            return jax.tree.map(lambda g: g[None], grad_sums), jax.lax.psum(sums, BATCH_AXES)
-
-        grad_rows, sums = jax.shard_map(local_sums, mesh=self.mesh, in_specs=(P(), dev, P(), P()),
-                                        out_specs=(dev, P()))(params, batch, step, scale)
-
-        def reduce(grad_rows, residual, scale):
-            mean, new = int8_mean(jax.tree.map(lambda g: g[0], grad_rows), BATCH_AXES,
-                                  jax.tree.map(lambda r: r[0] * scale, residual))
-            return mean, jax.tree.map(lambda r: (r / scale)[None], new)
-
-        mean, residual = jax.shard_map(reduce, mesh=self.mesh, in_specs=(dev, dev, P()), out_specs=(P(), dev),
-                                       check_vma=False)(grad_rows, residual, scale)
-        inv = 1.0 / (self.global_batch // self.num_devices)  # mean of per-device sums -> mean per example
-        return (jax.tree.map(lambda g: g * inv, mean), {**sums, "count": jnp.float32(self.global_batch)},
-                residual)
+        """int8 mean with error feedback under ``shard_map`` (``parallel.shard_map_ops``); returns
+        ``(grads, sums, residual)``. pmap overrides it with the same reduction over its axis."""
+        return shard_map_ops.compressed_grads(self, local, params, batch, step, scale, residual)
 
     # ---- replica synchronisation -------------------------------------------------------------------
     def replica_divergence(self, tree: Any) -> float:
@@ -235,28 +220,20 @@ class ParallelMode(abc.ABC):
         return worst
 
 
-def pcast_varying(tree, axes: Sequence[str]):
-    """Marks every leaf as varying over ``axes`` (inside ``shard_map``), skipping axes it already varies over.
+@jax.jit
+def _finite_flags(params, opt_state):
+    def all_finite(tree):
+        leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+        return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
 
-    Differentiating w.r.t. the result gives each device its LOCAL gradient: no collective is inserted by the
-    transpose, so the single cross-device reduction stays explicit and outside any microbatch loop.
-    """
-
-    def cast(x):
-        missing = tuple(a for a in axes if a not in jax.typeof(x).manual_axis_type.varying)
-        return jax.lax.pcast(x, missing, to="varying") if missing else x
-
-    return jax.tree.map(cast, tree)
+    return all_finite(params), all_finite(opt_state)
 
 
-def cast_tree(tree, dtype):
-    return jax.tree.map(lambda x: x.astype(dtype), tree)
-
-
-def reduce_dtype(name: Optional[str]):
-    """dtype of an explicit gradient reduction (None: float32, the gradients' own)."""
-    if name is None:
-        return jnp.float32
-    if name not in ("float32", "bfloat16"):
-        raise ConfigError(f"parallel.grad_reduce_dtype={name!r} is unknown; choose null, float32 or bfloat16")
-    return jnp.dtype(name)
+def host_finite_flags(params, opt_state) -> tuple[bool, bool]:
+    """(params all finite, optimizer state all finite) of host arrays, or of this process's first copy of each
+    device array (every replica holds the whole array; a multi-process array cannot be fetched whole)."""
+    first = lambda x: np.asarray(jax.device_get(x.addressable_shards[0].data)) if isinstance(x, jax.Array) \
+        else np.asarray(x)
+    host = jax.tree.map(first, (params, opt_state))
+    return tuple(bool(all(np.all(np.isfinite(x)) for x in jax.tree.leaves(t) if np.issubdtype(x.dtype, np.inexact)))
+                 for t in host)

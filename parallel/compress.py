@@ -157,7 +157,7 @@ def payload_bytes(num_elements: int, num_leaves: int, num_devices: int) -> dict[
     """Exact bytes of one int8 mean (see the module docstring), without other collectives of the step.
 
     Returns ``payload`` (sum of S: all-to-all + all-gather + scales all-reduce) and ``ring`` (bytes each device
-    sends, DESIGN.md ring model), both in bytes.
+    sends, ring model of ``measure.collectives``), both in bytes.
     """
     n = num_devices
     padded = n * -(-num_elements // n)
@@ -221,16 +221,3 @@ def int8_mean(tree: Any, axis_name: AxisName, residual: Optional[dict] = None):
         new_residual = {"worker": jnp.where(finite, worker, residual["worker"]),
                         "server": jnp.where(finite, server, residual["server"])}
     return jax.tree.unflatten(treedef, out), new_residual
-
-
-def quantisation_scales(tree: Any, axis_name: AxisName, residual: Optional[dict] = None) -> jax.Array:
-    """float32 ``[num_leaves]``: the scales ``int8_mean`` would use for these inputs (for tests and logging)."""
-    leaves = jax.tree.leaves(tree)
-    n = _axis_size(axis_name)
-    lay = FlatLayout(sizes=tuple(int(math.prod(x.shape)) for x in leaves), num_devices=n)
-    flat = jnp.pad(jnp.concatenate([x.reshape(-1).astype(jnp.float32) for x in leaves]), (0, lay.padded - lay.total))
-    if residual is not None:
-        flat = flat + residual["worker"]
-    amax = jax.lax.pmax(jnp.stack([jnp.max(jnp.abs(flat[o:o + s])) for o, s in zip(lay.offsets, lay.sizes)]),
-                        axis_name)
-    return jnp.where(amax > 0, amax / QMAX, 1.0)

@@ -22,7 +22,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from parallel.base import BATCH_AXES, ParallelMode, pcast_varying, reduce_dtype
-from training.step import global_mean
+from core.step import global_mean
 
 FSDP = "fsdp"
 

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from parallel.base import BATCH_AXES, ParallelMode
-from training.step import global_mean
+from core.step import global_mean
 
 
 class JitSharding(ParallelMode):

@@ -12,9 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from data.pipeline import BatchLayout
-from parallel.base import ParallelMode, StepFns, cast_tree, reduce_dtype
-from parallel.compress import int8_mean
+from core.layout import BatchLayout
+from parallel.base import ParallelMode, StepFns, cast_tree, host_finite_flags, reduce_dtype
 
 AXIS = "data"
 
@@ -49,6 +48,25 @@ class Pmap(ParallelMode):
         residual = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), state.grad_residual)  # every row
         return host.replace(grad_residual=residual)
 
+    # ---- checkpoints: saved and restored as host arrays without the device axis ----------------------
+    def host_abstract(self, placed_state):
+        residual = jax.eval_shape(lambda r: r, placed_state.grad_residual)
+        host = jax.eval_shape(lambda s: jax.tree.map(lambda x: x[0], s), placed_state.replace(grad_residual=None))
+        return host.replace(grad_residual=residual)
+
+    def restore_target(self, abstract):
+        return jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), abstract)
+
+    def from_restored(self, restored, abstract, residual):
+        state = restored.replace(grad_residual=residual)
+        return self.place_state(state), int(state.step)
+
+    def state_for_save(self, state):
+        return self.state_to_host(state)
+
+    def finite_flags(self, state):
+        return host_finite_flags(state.params, state.opt_state)
+
     def metrics_to_host(self, metrics):
         # replica 0 of THIS process (all replicas hold the same reduced values); with several
         # processes the whole [devices] array is not addressable and cannot be fetched.
@@ -74,11 +92,10 @@ class Pmap(ParallelMode):
         """int8 mean with error feedback (``parallel.compress``) over the pmap axis; ``residual`` is this
         device's row (stored divided by the loss scale). Returns ``(grads, sums, residual)``."""
         grad_sums, sums = local(params, batch, step, scale)
-        mean, new = int8_mean(grad_sums, AXIS, jax.tree.map(lambda r: r * scale, residual))
+        mean, residual = self.feedback.reduce(grad_sums, residual, scale, AXIS)
         per_device_batch = self.global_batch // self.num_devices
         return (jax.tree.map(lambda g: g / per_device_batch, mean),
-                {**jax.lax.psum(sums, AXIS), "count": jnp.float32(self.global_batch)},
-                jax.tree.map(lambda r: r / scale, new))
+                {**jax.lax.psum(sums, AXIS), "count": jnp.float32(self.global_batch)}, residual)
 
     def build(self, local, updater, abstract_state) -> StepFns:
         devices = list(self.mesh.devices.flat)

@@ -2,9 +2,9 @@
 
 Each device casts the replicated params to "varying" (``lax.pcast``) once, so differentiating w.r.t. them
 gives its *local* gradient sum (with ``check_vma=True`` the gradient of an un-cast replicated input would
-already be psum-ed by the transpose, and a further ``pmean`` would scale it by the device count: see
-DESIGN.md). The microbatch scan runs locally; after it, ONE ``psum`` over every mesh axis reduces the
-gradient sums and the metric sums together, and dividing by the global batch turns sums into the mean.
+already be psum-ed by the transpose, and a further ``pmean`` would scale it by the device count). The
+microbatch scan runs locally; after it, ONE ``psum`` over every mesh axis reduces the gradient sums and the
+metric sums together, and dividing by the global batch turns sums into the mean.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from training.comm import parse_hlo_collectives
+from measure.hlo_text import parse_hlo_collectives
 from utils import make_cfg, max_abs_diff, random_dataset, run_steps
 
 DATA = random_dataset(4096)

@@ -227,7 +227,7 @@ def test_reshard_fsdp8_to_2_1_and_pmap4(tmp_path, optim, tol):
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(saved_host)):  # params AND optimizer state
             assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
         # Restored with the NEW layout's shardings (never the saved ones).
-        want_shardings = exp.mode.state_shardings(checkpoint.host_abstract(exp.state))
+        want_shardings = exp.mode.state_shardings(exp.mode.host_abstract(exp.state))
         if name != "pmap":
             assert all(jax.tree.leaves(jax.tree.map(lambda x, s: x.sharding == s, restored.state, want_shardings)))
         else:

@@ -1,4 +1,4 @@
-"""Tests for training.comm (static communication accounting).
+"""Tests for measure.collectives, measure.hlo_text and measure.stablehlo (static communication accounting).
 
 Fixtures in tests/fixtures/hlo/:
   real_*   captured from jax 0.10.2 on 8 simulated CPU devices
@@ -14,14 +14,9 @@ import pathlib
 
 import pytest
 
-from training.comm import (
-    KINDS,
-    Collective,
-    comm_metrics,
-    lowered_payload_bytes,
-    parse_hlo_collectives,
-    parse_stablehlo_collectives,
-)
+from measure.collectives import KINDS, Collective, comm_metrics
+from measure.hlo_text import parse_hlo_collectives
+from measure.stablehlo import lowered_payload_bytes, parse_stablehlo_collectives
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hlo"
 

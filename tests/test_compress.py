@@ -2,7 +2,7 @@
 feedback, XLA flag presets, and the comm_optimisations sweep preset.
 
 Byte counts are exact, read from the lowered (StableHLO) and compiled (HLO) modules of the real train step
-by ``training.measure.compiled_step_metrics``. MLP on 8 simulated devices: P = 203530 float32 parameters in
+by ``measure.compiled.compiled_step_metrics``. MLP on 8 simulated devices: P = 203530 float32 parameters in
 L = 4 arrays (784x256 + 256 + 256x10 + 10); the metric sums add one 8-byte float32 all-reduce (2 scalars).
 """
 
@@ -24,11 +24,10 @@ from jax.sharding import PartitionSpec as P
 
 from data.pipeline import TrainSource
 from parallel import ConfigError, make_mesh
-from parallel.compress import (QMAX, adapt_residual, init_residual, int8_mean, payload_bytes,
-                               quantisation_scales)
+from parallel.compress import QMAX, adapt_residual, init_residual, int8_mean, payload_bytes
 from training.build import build, plan
-from training.measure import compiled_step_metrics
-from utils import REPO, make_cfg, max_abs_diff, random_dataset, run_steps
+from measure.compiled import compiled_step_metrics
+from utils import REPO, make_cfg, max_abs_diff, quantisation_scales, random_dataset, run_steps
 
 N = 8
 P_PARAMS = 784 * 256 + 256 + 256 * 10 + 10  # 203530

@@ -30,7 +30,7 @@ from data.pipeline import SyntheticSource
 from data.sources import DataError, load_tfds_split
 from parallel import ConfigError
 from training.build import build, plan
-from training.step import example_keys
+from core.step import example_keys
 from utils import make_cfg, max_abs_diff, random_dataset, run_steps
 
 # name -> (image shape, train examples, test examples, TFDS version)

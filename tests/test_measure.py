@@ -20,10 +20,10 @@ import pytest
 
 from data.pipeline import TrainSource
 from training.build import build, plan
-from training.comm import parse_hlo_collectives
-from training.measure import compiled_step_metrics, state_bytes_per_device
-from training.profile import collective_time_from_events, measured_ratio
-from training.step import METRIC_SUM_BYTES
+from measure.hlo_text import parse_hlo_collectives
+from measure.compiled import compiled_step_metrics, state_bytes_per_device
+from measure.profiler import collective_time_from_events, measured_ratio
+from core.step import METRIC_SUM_BYTES
 from utils import SHARED_TFDS, make_cfg, random_dataset
 
 PARAM_BYTES = 203530 * 4  # 814120

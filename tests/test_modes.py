@@ -94,7 +94,7 @@ def test_fsdp_state_bytes_per_device():
     exp = build(plan(make_cfg(parallel__name="fsdp")))
     sharded, replicated = exp.mode.sharded_and_replicated_bytes(exp.state.params)
     assert (sharded, replicated) == (814080, 40)  # everything but the 10-element output bias is sharded
-    from training.measure import state_bytes_per_device
+    from measure.compiled import state_bytes_per_device
 
     scalars = sum(x.nbytes for x in jax.tree.leaves(exp.state) if x.ndim == 0)
     assert state_bytes_per_device(exp.state) == 3 * (sharded // 8 + replicated) + scalars

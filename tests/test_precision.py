@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from data.pipeline import TrainSource
-from training.precision import init_loss_scale, update_loss_scale
-from training.step import example_keys
+from core.precision import init_loss_scale, update_loss_scale
+from core.step import example_keys
 from utils import make_cfg, max_abs_diff, random_dataset, run_steps
 
 DATA = random_dataset(2048)
@@ -98,7 +98,7 @@ def test_linear_lr_scaling_with_warmup():
 
 
 def test_cosine_schedule_uses_decay_steps():
-    from training.optim import make_schedule
+    from core.optim import make_schedule
 
     sched = make_schedule(1.0, "cosine", 10, 100)
     np.testing.assert_allclose([float(sched(i)) for i in (0, 5, 10, 60, 110)],
@@ -134,7 +134,7 @@ def test_identical_images_get_different_masks():
 @pytest.mark.parametrize("mode", MODES)
 def test_gradient_reductions_are_float32_under_fp16(mode):
     """XLA:CPU keeps f16 collectives as f16 (it only promotes bf16), so fp16 shows the reduction dtype."""
-    from training.comm import parse_hlo_collectives
+    from measure.hlo_text import parse_hlo_collectives
 
     cfg = make_cfg(parallel__name=mode, precision__name="fp16", precision__compute_dtype="float16",
                    precision__loss_scale="dynamic")

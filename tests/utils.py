@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from omegaconf import OmegaConf
 
 from conf.schema import Config
 from data.pipeline import TrainSource
 from data.sources import HostDataset
+from parallel import compress
 from training.build import build, plan
 
 REPO = Path(__file__).resolve().parent.parent
@@ -91,3 +94,16 @@ def assert_matches_reference(run, ref, tol: float, devices: int, steps: int) -> 
     assert max_abs_diff(state.opt_state, ref_state.opt_state) <= tol
     assert exp.mode.replica_divergence((exp.state.params, exp.state.opt_state)) == 0.0  # replicas in sync
     assert int(state.step) == steps
+
+
+def quantisation_scales(tree: Any, axis_name: Any, residual: Optional[dict] = None) -> jax.Array:
+    """float32 ``[num_leaves]``: the scales ``int8_mean`` would use for these inputs (test-only: checks the quantisation)."""
+    leaves = jax.tree.leaves(tree)
+    n = compress._axis_size(axis_name)
+    lay = compress.FlatLayout(sizes=tuple(int(math.prod(x.shape)) for x in leaves), num_devices=n)
+    flat = jnp.pad(jnp.concatenate([x.reshape(-1).astype(jnp.float32) for x in leaves]), (0, lay.padded - lay.total))
+    if residual is not None:
+        flat = flat + residual["worker"]
+    amax = jax.lax.pmax(jnp.stack([jnp.max(jnp.abs(flat[o:o + s])) for o, s in zip(lay.offsets, lay.sizes)]),
+                        axis_name)
+    return jnp.where(amax > 0, amax / compress.QMAX, 1.0)

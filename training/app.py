@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Optional
 
 import jax
 
 from conf.schema import Config
-from training.distributed import check_device_counts, raise_startup_error
+from core.errors import USER_ERRORS
+from training.distributed import Startup, check_device_counts
+from training.prepare import describe
 from training.report import Reporter, console
-from training.run import USER_ERRORS, describe, run
+from training.run import run
 
 log = logging.getLogger(__name__)
 
 
-def run_and_report(cfg: Config, run_dir: Path) -> bool:
-    """Runs ``cfg`` in ``run_dir``; returns True on success.
+def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None) -> bool:
+    """Runs ``cfg`` in ``run_dir``; returns True on success. ``startup``: what ``setup_runtime`` returned
+    (a bad multi-process setting in it is reported like any other bad input).
 
     Bad input (config, data, a non-finite loss) prints one line ``error: ...`` on stderr and writes
     ``summary.json`` with ``status: failed`` and the error; anything else is a bug and propagates with its
@@ -24,8 +28,9 @@ def run_and_report(cfg: Config, run_dir: Path) -> bool:
     """
     reporter = Reporter(run_dir, enabled=jax.process_index() == 0)
     try:
-        # distributed: a bad multi-process setting or unequal device counts stop here
-        raise_startup_error()
+        # a bad multi-process setting or unequal device counts stop here
+        if startup is not None:
+            startup.raise_error()
         if jax.process_count() > 1:
             check_device_counts()
         summary = run(cfg, run_dir, reporter)

@@ -16,17 +16,21 @@ import jax.numpy as jnp
 from flax import nnx
 
 from conf.schema import Config
+from core.errors import ConfigError
+from core.optim import effective_lr, make_optimizer, make_schedule
+from core.precision import LOSS_SCALING_MODES, init_loss_scale
+from core.step import LocalGrads, TrainState, Updater, create_state
 from data.augment import augment_spec
+from measure.profiler import check_window
+from measure.throughput import check_target_accuracy
 from models import build_model
-from parallel import ConfigError, ParallelMode, make_mesh, mode_class, resolve_mesh_shape
+from parallel import ParallelMode, make_mesh, mode_class, resolve_mesh_shape
 from parallel.base import StepFns, reduce_dtype
-from parallel.compress import COMPRESSIONS, init_residual
-from training.optim import effective_lr, make_optimizer, make_schedule
-from training.precision import LOSS_SCALING_MODES, init_loss_scale
+from parallel.compress import COMPRESSIONS
 from training.report import resolve_wandb_mode
 from training.validate import check_library_settings
-from training.step import LocalGrads, TrainState, Updater, create_state
 
+TRANSFER_GUARDS = ("allow", "log", "disallow", "log_explicit", "disallow_explicit")  # jax.transfer_guard levels
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 DEFAULT_GLOBAL_BATCH = 256
 
@@ -111,6 +115,7 @@ def plan(cfg: Config) -> Plan:
     check_compression(cfg.parallel.grad_compression, cfg.parallel.grad_reduce_dtype, mode)
     check_numbers(cfg)
     check_library_settings(cfg, extra_tags=[mode.name, cfg.precision.name, f"devices={n}"])
+    check_measurement(cfg)
     try:
         reduce_dtype(cfg.parallel.grad_reduce_dtype)
         augment_spec(cfg.data.augment, cfg.data.crop_padding, cfg.data.flip)
@@ -140,6 +145,23 @@ def check_compression(compression: str, grad_reduce_dtype: Optional[str], mode: 
         raise ConfigError(f"parallel.grad_compression={compression} replaces the gradient reduction, so "
                           f"parallel.grad_reduce_dtype={grad_reduce_dtype} would be ignored; set "
                           f"parallel.grad_reduce_dtype=null")
+
+
+def check_measurement(cfg: Config) -> None:
+    """Raises ConfigError for an unknown ``train.transfer_guard``, a ``train.target_accuracy`` outside (0, 1], or
+    a profile window past ``train.steps`` (with ``train.epochs`` the step count needs the data;
+    ``training.prepare`` checks the window then)."""
+    target_error = check_target_accuracy(cfg.train.target_accuracy)
+    if target_error:
+        raise ConfigError(target_error)
+    if cfg.train.transfer_guard not in TRANSFER_GUARDS:
+        raise ConfigError(f"train.transfer_guard={cfg.train.transfer_guard!r} is unknown; "
+                          f"choose one of {', '.join(TRANSFER_GUARDS)}")
+    if cfg.train.steps is not None and cfg.train.steps > 0:
+        window_error = check_window(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps,
+                                    cfg.train.steps)
+        if window_error:
+            raise ConfigError(window_error)
 
 
 def check_numbers(cfg: Config) -> None:
@@ -236,7 +258,7 @@ def build(p: Plan) -> Experiment:
     tx, schedule = _optimizer(cfg, p.peak_lr)
     graphdef, host_state = init_host_state(cfg, tx)
     if cfg.parallel.grad_compression == "int8":  # per-device error-feedback residual, zero at start
-        host_state = host_state.replace(grad_residual=init_residual(host_state.params, mode.num_devices))
+        host_state = host_state.replace(grad_residual=mode.feedback.init(host_state.params))
     local = LocalGrads(graphdef=graphdef, compute_dtype=p.compute_dtype, accum_steps=cfg.train.accum_steps,
                        seed=cfg.train.seed, use_example_keys=cfg.model.dropout > 0,
                        augment=augment_spec(cfg.data.augment, cfg.data.crop_padding, cfg.data.flip))

@@ -19,7 +19,7 @@ mode (pmap: restored on the host, then ``mode.place_state``).
 
 Saves are asynchronous (orbax copies the arrays to host memory in ``save`` and writes them in a background
 thread; the donated device buffers can be reused at once). The data order is a pure function of
-(``train.seed``, step) (``data.pipeline``), as is every per-example random key (``training.step``), so the
+(``train.seed``, step) (``data.pipeline``), as is every per-example random key (``core.step``), so the
 step alone fixes where a resumed run continues; epoch and position are recorded for people.
 
 Errors: ``parallel.ConfigError`` (bad ``checkpoint.*`` settings, a resume path that does not exist, a
@@ -37,12 +37,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from conf.schema import CheckpointConfig
-from parallel import ConfigError
-from parallel.compress import adapt_residual
+from core.errors import ConfigError
+from parallel.base import host_finite_flags
 
 log = logging.getLogger(__name__)
 
@@ -217,43 +216,11 @@ def _leaf_specs(tree) -> dict[str, tuple[tuple, str]]:
     return {_name(p): (tuple(x.shape), str(np.dtype(x.dtype))) for p, x in leaves}
 
 
-# ---- the state of a mode ---------------------------------------------------------------------------------
-def device_axes(placed_state) -> int:
-    """Leading device axes of a mode's placed state (pmap: 1, others: 0): ``step`` is a scalar on the host."""
-    return int(np.ndim(placed_state.step))
-
-
-def host_abstract(placed_state):
-    """``jax.ShapeDtypeStruct`` tree of the host-form state (no device axis) of a placed state.
-
-    The int8 error-feedback residual keeps its rows: it has one row per device in every form."""
-    lead = device_axes(placed_state)
-    residual = jax.eval_shape(lambda r: r, placed_state.grad_residual)
-    host = jax.eval_shape(lambda s: jax.tree.map(lambda x: x[(0,) * lead], s), placed_state.replace(grad_residual=None))
-    return host.replace(grad_residual=residual)
-
-
-@jax.jit
-def _finite_flags(params, opt_state):
-    def all_finite(tree):
-        leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
-        return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
-
-    return all_finite(params), all_finite(opt_state)
-
-
-def finite_flags(state) -> tuple[bool, bool]:
-    """(params all finite, optimizer state all finite) of a host-form or placed state (one small device op)."""
-    if device_axes(state) or isinstance(jax.tree.leaves(state.params)[0], np.ndarray):
-        # pmap state: every replica holds the whole array; read this process's first copy (a multi-process
-        # array cannot be fetched whole).
-        first = lambda x: np.asarray(jax.device_get(x.addressable_shards[0].data)) if isinstance(x, jax.Array) \
-            else np.asarray(x)
-        host = jax.tree.map(first, (state.params, state.opt_state))
-        return tuple(bool(all(np.all(np.isfinite(x)) for x in jax.tree.leaves(t)
-                              if np.issubdtype(x.dtype, np.inexact))) for t in host)
-    flags = _finite_flags(state.params, state.opt_state)
-    return tuple(bool(np.asarray(f.addressable_data(0))) for f in flags)
+def finite_flags(state, mode) -> tuple[bool, bool]:
+    """(params all finite, optimizer state all finite) of a host-form state or of ``mode``'s placed state."""
+    if isinstance(jax.tree.leaves(state.params)[0], np.ndarray):
+        return host_finite_flags(state.params, state.opt_state)
+    return mode.finite_flags(state)
 
 
 # ---- saving -----------------------------------------------------------------------------------------------
@@ -284,7 +251,7 @@ class Saver:
           NonFiniteError: params or optimizer state hold NaN/inf; nothing is written and the previous
             checkpoints stay as they are.
         """
-        params_ok, opt_ok = finite_flags(state)
+        params_ok, opt_ok = finite_flags(state, mode)
         if not (params_ok and opt_ok):
             what = "parameters" if not params_ok else "optimizer state"
             prev = (f"the last good checkpoint is {self.step_dir(self.last_step)} (step {self.last_step})"
@@ -292,7 +259,7 @@ class Saver:
             raise NonFiniteError(f"{what} are not finite after step {step}: no checkpoint written; {prev}; lower "
                                  f"optim.lr, enable optim.clip_grad_norm, or, under bf16/fp16, use precision=fp32")
         ocp = _ocp()
-        to_save = mode.state_to_host(state) if device_axes(state) else state
+        to_save = mode.state_for_save(state)
         self.manager.save(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardSave(to_save),
                                                            META: ocp.args.JsonSave(metadata)}), force=True)
         self.last_step = step
@@ -362,7 +329,7 @@ def restore_step(step_dir: Path, mode, placed_state) -> Restored:
     """
     ocp = _ocp()
     step_dir = Path(step_dir).absolute()
-    abstract = host_abstract(placed_state)
+    abstract = mode.host_abstract(placed_state)
     with ocp.CheckpointManager(step_dir.parent, item_handlers=_handlers(),
                                options=ocp.CheckpointManagerOptions(create=False)) as manager:
         step = int(step_dir.name)
@@ -372,8 +339,7 @@ def restore_step(step_dir: Path, mode, placed_state) -> Restored:
         # the int8 residual's shape depends on the device count; it is read as saved (host numpy)
         # and adapted below (kept, or reset to zero with a warning), so it is left out of the comparison.
         saved_residual = saved.tree.get("grad_residual") if isinstance(saved.tree, dict) else None
-        residual_target = ({k: np.zeros(v.shape, v.dtype) for k, v in saved_residual.items()}
-                           if saved_residual else None)
+        residual_target = mode.feedback.restore_target(saved_residual)
         have, want = ({k: v for k, v in _leaf_specs(t).items() if not k.startswith("grad_residual.")}
                       for t in (saved.tree, abstract.replace(grad_residual=None)))
         if have != want and any(k.startswith("params.") and k.endswith(".value") for k in have):
@@ -386,27 +352,15 @@ def restore_step(step_dir: Path, mode, placed_state) -> Restored:
             raise ConfigError(f"checkpoint {step_dir} does not fit this run: {diff} is {have.get(diff, 'absent')} "
                               f"there but {want.get(diff, 'absent')} here; resume with the checkpoint's model and "
                               f"optimizer settings, or set checkpoint.resume=never / another checkpoint.dir")
-        if device_axes(placed_state):
-            target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), abstract)
-        else:
-            shardings = mode.state_shardings(abstract)
-            target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
-        target = target.replace(grad_residual=residual_target)
+        target = mode.restore_target(abstract).replace(grad_residual=residual_target)
         out = manager.restore(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target),
                                                                META: ocp.args.JsonRestore()}))
     state, meta = out[STATE], dict(out[META])
     # keep the residual when saved for this device count, else zeros (warning); None when unused
     residual = None
     if placed_state.grad_residual is not None:
-        residual = adapt_residual(state.grad_residual, abstract.params, mode.num_devices)
-        if not device_axes(placed_state):
-            residual = jax.device_put(residual, mode.state_shardings(abstract).grad_residual)
-    state = state.replace(grad_residual=residual)
-    if device_axes(placed_state):
-        saved_step = int(state.step)
-        state = mode.place_state(state)
-    else:
-        saved_step = int(np.asarray(state.step.addressable_data(0)))
+        residual = mode.feedback.adapt(state.grad_residual, abstract.params)
+    state, saved_step = mode.from_restored(state, abstract, residual)
     if saved_step != step or meta.get("step") != step:
         raise ValueError(f"{step_dir} holds step {saved_step} (metadata: {meta.get('step')}), not {step}")
     return Restored(state=state, step=step, path=step_dir, metadata=meta)
@@ -571,63 +525,6 @@ class RunCheckpoints:
             return {}
         return {"checkpoint/dir": str(self.plan.directory), "checkpoint/last_step": self.saver.last_step,
                 "checkpoint/last_path": str(self.last_path) if self.last_path else None}
-
-
-class StopOnSignal:
-    """While active, SIGTERM and SIGINT only set ``signal_name`` (the loop finishes its step, saves and stops).
-
-    A second SIGINT raises ``KeyboardInterrupt`` at once (an impatient Ctrl-C). Handlers are installed only
-    in the main thread and the previous ones are put back on exit.
-
-    With several processes (``jax.distributed``) no Python handler is installed: JAX's preemption service
-    already catches SIGTERM and agrees on one step at which every process stops
-    (``jax.experimental.multihost_utils.reached_preemption_sync_point``, asked once per step by ``requested``),
-    so all processes save the same step together.
-    """
-
-    def __init__(self):
-        self.signal_name: Optional[str] = None
-        self._previous: dict = {}
-        self._multi = jax.process_count() > 1
-
-    def requested(self, done: int) -> bool:
-        """Whether the run must save and stop after step ``done`` (call once per step, on every process)."""
-        if self._multi and self.signal_name is None:
-            from jax.experimental import multihost_utils
-
-            if multihost_utils.reached_preemption_sync_point(done):
-                self.signal_name = "SIGTERM (preemption, all processes)"
-        return self.signal_name is not None
-
-    def _handle(self, signum, frame):
-        import signal
-
-        name = signal.Signals(signum).name
-        if self.signal_name is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signal_name = name
-        log.warning("%s received: finishing the current step, then saving a checkpoint and stopping", name)
-
-    def install(self) -> "StopOnSignal":
-        import signal
-        import threading
-
-        if not self._multi and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def uninstall(self) -> None:
-        import signal
-
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-    __enter__ = install
-
-    def __exit__(self, *exc) -> None:
-        self.uninstall()
 
 
 IGNORED_CHANGES = ("checkpoint.", "wandb.", "profile.", "data.cache_dir", "data.data_dir", "distributed.")

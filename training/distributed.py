@@ -17,8 +17,8 @@ JAX's runtime aborts the process (SIGABRT, exit code 134) about ``timeout_s`` se
 A second call in the same process (Hydra's basic launcher runs a sweep's jobs in one process) is a no-op.
 
 Bad settings (a malformed coordinator, a process id out of range, nothing to detect) are not raised here:
-the one-line error is kept and raised by ``raise_startup_error()`` inside ``training.app``, so it is reported
-like every other bad input (``error: ...`` on stderr, ``summary.json`` with ``status: failed``, exit 1).
+``initialize`` returns a ``Startup`` whose ``error`` ``training.app`` raises, so it is reported like every
+other bad input (``error: ...`` on stderr, ``summary.json`` with ``status: failed``, exit 1).
 
 After initialisation, processes other than 0 log only to their own file ``<job>_process<i>.log`` (Hydra's
 ``train.log`` becomes ``train_process1.log``) with every line prefixed ``[process i]``; their console shows
@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from conf.schema import DistributedConfig
-from parallel import ConfigError
+from core import compat
+from core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +69,21 @@ class Settings:
                 f"num_processes={self.num_processes} timeout_s={self.timeout_s} ({self.source})")
 
 
+@dataclasses.dataclass(frozen=True)
+class Startup:
+    """What ``initialize`` found: the settings it joined with (None: a single process) and the one-line error
+    of a bad setting (None when all was well), which ``training.app`` raises as a ``DistributedError``."""
+
+    settings: Optional[Settings] = None
+    error: Optional[str] = None
+
+    def raise_error(self) -> None:
+        """Raises ``DistributedError(error)``; nothing when all was well."""
+        if self.error is not None:
+            raise DistributedError(self.error)
+
+
 _settings: Optional[Settings] = None      # what this process initialised with (None: single process)
-_startup_error: Optional[str] = None     # a bad setting found before initialising, raised in training.app
 
 
 # ---- deciding and resolving -------------------------------------------------------------------------
@@ -79,9 +93,8 @@ def detect_cluster():
     Uses JAX's own detectors (``jax._src.clusters``: SLURM, Open MPI, Cloud TPU, GKE, Kubernetes), skipping
     the opt-in ones (mpi4py), in JAX's order.
     """
-    try:
-        from jax._src import clusters
-    except ImportError:  # private module moved: no auto-detection (explicit settings still work)
+    clusters = compat.clusters()
+    if clusters is None:  # private module moved: no auto-detection (explicit settings still work)
         return None
     for env in clusters.ClusterEnv._cluster_types:
         if env.opt_in_only_method:
@@ -120,14 +133,14 @@ def resolve(cfg: DistributedConfig, cluster=None) -> Settings:
     coordinator, num, pid, device_ids = cfg.coordinator, cfg.num_processes, cfg.process_id, None
     source = "config"
     if cluster is not None and None in (coordinator, num, pid):
-        from jax._src import cloud_tpu_init
-
+        cloud_tpu_init = compat.cloud_tpu_init()
         port = os.environ.get("JAX_COORDINATOR_PORT")
         coordinator = coordinator or cluster.get_coordinator_address(timeout_secs=cfg.timeout_s,
                                                                      override_coordinator_port=port)
         num = cluster.get_process_count() if num is None else num
         pid = cluster.get_process_id() if pid is None else pid
-        if not cloud_tpu_init.running_in_cloud_tpu_vm:  # as JAX: one device per process, except on TPU VMs
+        # as JAX does: one device per process, except on TPU VMs
+        if cloud_tpu_init is None or not cloud_tpu_init.running_in_cloud_tpu_vm:
             local = cluster.get_local_process_id()
             device_ids = None if local is None else (int(local),)
         source = cluster.__name__
@@ -154,33 +167,31 @@ def resolve(cfg: DistributedConfig, cluster=None) -> Settings:
 
 
 # ---- initialising -----------------------------------------------------------------------------------
-def initialize(cfg: DistributedConfig) -> Optional[Settings]:
-    """Joins the multi-process job when ``cfg`` (or the environment) asks for one; returns the settings or None.
+def initialize(cfg: DistributedConfig) -> Startup:
+    """Joins the multi-process job when ``cfg`` (or the environment) asks for one; returns a ``Startup``.
 
     Must run before the JAX backend starts (before ``jax.devices()``). No-op when already initialised (returns
-    the first call's settings). A bad setting is kept for ``raise_startup_error()`` and None is returned.
+    the first call's settings). A bad setting is returned as ``Startup(error=...)``, not raised.
     """
-    global _settings, _startup_error
+    global _settings
     import jax
 
     if jax.distributed.is_initialized():
         if _settings is not None and _settings.process_id > 0:
             route_logging(_settings.process_id)  # Hydra's basic launcher set up fresh handlers for this job
-        return _settings
-    from training.runtime import backend_started
+        return Startup(_settings)
 
     cluster = detect_cluster() if cfg.enabled is not False else None
     if not wanted(cfg, cluster):
-        return None
+        return Startup()
     try:
         s = resolve(cfg, cluster)
-        if backend_started():
+        if compat.backend_started():
             raise DistributedError("the JAX backend started before jax.distributed.initialize (something queried "
                                    "the devices first); run train.py in a fresh process per job (a sweep needs "
                                    "hydra/launcher=submitit_local or submitit_slurm)")
     except DistributedError as e:
-        _startup_error = str(e)
-        return None
+        return Startup(error=str(e))
     print(s.line(), file=sys.stderr, flush=True)
     if s.process_id > 0:
         route_logging(s.process_id)  # before JAX logs anything of this process into the shared train.log
@@ -192,22 +203,16 @@ def initialize(cfg: DistributedConfig) -> Optional[Settings]:
                                    local_device_ids=list(s.local_device_ids) if s.local_device_ids else None,
                                    initialization_timeout=s.timeout_s)
     except Exception as e:  # most failures abort inside JAX's runtime; the rest become one line here
-        _startup_error = (f"jax.distributed.initialize failed for process {s.process_id} of {s.num_processes} "
-                          f"(coordinator {s.coordinator}): {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-        return None
+        first_line = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return Startup(error=f"jax.distributed.initialize failed for process {s.process_id} of "
+                             f"{s.num_processes} (coordinator {s.coordinator}): {first_line}")
     _settings = s
-    return s
+    return Startup(s)
 
 
 def settings() -> Optional[Settings]:
     """The settings this process initialised with, or None (a single process)."""
     return _settings
-
-
-def raise_startup_error() -> None:
-    """Raises the bad setting ``initialize`` found (DistributedError, one line); nothing when all was well."""
-    if _startup_error is not None:
-        raise DistributedError(_startup_error)
 
 
 # ---- checks after the backend is up ---------------------------------------------------------------------

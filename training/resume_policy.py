@@ -23,7 +23,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional
 
-from parallel import ConfigError
+from core.errors import ConfigError
 
 ALLOWED = ("train.steps", "train.epochs", "train.log_every", "train.eval_every", "train.eval_batch",
            "train.sync_every", "train.sync_strict", "train.max_in_flight", "train.debug_dump_indices",

@@ -6,22 +6,16 @@ import logging
 import os
 
 from conf.schema import Config
+from core.compat import backend_started
+from training.distributed import Startup, initialize
 
 log = logging.getLogger(__name__)
 
 
-def backend_started() -> bool:
-    """Whether a JAX backend has been initialised in this process (then device settings are fixed)."""
-    try:
-        from jax._src import xla_bridge
-
-        return bool(xla_bridge._backends)
-    except Exception:  # private API moved: assume started, so we never change settings under a live backend
-        return True
-
-
-def setup_runtime(cfg: Config) -> None:
+def setup_runtime(cfg: Config) -> Startup:
     """Applies ``xla.flags``, ``runtime.cpu_devices`` and ``distributed`` once per process, before the backend starts.
+
+    Returns what joining a multi-process job found (``Startup.error``: a bad setting, raised by ``training.app``).
 
     Later calls in the same process (Hydra's default launcher runs every sweep job in one process) leave the
     settings as they are: the device count of a process is fixed once its backend is up.
@@ -40,7 +34,5 @@ def setup_runtime(cfg: Config) -> None:
             log.info("XLA flags (xla=%s): %s", cfg.xla.name, " ".join(cfg.xla.flags))
         if cfg.runtime.cpu_devices >= 1:  # a bad value is reported by training.build.plan (one line)
             jax.config.update("jax_num_cpu_devices", cfg.runtime.cpu_devices)
-    # distributed: join a multi-process job before anything queries devices; no-op when done
-    from training.distributed import initialize
-
-    initialize(cfg.distributed)
+    # join a multi-process job before anything queries the devices; a no-op when already done
+    return initialize(cfg.distributed)

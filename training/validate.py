@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from parallel import ConfigError
+from core.errors import ConfigError
 
 GLOB_CHARS = "[]*?"
 WANDB_TAG_MAX_CHARS = 64

@@ -15,7 +15,7 @@ computes::
 
 An event is an XLA op of the step when its ``args`` carry ``hlo_op`` (XLA's annotation) and, when the trace
 gives one, ``hlo_module`` equals the compiled step's module name. It is a collective when its ``hlo_op`` (or
-name) is one of the compiled step's collectives (names from ``training.comm.parse_hlo_collectives``, which
+name) is one of the compiled step's collectives (names from ``measure.hlo_text.parse_hlo_collectives``, which
 drops no-ops over groups of one device; JAX may name them ``psum.3``, ``ppermute.1`` ...), is the
 ``-done``/``-update`` half of an async collective of a kind the step has, or is an NCCL kernel (``nccl*``).
 Without the step's HLO, any name starting with a collective opcode counts (``all-reduce``, ``all-gather``,
@@ -227,7 +227,7 @@ class Profiler:
         self.module = hlo_module_name(hlo_text) if hlo_text else None
         self.collective_names: Optional[dict[str, str]] = None
         if enabled and hlo_text:
-            from training.comm import parse_hlo_collectives
+            from measure.hlo_text import parse_hlo_collectives
 
             self.collective_names = {c.name: c.kind for c in parse_hlo_collectives(hlo_text, num_devices)}
         self._t0: Optional[float] = None

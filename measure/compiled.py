@@ -1,6 +1,6 @@
 """Static measurements of the compiled step: communication, memory, FLOPs, and hardware look-ups.
 
-Definitions are those of DESIGN.md ("Metric definitions").
+Each metric's definition is in its function's docstring (README, "Metrics", lists them).
 """
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from typing import Any, Optional
 
 import jax
 
-from training.comm import comm_metrics, parse_hlo_collectives, parse_stablehlo_collectives
+from measure.collectives import comm_metrics
+from measure.hlo_text import parse_hlo_collectives
+from measure.stablehlo import parse_stablehlo_collectives
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from data.augment import AugmentSpec, augment_images
-from training.precision import LossScaleState, update_loss_scale
+from core.augment import AugmentSpec, augment_images
+from core.precision import LossScaleState, update_loss_scale
 
 Metrics = dict[str, jax.Array]
 
@@ -88,7 +88,7 @@ class LocalGrads:
       accum_steps: K, microbatches per optimizer step.
       seed: seed of the per-example randomness (dropout, augmentation).
       use_example_keys: whether the model needs per-example keys (dropout > 0).
-      augment: ``data.augment.AugmentSpec`` (random crop/flip of the uint8 training images, on the
+      augment: ``core.augment.AugmentSpec`` (random crop/flip of the uint8 training images, on the
         device, each example keyed by (seed, step, global example index)), or None (no augmentation).
     """
 

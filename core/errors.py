@@ -1,0 +1,22 @@
+"""The user-facing errors: each message is ONE line naming the offending values and the way out.
+
+``training.app`` turns any of ``USER_ERRORS`` into ``error: <line>`` on stderr, a failed ``summary.json`` and
+exit code 1 (no traceback).
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """Bad user input; the message is one line naming the offending values and the fix."""
+
+
+class DataError(RuntimeError):
+    """The dataset cannot be found or read; the message is one line that says the way out."""
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (e.g. a non-finite loss); the message is one line."""
+
+
+USER_ERRORS = (ConfigError, DataError, TrainingError)

@@ -1,0 +1,43 @@
+"""Rates of a logging window from its step time and the compiled step's static figures."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+def comm_time_model_s(comm_bytes_per_step: float, link_bytes_per_s: float) -> float:
+    """Lower bound of a step's communication time [s]: ring-model bytes each device sends per step
+    (``comm/bytes_per_step``) / per-direction link bandwidth [bytes/s]."""
+    return comm_bytes_per_step / link_bytes_per_s
+
+
+def comm_ratio_model(time_model_s: float, step_time_s: float) -> float:
+    """``comm/ratio_model`` = modelled communication time / measured step time (both seconds)."""
+    return time_model_s / step_time_s
+
+
+def mfu(flops_per_step_per_device: float, step_time_s: float, peak_flops_per_s: float) -> float:
+    """Model FLOP utilisation: FLOPs of one step on one device (``compiled.cost_analysis()``, a multiply-add
+    counts 2) / step time [s] / the device's dense peak FLOP/s."""
+    return flops_per_step_per_device / step_time_s / peak_flops_per_s
+
+
+def window_perf(step_time_s: float, global_batch: int, num_devices: int, info: dict,
+                peak_flops_per_s: Optional[float]) -> dict[str, float]:
+    """The ``perf/*`` (and ``comm/ratio_model``, ``perf/mfu`` where known) keys of one logging window.
+
+    Args:
+      step_time_s: mean wall time of the window's steps [s].
+      global_batch: examples per optimizer step.
+      num_devices: devices of the mesh.
+      info: the run's static figures (``comm/time_model_s``, ``perf/flops_per_step_per_device`` when known).
+      peak_flops_per_s: the device's dense peak FLOP/s, or None (no MFU).
+    """
+    perf = {"perf/step_time_s": step_time_s, "perf/examples_per_s": global_batch / step_time_s,
+            "perf/examples_per_s_per_device": global_batch / step_time_s / num_devices,
+            "mesh/devices": num_devices}
+    if "comm/time_model_s" in info:
+        perf["comm/ratio_model"] = comm_ratio_model(info["comm/time_model_s"], step_time_s)
+    if peak_flops_per_s and "perf/flops_per_step_per_device" in info:
+        perf["perf/mfu"] = mfu(info["perf/flops_per_step_per_device"], step_time_s, peak_flops_per_s)
+    return perf

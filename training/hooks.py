@@ -1,0 +1,259 @@
+"""What the loop does between steps, one small object per concern.
+
+A hook says when it is due (``due(step)``, ``step`` = optimizer steps done so far) and acts (``run(loop,
+step)``). The loop asks every hook once per step, in order, and, when any is due, pauses its step timer ONCE
+(waiting for the last step's output), runs the due hooks in order, and resumes. ``close()`` runs when the loop
+ends (also on errors) and ``summary()`` adds keys to the run's summary.
+
+Order matters and is the list's order (``training.run.make_hooks``): profiler, sync check, evaluation, window
+log, final evaluation, checkpoint. Values a hook adds to ``loop.extra`` (sync check, evaluation) go on the
+record the window log writes at that step. The final evaluation runs at the last step after the window is
+logged and before the checkpoint hook, and the checkpoint hook runs last: a non-finite loss (window log) or
+non-finite final metrics (final evaluation) stop the run before a save, so a diverged run leaves no final
+checkpoint (earlier periodic ones stay). A hook that needs per-window throughput reads ``loop.windows``
+(``(steps, elapsed_s)`` of each logged window, appended by ``WindowLog``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any, Optional
+
+import jax
+
+from core.errors import TrainingError
+from measure.profiler import Profiler
+from measure.rates import window_perf
+from measure.throughput import JobClock, TargetTracker, WindowStats
+from training import checkpoint
+from training.console_lines import window_line
+from training.outcome import nonfinite_final
+from training.signals import StopOnSignal
+
+log = logging.getLogger(__name__)
+
+
+class StepTimer:
+    """Wall time of the steps of a logging window, excluding pauses (hooks: eval, sync checks, logging)."""
+
+    def __init__(self):
+        self.elapsed_s, self.steps, self._t0 = 0.0, 0, time.perf_counter()
+
+    def pause(self, last_output) -> None:
+        jax.block_until_ready(last_output)
+        self.elapsed_s += time.perf_counter() - self._t0
+
+    def resume(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def take(self) -> tuple[float, int]:
+        out = (self.elapsed_s, self.steps)
+        self.elapsed_s, self.steps = 0.0, 0
+        return out
+
+
+@dataclasses.dataclass
+class LoopState:
+    """What the hooks see and share: the current state and last step's metrics, the window's device metrics,
+    the extras of this step, the last logged record, per-window timings, the job's clock (first step
+    dispatched) and the final evaluation (None until it ran)."""
+
+    state: Any
+    metrics: Any = None
+    window_records: list = dataclasses.field(default_factory=list)  # (step, device metrics | (metrics, extra))
+    extra: dict = dataclasses.field(default_factory=dict)
+    last: dict = dataclasses.field(default_factory=dict)
+    windows: list = dataclasses.field(default_factory=list)  # (steps, elapsed_s) of each logged window
+    timer: StepTimer = dataclasses.field(default_factory=StepTimer)
+    clock: JobClock = dataclasses.field(default_factory=JobClock)
+    final: Optional[dict] = None
+    logged_this_step: bool = False
+
+
+class Hook:
+    """Base class: never due, nothing to close, nothing to summarise."""
+
+    def due(self, step: int) -> bool:
+        return False
+
+    def run(self, loop: LoopState, step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def summary(self) -> dict[str, Any]:
+        return {}
+
+
+class ProfilerHook(Hook):
+    """Starts/stops the ``jax.profiler`` window (``measure.profiler.Profiler``); its result goes in the summary."""
+
+    def __init__(self, profiler: Profiler):
+        self.profiler = profiler
+
+    def due(self, step: int) -> bool:
+        return self.profiler.acts_at(step)
+
+    def run(self, loop: LoopState, step: int) -> None:
+        self.profiler.after_step(step, loop.metrics)
+
+    def close(self) -> None:
+        self.profiler.close()
+
+    def summary(self) -> dict[str, Any]:
+        return self.profiler.result()
+
+
+class SyncCheck(Hook):
+    """Every ``every`` steps and at the last: the max difference between replicas (must be 0.0)."""
+
+    def __init__(self, mode, every: int, n_steps: int, strict: bool):
+        self.mode, self.every, self.n_steps, self.strict = mode, every, n_steps, strict
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0 or step == self.n_steps
+
+    def run(self, loop: LoopState, step: int) -> None:
+        divergence = self.mode.replica_divergence((loop.state.params, loop.state.opt_state))
+        loop.extra["sync/max_replica_divergence"] = divergence
+        if divergence != 0.0:
+            msg = f"replicas diverged at step {step}: max |difference| = {divergence:g}"
+            if self.strict:
+                raise TrainingError(msg + " (train.sync_strict=true)")
+            log.warning(msg)
+
+
+class Evaluation(Hook):
+    """Every ``every`` steps (not at the last: ``FinalEvaluation`` does that one); each result goes to the
+    target-accuracy tracker with the time since the first step was dispatched."""
+
+    def __init__(self, evaluate, every: Optional[int], n_steps: int, target: TargetTracker):
+        self.evaluate, self.every, self.n_steps, self.target = evaluate, every, n_steps, target
+
+    def due(self, step: int) -> bool:
+        return bool(self.every) and step % self.every == 0 and step != self.n_steps
+
+    def run(self, loop: LoopState, step: int) -> None:
+        loop.extra.update(self.evaluate(loop.state.params))
+        self.target.observe(step, loop.extra["eval/accuracy"], loop.clock.since_first_step_s())
+
+
+class FinalEvaluation(Hook):
+    """At the last step, after the window is logged and before the final checkpoint: the final evaluation
+    (to ``loop.final`` and the target tracker), its record (with the profile's figures), and the divergence
+    check.
+
+    Raises (from ``run``):
+      TrainingError: a final training or evaluation metric is not finite (``training.outcome.nonfinite_final``);
+        the record is written first (strict JSON: null + ``nonfinite``), the final checkpoint never is.
+    """
+
+    def __init__(self, evaluate, n_steps: int, reporter, target: TargetTracker, profiler: Profiler):
+        self.evaluate, self.n_steps, self.reporter = evaluate, n_steps, reporter
+        self.target, self.profiler = target, profiler
+
+    def due(self, step: int) -> bool:
+        return step == self.n_steps
+
+    def run(self, loop: LoopState, step: int) -> None:
+        final = self.evaluate(loop.state.params)
+        self.target.observe(step, final["eval/accuracy"], loop.clock.since_first_step_s())
+        loop.final = final
+        profiled = self.profiler.result()
+        self.reporter.log([{"step": step, **final, **{k: v for k, v in profiled.items() if not isinstance(v, str)}}])
+        diverged = nonfinite_final(loop.last, final)
+        if diverged:
+            raise TrainingError(diverged)
+
+
+class CheckpointHook(Hook):
+    """Periodic and final saves, and stop-on-signal: a signal makes the step a save and then stops the run.
+
+    ``due`` must be asked every step (``StopOnSignal.requested`` takes part in the preemption sync of a
+    multi-process job); it answers the same for repeated calls at one step (the window log asks it too).
+    """
+
+    def __init__(self, ckpts: checkpoint.RunCheckpoints, stop: StopOnSignal, n_steps: int, directory,
+                 wandb_run_id):
+        self.ckpts, self.stop, self.n_steps, self.directory = ckpts, stop, n_steps, directory
+        self.wandb_run_id = wandb_run_id  # () -> Optional[str]
+        self.saving, self._asked = False, None
+
+    def due(self, step: int) -> bool:
+        """Whether the state after ``step`` is saved (asks ``StopOnSignal.requested`` once per step)."""
+        if self._asked != step:
+            self._asked = step
+            self.saving = self.ckpts.saves_at(step) | self.stop.requested(step)  # `|`: requested() every step
+        return self.saving
+
+    def run(self, loop: LoopState, step: int) -> None:
+        reason = "final" if step == self.n_steps else ("signal" if self.stop.signal_name else "periodic")
+        try:
+            saved = self.ckpts.save(loop.state, step, self.wandb_run_id(), reason)
+        except checkpoint.NonFiniteError as e:
+            raise TrainingError(str(e)) from None
+        if self.stop.signal_name is not None and step < self.n_steps:
+            where = (f"checkpoint saved in {saved}; continue with the same command and "
+                     f"checkpoint.dir={self.directory} (or checkpoint.resume={saved})"
+                     if saved else "no checkpoint written (checkpoint.enabled=false)")
+            raise TrainingError(f"stopped by {self.stop.signal_name} after step {step} of {self.n_steps}; {where}")
+
+    def close(self) -> None:
+        self.stop.uninstall()
+        self.ckpts.close()  # waits for the last asynchronous save
+
+    def summary(self) -> dict[str, Any]:
+        return self.ckpts.summary()
+
+
+class WindowLog(Hook):
+    """Every ``every`` steps, at the last, and whenever a checkpoint is saved: the window's records to the
+    reporter, with its step time, throughput, MFU and modelled comm ratio on the last record; the window's
+    timing to ``stats`` (the run's steady-state throughput) and, on process 0, one ``train.log`` line."""
+
+    def __init__(self, mode, updater, reporter, bar, *, every: int, n_steps: int, global_batch: int,
+                 info: dict, peak_flops_per_s: Optional[float], saving: CheckpointHook, stats: WindowStats):
+        self.mode, self.updater, self.reporter, self.bar = mode, updater, reporter, bar
+        self.every, self.n_steps, self.global_batch = every, n_steps, global_batch
+        self.info, self.peak_flops_per_s, self.saving, self.stats = info, peak_flops_per_s, saving, stats
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0 or step == self.n_steps or self.saving.due(step)
+
+    def run(self, loop: LoopState, step: int) -> None:
+        elapsed_s, steps = loop.timer.take()
+        loop.windows.append((steps, elapsed_s))
+        self.stats.add(elapsed_s, steps)
+        perf = window_perf(elapsed_s / steps, self.global_batch, self.mode.num_devices, self.info,
+                           self.peak_flops_per_s)
+        records = flush_window(self.mode, self.updater, loop.window_records, perf, loop.extra)
+        loop.window_records, loop.extra, loop.logged_this_step = [], {}, True
+        loop.last.update(records[-1])
+        self.reporter.log(records)
+        self.bar.set_postfix(loss=f"{loop.last['train/loss']:.4f}", ex_s=f"{perf['perf/examples_per_s']:.0f}")
+        if self.reporter.enabled:  # process 0 (the others' figures are their own timings)
+            log.info("%s", window_line(step, self.n_steps, loop.last["train/loss"], perf["perf/examples_per_s"]))
+
+
+def flush_window(mode, updater, window_records, perf: dict, extra: dict) -> list[dict]:
+    """Device metrics of a window -> one host record per step (``updater.complete`` adds the host-side
+    metrics); perf and extras go on the last record.
+
+    Raises:
+      TrainingError: a step's loss or gradients were not finite (names the first bad step).
+    """
+    records = []
+    for step, item in window_records:
+        metrics, more = item if isinstance(item, tuple) else (item, {})
+        host = {k: float(v) for k, v in mode.metrics_to_host(metrics).items()}
+        records.append({"step": step, **host, **more})
+    bad = updater.complete(records)
+    if bad is not None:
+        raise TrainingError(f"non-finite loss or gradient at step {bad['step']} (loss={bad['train/loss']}); "
+                            f"lower optim.lr, enable optim.clip_grad_norm, or, under bf16/fp16, use precision=fp32")
+    records[-1].update(perf)
+    records[-1].update(extra)
+    return records

@@ -1,0 +1,80 @@
+"""The training loop: dispatch steps with a bound on the steps in flight, call the hooks that are due.
+
+With more than one device taking part the loop keeps at most ``train.max_in_flight`` (2) steps in flight:
+before dispatching step t+1 it waits on step t-1's output (on the CPU backend, queueing ~32 steps of
+simulated-device collectives aborts the process). One device has no collectives, and a ~1.9 ms step leaves no
+room for a host round trip per step, so no bound applies there: the host never waits for a step except inside
+the hooks (a logging window waits for its last step). Apart from that the loop never synchronises with the host.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Optional, Sequence
+
+import jax
+
+from training.hooks import Hook, LoopState
+
+
+def in_flight_bound(num_devices: int, max_in_flight: int) -> Optional[int]:
+    """Steps allowed in flight: ``max_in_flight`` when more than one device takes part (the bound exists for
+    simulated-device collectives), None (unbounded: no wait per step) with one device."""
+    return max_in_flight if num_devices > 1 else None
+
+
+def run_hooks(hooks: Sequence[Hook], loop: LoopState, step: int) -> None:
+    """Asks every hook (every step, in order) whether it is due; pauses the timer once around the due ones."""
+    due = [hook for hook in hooks if hook.due(step)]
+    loop.logged_this_step = False
+    if due:
+        loop.timer.pause(loop.metrics)
+        for hook in due:
+            hook.run(loop, step)
+        loop.timer.resume()
+    if loop.extra and not loop.logged_this_step:
+        # eval / sync values are attached to the next logged record of this step
+        last_step, item = loop.window_records[-1]
+        loop.window_records[-1] = (last_step, (item, loop.extra))
+        loop.extra = {}
+
+
+def train_loop(compiled, loop: LoopState, first_batch, batches, *, start: int, n_steps: int,
+               hooks: Sequence[Hook], bound: Optional[int], transfer_guard: str, bar=None) -> LoopState:
+    """Runs steps ``start + 1 .. n_steps`` from ``loop.state``; returns ``loop`` with the final state. Marks the
+    first dispatch on ``loop.clock`` (``perf/startup_s``); closes every hook when it ends (also on errors).
+
+    Args:
+      compiled: the compiled train step ``(state, batch) -> (state, metrics)``.
+      first_batch: the placed batch of step ``start``; ``batches`` yields the following ones.
+      bound: steps allowed in flight (``in_flight_bound``): after dispatching step t the loop waits for the
+        output of step t - ``bound`` before it dispatches the next; None: unbounded (never waits).
+      transfer_guard: ``jax.transfer_guard`` level around the dispatch (``disallow``: any implicit host <->
+        device transfer there raises; hooks run outside the guard and copy explicitly).
+      bar: a tqdm progress bar, or None.
+    """
+    in_flight: collections.deque = collections.deque()
+    batch = first_batch
+    try:
+        for step in range(start, n_steps):
+            with jax.transfer_guard(transfer_guard):
+                if step > start:
+                    batch = next(batches)
+                loop.state, loop.metrics = compiled(loop.state, batch)
+                if step == start:
+                    loop.clock.first_step()
+                loop.timer.steps += 1
+                loop.window_records.append((step + 1, loop.metrics))
+                if bound is not None:
+                    in_flight.append(loop.metrics)
+                    if len(in_flight) > bound:
+                        jax.block_until_ready(in_flight.popleft())
+            if bar is not None:
+                bar.update(1)
+            run_hooks(hooks, loop, step + 1)
+    finally:
+        if bar is not None:
+            bar.close()
+        for hook in hooks:
+            hook.close()
+    return loop

@@ -1,0 +1,221 @@
+"""Everything before the first training step: plan, data, build, restore, compile, static measurements.
+
+``prepare(cfg, run_dir)`` returns one ``Prepared`` value that the loop (``training.loop``) consumes, or
+``Finished`` when the run's final checkpoint and successful summary already exist (a rerun of a finished run).
+Every check that needs no data already happened in ``training.build.plan``; the ones here need the run folder,
+the data (sizes, labels) or a checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any, Iterator, Optional, Union
+
+import jax
+import numpy as np
+
+from conf.schema import Config, as_dict
+from core.errors import ConfigError
+from data.pipeline import SyntheticSource, TrainSource, make_eval_set, synthetic_eval, train_batches
+from data.sources import load_tfds_split
+from measure.compiled import (compiled_step_metrics, lookup_link_bytes_per_s, lookup_peak_flops_per_s,
+                              state_bytes_per_device)
+from measure.profiler import check_window
+from measure.rates import comm_time_model_s
+from training import checkpoint
+from training.build import Experiment, Plan, build, plan
+from training.distributed import dump_batch_indices
+from training.resume_policy import check_resume_settings, finished_summary
+from training.validate import check_run_folder
+
+log = logging.getLogger(__name__)
+
+
+def describe(cfg: Config) -> dict[str, Any]:
+    """Summary keys known before anything is built (also written for failed runs)."""
+    return {"parallel": cfg.parallel.name, "precision": cfg.precision.name, "model": cfg.model.name,
+            "data": cfg.data.name, "mesh/devices_requested": cfg.mesh.devices,
+            "train/accum_steps": cfg.train.accum_steps, "process_count": jax.process_count()}
+
+
+def batches_need_index(cfg: Config) -> bool:
+    """Whether training batches must carry ``index`` (without it a step places 2 arrays, not 3): per-example
+    keys (dropout, augmentation) or the debug dump of placed indices need it."""
+    return cfg.model.dropout > 0 or cfg.data.augment or cfg.train.debug_dump_indices
+
+
+def load_data(cfg: Config, p: Plan):
+    """(train source, host test split). Raises DataError with one line when the dataset is missing, ConfigError
+    when the data does not fit the config (image shape, labels, fewer examples than one global batch)."""
+    d = cfg.data
+    if d.name == "synthetic":
+        # synthetic sizes and shape are checked before anything is generated
+        if len(d.image_shape) != 3 or min(d.image_shape) <= 0 or d.num_classes < 2:
+            raise ConfigError(f"data.image_shape={list(d.image_shape)} and data.num_classes={d.num_classes} must "
+                              f"be [H, W, C] with positive sizes and at least 2 classes")
+        if d.eval_size <= 0 or d.train_size < p.global_batch:
+            raise ConfigError(f"data.train_size={d.train_size} and data.eval_size={d.eval_size}: the train split "
+                              f"needs at least train.global_batch={p.global_batch} examples and the eval split one")
+        train = SyntheticSource(d.image_shape, d.num_classes, d.train_size, p.global_batch, cfg.train.seed,
+                                with_index=batches_need_index(cfg))
+        return train, synthetic_eval(d.image_shape, d.num_classes, d.eval_size, cfg.train.seed)
+    if not d.tfds_name:
+        raise ConfigError(f"data={d.name} has no data.tfds_name; set it or use data=synthetic")
+    train = load_tfds_split(d.tfds_name, "train", d.data_dir, d.cache_dir, download=d.download)
+    test = load_tfds_split(d.tfds_name, "test", d.data_dir, d.cache_dir, download=d.download)
+    if tuple(train.images.shape[1:]) != tuple(d.image_shape):
+        raise ConfigError(f"data.image_shape={list(d.image_shape)} but {d.tfds_name} images are "
+                          f"{list(train.images.shape[1:])}; fix data.image_shape")
+    # labels must fit data.num_classes; the split must hold one global batch
+    top = int(max(train.labels.max(initial=0), test.labels.max(initial=0)))
+    if top >= d.num_classes:
+        raise ConfigError(f"data.num_classes={d.num_classes} but {d.tfds_name} has label {top}; "
+                          f"set data.num_classes={top + 1}")
+    if len(train) < p.global_batch:
+        raise ConfigError(f"train.global_batch={p.global_batch} exceeds the {len(train)} examples of "
+                          f"{d.tfds_name}/train; lower train.global_batch")
+    return TrainSource(train, p.global_batch, cfg.train.seed, with_index=batches_need_index(cfg)), test
+
+
+def total_steps(cfg: Config, steps_per_epoch: int) -> int:
+    """Optimizer steps of the run: ``train.steps``, else ``train.epochs`` x steps per epoch."""
+    return cfg.train.steps if cfg.train.steps is not None else cfg.train.epochs * steps_per_epoch
+
+
+@dataclasses.dataclass
+class Prepared:
+    """One run, ready for its first step.
+
+    ``exp.state`` is the initial (or restored) placed state; ``first`` the batch of step ``start`` (already
+    placed) and ``batches`` the iterator of the following ones; ``compiled`` the compiled train step;
+    ``info``: the static figures of the run (summary keys: mesh, batch, ``comm/*``, ``mem/*``, ``perf/*``).
+    """
+
+    cfg: Config
+    plan: Plan
+    run_dir: Path
+    exp: Experiment
+    source: Any
+    eval_set: Any
+    n_steps: int
+    start: int
+    restored: Optional[checkpoint.Restored]
+    ckpt_plan: checkpoint.CheckpointPlan
+    first: Any
+    batches: Iterator
+    lowered: Any
+    compiled: Any
+    info: dict[str, Any]
+    peak_flops_per_s: Optional[float]
+
+    def param_count(self) -> int:
+        """Trainable parameters: elements of every leaf of the host-form params."""
+        params = self.exp.mode.host_abstract(self.exp.state).params
+        return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+
+
+@dataclasses.dataclass
+class Finished:
+    """A rerun of a run that already finished: the saved run's ``summary.json`` (nothing to train)."""
+
+    summary: dict[str, Any]
+
+
+def restore(cfg: Config, p: Plan, exp: Experiment, ckpt_plan, n_steps: int, steps_per_epoch: int):
+    """Restores the checkpoint the resume policy picks onto THIS run's layout, before compiling; returns
+    ``(restored or None, first step, the saved run's summary when it already finished or None)`` and warns
+    when the data order or settings changed.
+
+    Raises:
+      ConfigError: the checkpoint was trained with settings a resume refuses (checked on its metadata before
+        anything is restored: ``training.resume_policy``), or it is past this run's last step.
+    """
+    check_resume_settings(ckpt_plan, as_dict(cfg), p.global_batch)  # refused changes: one line, nothing moved
+    restored = checkpoint.resume(ckpt_plan, exp.mode, exp.state)
+    if restored is None:
+        return None, 0, None
+    if restored.step > n_steps:
+        raise ConfigError(f"checkpoint {restored.path} is at step {restored.step}, past this run's "
+                          f"{n_steps} steps; raise train.steps/train.epochs or set checkpoint.resume=never")
+    finished = finished_summary(restored.metadata.get("run_dir"), n_steps) if restored.step == n_steps else None
+    if finished is not None:  # a rerun of a finished run: its summary, no training, no W&B
+        return restored, restored.step, finished
+    exp.state = restored.state
+    for line in checkpoint.data_order_warnings(restored.metadata, global_batch=p.global_batch,
+                                               seed=cfg.train.seed, steps_per_epoch=steps_per_epoch,
+                                               data=cfg.data.name):
+        checkpoint.warn(line)
+    changes = checkpoint.config_changes(restored.metadata.get("config", {}), as_dict(cfg))
+    if changes:
+        checkpoint.warn(f"resuming {restored.path} with settings that differ from its run: {'; '.join(changes)}")
+    return restored, restored.step, None
+
+
+def static_info(cfg: Config, p: Plan, exp: Experiment, n_steps: int, steps_per_epoch: int) -> dict[str, Any]:
+    """Summary keys known once the experiment is built (mesh, batch, schedule)."""
+    device, mode = p.devices[0], exp.mode
+    return {
+        **describe(cfg), "platform": device.platform, "device_kind": device.device_kind,
+        "process_count": jax.process_count(), "mesh/devices": mode.num_devices, "mesh/shape": list(p.mesh_shape),
+        "train/global_batch": p.global_batch, "train/per_device_batch": p.per_device_batch,
+        "train/scaling": p.scaling, "train/steps": n_steps, "train/steps_per_epoch": steps_per_epoch,
+        "parallel/grad_reduce_dtype": cfg.parallel.grad_reduce_dtype, "optim/peak_lr": p.peak_lr,
+        "parallel/grad_compression": cfg.parallel.grad_compression,  # sweeps.report groups by it
+    }
+
+
+def compile_step(cfg: Config, p: Plan, exp: Experiment, first, info: dict[str, Any]):
+    """Lowers and compiles the train step for ``first``'s shapes; adds compile time, ``comm/*``, ``mem/*``,
+    ``perf/flops_*`` and the modelled communication time to ``info``. Returns ``(lowered, compiled, peak
+    FLOP/s or None)``."""
+    device = p.devices[0]
+    t0 = time.perf_counter()
+    lowered = exp.steps.train.lower(exp.state, first)
+    compiled = lowered.compile()
+    info["perf/compile_time_s"] = time.perf_counter() - t0
+    info.update(compiled_step_metrics(lowered, compiled, exp.mode.num_devices))
+    info["mem/state_bytes_per_device"] = state_bytes_per_device(exp.state)
+    detect = cfg.hardware.detect  # hardware=auto: the profile matching the device kind; a chosen profile: its own
+    link = cfg.hardware.link_bytes_per_s or (lookup_link_bytes_per_s(device.device_kind) if detect else None)
+    peak_flops = cfg.hardware.peak_flops_per_s or (
+        lookup_peak_flops_per_s(device.device_kind, cfg.precision.compute_dtype) if detect else None)
+    if link is None:
+        log.info("no link bandwidth known for %s: comm/time_model_s and comm/ratio_model are not computed "
+                 "(set hardware.link_bytes_per_s to model a target)", device.device_kind)
+    else:
+        info["hardware/link_bytes_per_s"] = link
+        info["comm/time_model_s"] = comm_time_model_s(info["comm/bytes_per_step"], link)
+    return lowered, compiled, peak_flops
+
+
+def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
+    """Plan, data, build, restore, compile: the run up to its first step (``Finished`` without compiling when
+    the checkpoint restored is the final one of a run that already finished). Raises USER_ERRORS (one line)."""
+    p = plan(cfg)  # every check that needs neither data nor compilation
+    check_run_folder(run_dir, cfg.checkpoint)
+    ckpt_plan = checkpoint.prepare(cfg.checkpoint, run_dir, jax.process_count())  # the resume path exists
+    source, test = load_data(cfg, p)
+    n_steps = total_steps(cfg, source.steps_per_epoch)
+    window_error = check_window(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps, n_steps)
+    if window_error:  # with train.steps set, plan() already checked this; with train.epochs it needs the data
+        raise ConfigError(window_error)
+    exp = build(p)
+    layout = exp.mode.batch_layout()
+    eval_set = make_eval_set(test, cfg.train.eval_batch, exp.mode.num_devices, layout)
+    restored, start, finished = restore(cfg, p, exp, ckpt_plan, n_steps, source.steps_per_epoch)
+    if finished is not None:
+        return Finished(finished)
+    info = static_info(cfg, p, exp, n_steps, source.steps_per_epoch)
+    first_step = min(start, n_steps - 1)  # a resumed run continues the data order at its step
+    batches = train_batches(source, layout, first_step, n_steps, cfg.data.prefetch)
+    if cfg.train.debug_dump_indices:  # debug aid: which examples each process placed, per step
+        batches = dump_batch_indices(batches, run_dir / f"debug_indices_process{jax.process_index()}.jsonl",
+                                     first_step)
+    first = next(batches)
+    lowered, compiled, peak_flops = compile_step(cfg, p, exp, first, info)
+    return Prepared(cfg=cfg, plan=p, run_dir=run_dir, exp=exp, source=source, eval_set=eval_set, n_steps=n_steps,
+                    start=start, restored=restored, ckpt_plan=ckpt_plan, first=first, batches=batches,
+                    lowered=lowered, compiled=compiled, info=info, peak_flops_per_s=peak_flops)
