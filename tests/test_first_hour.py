@@ -38,6 +38,8 @@ def test_diverged_run_fails_with_one_line(tmp_path):
     final = records[-1]
     assert final["step"] == 1 and final["eval/loss"] is None and final["nonfinite"] == {"eval/loss": "inf"}
     assert math.isfinite(records[-2]["train/loss"])  # the step's own loss was finite: only the update blew up
+    # the final evaluation runs before the final save: a diverged run leaves no checkpoint claiming success
+    assert not (run_dir / "checkpoints" / "1").exists()
 
 
 def test_strict_record_writes_null_and_lists_the_keys():

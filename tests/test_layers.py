@@ -31,20 +31,30 @@ def imported_modules(path: Path) -> list[str]:
     return out
 
 
+SCRIPT_DIRS = ("benchmarks", "scripts", "hydra_plugins")  # run as scripts or found by Hydra; import the packages
+TESTS = REPO / "tests"  # on sys.path when pytest runs: ``utils``, ``conftest`` are top-level names there
+
+
 def module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    root = TESTS if path.is_relative_to(TESTS) else REPO
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts)
 
 
-def repo_modules() -> dict[str, Path]:
-    return {module_name(p): p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
+def repo_modules(everywhere: bool = False) -> dict[str, Path]:
+    """Module name -> file of the packages; with ``everywhere``, also the entry points (``train.py``,
+    ``evaluate.py``), benchmarks, scripts, Hydra plugins and tests."""
+    paths = [p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")]
+    if everywhere:
+        paths += list(REPO.glob("*.py")) + [p for d in SCRIPT_DIRS + ("tests",) for p in (REPO / d).rglob("*.py")]
+    return {module_name(p): p for p in paths}
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(everywhere: bool = False) -> dict[str, set[str]]:
     """module -> the repository modules it imports (``from pkg import mod`` counts as ``pkg.mod``)."""
-    modules = repo_modules()
+    modules = repo_modules(everywhere)
     graph = {}
     for name, path in modules.items():
         graph[name] = {m for m in imported_modules(path) if m in modules and m != name}
@@ -100,7 +110,15 @@ def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 
 def test_no_import_cycles_among_repository_modules():
-    assert find_cycle(package_graph(import_graph())) == []
+    graph = import_graph(everywhere=True)
+    assert {"train", "evaluate", "training.run", "training.loop", "utils", "benchmarks.overhead"} <= set(graph)
+    assert find_cycle(package_graph(graph)) == []
+
+
+def test_nothing_under_parallel_imports_training_or_data():
+    bad = sorted(f"{mod} imports {dep}" for mod, deps in import_graph().items() if mod.startswith("parallel")
+                 for dep in deps if dep.split(".")[0] in ("training", "data"))
+    assert bad == []
 
 
 def test_training_runtime_and_distributed_import_one_way():
@@ -123,6 +141,6 @@ def test_private_jax_apis_resolve_on_the_pinned_jax():
 
 
 def test_private_jax_imports_only_in_compat():
-    users = sorted(str(p.relative_to(REPO)) for p in repo_modules().values()
+    users = sorted(str(p.relative_to(REPO)) for p in repo_modules(everywhere=True).values()
                    if any(m.startswith("jax._src") for m in imported_modules(p)))
     assert users == ["core/compat.py"]

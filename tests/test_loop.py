@@ -1,13 +1,20 @@
 """The loop's pieces without a model: the in-flight bound, hooks called in order with one timer pause, extras
-carried to the next logged record, and the size of the loop's functions."""
+carried to the next logged record, the final evaluation ahead of the final save, and the size of the loop's
+functions."""
 
 from __future__ import annotations
 
 import ast
+import math
 from pathlib import Path
 
-from training.hooks import Hook, LoopState
-from training.loop import in_flight_bound, run_hooks
+import pytest
+
+import training.loop
+from core.errors import TrainingError
+from measure.throughput import TargetTracker
+from training.hooks import FinalEvaluation, Hook, LoopState
+from training.loop import in_flight_bound, run_hooks, train_loop
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,3 +72,84 @@ def test_loop_functions_are_short():
         tree = ast.parse((REPO / "training" / f"{name}.py").read_text())
         longest[name] = max(n.end_lineno - n.lineno + 1 for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
     assert max(longest.values()) <= 80, longest
+
+
+class Count:
+    """A train state stand-in: ``params`` is the step count."""
+
+    def __init__(self, params):
+        self.params = params
+
+
+class FakeStep:
+    """A compiled step stand-in: the state counts steps, metrics are a token naming the step."""
+
+    def __call__(self, state, batch):
+        return Count(state.params + 1), f"out{state.params + 1}"
+
+
+def run_fake_loop(monkeypatch, bound, n_steps=5, hooks=()):
+    waited: list = []
+    monkeypatch.setattr(training.loop.jax, "block_until_ready", lambda x: waited.append(x) or x)
+    loop = LoopState(state=Count(0), timer=CountingTimer())
+    train_loop(FakeStep(), loop, "b0", iter(["b"] * n_steps), start=0, n_steps=n_steps, hooks=list(hooks),
+               bound=bound, transfer_guard="allow")
+    return loop, waited
+
+
+def test_loop_waits_on_older_steps_only_when_bounded(monkeypatch):
+    # several devices (bound 2): after dispatching step t the loop waits for step t-2's output
+    loop, waited = run_fake_loop(monkeypatch, in_flight_bound(8, 2))
+    assert loop.state.params == 5 and waited == ["out1", "out2", "out3"]
+    # one device: no host round trip per step
+    loop, waited = run_fake_loop(monkeypatch, in_flight_bound(1, 2))
+    assert loop.state.params == 5 and waited == []
+
+
+class Saves(Hook):
+    """Records the steps a checkpoint hook would save (every step)."""
+
+    def __init__(self):
+        self.saved: list[int] = []
+
+    def due(self, step):
+        return True
+
+    def run(self, loop, step):
+        self.saved.append(step)
+
+
+class Records:
+    enabled = True
+
+    def __init__(self):
+        self.records: list[dict] = []
+
+    def log(self, records):
+        self.records += records
+
+
+class NoProfile:
+    def result(self):
+        return {"profile/dir": "x", "profile/step_time_s": 0.5}
+
+
+def test_nonfinite_final_evaluation_stops_before_the_final_save(monkeypatch):
+    reporter, saves = Records(), Saves()
+    final = FinalEvaluation(lambda params: {"eval/loss": float("inf"), "eval/accuracy": 0.1}, 3, reporter,
+                            TargetTracker(None), NoProfile())
+    with pytest.raises(TrainingError, match="the run diverged: final eval/loss=inf is not finite"):
+        run_fake_loop(monkeypatch, None, n_steps=3, hooks=[final, saves])
+    assert saves.saved == [1, 2]  # the periodic saves stay; the final one is never written
+    (record,) = reporter.records  # written before the error, with the profile's numbers
+    assert record["step"] == 3 and math.isinf(record["eval/loss"]) and record["profile/step_time_s"] == 0.5
+    assert "profile/dir" not in record
+
+
+def test_finite_final_evaluation_is_kept_and_the_final_save_follows(monkeypatch):
+    reporter, saves, target = Records(), Saves(), TargetTracker(0.5)
+    final = FinalEvaluation(lambda params: {"eval/loss": 0.3, "eval/accuracy": 0.9}, 3, reporter, target,
+                            NoProfile())
+    loop, _ = run_fake_loop(monkeypatch, None, n_steps=3, hooks=[final, saves])
+    assert saves.saved == [1, 2, 3] and loop.final == {"eval/loss": 0.3, "eval/accuracy": 0.9}
+    assert target.summary()["train/steps_to_target"] == 3

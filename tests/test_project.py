@@ -101,7 +101,7 @@ def test_profiles_and_device_kind_lookup():
     assert profile_for_device_kind("TPU v4")["name"] == "tpu_v4"
     assert profile_for_device_kind("cpu")["link_bytes_per_s"] is None
     assert profile_for_device_kind("some accelerator") is None
-    from training.measure import lookup_link_bytes_per_s, lookup_peak_flops_per_s
+    from measure.compiled import lookup_link_bytes_per_s, lookup_peak_flops_per_s
 
     assert lookup_link_bytes_per_s("NVIDIA H200") == 450e9 and lookup_link_bytes_per_s("cpu") is None
     assert lookup_peak_flops_per_s("NVIDIA A100-SXM4-80GB", "float32") == 156e12

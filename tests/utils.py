@@ -97,7 +97,8 @@ def assert_matches_reference(run, ref, tol: float, devices: int, steps: int) -> 
 
 
 def quantisation_scales(tree: Any, axis_name: Any, residual: Optional[dict] = None) -> jax.Array:
-    """float32 ``[num_leaves]``: the scales ``int8_mean`` would use for these inputs (test-only: checks the quantisation)."""
+    """float32 ``[num_leaves]``: the scales ``int8_mean`` would use for these inputs (test-only: checks the
+    quantisation)."""
     leaves = jax.tree.leaves(tree)
     n = compress._axis_size(axis_name)
     lay = compress.FlatLayout(sizes=tuple(int(math.prod(x.shape)) for x in leaves), num_devices=n)
