@@ -22,8 +22,8 @@ thread; the donated device buffers can be reused at once). The data order is a p
 (``train.seed``, step) (``data.pipeline``), as is every per-example random key (``core.step``), so the
 step alone fixes where a resumed run continues; epoch and position are recorded for people.
 
-Errors: ``parallel.ConfigError`` (bad ``checkpoint.*`` settings, a resume path that does not exist, a
-checkpoint that does not fit this run's model/optimizer) and ``training.run.TrainingError``-compatible
+Errors: ``core.errors.ConfigError`` (bad ``checkpoint.*`` settings, a resume path that does not exist, a
+checkpoint that does not fit this run's model/optimizer) and ``core.errors.TrainingError``-compatible
 ``NonFiniteError`` (parameters or optimizer state not finite: nothing is written). One line each.
 """
 

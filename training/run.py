@@ -4,6 +4,7 @@ checkpoint), summarise."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import statistics
 from pathlib import Path
@@ -35,11 +36,20 @@ log = logging.getLogger(__name__)
 
 
 def evaluate(exp: Experiment, params, eval_set) -> dict[str, float]:
-    """Loss and accuracy over the whole test split (padded, masked: the denominator is exact)."""
+    """Loss and accuracy over the whole test split (padded, masked: the denominator is exact).
+
+    Dispatches under the training loop's in-flight bound (``train.max_in_flight`` with more than one device):
+    an unbounded queue of simulated-device collectives aborts the process on the CPU backend."""
     totals = None
+    bound = in_flight_bound(exp.mode.num_devices, exp.plan.cfg.train.max_in_flight)
+    in_flight: collections.deque = collections.deque()
     for batch in eval_set.batches:
         sums = exp.steps.eval(params, batch)
         totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
+        if bound is not None:
+            in_flight.append(totals)
+            if len(in_flight) > bound:
+                jax.block_until_ready(in_flight.popleft())
     host = exp.mode.metrics_to_host(totals)
     count = float(host["count"])
     assert count == eval_set.num_examples, (count, eval_set.num_examples)
