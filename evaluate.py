@@ -138,7 +138,8 @@ def evaluate_checkpoint(path: Path, overrides: Sequence[str] = ()) -> dict:
     except (OSError, ValueError) as e:
         raise ConfigError(f"checkpoint {step_dir} has no readable metadata ({e})") from None
     cfg = compose_eval_config(saved.get("config", {}), overrides)
-    setup_runtime(cfg)  # simulated CPU devices / XLA flags, before the backend starts
+    # simulated CPU devices / XLA flags, before the backend starts; a bad jax.distributed setting: one line
+    setup_runtime(cfg).raise_error()
 
     from data.pipeline import make_eval_set
     from training.build import build, plan
