@@ -21,7 +21,8 @@ def backend_started() -> bool:
 
 
 def setup_runtime(cfg: Config) -> None:
-    """Applies ``xla.flags``, ``runtime.cpu_devices`` and ``distributed`` once per process, before the backend starts.
+    """Applies ``xla.flags``, ``runtime.cpu_devices`` and ``distributed`` once per process, before the backend starts,
+    and the persistent compilation cache settings (``runtime.compilation_cache_*``) for every job.
 
     Later calls in the same process (Hydra's default launcher runs every sweep job in one process) leave the
     settings as they are: the device count of a process is fixed once its backend is up.
@@ -40,6 +41,12 @@ def setup_runtime(cfg: Config) -> None:
             log.info("XLA flags (xla=%s): %s", cfg.xla.name, " ".join(cfg.xla.flags))
         if cfg.runtime.cpu_devices >= 1:  # a bad value is reported by training.build.plan (one line)
             jax.config.update("jax_num_cpu_devices", cfg.runtime.cpu_devices)
+    r = cfg.runtime
+    if r.compilation_cache_min_compile_time_s >= 0 and r.compilation_cache_min_entry_bytes >= 0:  # else: plan()
+        from training.compile_cache import configure_compilation_cache
+
+        configure_compilation_cache(r.compilation_cache_dir, r.compilation_cache_min_compile_time_s,
+                                    r.compilation_cache_min_entry_bytes)
     # distributed: join a multi-process job before anything queries devices; no-op when done
     from training.distributed import initialize
 
