@@ -16,8 +16,9 @@ by its first run), so both read the same bytes the same cheap way; ``--data`` po
 
     python benchmarks/bare_train.py [--devices 8] [--precision bf16] [--epochs 10] [--timings out.json]
 
-``--timings``: writes seconds since process start at each phase (imports, data, compile, first step, train,
-eval, end) to a JSON file, for ``benchmarks/startup.py``.
+``--timings``: writes seconds since the script started at each phase (imports, data, first step, each epoch,
+train, eval, end), the start as ``t0_epoch_s`` and ``steady_examples_per_s`` (epochs 2..N) to a JSON file, for
+``benchmarks/startup.py``.
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def main() -> None:
                 in_flight.append(loss)
                 if len(in_flight) > bound:
                     in_flight.pop(0).block_until_ready()
-        print(f"epoch {epoch + 1}: loss {float(loss):.4f}", flush=True)
+        print(f"epoch {epoch + 1}: loss {float(loss):.4f}", flush=True)  # float(): waits for the epoch
+        mark(f"epoch_{epoch + 1}")
     jax.block_until_ready(params)
     mark("train")
     eval_batch = 1000
@@ -122,6 +124,10 @@ def main() -> None:
     mark("eval")
     if args.timings:
         mark("end")
+        if args.epochs > 1:  # epochs 2..N: no compilation, one host sync per epoch
+            marks["steady_examples_per_s"] = ((args.epochs - 1) * steps_per_epoch * args.batch
+                                              / (marks[f"epoch_{args.epochs}"] - marks["epoch_1"]))
+        marks["t0_epoch_s"] = T0
         with open(args.timings, "w") as f:
             json.dump(marks, f)
 
