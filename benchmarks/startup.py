@@ -8,7 +8,8 @@ For each setup (default: 1 device fp32, 8 simulated devices bf16; 10 epochs of t
    the AOT train step) and whole-process seconds of the first (cold) and second (warm) run.
 2. pairs: ``--pairs`` rounds of three processes, in rotating order so that a drift of the shared machine
    favours none: ``train.py`` (warm cache), ``train.py runtime.compilation_cache_dir=null`` (no cache, as
-   the bare script), and the bare script. Prints each round, the median ratio and the range (min-max).
+   the bare script), and the bare script (and, with ``--before DIR``, the ``train.py`` of another
+   checkout). Prints each round, the median ratio and the range (min-max).
    Whole-process time = from ``Popen`` to the process's exit, as a user waits for it.
 3. breakdown: one more ``train.py`` run under ``benchmarks/timed_train.py`` (exclusive seconds per import,
    repository function and W&B/checkpoint call) beside one bare run with phase marks: where the extra seconds
@@ -36,10 +37,10 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_process(cmd: list[str], env: dict) -> float:
-    """Runs ``cmd`` in the repository; returns its wall seconds. Raises RuntimeError (with its stderr tail)."""
+def run_process(cmd: list[str], env: dict, cwd: str = REPO) -> float:
+    """Runs ``cmd`` in ``cwd``; returns its wall seconds. Raises RuntimeError (with its stderr tail)."""
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr[-1500:]}")
@@ -62,6 +63,13 @@ class Setup:
         return ([sys.executable, script, f"hydra.run.dir={run_dir}", f"runtime.cpu_devices={self.devices}",
                  f"precision={self.precision}", f"train.epochs={self.epochs}",
                  f"runtime.compilation_cache_dir={self.cache}", *overrides, *self.extra], run_dir)
+
+    def before(self, checkout: str) -> tuple[list[str], str]:
+        """``train.py`` of another checkout (e.g. the commit before a change; no compilation cache keys)."""
+        self.count += 1
+        run_dir = os.path.join(self.work, f"run{self.count}")
+        return ([sys.executable, "train.py", f"hydra.run.dir={run_dir}", f"runtime.cpu_devices={self.devices}",
+                 f"precision={self.precision}", f"train.epochs={self.epochs}", *self.extra], run_dir)
 
     def bare(self, timings: str | None = None) -> list[str]:
         cmd = [sys.executable, os.path.join(REPO, "benchmarks", "bare_train.py"), f"--devices={self.devices}",
@@ -150,7 +158,7 @@ def breakdown(setup: Setup, env: dict) -> None:
           f"{s['perf/examples_per_s'] / marks['steady_examples_per_s']:.3f}")
 
 
-def bench(setup: Setup, pairs: int, env: dict) -> None:
+def bench(setup: Setup, pairs: int, env: dict, before: str | None) -> None:
     print(f"\n=== {setup.devices} device(s), {setup.precision}, {setup.epochs} epochs MNIST MLP ===", flush=True)
     shutil.rmtree(setup.cache, ignore_errors=True)
     cold_cmd, cold_dir = setup.train()
@@ -163,23 +171,30 @@ def bench(setup: Setup, pairs: int, env: dict) -> None:
           f"{warm['perf/compile_time_s']:.2f} s, start-up (perf/startup_s) {cold['perf/startup_s']:.2f} s -> "
           f"{warm['perf/startup_s']:.2f} s, whole process {cold_wall:.2f} s -> {warm_wall:.2f} s "
           f"({entries} programs cached)", flush=True)
-    ratios_warm, ratios_off, ss_warm = [], [], []
+    kinds = ["warm", "off", "bare"] + (["before"] if before else [])
+    ratios: dict[str, list[float]] = {k: [] for k in kinds if k != "bare"}
+    ss_warm = []
     for i in range(pairs):
-        kinds = ["warm", "off", "bare"]
-        kinds = kinds[i % 3:] + kinds[:i % 3]  # rotating order
+        order = kinds[i % len(kinds):] + kinds[:i % len(kinds)]  # rotating order
         walls, dirs = {}, {}
-        for kind in kinds:
+        for kind in order:
             if kind == "bare":
                 walls[kind] = run_process(setup.bare(), env)
+            elif kind == "before":
+                cmd, dirs[kind] = setup.before(before)
+                walls[kind] = run_process(cmd, env, cwd=before)
             else:
                 cmd, dirs[kind] = setup.train(*(["runtime.compilation_cache_dir=null"] if kind == "off" else []))
                 walls[kind] = run_process(cmd, env)
-        ratios_warm.append(walls["warm"] / walls["bare"])
-        ratios_off.append(walls["off"] / walls["bare"])
+        for kind in ratios:
+            ratios[kind].append(walls[kind] / walls["bare"])
         ss_warm.append(summary(dirs["warm"])["perf/examples_per_s"])
-        print(f"round {i} ({' '.join(kinds)}): train.py {walls['warm']:.2f} s, without cache {walls['off']:.2f} s, "
-              f"bare {walls['bare']:.2f} s; ratios {ratios_warm[-1]:.3f} / {ratios_off[-1]:.3f}", flush=True)
-    print(f"whole process, train.py / bare: {spread(ratios_warm)}; with the cache off: {spread(ratios_off)}")
+        print(f"round {i} ({' '.join(order)}): " + ", ".join(f"{k} {walls[k]:.2f} s" for k in kinds)
+              + "; ratios to bare " + " / ".join(f"{ratios[k][-1]:.3f}" for k in ratios), flush=True)
+    print(f"whole process, train.py / bare: {spread(ratios['warm'])}")
+    print(f"  with the cache off (runtime.compilation_cache_dir=null): {spread(ratios['off'])}")
+    if before:
+        print(f"  train.py of {before}: {spread(ratios['before'])}")
     print(f"train.py steady state in these runs: {spread(ss_warm)} examples/s")
     breakdown(setup, env)
 
@@ -190,6 +205,8 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=5, help="rounds of (train.py, train.py without cache, bare)")
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--keep", action="store_true", help="keep the run folders (printed)")
+    ap.add_argument("--before", default=None, help="another checkout whose train.py joins every round "
+                                                   "(e.g. a worktree of the commit before a change)")
     ap.add_argument("extra", nargs="*", help="extra train.py overrides (after --)")
     args = ap.parse_args()
     env = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
@@ -203,7 +220,7 @@ def main() -> None:
         for item in args.setups.split(","):
             devices, precision = item.split(":")
             bench(Setup(int(devices), precision, args.epochs, args.extra, os.path.join(work, item.replace(":", "_"))),
-                  args.pairs, env)
+                  args.pairs, env, args.before and os.path.abspath(args.before))
     finally:
         print(f"load average {os.getloadavg()[0]:.1f} at end")
         if not args.keep:
