@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import atexit
+import gc
 import logging
 import sys
 from pathlib import Path
@@ -22,6 +24,10 @@ from training.runtime import setup_runtime
 
 register()
 log = logging.getLogger("train")
+# At exit, after every other exit handler (W&B, orbax and JAX register theirs later, so theirs run first): the
+# objects still alive move to the GC's permanent generation, so the interpreter's shutdown collections do not
+# walk the millions of objects of jax/flax/wandb (~0.7 s of exit on 2 CPU cores; outputs are closed by then).
+atexit.register(gc.freeze)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

@@ -164,9 +164,19 @@ class WandbConfig:
 
 @dataclass
 class RuntimeConfig:
-    """``cpu_devices``: simulated devices when the platform is CPU (set before the backend starts)."""
+    """``cpu_devices``: simulated devices when the platform is CPU (set before the backend starts).
+
+    ``compilation_cache_dir``: JAX's persistent compilation cache (training/compile_cache.py): compiled
+    programs are kept there and a repeated run or a sweep's next job loads them; null turns it off.
+    Programs that compile in less than ``compilation_cache_min_compile_time_s`` seconds, or whose entry is
+    smaller than ``compilation_cache_min_entry_bytes``, are not written.
+    """
 
     cpu_devices: int = 8
+    compilation_cache_dir: Optional[str] = \
+        "${oc.env:JAX_COMPILATION_CACHE_DIR,${oc.env:XDG_CACHE_HOME,${oc.env:HOME}/.cache}/dp_scaling/jax_compilation_cache}"
+    compilation_cache_min_compile_time_s: float = 0.0
+    compilation_cache_min_entry_bytes: int = 0
 
 
 @dataclass

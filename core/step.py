@@ -20,6 +20,7 @@ metric reduction are float32.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, Optional
 
@@ -253,8 +254,10 @@ class Updater:
         # the step that ends at count s used lr_schedule(s - 1 - skipped before it). A step was skipped iff its
         # gradient norm is not finite (with loss scaling the norm is computed every step).
         steps = np.asarray([r["step"] - 1 - self._skipped_before(r) for r in records], np.int32)
+        # padded to a power of two (>= 64) so windows of any length reuse a few compiled programs
+        padded = np.pad(steps, (0, max(64, 1 << (len(steps) - 1).bit_length()) - len(steps)), mode="edge")
         with jax.default_device(jax.local_devices(backend="cpu")[0]):
-            lrs = np.asarray(jax.vmap(self.lr_schedule)(jnp.asarray(steps)), np.float64)
+            lrs = np.asarray(_batched(self.lr_schedule)(jnp.asarray(padded)), np.float64)[:len(steps)]
         bad = None
         for record, lr in zip(records, lrs):
             record["optim/lr"] = float(lr)
@@ -264,6 +267,12 @@ class Updater:
             if bad is None and (not math.isfinite(record["train/loss"]) or norm_bad):
                 bad = record
         return bad
+
+
+@functools.lru_cache(maxsize=None)
+def _batched(schedule: Callable[[jax.Array], jax.Array]):
+    """``jit(vmap(schedule))``, one per schedule (a learning-rate schedule evaluated for a window of steps)."""
+    return jax.jit(jax.vmap(schedule))
 
 
 def global_mean(grad_sums, sums: Metrics, global_batch: int):

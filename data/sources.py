@@ -55,7 +55,7 @@ def load_tfds_split(tfds_name: str, split: str, data_dir: Optional[str], cache_d
       DataError: the dataset is not prepared and ``download`` is False, or its download/preparation failed.
     """
     data_dir = resolve_data_dir(data_dir)
-    version = _prepared_version(tfds_name, data_dir)
+    version = prepared_version(tfds_name, data_dir)
     cache = Path(cache_dir) / f"{tfds_name}-{version or 'unknown'}-{split}.npz"
     if version is not None and cache.exists():
         with np.load(cache) as f:
@@ -244,7 +244,7 @@ def _patch_download_manager(builder, manual: Path) -> None:
     builder._make_download_manager = make_patched
 
 
-def _prepared_version(tfds_name: str, data_dir: Optional[str]) -> Optional[str]:
+def prepared_version(tfds_name: str, data_dir: Optional[str]) -> Optional[str]:
     """Newest prepared version folder of ``tfds_name`` under ``data_dir`` (None when not found)."""
     root = Path(data_dir or Path.home() / "tensorflow_datasets") / tfds_name
     if not root.is_dir():

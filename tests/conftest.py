@@ -1,8 +1,16 @@
 """Test set-up: 8 simulated CPU devices, forced before jax is first imported; shared fixtures."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
+# JAX's persistent compilation cache (runtime.compilation_cache_dir defaults to this variable): one temporary
+# folder for the session and the train.py processes it starts, removed at exit; never the user's cache.
+COMPILATION_CACHE = tempfile.mkdtemp(prefix="dp_scaling_test_jax_cache_")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = COMPILATION_CACHE
+atexit.register(shutil.rmtree, COMPILATION_CACHE, True)
 os.environ.setdefault("WANDB_SILENT", "true")
 import jax  # noqa: E402
 

@@ -270,6 +270,10 @@ def test_absolute_paths_against_the_launch_folder(tmp_path):
         str(tmp_path / "ck/x"), str(tmp_path / "old/5"), str(tmp_path / "d"), "/abs/cache")
     assert env["TFDS_DATA_DIR"] == str(tmp_path / "data/tfds")
     assert absolute_paths(make_cfg(), tmp_path, {}).checkpoint.resume == "auto"
+    cache = absolute_paths(make_cfg(runtime__compilation_cache_dir="jc"), tmp_path, {}).runtime
+    assert cache.compilation_cache_dir == str(tmp_path / "jc")
+    assert absolute_paths(make_cfg({"runtime": {"compilation_cache_dir": None}}), tmp_path, {}).runtime \
+        .compilation_cache_dir is None
 
 
 def test_chdir_true_keeps_relative_checkpoint_dir_in_the_launch_folder(tmp_path):

@@ -25,9 +25,9 @@ def absolute(path: Optional[str], base: Path) -> Optional[str]:
 
 
 def absolute_paths(cfg: Config, base: Path, environ=os.environ) -> Config:
-    """A copy of ``cfg`` whose ``checkpoint.dir``, ``checkpoint.resume`` (a path), ``data.data_dir`` and
-    ``data.cache_dir`` are absolute against ``base`` (the launch folder); a relative ``TFDS_DATA_DIR`` in
-    ``environ`` is made absolute there too (in place)."""
+    """A copy of ``cfg`` whose ``checkpoint.dir``, ``checkpoint.resume`` (a path), ``data.data_dir``,
+    ``data.cache_dir`` and ``runtime.compilation_cache_dir`` are absolute against ``base`` (the launch
+    folder); a relative ``TFDS_DATA_DIR`` in ``environ`` is made absolute there too (in place)."""
     ck, d = cfg.checkpoint, cfg.data
     resume = ck.resume if ck.resume in ("auto", "never") else absolute(ck.resume, base)
     tfds_dir = environ.get("TFDS_DATA_DIR")
@@ -35,4 +35,6 @@ def absolute_paths(cfg: Config, base: Path, environ=os.environ) -> Config:
         environ["TFDS_DATA_DIR"] = absolute(tfds_dir, base)
     return dataclasses.replace(
         cfg, checkpoint=dataclasses.replace(ck, dir=absolute(ck.dir, base), resume=resume),
-        data=dataclasses.replace(d, data_dir=absolute(d.data_dir, base), cache_dir=absolute(d.cache_dir, base)))
+        data=dataclasses.replace(d, data_dir=absolute(d.data_dir, base), cache_dir=absolute(d.cache_dir, base)),
+        runtime=dataclasses.replace(cfg.runtime,
+                                    compilation_cache_dir=absolute(cfg.runtime.compilation_cache_dir, base)))

@@ -13,7 +13,8 @@ log = logging.getLogger(__name__)
 
 
 def setup_runtime(cfg: Config) -> Startup:
-    """Applies ``xla.flags``, ``runtime.cpu_devices`` and ``distributed`` once per process, before the backend starts.
+    """Applies ``xla.flags``, ``runtime.cpu_devices`` and ``distributed`` once per process, before the backend starts,
+    and the persistent compilation cache settings (``runtime.compilation_cache_*``) for every job.
 
     Returns what joining a multi-process job found (``Startup.error``: a bad setting, raised by ``training.app``).
 
@@ -34,5 +35,11 @@ def setup_runtime(cfg: Config) -> Startup:
             log.info("XLA flags (xla=%s): %s", cfg.xla.name, " ".join(cfg.xla.flags))
         if cfg.runtime.cpu_devices >= 1:  # a bad value is reported by training.build.plan (one line)
             jax.config.update("jax_num_cpu_devices", cfg.runtime.cpu_devices)
+    r = cfg.runtime
+    if r.compilation_cache_min_compile_time_s >= 0 and r.compilation_cache_min_entry_bytes >= 0:  # else: plan()
+        from training.compile_cache import configure_compilation_cache
+
+        configure_compilation_cache(r.compilation_cache_dir, r.compilation_cache_min_compile_time_s,
+                                    r.compilation_cache_min_entry_bytes)
     # join a multi-process job before anything queries the devices; a no-op when already done
     return initialize(cfg.distributed)
