@@ -32,8 +32,8 @@ from training.console_lines import startup_line, window_line
 from training.outcome import nonfinite_final
 from training.resume_policy import check_resume_settings, finished_summary, history_values
 from training.validate import check_run_folder
-from training.measure import (compiled_step_metrics, lookup_link_bytes_per_s, lookup_peak_flops_per_s,
-                              peak_bytes_per_device, state_bytes_per_device)
+from training.measure import (compiled_step_metrics, hardware_profile, lookup_link_bytes_per_s,
+                              lookup_peak_flops_per_s, peak_bytes_per_device, state_bytes_per_device)
 from training.profile import Profiler, check_window, explain_ratio
 from training.report import Reporter, console, resolve_wandb_mode
 
@@ -207,6 +207,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     info.update(compiled_step_metrics(lowered, compiled, mode.num_devices))
     info["mem/state_bytes_per_device"] = state_bytes_per_device(exp.state)
     detect = cfg.hardware.detect  # hardware=auto: the profile matching the device kind; a chosen profile: its own
+    info["hardware/profile"] = hardware_profile(cfg.hardware, device.device_kind)  # null when none
     link = cfg.hardware.link_bytes_per_s or (lookup_link_bytes_per_s(device.device_kind) if detect else None)
     peak_flops = cfg.hardware.peak_flops_per_s or (
         lookup_peak_flops_per_s(device.device_kind, cfg.precision.compute_dtype) if detect else None)
@@ -225,7 +226,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
                          tags=list(cfg.wandb.tags) + [cfg.parallel.name, cfg.precision.name,
                                                       f"devices={mode.num_devices}"],
                          config=wandb_cfg, init_timeout_s=cfg.wandb.init_timeout_s,
-                         resume_id=None if restored is None else restored.metadata.get("wandb_run_id"))
+                         previous_run_id=None if restored is None else restored.metadata.get("wandb_run_id"))
     if restored is None:
         reporter.start_metrics()  # a restart without a checkpoint: the earlier history is set aside, not repeated
         reporter.log([{"step": 0, **{k: v for k, v in info.items() if k.startswith(("comm/", "mem/", "perf/"))
