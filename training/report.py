@@ -12,8 +12,8 @@ History across restarts (a run killed at any moment and started again with the s
   ``metrics.jsonl``) into its history, then its own steps C+1..N. So the W&B run named by ``summary.json``
   (``wandb/run_id``) holds every step 0..N exactly once with the values of ``metrics.jsonl``, and the complete
   summary. The crashed starts stay as the W&B runs they were (partial; online they show as crashed); the new one
-  names the run whose checkpoint it continues in its config (``resumed/previous_wandb_run_id``,
-  ``resumed/step``), in ``summary.json`` (``wandb/previous_run_id``) and carries the tag ``resumed``; group, job
+  names the run whose checkpoint it continues in its config (``resumed.previous_wandb_run_id``,
+  ``resumed.step``), in ``summary.json`` (``wandb/previous_run_id``) and carries the tag ``resumed``; group, job
   type and other tags are those of the command. A rerun of a finished run ("already complete at step N")
   starts no W&B run.
 - Why not resume the W&B id: W&B keeps a resumed run's steps (``resume="allow"`` continues after the last
@@ -132,7 +132,7 @@ class Reporter:
         starts at step 0). It is not resumed: W&B cannot rewind an offline run, and a resumed id would hold the
         steps logged after the checkpoint by the run that crashed. ``continue_metrics`` replays the kept history
         into the new run instead (module docstring); the link is kept in the config
-        (``resumed/previous_wandb_run_id``, ``resumed/step``), the tag ``resumed`` and the summary
+        (``resumed.previous_wandb_run_id``, ``resumed.step``), the tag ``resumed`` and the summary
         (``wandb/previous_run_id``). Online failure -> offline within ``init_timeout_s``.
         """
         if not self.enabled or mode == "disabled":
@@ -184,7 +184,7 @@ class Reporter:
         writing it) is dropped. When the restored step is ``final_step`` the final-evaluation record (no
         ``train/loss``) is dropped too: this run writes it again. The kept records are also logged, in order,
         into this run's W&B history (started before, by ``start_wandb``; module docstring), and the W&B config
-        gets ``resumed/step``. Must be called before ``log``. Returns the number of records kept (0 when
+        gets ``resumed.step``. Must be called before ``log``. Returns the number of records kept (0 when
         ``previous`` does not exist).
         """
         if not self.enabled:
