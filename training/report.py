@@ -244,7 +244,8 @@ class Reporter:
         self._jsonl.flush()
 
     def summary(self, values: dict) -> None:
-        """Writes summary.json (also for failed runs) and copies the values into the W&B summary."""
+        """Writes summary.json (also for failed runs) and copies the values into the W&B summary (which then
+        equals summary.json: the values set here are the last summary updates of the W&B run)."""
         if not self.enabled:
             return
         values = {**values, **self.wandb_info}
@@ -257,6 +258,9 @@ class Reporter:
                 log.warning("%s already existed: kept as %s", path, backup.name)
         write_json(path, values)
         if self.wandb_run is not None:
+            # Commit the pending history row first: W&B commits the last step's row at finish() and would then
+            # overwrite these values with that row's (e.g. the last window's perf/examples_per_s for the median).
+            self.wandb_run.log({}, commit=True)
             for k, v in strict_record(values).items():
                 self.wandb_run.summary[k] = v
 
