@@ -12,6 +12,7 @@ import glob
 import json
 import os
 import struct
+import time
 from typing import Iterator
 
 from wandb.proto import wandb_internal_pb2
@@ -44,11 +45,27 @@ def records(path: str) -> Iterator[wandb_internal_pb2.Record]:
             pending = b""
 
 
-def read_run(run_dir: str) -> dict:
-    """{'config': {...}, 'history': [{key: value}], 'summary': {...}, 'run': RunRecord} of an offline run."""
+def _complete_records(path: str, wait_s: float) -> list:
+    """The records of ``path`` once it holds W&B's ``exit`` record (the run finished), waiting up to ``wait_s``:
+    ``run.finish()`` can return before W&B's writer process has flushed the file (seen in-process, offline).
+    After ``wait_s`` (a killed run never gets its ``exit`` record) the records readable so far."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            recs = list(records(path))
+        except Exception:  # a chunk being written: read again
+            recs = []
+        if any(r.WhichOneof("record_type") == "exit" for r in recs) or time.monotonic() > deadline:
+            return recs
+        time.sleep(0.1)
+
+
+def read_run(run_dir: str, wait_s: float = 30.0) -> dict:
+    """{'config': {...}, 'history': [{key: value}], 'summary': {...}, 'run': RunRecord} of an offline run
+    (waiting up to ``wait_s`` for W&B to finish writing it)."""
     (path,) = glob.glob(os.path.join(run_dir, "run-*.wandb"))
     out = {"config": {}, "history": [], "summary": {}, "run": None}
-    for rec in records(path):
+    for rec in _complete_records(path, wait_s):
         which = rec.WhichOneof("record_type")
         if which == "run":
             out["run"] = rec.run
