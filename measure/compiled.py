@@ -16,6 +16,25 @@ from measure.stablehlo import parse_stablehlo_collectives
 
 log = logging.getLogger(__name__)
 
+
+def hardware_profile(hardware, device_kind: str) -> Optional[str]:
+    """The name of the hardware profile (``conf/hardware/<name>.yaml``) whose numbers this run uses for
+    ``comm/time_model_s``, ``comm/ratio_model`` and ``perf/mfu``, or None when there is none.
+
+    ``hardware`` is the run's ``HardwareConfig``. A chosen profile names itself (``hardware=h100_sxm`` ->
+    ``"h100_sxm"``, ``hardware=custom`` -> ``"custom"``); under ``hardware=auto`` (``detect`` true) the profile
+    matched by ``device_kind`` (``measure.hardware.profile_for_device_kind``; ``"cpu"`` on CPU, whose numbers
+    are null); None for ``hardware=none``, ``auto`` without a match, or ``detect=false`` without a profile.
+    Values set by hand on top of a profile (``hardware.link_bytes_per_s=...``) show in ``hardware/*`` keys.
+    """
+    if hardware.detect:
+        from measure.hardware import profile_for_device_kind
+
+        profile = profile_for_device_kind(device_kind)
+        return None if profile is None else profile["name"]
+    return None if hardware.name in ("auto", "none", "") else hardware.name
+
+
 def lookup_link_bytes_per_s(device_kind: str) -> Optional[float]:
     """Per-direction link bandwidth (bytes/s) for ``device_kind``, or None (e.g. CPU).
 

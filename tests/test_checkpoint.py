@@ -27,6 +27,7 @@ from parallel import ConfigError
 from training import checkpoint
 from training.build import build, plan
 from utils import REPO, SHARED_TFDS, make_cfg, random_dataset, run_steps
+from wandb_reader import assert_history_matches_metrics, offline_runs, read_run
 
 STEPS, EVERY = 120, 20
 COMMON = ["data=synthetic", f"train.steps={STEPS}", f"checkpoint.every={EVERY}", "train.log_every=1",
@@ -147,20 +148,25 @@ def kill_and_resume(tmp_path: Path, mode: str, seed: int) -> None:
     line = f"error: stopped by SIGTERM after step {stopped} of {STEPS}; checkpoint saved in {ckpt / str(stopped)};"
     assert line in err, err[-3000:]
     assert summary(run)["status"] == "failed"
+    stopped_by = checkpoint.read_metadata(ckpt / str(stopped))["wandb_run_id"]  # (pruned later: checkpoint.keep)
     print(f"{mode}: SIGTERM after step {stopped}")
 
     # Restart again: runs to the end.
     assert finish(start_train(run, ckpt, *overrides)) == 0, Path(f"{run}.err").read_text()[-3000:]
     assert_bitwise_equal(checkpoint.read_arrays(ckpt / str(STEPS)), reference)
 
-    # metrics.jsonl: every step exactly once, with the uninterrupted run's losses; W&B run resumed by id.
+    # metrics.jsonl: every step exactly once, with the uninterrupted run's losses.
     got, want = train_records(run), train_records(ref_run)
     assert [r["step"] for r in got] == list(range(1, STEPS + 1))
     assert [r["train/loss"] for r in got] == [r["train/loss"] for r in want]
-    ids = {summary(run)["wandb/run_id"]}
-    ids |= {json.loads((ckpt / str(s) / "meta" / "metadata").read_text())["wandb_run_id"]
-            for s in checkpoint.complete_steps(ckpt)}
-    assert len(ids) == 1 and None not in ids
+    # W&B: one run per start (training/report.py); the last holds steps 0..STEPS once, with metrics.jsonl's
+    # values, and names the run whose checkpoint (step `stopped`) it continued.
+    runs = offline_runs(run)
+    ids = [Path(r).name.rsplit("-", 1)[1] for r in runs]  # offline-run-<time>-<id> (the killed file may be cut)
+    assert len(runs) == 3 and len(set(ids)) == 3 and summary(run)["wandb/run_id"] == ids[2]
+    assert stopped_by == ids[1] and checkpoint.read_metadata(ckpt / str(STEPS))["wandb_run_id"] == ids[2]
+    assert assert_history_matches_metrics(runs[2], run / "metrics.jsonl") == list(range(STEPS + 1))
+    assert read_run(runs[2])["config"]["resumed"] == {"previous_wandb_run_id": ids[1], "step": stopped}
     meta = checkpoint.read_metadata(ckpt / str(STEPS))
     assert (meta["step"], meta["mode"], meta["device_count"], meta["process_count"]) == (STEPS, mode, 8, 1)
     assert meta["epoch"] * meta["steps_per_epoch"] + meta["position"] == STEPS

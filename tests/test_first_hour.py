@@ -219,9 +219,10 @@ def test_killed_before_first_checkpoint_then_finished_then_rerun(tmp_path):
     import time
 
     from test_checkpoint import finish, last_logged_step, start_train
+    from wandb_reader import assert_history_matches_metrics, offline_runs, read_run
 
     run, ckpt = tmp_path / "run", tmp_path / "ck"
-    extra = ["train.steps=60", "checkpoint.every=50", "wandb=disabled"]
+    extra = ["train.steps=60", "checkpoint.every=50", "wandb=offline"]
     proc = start_train(run, ckpt, *extra)
     deadline = time.monotonic() + 600
     while last_logged_step(run) < 5:
@@ -237,13 +238,19 @@ def test_killed_before_first_checkpoint_then_finished_then_rerun(tmp_path):
     assert [r["step"] for r in records if "train/loss" in r] == list(range(1, 61))
     assert len(list(run.glob("metrics.previous-*.jsonl"))) == 1
     first = summary(run)
+    # W&B: the restart is its own run (the killed one stays apart), holding steps 0..60 once, as metrics.jsonl
+    runs = offline_runs(run)
+    assert len(runs) == 2 and Path(first["wandb/run_dir"]).name == Path(runs[1]).name
+    assert assert_history_matches_metrics(runs[1], run / "metrics.jsonl") == list(range(61))
+    assert "resumed" not in read_run(runs[1])["config"] and "wandb/previous_run_id" not in first
 
-    # rerun of the finished run: says so, keeps its summary, no nan
+    # rerun of the finished run: says so, keeps its summary, no nan, no W&B run
     err_before = len(Path(f"{run}.err").read_text())
     assert finish(start_train(run, ckpt, *extra)) == 0
     err = Path(f"{run}.err").read_text()[err_before:]
     assert f"already complete at step 60: eval/accuracy={first['eval/accuracy']}" in err
     assert "nan" not in err and summary(run) == first
+    assert offline_runs(run) == runs
 
     # killed after the final checkpoint, before its summary: the restart writes a complete one
     (run / "summary.json").unlink()
@@ -256,6 +263,16 @@ def test_killed_before_first_checkpoint_then_finished_then_rerun(tmp_path):
     records = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "train/loss" in r] == list(range(1, 61))
     assert sum("eval/loss" in r for r in records) == 1
+    # W&B: a third run replays the kept history 0..60, adds the final evaluation, and has the full summary
+    runs = offline_runs(run)
+    assert len(runs) == 3 and Path(s["wandb/run_dir"]).name == Path(runs[2]).name
+    assert assert_history_matches_metrics(runs[2], run / "metrics.jsonl") == list(range(61))
+    wb = read_run(runs[2])
+    assert wb["config"]["resumed"] == {"previous_wandb_run_id": first["wandb/run_id"], "step": 60}
+    assert s["wandb/previous_run_id"] == first["wandb/run_id"] != s["wandb/run_id"]
+    for key in ("train/loss", "train/accuracy", "optim/lr", "perf/examples_per_s", "sync/max_replica_divergence",
+                "eval/loss", "eval/accuracy"):
+        assert wb["summary"][key] == s[key], key
 
 
 # ---- relative paths under hydra.job.chdir=true -----------------------------------------------------------------

@@ -161,7 +161,7 @@ def test_run_folder_projection_matches_compiled_payload(tmp_path):
     hardware = _hydra_hardware("h100_sxm")
     assert hardware["link_bytes_per_s"] == 450e9 and hardware["name"] == "h100_sxm"
     summary = _run_job(tmp_path / "run", hardware=hardware, parallel__name="jit_sharding")
-    assert summary["hardware/link_bytes_per_s"] == 450e9
+    assert summary["hardware/link_bytes_per_s"] == 450e9 and summary["hardware/profile"] == "h100_sxm"
     assert summary["comm/ratio_model"] == pytest.approx(summary["comm/bytes_per_step"] / 450e9
                                                         / summary["perf/step_time_s"], rel=1e-12)
     assert summary["perf/mfu"] > 0  # the profile's peak (989e12)

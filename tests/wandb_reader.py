@@ -12,6 +12,7 @@ import glob
 import json
 import os
 import struct
+import time
 from typing import Iterator
 
 from wandb.proto import wandb_internal_pb2
@@ -44,11 +45,27 @@ def records(path: str) -> Iterator[wandb_internal_pb2.Record]:
             pending = b""
 
 
-def read_run(run_dir: str) -> dict:
-    """{'config': {...}, 'history': [{key: value}], 'summary': {...}, 'run': RunRecord} of an offline run."""
+def _complete_records(path: str, wait_s: float) -> list:
+    """The records of ``path`` once it holds W&B's ``exit`` record (the run finished), waiting up to ``wait_s``:
+    ``run.finish()`` can return before W&B's writer process has flushed the file (seen in-process, offline).
+    After ``wait_s`` (a killed run never gets its ``exit`` record) the records readable so far."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            recs = list(records(path))
+        except Exception:  # a chunk being written: read again
+            recs = []
+        if any(r.WhichOneof("record_type") == "exit" for r in recs) or time.monotonic() > deadline:
+            return recs
+        time.sleep(0.1)
+
+
+def read_run(run_dir: str, wait_s: float = 30.0) -> dict:
+    """{'config': {...}, 'history': [{key: value}], 'summary': {...}, 'run': RunRecord} of an offline run
+    (waiting up to ``wait_s`` for W&B to finish writing it)."""
     (path,) = glob.glob(os.path.join(run_dir, "run-*.wandb"))
     out = {"config": {}, "history": [], "summary": {}, "run": None}
-    for rec in records(path):
+    for rec in _complete_records(path, wait_s):
         which = rec.WhichOneof("record_type")
         if which == "run":
             out["run"] = rec.run
@@ -64,3 +81,41 @@ def read_run(run_dir: str) -> dict:
             for item in rec.summary.update:
                 out["summary"][item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
     return out
+
+
+def offline_runs(run_folder) -> list[str]:
+    """The offline W&B run folders (``wandb/offline-run-<time>-<id>``) under a training run folder, oldest first."""
+    return sorted(glob.glob(os.path.join(str(run_folder), "wandb", "offline-run-*")))
+
+
+def history_by_step(run_dir: str) -> list[tuple[int, dict]]:
+    """(``_step``, the row's logged keys without W&B's own ``_*`` keys) for every history row, in file order."""
+    return [(row["_step"], {k: v for k, v in row.items() if not k.startswith("_")})
+            for row in read_run(run_dir)["history"]]
+
+
+def metrics_by_step(path) -> dict[int, dict]:
+    """metrics.jsonl merged per step the way the W&B history holds it: numbers only (``null``, strings, lists and
+    the ``nonfinite`` map are not logged to W&B); records of one step (the final train record and the final
+    evaluation) merge into one row."""
+    out: dict[int, dict] = {}
+    with open(path) as f:
+        for line in f:
+            rec = json.loads(line)
+            row = out.setdefault(int(rec["step"]), {})
+            row.update({k: v for k, v in rec.items() if k != "step" and v is not None
+                        and not isinstance(v, (str, list, dict))})
+    return out
+
+
+def assert_history_matches_metrics(run_dir: str, metrics_path) -> list[int]:
+    """Asserts that the W&B run in ``run_dir`` holds every step of ``metrics_path`` exactly once, in order,
+    with equal values (exact: both are the JSON of the same Python floats); returns the steps."""
+    rows = history_by_step(run_dir)
+    want = metrics_by_step(metrics_path)
+    steps = [s for s, _ in rows]
+    assert steps == sorted(want), (steps[:20], sorted(want)[:20])
+    for s, row in rows:
+        assert row == want[s], (s, {k: (row.get(k), want[s].get(k)) for k in set(row) | set(want[s])
+                                    if row.get(k) != want[s].get(k)})
+    return steps

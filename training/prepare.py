@@ -21,7 +21,7 @@ from conf.schema import Config, as_dict
 from core.errors import ConfigError
 from data.pipeline import SyntheticSource, TrainSource, make_eval_set, synthetic_eval, train_batches
 from data.sources import load_tfds_split
-from measure.compiled import (compiled_step_metrics, lookup_link_bytes_per_s, lookup_peak_flops_per_s,
+from measure.compiled import (compiled_step_metrics, hardware_profile, lookup_link_bytes_per_s, lookup_peak_flops_per_s,
                               state_bytes_per_device)
 from measure.profiler import check_window
 from measure.rates import comm_time_model_s
@@ -179,6 +179,7 @@ def compile_step(cfg: Config, p: Plan, exp: Experiment, first, info: dict[str, A
     info.update(compiled_step_metrics(lowered, compiled, exp.mode.num_devices))
     info["mem/state_bytes_per_device"] = state_bytes_per_device(exp.state)
     detect = cfg.hardware.detect  # hardware=auto: the profile matching the device kind; a chosen profile: its own
+    info["hardware/profile"] = hardware_profile(cfg.hardware, device.device_kind)  # null when none
     link = cfg.hardware.link_bytes_per_s or (lookup_link_bytes_per_s(device.device_kind) if detect else None)
     peak_flops = cfg.hardware.peak_flops_per_s or (
         lookup_peak_flops_per_s(device.device_kind, cfg.precision.compute_dtype) if detect else None)

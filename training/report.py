@@ -1,6 +1,27 @@
 """Where numbers go: ``metrics.jsonl`` and ``summary.json`` in the run folder, W&B, and the console.
 
 Only process 0 reports; the others construct a ``Reporter`` with ``enabled=False`` that does nothing.
+
+History across restarts (a run killed at any moment and started again with the same command):
+
+- ``metrics.jsonl`` holds every step once. A run that continues a checkpoint of step C keeps the records with
+  ``step`` <= C (``continue_metrics``; records written after C by the run that crashed are dropped); a restart
+  that finds no checkpoint sets the earlier file aside (``start_metrics``).
+- W&B: every start that trains (or finishes) is a new W&B run with a fresh id. A run that continues a
+  checkpoint of step C first logs the records ``continue_metrics`` kept (steps 0..C, the same values as
+  ``metrics.jsonl``) into its history, then its own steps C+1..N. So the W&B run named by ``summary.json``
+  (``wandb/run_id``) holds every step 0..N exactly once with the values of ``metrics.jsonl``, and the complete
+  summary. The crashed starts stay as the W&B runs they were (partial; online they show as crashed); the new one
+  names the run whose checkpoint it continues in its config (``resumed.previous_wandb_run_id``,
+  ``resumed.step``), in ``summary.json`` (``wandb/previous_run_id``) and carries the tag ``resumed``; group, job
+  type and other tags are those of the command. A rerun of a finished run ("already complete at step N")
+  starts no W&B run.
+- Why not resume the W&B id: W&B keeps a resumed run's steps (``resume="allow"`` continues after the last
+  step it holds and drops smaller steps; offline, each start is a separate ``offline-run-*`` folder with the
+  same id and its own step list, merged only at ``wandb sync``), so steps C+1..K of the crashed run would keep
+  their old values. Rewinding (``resume_from="<id>?_step=C"``) and forking (``fork_from``) are W&B server
+  features in preview, unavailable offline; the replay above is the client-side equivalent of a fork at C.
+  Cost: one ``wandb.log`` per kept record at start (~0.1 ms each).
 """
 
 from __future__ import annotations
@@ -98,20 +119,32 @@ class Reporter:
         self.run_dir = Path(run_dir)
         self.enabled = enabled
         self.wandb_run = None
+        self.previous_run_id: Optional[str] = None
         self._jsonl = None
 
     # ---- W&B -------------------------------------------------------------------------------------
     def start_wandb(self, mode: str, project: str, entity: Optional[str], group: Optional[str], job_type: str,
-                    tags: list[str], config: dict, init_timeout_s: float, resume_id: Optional[str] = None) -> None:
-        """Starts the W&B run inside the run folder. Online failure -> offline within ``init_timeout_s``."""
+                    tags: list[str], config: dict, init_timeout_s: float,
+                    previous_run_id: Optional[str] = None) -> None:
+        """Starts a new W&B run (a fresh id, never a resumed one) inside the run folder.
+
+        ``previous_run_id``: the W&B run id recorded in the checkpoint this run continues (None for a run that
+        starts at step 0). It is not resumed: W&B cannot rewind an offline run, and a resumed id would hold the
+        steps logged after the checkpoint by the run that crashed. ``continue_metrics`` replays the kept history
+        into the new run instead (module docstring); the link is kept in the config
+        (``resumed.previous_wandb_run_id``, ``resumed.step``), the tag ``resumed`` and the summary
+        (``wandb/previous_run_id``). Online failure -> offline within ``init_timeout_s``.
+        """
         if not self.enabled or mode == "disabled":
             return
         import wandb
 
+        if previous_run_id is not None:
+            tags = [*tags, "resumed"]
+            config = {**config, "resumed": {"previous_wandb_run_id": previous_run_id}}
+        self.previous_run_id = previous_run_id
         kwargs = dict(project=project, entity=entity, group=group, job_type=job_type, tags=tags,
                       config=config, dir=str(self.run_dir), reinit="finish_previous")
-        if resume_id:
-            kwargs.update(id=resume_id, resume="allow")
         settings = dict(init_timeout=init_timeout_s, console="off", x_disable_stats=True, silent=True)
         try:
             self.wandb_run = wandb.init(mode=mode, settings=wandb.Settings(**settings), **kwargs)
@@ -128,8 +161,17 @@ class Reporter:
     def wandb_info(self) -> dict:
         if self.wandb_run is None:
             return {}
-        return {"wandb/run_id": self.wandb_run.id, "wandb/run_dir": os.path.dirname(self.wandb_run.dir),
+        info = {"wandb/run_id": self.wandb_run.id, "wandb/run_dir": os.path.dirname(self.wandb_run.dir),
                 "wandb/group": self.wandb_run.group}
+        if self.previous_run_id is not None:
+            info["wandb/previous_run_id"] = self.previous_run_id
+        return info
+
+    def _wandb_log(self, rec: dict) -> None:
+        """One strict-JSON record (``strict_record``) into the W&B history at its ``step``: numbers only
+        (``null`` for a non-finite value, strings, lists and the ``nonfinite`` map are left out)."""
+        self.wandb_run.log({k: v for k, v in rec.items() if k != "step" and v is not None
+                            and not isinstance(v, (str, list, dict))}, step=int(rec["step"]))
 
     # ---- records ---------------------------------------------------------------------------------
     # checkpoints: a resumed run continues metrics.jsonl
@@ -140,14 +182,16 @@ class Reporter:
         same folder) with ``step`` <= the restored step and drops the later ones (written after the checkpoint
         by a run that then crashed), so no step is repeated or skipped. A cut-off last line (a crash while
         writing it) is dropped. When the restored step is ``final_step`` the final-evaluation record (no
-        ``train/loss``) is dropped too: this run writes it again. Must be called before ``log``. Returns the
-        number of records kept (0 when ``previous`` does not exist).
+        ``train/loss``) is dropped too: this run writes it again. The kept records are also logged, in order,
+        into this run's W&B history (started before, by ``start_wandb``; module docstring), and the W&B config
+        gets ``resumed.step``. Must be called before ``log``. Returns the number of records kept (0 when
+        ``previous`` does not exist).
         """
         if not self.enabled:
             return 0
         target = self.run_dir / "metrics.jsonl"
         source = Path(previous) if previous is not None else target
-        kept: list[str] = []
+        kept: list[dict] = []
         if source.exists():
             for line in source.read_text().splitlines():
                 try:
@@ -156,12 +200,17 @@ class Reporter:
                     continue
                 s = int(rec.get("step", -1))
                 if s < step or (s == step and (step < final_step or "train/loss" in rec)):
-                    kept.append(json.dumps(rec, sort_keys=True))
+                    kept.append(rec)
         elif previous is not None:
             log.warning("the resumed run's metrics.jsonl (%s) is gone; %s starts at step %d", source, target, step + 1)
         tmp = target.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.write_text("".join(json.dumps(rec, sort_keys=True) + "\n" for rec in kept))
         os.replace(tmp, target)
+        if self.wandb_run is not None:
+            self.wandb_run.config.update({"resumed": {"previous_wandb_run_id": self.previous_run_id, "step": step}},
+                                         allow_val_change=True)
+            for rec in kept:
+                self._wandb_log(rec)
         return len(kept)
 
     def start_metrics(self) -> Optional[Path]:
@@ -191,12 +240,12 @@ class Reporter:
             rec = strict_record(rec)
             self._jsonl.write(json.dumps(rec, sort_keys=True, allow_nan=False) + "\n")
             if self.wandb_run is not None:
-                self.wandb_run.log({k: v for k, v in rec.items() if k != "step" and v is not None
-                                    and not isinstance(v, (str, list, dict))}, step=int(rec["step"]))
+                self._wandb_log(rec)
         self._jsonl.flush()
 
     def summary(self, values: dict) -> None:
-        """Writes summary.json (also for failed runs) and copies the values into the W&B summary."""
+        """Writes summary.json (also for failed runs) and copies the values into the W&B summary (which then
+        equals summary.json: the values set here are the last summary updates of the W&B run)."""
         if not self.enabled:
             return
         values = {**values, **self.wandb_info}
@@ -209,6 +258,9 @@ class Reporter:
                 log.warning("%s already existed: kept as %s", path, backup.name)
         write_json(path, values)
         if self.wandb_run is not None:
+            # Commit the pending history row first: W&B commits the last step's row at finish() and would then
+            # overwrite these values with that row's (e.g. the last window's perf/examples_per_s for the median).
+            self.wandb_run.log({}, commit=True)
             for k, v in strict_record(values).items():
                 self.wandb_run.summary[k] = v
 

@@ -83,7 +83,7 @@ def start_reporting(prep: Prepared, reporter: Reporter) -> None:
                          job_type=f"{cfg.parallel.name}-{cfg.precision.name}",
                          tags=list(cfg.wandb.tags) + [cfg.parallel.name, cfg.precision.name, f"devices={n}"],
                          config=wandb_cfg, init_timeout_s=cfg.wandb.init_timeout_s,
-                         resume_id=None if restored is None else restored.metadata.get("wandb_run_id"))
+                         previous_run_id=None if restored is None else restored.metadata.get("wandb_run_id"))
     if restored is None:
         reporter.start_metrics()  # a restart without a checkpoint: the earlier history is set aside, not repeated
         reporter.log([{"step": 0, **{k: v for k, v in info.items() if k.startswith(("comm/", "mem/", "perf/"))
