@@ -88,6 +88,6 @@ def test_killed_during_a_save_then_restarted_keeps_one_wandb_history(tmp_path, w
     ({"name": "auto", "detect": False}, "NVIDIA H100 80GB HBM3", None),
 ])
 def test_hardware_profile_names_the_profile_in_use(hardware, kind, want):
-    from training.measure import hardware_profile
+    from measure.compiled import hardware_profile
 
     assert hardware_profile(SimpleNamespace(**hardware), kind) == want
