@@ -539,6 +539,10 @@ def _first_line(text: str) -> str:
     return next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
 
 
+# Groups whose options only set existing keys: an unlisted value can be given through the key itself.
+GROUP_KEYS = {"accum": "train.accum_steps", "mesh": "mesh.devices / mesh.shape"}
+
+
 def one_line(e: BaseException) -> str:
     """One line for an error of Hydra's composition or OmegaConf's validation (the messages are multi-line:
     search path, option lists, object types): the key, the value, the choices or a "did you mean" hint.
@@ -554,7 +558,9 @@ def one_line(e: BaseException) -> str:
         options = sorted(o for o in (e.options or []) if not o.startswith("_"))
         close = difflib.get_close_matches(value, options, n=1, cutoff=0.5)
         hint = f"; did you mean {group}={close[0]}?" if close else ""
-        return f"{group}={value} is not an option of group {group}; choose one of {', '.join(options)}{hint}"
+        key = GROUP_KEYS.get(group)
+        other = f" (or set {key} directly)" if key else ""
+        return f"{group}={value} is not an option of group {group}; choose one of {', '.join(options)}{other}{hint}"
     if isinstance(e, OverrideParseException):
         return f"cannot parse the override {e.override!r}: {_first_line(str(e))}"
     cause = e.__cause__ if isinstance(e, ConfigCompositionException) else e
@@ -578,6 +584,8 @@ def one_line(e: BaseException) -> str:
         if choices is not None:
             return f"{shown} is not a valid choice; choose one of {', '.join(choices)}"
         return f"{shown}: {_first_line(str(cause))}"
+    if isinstance(e, ValueError) and text.startswith("Config group override"):
+        return f"{_first_line(text)}: a group option is a name, e.g. accum=4 or parallel=fsdp"
     return _first_line(text)
 
 
