@@ -466,6 +466,8 @@ def unknown_key_message(key: str, schema: Optional[type], more: str = "") -> str
     close = difflib.get_close_matches(leaf, known, n=1, cutoff=0.5)
     if option is not None:
         group, name = option
+        if "." not in key:  # (a node merged on its own, e.g. by from_dict)
+            key = f"{group}.{key}"
         own = ", ".join(k for k in known if k != "name")
         elsewhere = [n for n, s in OPTION_SCHEMAS[group][0].items() if leaf in _keys(s)]
         if elsewhere:
