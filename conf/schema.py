@@ -582,7 +582,11 @@ def one_line(e: BaseException) -> str:
         if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and key and "not in" in str(cause):
             return unknown_key_message(str(key), getattr(cause, "object_type", None))
         choices = _choices(cause)
-        shown = override or str(key)
+        option = _option_of(getattr(cause, "object_type", None))
+        if option is not None and "." not in str(key):  # (a node merged on its own, e.g. by from_dict)
+            key = f"{option[0]}.{key}"
+        value = getattr(cause, "value", None)
+        shown = override or (f"{key}={value}" if value is not None else str(key))
         if choices is not None:
             return f"{shown} is not a valid choice; choose one of {', '.join(choices)}"
         return f"{shown}: {_first_line(str(cause))}"
