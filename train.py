@@ -28,14 +28,14 @@ from training.runtime import setup_runtime
 register()
 log = logging.getLogger("train")
 CONF_DIR = Path(__file__).resolve().parent / "conf"
-# Set when this process asked Hydra to raise composition errors (see cli); unset again once the job runs.
-_RAISE_FLAG = "HYDRA_FULL_ERROR"
-_user_wants_full_errors = _RAISE_FLAG in os.environ
+# cli() sets HYDRA_FULL_ERROR (unless the user did) so that Hydra raises composition errors, and marks that it
+# did; the job unsets both, so errors of the run itself (also in launcher subprocesses) get Hydra's usual report.
+_RAISE_FLAG, _RAISE_MARK = "HYDRA_FULL_ERROR", "DP_SCALING_REWORDS_HYDRA_ERRORS"
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    if not _user_wants_full_errors:
+    if os.environ.pop(_RAISE_MARK, None):
         os.environ.pop(_RAISE_FLAG, None)  # errors of the run itself: Hydra's usual report
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
@@ -68,11 +68,12 @@ def cli(argv: list[str]) -> None:
     unquoted number as an integer and refuses it as a group option.
     """
     sys.argv = [sys.argv[0], *quote_numeric_options(argv, CONF_DIR)]
-    os.environ.setdefault(_RAISE_FLAG, "1")
+    if _RAISE_FLAG not in os.environ:
+        os.environ[_RAISE_FLAG] = os.environ[_RAISE_MARK] = "1"
     try:
         main()
     except Exception as e:
-        if _user_wants_full_errors or not is_composition_error(e):
+        if not os.environ.get(_RAISE_MARK) or not is_composition_error(e):
             raise
         print(f"train.py: {one_line(e)}", file=sys.stderr)
         sys.exit(1)

@@ -573,7 +573,7 @@ def one_line(e: BaseException) -> str:
                 f"quote it: key='a,b'")
     if isinstance(e, ConfigCompositionException) and "No match in the defaults list" in text:
         group = text.split("'")[1] if "'" in text else "?"
-        return f"{group} is not in the defaults list: add it with +{group}=<option> (e.g. +experiment=cnn_mnist)"
+        return f"{group} is not in the defaults list: add it with a + (+{group}=<option>)"
     if isinstance(cause, OmegaConfBaseException):
         key = getattr(cause, "full_key", None) or getattr(cause, "key", None)
         override = text.split("override ", 1)[1].strip() if "Error merging override " in text else None

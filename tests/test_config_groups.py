@@ -187,8 +187,8 @@ def test_cnn_recipe_is_an_experiment_and_model_cnn_is_only_the_model():
     # command-line overrides win over the recipe
     assert _typed("+experiment=cnn_mnist", "data.augment=false", "model.width=8").data.augment is False
     assert _typed("+experiment=cnn_mnist", "model.width=8").model.width == 8
-    assert _error("experiment=cnn_mnist") == ("experiment is not in the defaults list: add it with +experiment="
-                                              "<option> (e.g. +experiment=cnn_mnist)")
+    assert _error("experiment=cnn_mnist") == ("experiment is not in the defaults list: add it with a + "
+                                              "(+experiment=<option>)")
     assert _error("+experiment=cnn") == ("experiment=cnn is not an option of group experiment; choose one of "
                                          "cnn_mnist; did you mean experiment=cnn_mnist?")
 
@@ -294,8 +294,8 @@ def test_sweep_presets_compose_every_value():
                         "shard_map; did you mean parallel=fsdp?"),
     (["precision=bf61"], "precision=bf61 is not an option of group precision; choose one of bf16, fp16, fp32; did "
                          "you mean precision=bf16?"),
-    (["mesh=hsdp_4x2"], "mesh=hsdp_4x2 is not an option of group mesh; choose one of data, default, fsdp, hsdp_2x4 (or set "
-                    "mesh.devices / mesh.shape directly); did you mean mesh=hsdp_2x4?"),
+    (["mesh=hsdp_4x2"], "mesh=hsdp_4x2 is not an option of group mesh; choose one of data, default, fsdp, hsdp_2x4 "
+                        "(or set mesh.devices / mesh.shape directly); did you mean mesh=hsdp_2x4?"),
     (["train.steps=abc"], "train.steps=abc: Value 'abc' of type 'str' could not be converted to Integer"),
     (["model=cnn,mlp"], "model=cnn,mlp: a comma-separated value is a sweep (add -m); for a list write key=[a,b], for "
                         "a string quote it: key='a,b'"),
