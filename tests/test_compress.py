@@ -309,17 +309,16 @@ def test_xla_presets_parse():
 
 
 def test_xla_preset_applied_and_logged(tmp_path):
-    from omegaconf import OmegaConf
 
-    from conf.schema import Config, XlaConfig
+    from conf.schema import XlaConfig, from_dict
 
     preset = _preset("gpu_overlap")
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), {"xla": preset}))
+    cfg = from_dict({"xla": preset})
     assert isinstance(cfg.xla, XlaConfig) and cfg.xla.flags == preset["flags"]
     script = ("import logging, os, sys; sys.path.insert(0, '.'); logging.basicConfig(level=logging.INFO);"
-              "from omegaconf import OmegaConf; from conf.schema import Config; from training.runtime import "
+              "from conf.schema import from_dict; from training.runtime import "
               "setup_runtime; import yaml; p = yaml.safe_load(open('conf/xla/gpu_overlap.yaml'));"
-              "setup_runtime(OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), {'xla': p})));"
+              "setup_runtime(from_dict({'xla': p}));"
               "import jax; jax.devices(); print('XLA_FLAGS=' + os.environ['XLA_FLAGS'])")
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     out = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**env, "JAX_PLATFORMS": "cpu"},
