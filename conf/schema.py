@@ -29,7 +29,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 
 # ---- fixed choices ---------------------------------------------------------------------------------------------
@@ -577,8 +577,6 @@ def one_line(e: BaseException) -> str:
     if isinstance(cause, OmegaConfBaseException):
         key = getattr(cause, "full_key", None) or getattr(cause, "key", None)
         override = text.split("override ", 1)[1].strip() if "Error merging override " in text else None
-        from omegaconf.errors import ConfigAttributeError, ConfigKeyError
-
         if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and key and "not in" in str(cause):
             return unknown_key_message(str(key), getattr(cause, "object_type", None))
         choices = _choices(cause)
