@@ -28,8 +28,10 @@ from typing import Optional, Sequence
 
 log = logging.getLogger("evaluate")
 
+_NOT_A_KEY = object()
 # Applied before the user's overrides: evaluation needs no training batch, W&B or other processes.
-EVAL_DEFAULTS = ["parallel.name=jit_sharding", "mesh.devices=null", "mesh.shape=null", "train.global_batch=null",
+# (parallel=jit_sharding too, unless the overrides choose a mode.)
+EVAL_DEFAULTS = ["mesh.devices=null", "mesh.shape=null", "train.global_batch=null",
                  "train.per_device_batch=1", "train.accum_steps=1", "distributed.enabled=false",
                  "wandb.mode=disabled", "profile.enabled=false"]
 
@@ -75,49 +77,61 @@ def load_test_split(cfg):
     return load_tfds_split(d.tfds_name, "test", d.data_dir, d.cache_dir)
 
 
-def _override_key(override) -> str:
-    """The config path an override sets: ``parallel`` for ``parallel=pmap``, ``mesh.devices`` for
-    ``+mesh.devices=1``; Hydra's ``group@package`` form is not accepted."""
-    return override.key_or_group
-
-
 def compose_eval_config(saved_cfg: dict, overrides: Sequence[str] = ()):
     """The typed config of an evaluation: the checkpoint's saved config, then ``EVAL_DEFAULTS``, then the user's
     overrides in ``train.py``'s syntax (Hydra's compose API on ``conf/``: group options such as
     ``parallel=pmap`` replace that whole group, dotted keys such as ``mesh.devices=1`` one value).
 
+    The overrides are composed on the checkpoint's model (``model=<saved name>``) and ``parallel=jit_sharding``
+    unless they choose others, so ``model.*`` keys are checked against the checkpoint's model. Keys of the saved
+    ``model``/``parallel`` that their schema lacks (checkpoints saved when these nodes held every option's keys)
+    are dropped.
+
     Raises:
-      ConfigError: an override Hydra cannot parse or compose (unknown group option, unknown key, bad type),
-        or a sweep (``a=1,2``); one line.
+      ConfigError: an override Hydra cannot parse or compose (unknown group option, unknown key, a key the model
+        or mode does not have, bad type or choice), or a sweep (``a=1,2``); one line.
     """
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
-    from conf.schema import Config, register
+    from conf.schema import (MODEL_SCHEMAS, ConfigInputError, check_known_keys, check_option_names, from_dict,
+                             is_composition_error, one_line, quote_numeric_options, register)
     from core.errors import ConfigError
 
     register()
+    conf_dir = Path(__file__).resolve().parent / "conf"
+    overrides = quote_numeric_options(list(overrides), conf_dir)
     try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        parsed = OverridesParser.create().parse_overrides(overrides)
         sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
         if sweeps:
             raise ConfigError(f"evaluate takes one value per key, not a sweep: {', '.join(sweeps)}")
-        GlobalHydra.instance().clear()
-        with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent / "conf"), version_base="1.3"):
-            composed = compose(config_name="config", overrides=list(overrides))
-        merged = OmegaConf.merge(OmegaConf.structured(Config), saved_cfg, OmegaConf.from_dotlist(EVAL_DEFAULTS))
         for o in parsed:
-            key = _override_key(o)
             if o.is_delete():
                 raise ConfigError(f"{o.input_line}: evaluate cannot delete keys; give a value instead")
-            OmegaConf.update(merged, key, OmegaConf.select(composed, key), merge=False)
-        return OmegaConf.to_object(merged)
-    except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(f"bad override {' '.join(overrides)}: {str(e).strip().splitlines()[0]}") from None
+        chosen = {o.key_or_group for o in parsed}
+        saved_model = (saved_cfg.get("model") or {}).get("name", "mlp")
+        base = [f"model={saved_model}"] if "model" not in chosen and saved_model in MODEL_SCHEMAS else []
+        base += [] if "parallel" in chosen else ["parallel=jit_sharding"]
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            composed = compose(config_name="config", overrides=base + list(overrides))
+        check_known_keys(composed)
+        check_option_names(composed)
+        merged = OmegaConf.merge(saved_cfg, OmegaConf.from_dotlist(EVAL_DEFAULTS))
+        for key in ["parallel", *(o.key_or_group for o in parsed)]:
+            value = OmegaConf.select(composed, key, default=_NOT_A_KEY)
+            if value is not _NOT_A_KEY:  # (a group that only sets other keys, e.g. +experiment=..., is not one)
+                OmegaConf.update(merged, key, value, merge=False)
+        return from_dict(OmegaConf.to_container(merged, enum_to_str=True), lenient=True)
+    except ConfigInputError as e:
+        raise ConfigError(str(e)) from None
+    except Exception as e:
+        if not is_composition_error(e):
+            raise
+        raise ConfigError(one_line(e)) from None
     finally:
         GlobalHydra.instance().clear()
 

@@ -2,6 +2,10 @@
 
     python train.py parallel=jit_sharding precision=bf16     # one experiment
     python train.py -m mesh.devices=1,2,4,8                  # a sweep (see sweeps/)
+
+A config the schema refuses stops at start with one line on stderr (``train.py: ...``) and exit code 1: an
+unknown group option, a misspelt key (with or without ``+``), a key the chosen model or mode does not have, a
+value of the wrong type or outside its choices (``conf/schema.py: one_line``).
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import atexit
 import gc
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -17,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from conf.schema import UnknownKeyError, register, to_typed
+from conf.schema import ConfigInputError, is_composition_error, one_line, quote_numeric_options, register, to_typed
 from training.console_lines import quiet_known_noise
 from training.paths import absolute_paths
 from training.runtime import setup_runtime
@@ -28,25 +33,56 @@ log = logging.getLogger("train")
 # objects still alive move to the GC's permanent generation, so the interpreter's shutdown collections do not
 # walk the millions of objects of jax/flax/wandb (~0.7 s of exit on 2 CPU cores; outputs are closed by then).
 atexit.register(gc.freeze)
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+# cli() sets HYDRA_FULL_ERROR (unless the user did) so that Hydra raises composition errors, and marks that it
+# did; the job unsets both, so errors of the run itself (also in launcher subprocesses) get Hydra's usual report.
+_RAISE_FLAG, _RAISE_MARK = "HYDRA_FULL_ERROR", "DP_SCALING_REWORDS_HYDRA_ERRORS"
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    if os.environ.pop(_RAISE_MARK, None):
+        os.environ.pop(_RAISE_FLAG, None)  # errors of the run itself: Hydra's usual report
     hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
     quiet_known_noise()  # the TPU probe and TFDS's OpenCV notice (README "Output")
     try:
         typed = absolute_paths(to_typed(cfg), Path(hydra.utils.get_original_cwd()))  # hydra.job.chdir=true safe
-    except UnknownKeyError as e:  # e.g. +optim.learning_rate=0.5: stop at start with one line
+    except ConfigInputError as e:  # e.g. +optim.learning_rate=0.5: stop at start with one line
         print(f"train.py: {e}", file=sys.stderr)
-        sys.exit(1)
+        from training.report import write_json
+
+        write_json(run_dir / "summary.json", {"status": "failed", "error": str(e)})
+        if hc.mode != RunMode.MULTIRUN:
+            sys.exit(1)
+        return  # in a sweep the failure is recorded and the sweep goes on (it exits 1 at the end)
     startup = setup_runtime(typed)  # before anything touches devices: simulated CPU devices, XLA flags, jax.distributed
 
     from training.app import run_and_report  # imports jax-dependent modules after the runtime is set up
 
-    ok = run_and_report(typed, Path(hc.runtime.output_dir), startup)
+    ok = run_and_report(typed, run_dir, startup)
     if not ok and hc.mode != RunMode.MULTIRUN:
         sys.exit(1)  # in a sweep the failure is recorded in the job's summary.json and the sweep goes on
 
 
+def cli(argv: list[str]) -> None:
+    """Runs ``main`` on the command line ``argv``; composition errors become one line and exit code 1.
+
+    Hydra prints its composition errors over many lines (search path, every option) and exits; with
+    ``HYDRA_FULL_ERROR=1`` it raises them instead, so this sets it for the composition (unless the user did)
+    and rewords the error with ``conf.schema.one_line``. ``accum=4`` is passed as ``accum='4'``: Hydra reads an
+    unquoted number as an integer and refuses it as a group option.
+    """
+    sys.argv = [sys.argv[0], *quote_numeric_options(argv, CONF_DIR)]
+    if _RAISE_FLAG not in os.environ:
+        os.environ[_RAISE_FLAG] = os.environ[_RAISE_MARK] = "1"
+    try:
+        main()
+    except Exception as e:
+        if not os.environ.get(_RAISE_MARK) or not is_composition_error(e):
+            raise
+        print(f"train.py: {one_line(e)}", file=sys.stderr)
+        sys.exit(1)
+
 if __name__ == "__main__":
-    main()
+    cli(sys.argv[1:])

@@ -27,9 +27,8 @@ def main() -> None:
     import jax
 
     jax.config.update("jax_num_cpu_devices", args.devices)
-    from omegaconf import OmegaConf
 
-    from conf.schema import Config
+    from conf.schema import from_dict
     from data.pipeline import SyntheticSource
     from training.build import build, plan
 
@@ -41,10 +40,10 @@ def main() -> None:
         for mode in args.modes.split(","):
             temps = []
             for k in ks:
-                cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), {
+                cfg = from_dict({
                     "parallel": {"name": mode}, "mesh": {"devices": args.devices},
                     "precision": {"name": precision, "compute_dtype": dtype},
-                    "train": {"global_batch": args.global_batch, "accum_steps": k}}))
+                    "train": {"global_batch": args.global_batch, "accum_steps": k}})
                 exp = build(plan(cfg))
                 src = SyntheticSource((28, 28, 1), 10, 60000, args.global_batch, 0)
                 batch = src.device_batch(0, exp.mode.batch_layout())

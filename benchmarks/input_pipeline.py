@@ -49,9 +49,8 @@ def main() -> None:
     jax.config.update("jax_num_cpu_devices", args.devices)
     import collections
 
-    from omegaconf import OmegaConf
 
-    from conf.schema import Config
+    from conf.schema import from_dict
     from data.pipeline import SyntheticSource, TrainSource, train_batches
     from data.sources import load_tfds_split, resolve_data_dir
     from training.build import build, plan
@@ -61,13 +60,13 @@ def main() -> None:
     if not data_dir or not os.path.isdir(os.path.join(data_dir, "mnist")):
         sys.exit("error: MNIST not found; set TFDS_DATA_DIR to the folder holding TFDS's mnist/ "
                  "(e.g. ../shared/tensorflow_datasets)")
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), {
+    cfg = from_dict({
         "mesh": {"devices": args.devices}, "train": {"global_batch": args.batch},
         "parallel": {"name": args.parallel},
         "model": {"name": args.model, **({"width": args.width} if args.width else {})},
         "data": {"augment": args.augment},
         "precision": {"name": args.precision,
-                      "compute_dtype": {"fp32": "float32", "bf16": "bfloat16"}[args.precision]}}))
+                      "compute_dtype": {"fp32": "float32", "bf16": "bfloat16"}[args.precision]}})
     train = load_tfds_split("mnist", "train", data_dir, cfg.data.cache_dir)
 
     p = plan(cfg)

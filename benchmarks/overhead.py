@@ -63,9 +63,8 @@ def main() -> None:
     import numpy as np
     import optax
     from jax.sharding import NamedSharding, PartitionSpec as P
-    from omegaconf import OmegaConf
 
-    from conf.schema import Config
+    from conf.schema import from_dict
     from data.pipeline import TrainSource, train_batches
     from data.sources import HostDataset, load_tfds_split
     from training.build import build, plan
@@ -81,9 +80,9 @@ def main() -> None:
                             rng.integers(0, 10, 60000).astype(np.int32))
         data_name = "random host data (set TFDS_DATA_DIR for MNIST)"
     dtype = {"fp32": jnp.float32, "bf16": jnp.bfloat16}[args.precision]
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), {
+    cfg = from_dict({
         "mesh": {"devices": args.devices}, "train": {"global_batch": args.batch},
-        "precision": {"name": args.precision, "compute_dtype": jnp.dtype(dtype).name}}))
+        "precision": {"name": args.precision, "compute_dtype": jnp.dtype(dtype).name}})
 
     # ---- A: the repository -------------------------------------------------------------------------
     p = plan(cfg)

@@ -2,37 +2,148 @@
 
 The schema is registered in Hydra's ConfigStore as ``base_config`` and is the first entry of
 ``conf/config.yaml``'s defaults list, so every group option (``conf/<group>/<option>.yaml``) is merged into a
-typed node: a misspelt key or a value of the wrong type fails at start with Hydra's own message.
+typed node: a misspelt key or a value of the wrong type fails at start, and ``one_line`` turns Hydra's and
+OmegaConf's messages into one line.
+
+One schema per model and per parallel mode: ``conf/model/<name>.yaml`` starts with
+``defaults: [/schema/model/<name>@_here_]`` (``MODEL_SCHEMAS``, registered under the group ``schema/model``), so
+``model=cnn model.hidden=512`` fails (``hidden`` is an MLP key) instead of being ignored. The base node types
+(``ModelConfig``, ``ParallelConfig``) hold only ``name``; OmegaConf merges a subclass into them.
+
+Fixed choices are ``StrEnum`` fields: a wrong value lists the choices; YAML and saved configs hold plain
+strings; ``to_typed`` hands plain strings to the code (a ``StrEnum`` member equals its string anyway).
 
 Library code never reads the config: ``train.py`` turns it into these dataclasses once (``to_typed``) and the
 builders take plain, typed fields.
 """
-
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
+import re
+import typing
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from pathlib import Path
+from typing import Any, List, Mapping, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+
+# ---- fixed choices ---------------------------------------------------------------------------------------------
+# Member names equal their values: OmegaConf reads an enum from YAML or the command line by member name.
+class ComputeDtype(enum.StrEnum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class LossScale(enum.StrEnum):
+    dynamic = "dynamic"
+    static = "static"
+    none = "none"
+
+
+class ReduceDtype(enum.StrEnum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+class Compression(enum.StrEnum):
+    none = "none"
+    int8 = "int8"
+
+
+class Activation(enum.StrEnum):
+    tanh = "tanh"
+    relu = "relu"
+    gelu = "gelu"
+    sigmoid = "sigmoid"
+
+
+class OptimizerName(enum.StrEnum):
+    adam = "adam"
+    sgd = "sgd"
+
+
+class Schedule(enum.StrEnum):
+    constant = "constant"
+    cosine = "cosine"
+
+
+class LrScaling(enum.StrEnum):
+    none = "none"
+    linear = "linear"  # lr * global_batch / base_batch
+
+
+class TransferGuard(enum.StrEnum):
+    """``jax.transfer_guard`` levels."""
+
+    allow = "allow"
+    log = "log"
+    disallow = "disallow"
+    log_explicit = "log_explicit"
+    disallow_explicit = "disallow_explicit"
+
+
+class WandbMode(enum.StrEnum):
+    online = "online"
+    offline = "offline"
+    disabled = "disabled"
+
+
+# ---- parallel modes: one schema each -----------------------------------------------------------------------------
+@dataclass
+class ParallelConfig:
+    """How the step is spread over devices; a node of one of ``PARALLEL_SCHEMAS`` (``parallel=<name>``).
+
+    ``grad_reduce_dtype``: null = the mode's own reduction; float32 | bfloat16 = explicit reduction in that dtype
+    (shard_map psum / psum_scatter, visible in the lowered module; jit_sharding then reduces under shard_map;
+    pmap: psum), cast back to float32 before the optimizer. ``grad_compression``: none | int8 (quantised
+    all-to-all + int32 sum + int8 all-gather with error feedback, parallel/compress.py; jit_sharding, shard_map,
+    pmap; needs grad_reduce_dtype=null).
+    """
+
+    name: str = MISSING
+    grad_reduce_dtype: Optional[ReduceDtype] = None
+    grad_compression: Compression = Compression.none
 
 
 @dataclass
-class ParallelConfig:
-    """How the step is spread over devices. ``name``: pmap | jit_sharding | shard_map | fsdp."""
+class _ReplicatedParallelConfig(ParallelConfig):
+    @property
+    def min_shard_bytes(self) -> int:
+        """Parameters are replicated in this mode (only ``parallel=fsdp`` shards them): 0."""
+        return 0
 
+
+@dataclass
+class JitShardingConfig(_ReplicatedParallelConfig):
     name: str = "jit_sharding"
-    # fsdp: arrays smaller than this stay replicated (their gradients are all-reduced).
+
+
+@dataclass
+class PmapConfig(_ReplicatedParallelConfig):
+    name: str = "pmap"
+
+
+@dataclass
+class ShardMapConfig(_ReplicatedParallelConfig):
+    name: str = "shard_map"
+
+
+@dataclass
+class FsdpConfig(ParallelConfig):
+    """``min_shard_bytes``: arrays smaller than this stay replicated (their gradients are all-reduced)."""
+
+    name: str = "fsdp"
     min_shard_bytes: int = 0
-    # null: the mode's own reduction; float32 | bfloat16: explicit reduction in that dtype (shard_map psum /
-    # psum_scatter, visible in the lowered module; jit_sharding then reduces under shard_map; pmap: psum),
-    # cast back to float32 before the optimizer.
-    grad_reduce_dtype: Optional[str] = None
-    # none | int8: quantised all-to-all + int32 sum + int8 all-gather with error feedback (parallel/compress.py;
-    # jit_sharding, shard_map, pmap; needs grad_reduce_dtype=null).
-    grad_compression: str = "none"
+
+
+PARALLEL_SCHEMAS: dict[str, type] = {"jit_sharding": JitShardingConfig, "pmap": PmapConfig,
+                                     "shard_map": ShardMapConfig, "fsdp": FsdpConfig}
 
 
 @dataclass
@@ -40,28 +151,79 @@ class PrecisionConfig:
     """``compute_dtype``: float32 | bfloat16 | float16. Master params and optimizer state are always float32."""
 
     name: str = "fp32"
-    compute_dtype: str = "float32"
+    compute_dtype: ComputeDtype = ComputeDtype.float32
     # dynamic | static | none (only used when compute_dtype is float16).
-    loss_scale: str = "none"
+    loss_scale: LossScale = LossScale.none
     init_scale: float = 32768.0  # 2**15
     growth_interval: int = 2000
 
 
+# ---- models: one schema each ---------------------------------------------------------------------------------
 @dataclass
 class ModelConfig:
-    """``name``: mlp | cnn | resnet | vit. Fields that a model does not use are ignored by it."""
+    """The model; a node of one of ``MODEL_SCHEMAS`` (``model=<name>``), each with only the keys it uses."""
+
+    name: str = MISSING
+
+
+@dataclass
+class MLPConfig(ModelConfig):
+    """784 -> hidden -> classes, weights N(0, init_std^2), biases zero (models/mlp.py)."""
 
     name: str = "mlp"
     hidden: int = 256
-    activation: str = "tanh"
+    activation: Activation = Activation.tanh
     dropout: float = 0.0
     init_std: float = 0.01
-    # cnn / resnet / vit
-    width: int = 32
+
+
+@dataclass
+class CNNConfig(ModelConfig):
+    """conv3x3(width) relu, conv3x3(2*width) relu, maxpool 2, [dropout], dense 128 relu, [dropout], dense
+    classes (models/cnn.py). width 16: 596,042 params on 28x28x1."""
+
+    name: str = "cnn"
+    width: int = 16
+    dropout: float = 0.0
+
+
+@dataclass
+class ResNetConfig(ModelConfig):
+    """ResNet-18, CIFAR stem, GroupNorm; stage widths width*(1,2,4,8) (models/resnet.py). 64: ResNet-18 proper."""
+
+    name: str = "resnet"
+    width: int = 64
+
+    @property
+    def dropout(self) -> float:
+        """This ResNet-18 has no dropout: 0.0."""
+        return 0.0
+
+
+@dataclass
+class ViTConfig(ModelConfig):
+    """Small ViT: patch embedding, CLS token, ``depth`` pre-LN blocks of ``heads`` heads and MLP width
+    ``width * mlp_ratio`` (models/vit.py). Image sides must be multiples of ``patch``."""
+
+    name: str = "vit"
+    width: int = 64
     depth: int = 4
     patch: int = 4
     heads: int = 4
     mlp_ratio: int = 4
+    dropout: float = 0.0
+
+
+MODEL_SCHEMAS: dict[str, type] = {"mlp": MLPConfig, "cnn": CNNConfig, "resnet": ResNetConfig, "vit": ViTConfig}
+# group -> (option name -> schema, default option): the nodes whose keys depend on the chosen option.
+OPTION_SCHEMAS: dict[str, tuple[dict[str, type], str]] = {"model": (MODEL_SCHEMAS, "mlp"),
+                                                          "parallel": (PARALLEL_SCHEMAS, "jit_sharding")}
+
+
+def model_kwargs(model: ModelConfig) -> dict[str, Any]:
+    """The hyper-parameters of ``model`` (every field but ``name``) as keyword arguments of
+    ``models.build_model``."""
+    return {f.name: getattr(model, f.name) for f in dataclasses.fields(model) if f.name != "name"}
 
 
 @dataclass
@@ -93,17 +255,17 @@ class DataConfig:
 class OptimConfig:
     """Optimizer and learning-rate schedule (optax)."""
 
-    name: str = "adam"
+    name: OptimizerName = OptimizerName.adam
     lr: float = 1e-3
     momentum: float = 0.0
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
     weight_decay: float = 0.0
-    schedule: str = "constant"  # constant | cosine
+    schedule: Schedule = Schedule.constant
     warmup_steps: int = 0
     decay_steps: int = 0  # cosine: steps over which lr decays to 0 (after warmup); its own key, never derived
-    lr_scaling: str = "none"  # none | linear  (lr * global_batch / base_batch)
+    lr_scaling: LrScaling = LrScaling.none  # linear: lr * global_batch / base_batch
     base_batch: int = 256
     clip_grad_norm: Optional[float] = None
 
@@ -147,14 +309,14 @@ class TrainConfig:
     debug_dump_indices: bool = False
     # jax.transfer_guard level around the step dispatch: allow | log | disallow (implicit host<->device
     # transfers between logging windows raise) | log_explicit | disallow_explicit.
-    transfer_guard: str = "allow"
+    transfer_guard: TransferGuard = TransferGuard.allow
 
 
 @dataclass
 class WandbConfig:
     """``mode``: null (online with an API key, else offline) | online | offline | disabled."""
 
-    mode: Optional[str] = None
+    mode: Optional[WandbMode] = None
     project: str = "dp-scaling"
     entity: Optional[str] = None
     group: Optional[str] = None
@@ -249,6 +411,7 @@ class XlaConfig:
 
 @dataclass
 class Config:
+    # Typed by the chosen option (conf/model/<name>.yaml -> MODEL_SCHEMAS[name], likewise parallel).
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -266,31 +429,81 @@ class Config:
 
 
 def register() -> None:
-    """Registers the schema as ``base_config`` in Hydra's ConfigStore (idempotent)."""
-    ConfigStore.instance().store(name="base_config", node=Config)
+    """Registers the schema in Hydra's ConfigStore (idempotent): ``base_config`` and, under the groups
+    ``schema/model`` and ``schema/parallel``, one node per option (the first default of each
+    ``conf/model/<name>.yaml`` / ``conf/parallel/<name>.yaml``)."""
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    for group, (schemas, _) in OPTION_SCHEMAS.items():
+        for name, schema in schemas.items():
+            cs.store(group=f"schema/{group}", name=name, node=schema)
     if not OmegaConf.has_resolver("epochs_to_steps"):
         # ${epochs_to_steps:E,B,N}: optimizer steps in E epochs of N examples at global batch B (whole batches;
         # e.g. optim.warmup_steps in epochs, for presets that sweep the batch: conf/sweep/large_batch.yaml).
         OmegaConf.register_new_resolver("epochs_to_steps", lambda e, b, n: int(float(e) * (int(n) // int(b))))
 
 
-class UnknownKeyError(ValueError):
-    """A key the schema does not know (e.g. ``+optim.learning_rate=0.5``); the message is one line."""
+# ---- errors: one line each ---------------------------------------------------------------------------------------
+class ConfigInputError(ValueError):
+    """A command-line override or config value the schema refuses; the message is one line naming the key."""
 
 
-def unknown_keys(cfg: DictConfig, prefix: str = "") -> list[tuple[str, list[str]]]:
-    """(dotted key, known keys of its parent) for every key of ``cfg`` that its dataclass schema lacks.
+class UnknownKeyError(ConfigInputError):
+    """A key the schema does not know (e.g. ``+optim.learning_rate=0.5``, ``model=cnn model.hidden=512``)."""
+
+
+def _keys(schema: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(schema)]
+
+
+def _option_of(schema: Optional[type]) -> Optional[tuple[str, str]]:
+    """(group, option) when ``schema`` is one option's schema (e.g. CNNConfig -> ("model", "cnn"))."""
+    for group, (schemas, _) in OPTION_SCHEMAS.items():
+        for name, s in schemas.items():
+            if s is schema:
+                return group, name
+    return None
+
+
+def unknown_key_message(key: str, schema: Optional[type], more: str = "") -> str:
+    """One line for ``key`` (dotted) missing from the dataclass ``schema`` of its parent node.
+
+    Under ``model``/``parallel`` it names the chosen option and the keys it has, and the options the key belongs
+    to; elsewhere a "did you mean" hint, else the parent's keys. ``more`` is appended after the key."""
+    parent, _, leaf = key.rpartition(".")
+    known = _keys(schema) if dataclasses.is_dataclass(schema) else []
+    option = _option_of(schema)
+    close = difflib.get_close_matches(leaf, known, n=1, cutoff=0.5)
+    if option is not None:
+        group, name = option
+        if "." not in key:  # (a node merged on its own, e.g. by from_dict)
+            key = f"{group}.{key}"
+        own = ", ".join(k for k in known if k != "name")
+        elsewhere = [n for n, s in OPTION_SCHEMAS[group][0].items() if leaf in _keys(s)]
+        if elsewhere:
+            return (f"{key}{more} does not apply to {group}={name} (only to {group}={', '.join(elsewhere)}); "
+                    f"{group}={name} has: {own}")
+        hint = f"did you mean {group}.{close[0]}?" if close else f"{group}={name} has: {own}"
+        return f"unknown config key {key}{more} for {group}={name}; {hint}"
+    where = f"{parent}." if parent else ""
+    hint = f"did you mean {where}{close[0]}?" if close else \
+        f"known keys{' of ' + parent if parent else ''}: " + ", ".join(known)
+    return f"unknown config key {key}{more}; {hint}"
+
+
+def unknown_keys(cfg: DictConfig, prefix: str = "") -> list[tuple[str, type]]:
+    """(dotted key, dataclass of its parent) for every key of ``cfg`` that its dataclass schema lacks.
 
     Hydra's ``+key=value`` adds keys even to a typed (struct) node and ``OmegaConf.to_object`` then drops
     them silently, so they are looked for here, recursively, in every node that has a dataclass type.
     """
-    found: list[tuple[str, list[str]]] = []
+    found: list[tuple[str, type]] = []
     schema = OmegaConf.get_type(cfg)
-    known = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else None
+    known = _keys(schema) if dataclasses.is_dataclass(schema) else None
     for key in cfg.keys():
         dotted = f"{prefix}{key}"
         if known is not None and key not in known:
-            found.append((dotted, known))
+            found.append((dotted, schema))
             continue
         child = cfg._get_node(key)
         if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
@@ -301,29 +514,176 @@ def unknown_keys(cfg: DictConfig, prefix: str = "") -> list[tuple[str, list[str]
 def check_known_keys(cfg: DictConfig) -> None:
     """Raises ``UnknownKeyError`` (one line, with a "did you mean" hint) for the first key the schema lacks."""
     bad = unknown_keys(cfg)
-    if not bad:
-        return
-    key, known = bad[0]
-    parent, _, leaf = key.rpartition(".")
-    close = difflib.get_close_matches(leaf, known, n=1, cutoff=0.5)
-    where = f"{parent}." if parent else ""
-    hint = f"did you mean {where}{close[0]}?" if close else f"known keys{' of ' + parent if parent else ''}: " + \
-        ", ".join(known)
-    more = f" (and {len(bad) - 1} more: {', '.join(k for k, _ in bad[1:])})" if len(bad) > 1 else ""
-    raise UnknownKeyError(f"unknown config key {key}{more}; {hint}")
+    if bad:
+        key, schema = bad[0]
+        more = f" (and {len(bad) - 1} more: {', '.join(k for k, _ in bad[1:])})" if len(bad) > 1 else ""
+        raise UnknownKeyError(unknown_key_message(key, schema, more))
+
+
+def check_option_names(cfg: DictConfig) -> None:
+    """``model.name`` / ``parallel.name`` must be the chosen option's: the option picks the schema, so
+    ``model.name=cnn`` on ``model=mlp`` would build a CNN from MLP settings. Raises ConfigInputError."""
+    for group, (schemas, _) in OPTION_SCHEMAS.items():
+        node = cfg.get(group)
+        if not isinstance(node, DictConfig) or "name" not in node:
+            continue
+        option = _option_of(OmegaConf.get_type(node))
+        name = node.get("name")
+        if option is not None and name != option[1]:
+            how = f"{group}={name}" if name in schemas else f"{group}=<one of {', '.join(schemas)}>"
+            raise ConfigInputError(f"{group}.name={name} does not match the chosen option {group}={option[1]}; "
+                                   f"choose the {group} with {how}")
+
+
+def _choices(e: OmegaConfBaseException) -> Optional[list[str]]:
+    """The members of the Enum field an OmegaConf validation error is about, else None."""
+    schema, key = getattr(e, "object_type", None), getattr(e, "key", None)
+    if not dataclasses.is_dataclass(schema) or key is None:
+        return None
+    hint = typing.get_type_hints(schema).get(str(key))
+    for t in (hint, *typing.get_args(hint)):  # Optional[E] -> (E, NoneType)
+        if isinstance(t, type) and issubclass(t, enum.Enum):
+            return [m.value for m in t]
+    return None
+
+
+def _first_line(text: str) -> str:
+    return next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+
+
+# Groups whose options only set existing keys: an unlisted value can be given through the key itself.
+GROUP_KEYS = {"accum": "train.accum_steps", "mesh": "mesh.devices / mesh.shape"}
+
+
+def one_line(e: BaseException) -> str:
+    """One line for an error of Hydra's composition or OmegaConf's validation (the messages are multi-line:
+    search path, option lists, object types): the key, the value, the choices or a "did you mean" hint.
+
+    Handles Hydra's ``MissingConfigException`` (unknown group option), ``OverrideParseException``,
+    ``ConfigCompositionException`` (unknown key without ``+``, wrong type or choice, ambiguous value) and
+    OmegaConf's own errors; anything else: its first line.
+    """
+    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+
+    if isinstance(e, MissingConfigException) and e.missing_cfg_file and "/" in e.missing_cfg_file:
+        group, _, value = e.missing_cfg_file.rpartition("/")
+        options = sorted(o for o in (e.options or []) if not o.startswith("_"))
+        close = difflib.get_close_matches(value, options, n=1, cutoff=0.5)
+        hint = f"; did you mean {group}={close[0]}?" if close else ""
+        key = GROUP_KEYS.get(group)
+        other = f" (or set {key} directly)" if key else ""
+        return f"{group}={value} is not an option of group {group}; choose one of {', '.join(options)}{other}{hint}"
+    if isinstance(e, OverrideParseException):
+        return f"cannot parse the override {e.override!r}: {_first_line(str(e))}"
+    cause = e.__cause__ if isinstance(e, ConfigCompositionException) else e
+    text = str(e)
+    if isinstance(e, ConfigCompositionException) and "Ambiguous value for argument" in text:
+        arg = text.split("'")[1] if "'" in text else text
+        return (f"{arg}: a comma-separated value is a sweep (add -m); for a list write key=[a,b], for a string "
+                f"quote it: key='a,b'")
+    if isinstance(e, ConfigCompositionException) and "No match in the defaults list" in text:
+        group = text.split("'")[1] if "'" in text else "?"
+        return f"{group} is not in the defaults list: add it with a + (+{group}=<option>)"
+    if isinstance(cause, OmegaConfBaseException):
+        key = getattr(cause, "full_key", None) or getattr(cause, "key", None)
+        override = text.split("override ", 1)[1].strip() if "Error merging override " in text else None
+        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and key and "not in" in str(cause):
+            return unknown_key_message(str(key), getattr(cause, "object_type", None))
+        choices = _choices(cause)
+        option = _option_of(getattr(cause, "object_type", None))
+        if option is not None and "." not in str(key):  # (a node merged on its own, e.g. by from_dict)
+            key = f"{option[0]}.{key}"
+        value = getattr(cause, "value", None)
+        shown = override or (f"{key}={value}" if value is not None else str(key))
+        if choices is not None:
+            return f"{shown} is not a valid choice; choose one of {', '.join(choices)}"
+        return f"{shown}: {_first_line(str(cause))}"
+    if isinstance(e, ValueError) and text.startswith("Config group override"):
+        return f"{_first_line(text)}: a group option is a name, e.g. accum=4 or parallel=fsdp"
+    return _first_line(text)
+
+
+def is_composition_error(e: BaseException) -> bool:
+    """Whether ``e`` is Hydra's or OmegaConf's refusal of a config or override (``one_line`` words it)."""
+    from hydra.errors import HydraException
+
+    return isinstance(e, (HydraException, OmegaConfBaseException)) or (
+        isinstance(e, ValueError) and str(e).startswith("Config group override"))
+
+
+_NUMBERS = re.compile(r"\d+(,\d+)*")
+
+
+def quote_numeric_options(args: Sequence[str], conf_dir: Path) -> list[str]:
+    """``args`` with numeric values of config groups quoted: ``accum=4`` -> ``accum='4'``, ``accum=1,2,4,8`` ->
+    ``accum='1','2','4','8'``. Hydra parses an unquoted number as an integer and refuses it as a group option
+    ("Config group override must be a string or a list"); every other argument is returned unchanged."""
+    out = []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        group = key.lstrip("+~").split("@")[0]
+        if sep and not arg.startswith("-") and group and (Path(conf_dir) / group).is_dir() and \
+                _NUMBERS.fullmatch(value):
+            arg = f"{key}=" + ",".join(f"'{v}'" for v in value.split(","))
+        out.append(arg)
+    return out
+
+
+# ---- typed configs -----------------------------------------------------------------------------------------
+def _plain_strings(obj: Any) -> Any:
+    """Replaces every Enum member in a dataclass tree by its value (plain ``str``), in place."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, enum.Enum):
+            setattr(obj, f.name, value.value)
+        elif dataclasses.is_dataclass(value):
+            _plain_strings(value)
+    return obj
 
 
 def to_typed(cfg: DictConfig) -> Config:
-    """Resolves ``cfg`` and converts it into the typed ``Config`` dataclass tree.
+    """Resolves ``cfg`` and converts it into the typed ``Config`` dataclass tree (Enum fields as plain strings).
 
     Raises:
       UnknownKeyError: ``cfg`` holds a key the schema does not know (one line naming it).
+      ConfigInputError: ``model.name``/``parallel.name`` differs from the chosen option, or a value fails
+        the schema when resolved (one line).
     """
     check_known_keys(cfg)
-    obj = OmegaConf.to_object(cfg)
-    if not isinstance(obj, Config):  # composed without the schema (should not happen)
-        obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), cfg))
-    return obj
+    check_option_names(cfg)
+    try:
+        obj = OmegaConf.to_object(cfg)
+        if not isinstance(obj, Config):  # composed without the schema (should not happen)
+            obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), cfg))
+    except OmegaConfBaseException as e:
+        raise ConfigInputError(one_line(e)) from None
+    return _plain_strings(obj)
+
+
+def from_dict(data: Mapping[str, Any], *, lenient: bool = False) -> Config:
+    """A typed ``Config`` from a nested plain dict (e.g. a checkpoint's saved config); schema defaults fill
+    every absent key. ``model``/``parallel`` take the schema of their ``name`` (default mlp / jit_sharding).
+
+    Args:
+      lenient: drop the keys of ``model``/``parallel`` that the option's schema lacks instead of refusing them
+        (configs saved when these nodes were one union of every option's keys).
+    Raises:
+      ConfigInputError / UnknownKeyError: one line naming the key.
+    """
+    data = dict(data)
+    try:
+        for group, (schemas, default) in OPTION_SCHEMAS.items():
+            node = dict(data.get(group) or {})
+            name = node.get("name", default)
+            if name not in schemas:
+                raise ConfigInputError(f"{group}.name={name!r} is unknown; choose one of {', '.join(schemas)}")
+            if lenient:
+                node = {k: v for k, v in node.items() if k in _keys(schemas[name])}
+            data[group] = OmegaConf.merge(OmegaConf.structured(schemas[name]), node)
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), data)
+    except OmegaConfBaseException as e:
+        raise ConfigInputError(one_line(e)) from None
+    return to_typed(cfg)
 
 
 def as_dict(cfg: Config) -> dict[str, Any]:

@@ -251,20 +251,34 @@ def test_adapt_residual_resets_on_other_device_count(caplog):
 # validation
 # ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("parallel,expected", [
-    ({"grad_compression": "int4"}, "parallel.grad_compression='int4' is unknown; choose one of none, int8"),
     ({"name": "fsdp", "grad_compression": "int8"},
      "parallel.grad_compression=int8 is not implemented for parallel=fsdp; use parallel=pmap, jit_sharding, "
      "shard_map, or parallel.grad_compression=none"),
     ({"grad_compression": "int8", "grad_reduce_dtype": "bfloat16"},
      "parallel.grad_compression=int8 replaces the gradient reduction, so parallel.grad_reduce_dtype=bfloat16 "
      "would be ignored; set parallel.grad_reduce_dtype=null"),
-    ({"grad_reduce_dtype": "float16"},
-     "parallel.grad_reduce_dtype='float16' is unknown; choose null, float32 or bfloat16"),
 ])
 def test_bad_options_are_config_errors(parallel, expected):
     with pytest.raises(ConfigError) as e:
         plan(make_cfg({"parallel": parallel}))
     assert str(e.value) == expected
+
+
+@pytest.mark.parametrize("parallel,expected", [
+    ({"grad_compression": "int4"}, "parallel.grad_compression=int4 is not a valid choice; choose one of none, int8"),
+    ({"grad_reduce_dtype": "float16"},
+     "parallel.grad_reduce_dtype=float16 is not a valid choice; choose one of float32, bfloat16"),
+])
+def test_unknown_choices_are_refused_by_the_schema(parallel, expected):
+    """The schema's Enum fields refuse them before plan() (its own checks stay for callers without a config)."""
+    from conf.schema import ConfigInputError
+    from parallel.base import reduce_dtype
+
+    with pytest.raises(ConfigInputError) as e:
+        make_cfg({"parallel": parallel})
+    assert str(e.value) == expected
+    with pytest.raises(ConfigError, match="grad_reduce_dtype='float16' is unknown; choose null, float32 or bfloat16"):
+        reduce_dtype("float16")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -294,17 +308,16 @@ def test_xla_presets_parse():
 
 
 def test_xla_preset_applied_and_logged(tmp_path):
-    from omegaconf import OmegaConf
 
-    from conf.schema import Config, XlaConfig
+    from conf.schema import XlaConfig, from_dict
 
     preset = _preset("gpu_overlap")
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), {"xla": preset}))
+    cfg = from_dict({"xla": preset})
     assert isinstance(cfg.xla, XlaConfig) and cfg.xla.flags == preset["flags"]
     script = ("import logging, os, sys; sys.path.insert(0, '.'); logging.basicConfig(level=logging.INFO);"
-              "from omegaconf import OmegaConf; from conf.schema import Config; from training.runtime import "
+              "from conf.schema import from_dict; from training.runtime import "
               "setup_runtime; import yaml; p = yaml.safe_load(open('conf/xla/gpu_overlap.yaml'));"
-              "setup_runtime(OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), {'xla': p})));"
+              "setup_runtime(from_dict({'xla': p}));"
               "import jax; jax.devices(); print('XLA_FLAGS=' + os.environ['XLA_FLAGS'])")
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     out = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**env, "JAX_PLATFORMS": "cpu"},

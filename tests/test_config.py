@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -20,7 +22,7 @@ def _typed(*overrides: str):
                                  "momentum, b1, b2, eps, weight_decay, schedule, warmup_steps, decay_steps, "
                                  "lr_scaling, base_batch, clip_grad_norm"),
     ("+train.stepz=3", "unknown config key train.stepz; did you mean train.steps?"),
-    ("+model.hiden=3", "unknown config key model.hiden; did you mean model.hidden?"),
+    ("+model.hiden=3", "unknown config key model.hiden for model=mlp; did you mean model.hidden?"),
     ("+mesh.devics=2", "unknown config key mesh.devics; did you mean mesh.devices?"),
     ("+foo=1", "unknown config key foo; known keys: parallel, precision, model, data, optim, mesh, wandb, "
                "train, runtime, hardware, profile, checkpoint, distributed, xla"),
@@ -43,4 +45,7 @@ def test_train_py_stops_at_start(tmp_path):
     assert lines == ["train.py: unknown config key optim.learning_rate; known keys of optim: name, lr, momentum, "
                      "b1, b2, eps, weight_decay, schedule, warmup_steps, decay_steps, lr_scaling, base_batch, "
                      "clip_grad_norm"]
-    assert not (tmp_path / "run" / "summary.json").exists()
+    # nothing but Hydra's .hydra/ and log, and a failed summary naming the key
+    assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {
+        "status": "failed", "error": lines[0].removeprefix("train.py: ")}
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".hydra", "summary.json", "train.log"]

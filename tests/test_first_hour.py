@@ -108,10 +108,13 @@ def test_evaluate_overrides_compose_like_train():
     cfg = compose_eval_config(saved, ["parallel=pmap", "mesh.devices=2"])
     assert (cfg.parallel.name, cfg.mesh.devices, cfg.train.seed, cfg.model.hidden) == ("pmap", 2, 7, 64)
     assert cfg.precision.compute_dtype == "bfloat16" and cfg.wandb.mode == "disabled"  # saved, EVAL_DEFAULTS
-    assert compose_eval_config(saved, ["parallel.name=pmap"]).parallel == cfg.parallel
+    # the option picks the schema: parallel.name alone would put pmap's name on jit_sharding's node
+    with pytest.raises(ConfigError, match=r"^parallel.name=pmap does not match the chosen option "
+                                          r"parallel=jit_sharding; choose the parallel with parallel=pmap$"):
+        compose_eval_config(saved, ["parallel.name=pmap"])
     assert compose_eval_config(saved, []).parallel.name == "jit_sharding"
     assert compose_eval_config(saved, ["precision=fp32"]).precision.compute_dtype == "float32"
-    for bad, needle in ((["parallel=pmapp"], "parallel/pmapp"), (["paralel=pmap"], "paralel"),
+    for bad, needle in ((["parallel=pmapp"], "parallel=pmapp is not an option"), (["paralel=pmap"], "paralel"),
                         (["+foo=1"], "foo"), (["mesh.devices=1,2"], "not a sweep")):
         with pytest.raises(ConfigError, match=needle):
             compose_eval_config(saved, bad)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from omegaconf import OmegaConf
 
-from conf.schema import Config
+from conf.schema import Config, from_dict
 from data.pipeline import TrainSource
 from data.sources import HostDataset
 from parallel import compress
@@ -25,10 +25,10 @@ SHARED_TFDS = REPO.parent / "shared" / "tensorflow_datasets"
 
 
 def make_cfg(overrides: dict | None = None, **dotted: Any) -> Config:
-    """A typed Config from the schema defaults plus ``overrides`` (nested dict) and ``a__b=value`` kwargs."""
-    base = OmegaConf.structured(Config)
+    """A typed Config from the schema defaults plus ``overrides`` (nested dict) and ``a__b=value`` kwargs
+    (``model``/``parallel`` take the schema of their ``name``: conf.schema.from_dict)."""
     extra = OmegaConf.from_dotlist([f"{k.replace('__', '.')}={v}" for k, v in dotted.items()])
-    return OmegaConf.to_object(OmegaConf.merge(base, overrides or {}, extra))
+    return from_dict(OmegaConf.to_container(OmegaConf.merge(overrides or {}, extra)))
 
 
 def random_dataset(n: int = 2048, seed: int = 0, shape=(28, 28, 1), classes: int = 10) -> HostDataset:

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from conf.schema import Config
+from conf.schema import Config, model_kwargs
 from core.errors import ConfigError
 from core.optim import effective_lr, make_optimizer, make_schedule
 from core.precision import LOSS_SCALING_MODES, init_loss_scale
@@ -186,10 +186,6 @@ def check_numbers(cfg: Config) -> None:
         ("precision.init_scale", pr.init_scale, math.isfinite(pr.init_scale) and pr.init_scale >= 1,
          "a finite value >= 1"),
         ("precision.growth_interval", pr.growth_interval, pr.growth_interval > 0, "> 0"),
-        ("model.hidden", m.hidden, m.hidden > 0, "> 0"),
-        ("model.width", m.width, m.width > 0, "> 0"),
-        ("model.depth", m.depth, m.depth > 0, "> 0"),
-        ("model.init_std", m.init_std, math.isfinite(m.init_std) and m.init_std > 0, "a finite value > 0"),
         ("parallel.min_shard_bytes", cfg.parallel.min_shard_bytes, cfg.parallel.min_shard_bytes >= 0, ">= 0"),
         ("data.prefetch", cfg.data.prefetch, cfg.data.prefetch >= 1, ">= 1"),
         ("runtime.cpu_devices", cfg.runtime.cpu_devices, cfg.runtime.cpu_devices >= 1, ">= 1"),
@@ -203,6 +199,12 @@ def check_numbers(cfg: Config) -> None:
          cfg.hardware.peak_flops_per_s is None or cfg.hardware.peak_flops_per_s > 0, "null or > 0"),
         ("wandb.init_timeout_s", cfg.wandb.init_timeout_s, cfg.wandb.init_timeout_s > 0, "> 0"),
     ]
+    for k in ("hidden", "width", "depth"):  # each model has its own keys (conf/schema.py MODEL_SCHEMAS)
+        if hasattr(m, k):
+            checks.append((f"model.{k}", getattr(m, k), getattr(m, k) > 0, "> 0"))
+    if hasattr(m, "init_std"):
+        checks.append(("model.init_std", m.init_std, math.isfinite(m.init_std) and m.init_std > 0,
+                       "a finite value > 0"))
     for key, value, ok, allowed in checks:
         if not ok:
             raise ConfigError(f"{key}={value} is out of range; it must be {allowed}")
@@ -211,8 +213,7 @@ def check_numbers(cfg: Config) -> None:
 def _model(cfg: Config):
     m = cfg.model
     return build_model(m.name, tuple(cfg.data.image_shape), cfg.data.num_classes, seed=cfg.train.seed,
-                       hidden=m.hidden, activation=m.activation, dropout=m.dropout, init_std=m.init_std,
-                       width=m.width, depth=m.depth, patch=m.patch, heads=m.heads, mlp_ratio=m.mlp_ratio)
+                       **model_kwargs(m))
 
 
 def _optimizer(cfg: Config, peak_lr: float):

@@ -31,6 +31,9 @@ ALLOWED = ("train.steps", "train.epochs", "train.log_every", "train.eval_every",
            "runtime.", "parallel.name", "parallel.min_shard_bytes", "xla.", "hardware.", "distributed.",
            "data.cache_dir", "data.data_dir", "data.prefetch")
 BATCH_KEYS = ("train.global_batch", "train.per_device_batch")
+# Nodes whose keys depend on the chosen option (conf/schema.py OPTION_SCHEMAS); checkpoints saved before hold
+# every option's keys.
+OPTION_NODES = ("model.", "parallel.")
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -55,6 +58,8 @@ def resume_conflicts(saved_cfg: dict, cfg_dict: dict, saved_global_batch: Option
     for key in sorted(set(old) | set(new)):
         if old.get(key) == new.get(key) or key.startswith(ALLOWED):
             continue
+        if key not in new and key.startswith(OPTION_NODES):
+            continue  # a key of the union schema that this run's model / mode does not have (so never used)
         if key in BATCH_KEYS and saved_global_batch is not None and saved_global_batch == global_batch:
             continue
         out.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}")
