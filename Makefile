@@ -1,9 +1,13 @@
-# make lint: ruff; make test-unit: a quick tier to run while editing (config, throughput, report, projection, comm,
-# layers, loop)
+# make lint: ruff check + ruff format --check (make format rewrites); make typecheck: mypy on core/ and parallel/
+# make test-unit: the quick tier to run while editing (in-process unit tests, no subprocesses)
 # make test: exactly what CI runs (the README's test command).
-.PHONY: lint test test-unit
+.PHONY: lint format typecheck test test-unit
 lint:
 	ruff check .
+	ruff format --check .
+format:
+	ruff format .
+	ruff check --fix .
 test-unit:
 	python -m pytest -q -p no:cacheprovider tests/test_config.py tests/test_throughput.py tests/test_report.py tests/test_project.py tests/test_comm.py \
 		tests/test_layers.py tests/test_loop.py

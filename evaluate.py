@@ -31,9 +31,16 @@ log = logging.getLogger("evaluate")
 _NOT_A_KEY = object()
 # Applied before the user's overrides: evaluation needs no training batch, W&B or other processes.
 # (parallel=jit_sharding too, unless the overrides choose a mode.)
-EVAL_DEFAULTS = ["mesh.devices=null", "mesh.shape=null", "train.global_batch=null",
-                 "train.per_device_batch=1", "train.accum_steps=1", "distributed.enabled=false",
-                 "wandb.mode=disabled", "profile.enabled=false"]
+EVAL_DEFAULTS = [
+    "mesh.devices=null",
+    "mesh.shape=null",
+    "train.global_batch=null",
+    "train.per_device_batch=1",
+    "train.accum_steps=1",
+    "distributed.enabled=false",
+    "wandb.mode=disabled",
+    "profile.enabled=false",
+]
 
 
 def find_step_dir(path: Path) -> Path:
@@ -96,8 +103,17 @@ def compose_eval_config(saved_cfg: dict, overrides: Sequence[str] = ()):
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from conf.schema import (MODEL_SCHEMAS, ConfigInputError, check_known_keys, check_option_names, from_dict,
-                             is_composition_error, one_line, quote_numeric_options, register)
+    from conf.schema import (
+        MODEL_SCHEMAS,
+        ConfigInputError,
+        check_known_keys,
+        check_option_names,
+        from_dict,
+        is_composition_error,
+        one_line,
+        quote_numeric_options,
+        register,
+    )
     from core.errors import ConfigError
 
     register()
@@ -161,8 +177,7 @@ def evaluate_checkpoint(path: Path, overrides: Sequence[str] = ()) -> dict:
 
     exp = build(plan(cfg))
     restored = checkpoint.restore_step(step_dir, exp.mode, exp.state)
-    eval_set = make_eval_set(load_test_split(cfg), cfg.train.eval_batch, exp.mode.num_devices,
-                             exp.mode.batch_layout())
+    eval_set = make_eval_set(load_test_split(cfg), cfg.train.eval_batch, exp.mode.num_devices, exp.mode.batch_layout())
     metrics = evaluate(exp, restored.state.params, eval_set)
     return {**metrics, "step": restored.step, "examples": eval_set.num_examples, "checkpoint": str(step_dir)}
 
@@ -170,8 +185,9 @@ def evaluate_checkpoint(path: Path, overrides: Sequence[str] = ()) -> dict:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="a checkpoint folder or one <step> folder in it")
-    parser.add_argument("overrides", nargs="*", help="config overrides as for train.py, e.g. mesh.devices=1 "
-                        "parallel=pmap")
+    parser.add_argument(
+        "overrides", nargs="*", help="config overrides as for train.py, e.g. mesh.devices=1 parallel=pmap"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a line")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -186,8 +202,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
-        print(f"eval/accuracy={result['eval/accuracy']:.4f} eval/loss={result['eval/loss']:.4f} "
-              f"step={result['step']} examples={result['examples']} checkpoint={result['checkpoint']}")
+        print(
+            f"eval/accuracy={result['eval/accuracy']:.4f} eval/loss={result['eval/loss']:.4f} "
+            f"step={result['step']} examples={result['examples']} checkpoint={result['checkpoint']}"
+        )
     return 0
 
 

@@ -84,5 +84,6 @@ def cli(argv: list[str]) -> None:
         print(f"train.py: {one_line(e)}", file=sys.stderr)
         sys.exit(1)
 
+
 if __name__ == "__main__":
     cli(sys.argv[1:])

@@ -33,17 +33,23 @@ def main() -> None:
     from training.build import build, plan
 
     ks = [int(k) for k in args.ks.split(",")]
-    print(f"temp bytes per device of the compiled step; MLP 784-256-10, global batch {args.global_batch}, "
-          f"{args.devices} devices, platform {jax.devices()[0].platform}")
+    print(
+        f"temp bytes per device of the compiled step; MLP 784-256-10, global batch {args.global_batch}, "
+        f"{args.devices} devices, platform {jax.devices()[0].platform}"
+    )
     print(f"{'mode':<13} {'precision':<9} " + " ".join(f"{'K=' + str(k):>16}" for k in ks))
     for precision, dtype in (("bf16", "bfloat16"), ("fp32", "float32")):
         for mode in args.modes.split(","):
             temps = []
             for k in ks:
-                cfg = from_dict({
-                    "parallel": {"name": mode}, "mesh": {"devices": args.devices},
-                    "precision": {"name": precision, "compute_dtype": dtype},
-                    "train": {"global_batch": args.global_batch, "accum_steps": k}})
+                cfg = from_dict(
+                    {
+                        "parallel": {"name": mode},
+                        "mesh": {"devices": args.devices},
+                        "precision": {"name": precision, "compute_dtype": dtype},
+                        "train": {"global_batch": args.global_batch, "accum_steps": k},
+                    }
+                )
                 exp = build(plan(cfg))
                 src = SyntheticSource((28, 28, 1), 10, 60000, args.global_batch, 0)
                 batch = src.device_batch(0, exp.mode.batch_layout())

@@ -68,11 +68,15 @@ def main() -> None:
     mark("data")
 
     dtype = {"fp32": jnp.float32, "bf16": jnp.bfloat16}[args.precision]
-    mesh = Mesh(np.array(jax.devices()[:args.devices]), ("data",))
+    mesh = Mesh(np.array(jax.devices()[: args.devices]), ("data",))
     repl, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
     k1, k2 = jax.random.split(jax.random.key(args.seed))
-    params = {"w1": 0.01 * jax.random.normal(k1, (784, 256)), "b1": jnp.zeros(256),
-              "w2": 0.01 * jax.random.normal(k2, (256, 10)), "b2": jnp.zeros(10)}
+    params = {
+        "w1": 0.01 * jax.random.normal(k1, (784, 256)),
+        "b1": jnp.zeros(256),
+        "w2": 0.01 * jax.random.normal(k2, (256, 10)),
+        "b2": jnp.zeros(10),
+    }
     tx = optax.adam(1e-3)
     params = jax.device_put(params, repl)
     opt_state = jax.device_put(tx.init(params), repl)
@@ -93,8 +97,9 @@ def main() -> None:
     def eval_step(params, x, y):
         return (jnp.argmax(logits_fn(params, x), -1) == y).sum()
 
-    step = jax.jit(train_step, in_shardings=(repl, repl, split, split), out_shardings=(repl, repl, repl),
-                   donate_argnums=(0, 1))
+    step = jax.jit(
+        train_step, in_shardings=(repl, repl, split, split), out_shardings=(repl, repl, repl), donate_argnums=(0, 1)
+    )
     evaluate = jax.jit(eval_step, in_shardings=(repl, split, split), out_shardings=repl)
     steps_per_epoch = len(y_train) // args.batch
     bound = 2 if args.devices > 1 else None
@@ -103,7 +108,7 @@ def main() -> None:
     for epoch in range(args.epochs):
         perm = np.random.default_rng([args.seed, epoch]).permutation(len(y_train))
         for i in range(steps_per_epoch):
-            idx = perm[i * args.batch:(i + 1) * args.batch]
+            idx = perm[i * args.batch : (i + 1) * args.batch]
             x, y = jax.device_put((x_train[idx], y_train[idx]), split)
             params, opt_state, loss = step(params, opt_state, x, y)
             if first:
@@ -118,15 +123,18 @@ def main() -> None:
     jax.block_until_ready(params)
     mark("train")
     eval_batch = 1000
-    correct = sum(int(evaluate(params, *jax.device_put((x_test[i:i + eval_batch], y_test[i:i + eval_batch]), split)))
-                  for i in range(0, len(y_test), eval_batch))
+    correct = sum(
+        int(evaluate(params, *jax.device_put((x_test[i : i + eval_batch], y_test[i : i + eval_batch]), split)))
+        for i in range(0, len(y_test), eval_batch)
+    )
     print(f"eval/accuracy={correct / len(y_test):.4f}", flush=True)
     mark("eval")
     if args.timings:
         mark("end")
         if args.epochs > 1:  # epochs 2..N: no compilation, one host sync per epoch
-            marks["steady_examples_per_s"] = ((args.epochs - 1) * steps_per_epoch * args.batch
-                                              / (marks[f"epoch_{args.epochs}"] - marks["epoch_1"]))
+            marks["steady_examples_per_s"] = (
+                (args.epochs - 1) * steps_per_epoch * args.batch / (marks[f"epoch_{args.epochs}"] - marks["epoch_1"])
+            )
         marks["t0_epoch_s"] = T0
         with open(args.timings, "w") as f:
             json.dump(marks, f)

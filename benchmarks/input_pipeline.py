@@ -49,7 +49,6 @@ def main() -> None:
     jax.config.update("jax_num_cpu_devices", args.devices)
     import collections
 
-
     from conf.schema import from_dict
     from data.pipeline import SyntheticSource, TrainSource, train_batches
     from data.sources import load_tfds_split, resolve_data_dir
@@ -58,15 +57,23 @@ def main() -> None:
 
     data_dir = resolve_data_dir(None)
     if not data_dir or not os.path.isdir(os.path.join(data_dir, "mnist")):
-        sys.exit("error: MNIST not found; set TFDS_DATA_DIR to the folder holding TFDS's mnist/ "
-                 "(e.g. ../shared/tensorflow_datasets)")
-    cfg = from_dict({
-        "mesh": {"devices": args.devices}, "train": {"global_batch": args.batch},
-        "parallel": {"name": args.parallel},
-        "model": {"name": args.model, **({"width": args.width} if args.width else {})},
-        "data": {"augment": args.augment},
-        "precision": {"name": args.precision,
-                      "compute_dtype": {"fp32": "float32", "bf16": "bfloat16"}[args.precision]}})
+        sys.exit(
+            "error: MNIST not found; set TFDS_DATA_DIR to the folder holding TFDS's mnist/ "
+            "(e.g. ../shared/tensorflow_datasets)"
+        )
+    cfg = from_dict(
+        {
+            "mesh": {"devices": args.devices},
+            "train": {"global_batch": args.batch},
+            "parallel": {"name": args.parallel},
+            "model": {"name": args.model, **({"width": args.width} if args.width else {})},
+            "data": {"augment": args.augment},
+            "precision": {
+                "name": args.precision,
+                "compute_dtype": {"fp32": "float32", "bf16": "bfloat16"}[args.precision],
+            },
+        }
+    )
     train = load_tfds_split("mnist", "train", data_dir, cfg.data.cache_dir)
 
     p = plan(cfg)
@@ -74,8 +81,14 @@ def main() -> None:
     layout = exp.mode.batch_layout()
     with_index = batches_need_index(cfg)  # as train.py: batches carry `index` only when something needs it
     mnist = TrainSource(train, p.global_batch, cfg.train.seed, with_index=with_index)
-    synthetic = SyntheticSource(tuple(train.images.shape[1:]), cfg.data.num_classes, len(train), p.global_batch,
-                                cfg.train.seed, with_index=with_index)
+    synthetic = SyntheticSource(
+        tuple(train.images.shape[1:]),
+        cfg.data.num_classes,
+        len(train),
+        p.global_batch,
+        cfg.train.seed,
+        with_index=with_index,
+    )
     first = next(train_batches(mnist, layout, 0, 1, 1))
     step = exp.steps.train.lower(exp.state, first).compile()
     carry = {"state": exp.state}
@@ -97,23 +110,29 @@ def main() -> None:
 
     trial(mnist, 0, 20), trial(synthetic, 0, 20)  # warm up: the synthetic generator compiles here
     load_before = os.getloadavg()
-    print(f"input_pipeline: model={args.model}{f' width={args.width}' if args.width else ''}, "
-          f"parallel={args.parallel}, {args.devices} devices, global batch {p.global_batch}, {args.precision}, "
-          f"augment={args.augment}, batch arrays {sorted(first)}, {args.steps} steps per trial, "
-          f"platform {jax.devices()[0].platform}, "
-          f"{os.cpu_count()} CPUs, load average {load_before[0]:.1f}")
+    print(
+        f"input_pipeline: model={args.model}{f' width={args.width}' if args.width else ''}, "
+        f"parallel={args.parallel}, {args.devices} devices, global batch {p.global_batch}, {args.precision}, "
+        f"augment={args.augment}, batch arrays {sorted(first)}, {args.steps} steps per trial, "
+        f"platform {jax.devices()[0].platform}, "
+        f"{os.cpu_count()} CPUs, load average {load_before[0]:.1f}"
+    )
     ratios = []
     for i in range(args.pairs):
         start = 20 + i * args.steps
         a = trial(mnist, start, args.steps)
         b = trial(synthetic, start, args.steps)
         ratios.append(b / a)  # examples/s ratio = (B/s_a) / (B/s_b) = s_b / s_a
-        print(f"pair {i}: mnist {p.global_batch / a:9.0f} ex/s ({a * 1e3:.3f} ms/step)  "
-              f"synthetic {p.global_batch / b:9.0f} ex/s ({b * 1e3:.3f} ms/step)  ratio {b / a:.3f}")
+        print(
+            f"pair {i}: mnist {p.global_batch / a:9.0f} ex/s ({a * 1e3:.3f} ms/step)  "
+            f"synthetic {p.global_batch / b:9.0f} ex/s ({b * 1e3:.3f} ms/step)  ratio {b / a:.3f}"
+        )
     med = statistics.median(ratios)
     load_after = os.getloadavg()
-    print(f"median ratio (mnist ex/s / synthetic ex/s): {med:.3f}  (goal >= 0.98: "
-          f"{'met' if med >= 0.98 else 'NOT met'}); load average {load_before[0]:.1f} -> {load_after[0]:.1f}")
+    print(
+        f"median ratio (mnist ex/s / synthetic ex/s): {med:.3f}  (goal >= 0.98: "
+        f"{'met' if med >= 0.98 else 'NOT met'}); load average {load_before[0]:.1f} -> {load_after[0]:.1f}"
+    )
 
 
 if __name__ == "__main__":

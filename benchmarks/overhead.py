@@ -39,16 +39,27 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
-    ap.add_argument("--repo-bound", type=int, default=None,
-                    help="A's steps in flight (default: train.max_in_flight of the schema; 0: unbounded)")
+    ap.add_argument(
+        "--repo-bound",
+        type=int,
+        default=None,
+        help="A's steps in flight (default: train.max_in_flight of the schema; 0: unbounded)",
+    )
     args = ap.parse_args()
     if args.devices is None:  # one child process per setup
         import subprocess
 
         for item in args.setups.split(","):
             devices, precision = item.split(":")
-            cmd = [sys.executable, os.path.abspath(__file__), f"--devices={devices}", f"--precision={precision}",
-                   f"--pairs={args.pairs}", f"--steps={args.steps}", f"--batch={args.batch}"]
+            cmd = [
+                sys.executable,
+                os.path.abspath(__file__),
+                f"--devices={devices}",
+                f"--precision={precision}",
+                f"--pairs={args.pairs}",
+                f"--steps={args.steps}",
+                f"--batch={args.batch}",
+            ]
             if args.repo_bound is not None:
                 cmd.append(f"--repo-bound={args.repo_bound}")
             subprocess.run(cmd, check=True)
@@ -76,13 +87,18 @@ def main() -> None:
         data_name = "MNIST"
     else:
         rng = np.random.default_rng(0)
-        train = HostDataset(rng.integers(0, 256, (60000, 28, 28, 1), dtype=np.uint8),
-                            rng.integers(0, 10, 60000).astype(np.int32))
+        train = HostDataset(
+            rng.integers(0, 256, (60000, 28, 28, 1), dtype=np.uint8), rng.integers(0, 10, 60000).astype(np.int32)
+        )
         data_name = "random host data (set TFDS_DATA_DIR for MNIST)"
     dtype = {"fp32": jnp.float32, "bf16": jnp.bfloat16}[args.precision]
-    cfg = from_dict({
-        "mesh": {"devices": args.devices}, "train": {"global_batch": args.batch},
-        "precision": {"name": args.precision, "compute_dtype": jnp.dtype(dtype).name}})
+    cfg = from_dict(
+        {
+            "mesh": {"devices": args.devices},
+            "train": {"global_batch": args.batch},
+            "precision": {"name": args.precision, "compute_dtype": jnp.dtype(dtype).name},
+        }
+    )
 
     # ---- A: the repository -------------------------------------------------------------------------
     p = plan(cfg)
@@ -114,8 +130,12 @@ def main() -> None:
     repl, data_sh = NamedSharding(mesh, P()), NamedSharding(mesh, P(("data", "fsdp")))
     key = jax.random.key(0)
     k1, k2 = jax.random.split(key)
-    params = {"w1": 0.01 * jax.random.normal(k1, (784, 256)), "b1": jnp.zeros(256),
-              "w2": 0.01 * jax.random.normal(k2, (256, 10)), "b2": jnp.zeros(10)}
+    params = {
+        "w1": 0.01 * jax.random.normal(k1, (784, 256)),
+        "b1": jnp.zeros(256),
+        "w2": 0.01 * jax.random.normal(k2, (256, 10)),
+        "b2": jnp.zeros(10),
+    }
     tx = optax.adam(1e-3)
     params = jax.device_put(params, repl)
     opt_state = jax.device_put(tx.init(params), repl)
@@ -132,8 +152,9 @@ def main() -> None:
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    step_b = jax.jit(step_b, in_shardings=(repl, repl, data_sh, data_sh), out_shardings=(repl, repl, repl),
-                     donate_argnums=(0, 1))
+    step_b = jax.jit(
+        step_b, in_shardings=(repl, repl, data_sh, data_sh), out_shardings=(repl, repl, repl), donate_argnums=(0, 1)
+    )
     state_b = {"p": params, "o": opt_state, "next": 0}
 
     def run_b(n: int) -> float:
@@ -155,23 +176,30 @@ def main() -> None:
 
     run_a(20), run_b(20)  # warm up (compile, caches)
     ratios = []
-    print(f"overhead: {args.devices} device(s), global batch {args.batch}, {args.precision}, {data_name}, "
-          f"{args.steps} steps per trial, platform {jax.devices()[0].platform}, steps in flight: repo "
-          f"{bound_a or 'unbounded'}, hand-written {bound_b or 'unbounded'}, load average {os.getloadavg()[0]:.1f}",
-          flush=True)
+    print(
+        f"overhead: {args.devices} device(s), global batch {args.batch}, {args.precision}, {data_name}, "
+        f"{args.steps} steps per trial, platform {jax.devices()[0].platform}, steps in flight: repo "
+        f"{bound_a or 'unbounded'}, hand-written {bound_b or 'unbounded'}, load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
     for i in range(args.pairs):
         if i % 2 == 0:
             a, b = run_a(args.steps), run_b(args.steps)
         else:
             b, a = run_b(args.steps), run_a(args.steps)
         ratios.append(b / a)  # examples/s ratio = inverse step-time ratio
-        print(f"pair {i}: repo {args.batch / a:.0f} examples/s  hand-written {args.batch / b:.0f} examples/s  "
-              f"ratio {b / a:.3f}", flush=True)
+        print(
+            f"pair {i}: repo {args.batch / a:.0f} examples/s  hand-written {args.batch / b:.0f} examples/s  "
+            f"ratio {b / a:.3f}",
+            flush=True,
+        )
     med = statistics.median(ratios)
     q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else (med, med, med)
-    print(f"{args.devices} device(s) {args.precision}: median examples/s ratio (repo / hand-written) {med:.3f}, "
-          f"interquartile range {q1:.3f}-{q3:.3f} (goal >= 0.98: {'met' if med >= 0.98 else 'NOT met'})",
-          flush=True)
+    print(
+        f"{args.devices} device(s) {args.precision}: median examples/s ratio (repo / hand-written) {med:.3f}, "
+        f"interquartile range {q1:.3f}-{q3:.3f} (goal >= 0.98: {'met' if med >= 0.98 else 'NOT met'})",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

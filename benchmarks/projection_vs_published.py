@@ -15,13 +15,23 @@ from sweeps.projection import Hardware, collectives_for, project
 # Horovod docs (docs/benchmarks.rst): servers of 4 Pascal GPUs on a RoCE-capable 25 Gbit/s network, one NIC
 # per server -> 25e9 / 8 / 4 bytes/s per GPU. The GPU-GPU link inside a server is not stated: ASSUMED PCIe
 # 3.0 x16, 15.75e9 bytes/s per direction. Latency ASSUMED 10 us per step (NCCL tuning.cc ring/Simple NET 9.6 us).
-HOROVOD = Hardware("horovod_pascal_25GbE", devices_per_node=4, intra_node_bytes_per_s=15.75e9,
-                   inter_node_bytes_per_s=25e9 / 8 / 4, latency_s=10e-6)
+HOROVOD = Hardware(
+    "horovod_pascal_25GbE",
+    devices_per_node=4,
+    intra_node_bytes_per_s=15.75e9,
+    inter_node_bytes_per_s=25e9 / 8 / 4,
+    latency_s=10e-6,
+)
 # Goyal et al. 2017 (arXiv 1706.02677): Big Basin servers, 8 P100 with NVLink (P100: 160 GB/s bidirectional =
 # 80e9 per direction, NVIDIA Tesla P100 technical overview), one 50 Gbit/s Ethernet NIC per server
 # -> 50e9 / 8 / 8 bytes/s per GPU. Latency ASSUMED 10 us.
-GOYAL = Hardware("big_basin_p100_50GbE", devices_per_node=8, intra_node_bytes_per_s=80e9,
-                 inter_node_bytes_per_s=50e9 / 8 / 8, latency_s=10e-6)
+GOYAL = Hardware(
+    "big_basin_p100_50GbE",
+    devices_per_node=8,
+    intra_node_bytes_per_s=80e9,
+    inter_node_bytes_per_s=50e9 / 8 / 8,
+    latency_s=10e-6,
+)
 
 # (study, model, params, per-device batch, compute_s, hardware, devices, baseline devices, published efficiency)
 SETTINGS = [
@@ -62,11 +72,17 @@ def rows(overlaps=(0.0, 1.0), algorithm: str = "hierarchical"):
     """One dict per setting: published and projected efficiency at each overlap, and the relative error."""
     out = []
     for study, model, params, batch, compute, hw, n, base, published in SETTINGS:
-        row = {"study": study, "model": model, "devices": n, "baseline": base, "published": published,
-               "compute_s": compute, "hardware": hw.name}
+        row = {
+            "study": study,
+            "model": model,
+            "devices": n,
+            "baseline": base,
+            "published": published,
+            "compute_s": compute,
+            "hardware": hw.name,
+        }
         for overlap in overlaps:
-            proj = project(collectives_for("allreduce", params, 4), compute, batch, [base, n], hw, overlap,
-                           algorithm)
+            proj = project(collectives_for("allreduce", params, 4), compute, batch, [base, n], hw, overlap, algorithm)
             eff = proj[1]["efficiency"] / proj[0]["efficiency"]
             row[f"projected@{overlap:g}"] = eff
             row[f"comm_s@{overlap:g}"] = proj[1]["comm_s"]
@@ -79,10 +95,14 @@ def rows(overlaps=(0.0, 1.0), algorithm: str = "hierarchical"):
 if __name__ == "__main__":
     for algorithm in ("hierarchical", "nccl"):
         print(f"## {algorithm}")
-        print("| study | model | GPUs (baseline) | published | compute_s | comm_s | projected, overlap 0 (error) "
-              "| projected, overlap 1 (error) | overlap that fits |")
+        print(
+            "| study | model | GPUs (baseline) | published | compute_s | comm_s | projected, overlap 0 (error) "
+            "| projected, overlap 1 (error) | overlap that fits |"
+        )
         print("|---|---|---|---|---|---|---|---|---|")
         for r in rows(algorithm=algorithm):
-            print(f"| {r['study']} | {r['model']} | {r['devices']} ({r['baseline']}) | {r['published']:.2f} | "
-                  f"{r['compute_s']:.3f} | {r['comm_s@0']:.3f} | {r['projected@0']:.2f} ({r['error@0']:+.0%}) | "
-                  f"{r['projected@1']:.2f} ({r['error@1']:+.0%}) | {r['fitted_overlap']:.2f} |")
+            print(
+                f"| {r['study']} | {r['model']} | {r['devices']} ({r['baseline']}) | {r['published']:.2f} | "
+                f"{r['compute_s']:.3f} | {r['comm_s@0']:.3f} | {r['projected@0']:.2f} ({r['error@0']:+.0%}) | "
+                f"{r['projected@1']:.2f} ({r['error@1']:+.0%}) | {r['fitted_overlap']:.2f} |"
+            )

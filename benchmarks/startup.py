@@ -60,20 +60,46 @@ class Setup:
         self.count += 1
         run_dir = os.path.join(self.work, f"run{self.count}")
         script = os.path.join(REPO, "benchmarks", "timed_train.py") if timed else "train.py"
-        return ([sys.executable, script, f"hydra.run.dir={run_dir}", f"runtime.cpu_devices={self.devices}",
-                 f"precision={self.precision}", f"train.epochs={self.epochs}",
-                 f"runtime.compilation_cache_dir={self.cache}", *overrides, *self.extra], run_dir)
+        return (
+            [
+                sys.executable,
+                script,
+                f"hydra.run.dir={run_dir}",
+                f"runtime.cpu_devices={self.devices}",
+                f"precision={self.precision}",
+                f"train.epochs={self.epochs}",
+                f"runtime.compilation_cache_dir={self.cache}",
+                *overrides,
+                *self.extra,
+            ],
+            run_dir,
+        )
 
     def before(self, checkout: str) -> tuple[list[str], str]:
         """``train.py`` of another checkout (e.g. the commit before a change; no compilation cache keys)."""
         self.count += 1
         run_dir = os.path.join(self.work, f"run{self.count}")
-        return ([sys.executable, "train.py", f"hydra.run.dir={run_dir}", f"runtime.cpu_devices={self.devices}",
-                 f"precision={self.precision}", f"train.epochs={self.epochs}", *self.extra], run_dir)
+        return (
+            [
+                sys.executable,
+                "train.py",
+                f"hydra.run.dir={run_dir}",
+                f"runtime.cpu_devices={self.devices}",
+                f"precision={self.precision}",
+                f"train.epochs={self.epochs}",
+                *self.extra,
+            ],
+            run_dir,
+        )
 
     def bare(self, timings: str | None = None) -> list[str]:
-        cmd = [sys.executable, os.path.join(REPO, "benchmarks", "bare_train.py"), f"--devices={self.devices}",
-               f"--precision={self.precision}", f"--epochs={self.epochs}"]
+        cmd = [
+            sys.executable,
+            os.path.join(REPO, "benchmarks", "bare_train.py"),
+            f"--devices={self.devices}",
+            f"--precision={self.precision}",
+            f"--epochs={self.epochs}",
+        ]
         return cmd + ([f"--timings={timings}"] if timings else [])
 
 
@@ -88,22 +114,49 @@ def spread(values: list[float]) -> str:
 
 GROUPS = [  # (label, region labels of timed_train.py or import prefixes)
     ("imports: wandb", ["import wandb"]),
-    ("imports: jax, jaxlib, flax, optax, numpy", ["import jax", "import jaxlib", "import flax", "import optax",
-                                                  "import numpy", "import ml_dtypes", "import treescope"]),
-    ("imports: IPython/jedi (pulled in by flax.nnx)", ["import IPython", "import jedi", "import prompt_toolkit",
-                                                       "import pygments"]),
+    (
+        "imports: jax, jaxlib, flax, optax, numpy",
+        [
+            "import jax",
+            "import jaxlib",
+            "import flax",
+            "import optax",
+            "import numpy",
+            "import ml_dtypes",
+            "import treescope",
+        ],
+    ),
+    (
+        "imports: IPython/jedi (pulled in by flax.nnx)",
+        ["import IPython", "import jedi", "import prompt_toolkit", "import pygments"],
+    ),
     ("imports: tensorflow_datasets", ["import tensorflow_datasets"]),
     ("imports: orbax", ["import orbax"]),
     ("imports: hydra, omegaconf", ["import hydra", "import omegaconf", "import antlr4", "import yaml"]),
-    ("imports: the repository", ["import training", "import conf", "import data", "import parallel",
-                                 "import measure", "import models", "import train"]),
+    (
+        "imports: the repository",
+        [
+            "import training",
+            "import conf",
+            "import data",
+            "import parallel",
+            "import measure",
+            "import models",
+            "import train",
+        ],
+    ),
     ("W&B init", ["W&B init"]),
     ("W&B finish + files closed", ["W&B finish + files closed"]),
     ("metrics written (jsonl + W&B log per step)", ["metrics written (jsonl + W&B)"]),
-    ("checkpoints (manager start, saves, final wait)", ["checkpoint manager start",
-                                                        "checkpoint saves (blocking part)",
-                                                        "checkpoint wait + close (end)",
-                                                        "checkpoint prepare/resume"]),
+    (
+        "checkpoints (manager start, saves, final wait)",
+        [
+            "checkpoint manager start",
+            "checkpoint saves (blocking part)",
+            "checkpoint wait + close (end)",
+            "checkpoint prepare/resume",
+        ],
+    ),
     ("data load", ["data load"]),
     ("build (model, optimizer, placed state)", ["build (model, optimizer, placed state)"]),
     ("lower + compile train step", ["lower (train step, AOT)", "compile (train step, AOT)"]),
@@ -139,23 +192,32 @@ def breakdown(setup: Setup, env: dict) -> None:
     rows.append(("interpreter start (launch -> script)", timed["t0_epoch_s"] - t_launch))
     rows.append(("exit (script end -> process gone)", t_exit_a - timed["end_epoch_s"]))
     s = summary(run_dir)
-    print(f"  breakdown, train.py (exclusive seconds; {wall_a:.2f} s whole process, XLA compiled "
-          f"{timed['xla_programs']} programs in {timed['xla_compile_s']:.2f} s, {timed['cache_hits']} cache hits):")
+    print(
+        f"  breakdown, train.py (exclusive seconds; {wall_a:.2f} s whole process, XLA compiled "
+        f"{timed['xla_programs']} programs in {timed['xla_compile_s']:.2f} s, {timed['cache_hits']} cache hits):"
+    )
     for label, sec in rows:
         print(f"    {sec:7.2f}  {label}")
     steps_s = s["train/steps"] * s["train/global_batch"] / s["perf/examples_per_s"]
     print(f"    (of the loop: ~{steps_s:.2f} s of steps at the median window rate)")
     print(f"  bare script ({wall_b:.2f} s whole process):")
     t0b = marks["t0_epoch_s"] - t_launch_b
-    phases = [("interpreter start", t0b), ("imports", marks["imports"]), ("data", marks["data"] - marks["imports"]),
-              ("init + compile + first step", marks["first_step"] - marks["data"]),
-              ("training loop", marks["train"] - marks["first_step"]), ("evaluation", marks["eval"] - marks["train"]),
-              ("exit", wall_b - t0b - marks["end"])]
+    phases = [
+        ("interpreter start", t0b),
+        ("imports", marks["imports"]),
+        ("data", marks["data"] - marks["imports"]),
+        ("init + compile + first step", marks["first_step"] - marks["data"]),
+        ("training loop", marks["train"] - marks["first_step"]),
+        ("evaluation", marks["eval"] - marks["train"]),
+        ("exit", wall_b - t0b - marks["end"]),
+    ]
     for label, sec in phases:
         print(f"    {sec:7.2f}  {label}")
-    print(f"  steady state (same two runs): train.py {s['perf/examples_per_s']:.0f} examples/s (median of "
-          f"windows), bare {marks['steady_examples_per_s']:.0f} examples/s (epochs 2..{setup.epochs}): ratio "
-          f"{s['perf/examples_per_s'] / marks['steady_examples_per_s']:.3f}")
+    print(
+        f"  steady state (same two runs): train.py {s['perf/examples_per_s']:.0f} examples/s (median of "
+        f"windows), bare {marks['steady_examples_per_s']:.0f} examples/s (epochs 2..{setup.epochs}): ratio "
+        f"{s['perf/examples_per_s'] / marks['steady_examples_per_s']:.3f}"
+    )
 
 
 def bench(setup: Setup, pairs: int, env: dict, before: str | None) -> None:
@@ -167,15 +229,18 @@ def bench(setup: Setup, pairs: int, env: dict, before: str | None) -> None:
     warm_wall = run_process(warm_cmd, env)
     cold, warm = summary(cold_dir), summary(warm_dir)
     entries = len([n for n in os.listdir(setup.cache) if n.endswith("-cache")])
-    print(f"compilation cache: train step compile {cold['perf/compile_time_s']:.2f} s -> "
-          f"{warm['perf/compile_time_s']:.2f} s, start-up (perf/startup_s) {cold['perf/startup_s']:.2f} s -> "
-          f"{warm['perf/startup_s']:.2f} s, whole process {cold_wall:.2f} s -> {warm_wall:.2f} s "
-          f"({entries} programs cached)", flush=True)
+    print(
+        f"compilation cache: train step compile {cold['perf/compile_time_s']:.2f} s -> "
+        f"{warm['perf/compile_time_s']:.2f} s, start-up (perf/startup_s) {cold['perf/startup_s']:.2f} s -> "
+        f"{warm['perf/startup_s']:.2f} s, whole process {cold_wall:.2f} s -> {warm_wall:.2f} s "
+        f"({entries} programs cached)",
+        flush=True,
+    )
     kinds = ["warm", "off", "bare"] + (["before"] if before else [])
     ratios: dict[str, list[float]] = {k: [] for k in kinds if k != "bare"}
     ss_warm = []
     for i in range(pairs):
-        order = kinds[i % len(kinds):] + kinds[:i % len(kinds)]  # rotating order
+        order = kinds[i % len(kinds) :] + kinds[: i % len(kinds)]  # rotating order
         walls, dirs = {}, {}
         for kind in order:
             if kind == "bare":
@@ -189,8 +254,13 @@ def bench(setup: Setup, pairs: int, env: dict, before: str | None) -> None:
         for kind in ratios:
             ratios[kind].append(walls[kind] / walls["bare"])
         ss_warm.append(summary(dirs["warm"])["perf/examples_per_s"])
-        print(f"round {i} ({' '.join(order)}): " + ", ".join(f"{k} {walls[k]:.2f} s" for k in kinds)
-              + "; ratios to bare " + " / ".join(f"{ratios[k][-1]:.3f}" for k in ratios), flush=True)
+        print(
+            f"round {i} ({' '.join(order)}): "
+            + ", ".join(f"{k} {walls[k]:.2f} s" for k in kinds)
+            + "; ratios to bare "
+            + " / ".join(f"{ratios[k][-1]:.3f}" for k in ratios),
+            flush=True,
+        )
     print(f"whole process, train.py / bare: {spread(ratios['warm'])}")
     print(f"  with the cache off (runtime.compilation_cache_dir=null): {spread(ratios['off'])}")
     if before:
@@ -205,8 +275,11 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=5, help="rounds of (train.py, train.py without cache, bare)")
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--keep", action="store_true", help="keep the run folders (printed)")
-    ap.add_argument("--before", default=None, help="another checkout whose train.py joins every round "
-                                                   "(e.g. a worktree of the commit before a change)")
+    ap.add_argument(
+        "--before",
+        default=None,
+        help="another checkout whose train.py joins every round (e.g. a worktree of the commit before a change)",
+    )
     ap.add_argument("extra", nargs="*", help="extra train.py overrides (after --)")
     args = ap.parse_args()
     env = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
@@ -214,13 +287,19 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="startup_bench_")
     for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
         env[var] = os.path.join(work, "wandb_aux")
-    print(f"startup: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; extra overrides: "
-          f"{' '.join(args.extra) or 'none'}; folders in {work}")
+    print(
+        f"startup: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; extra overrides: "
+        f"{' '.join(args.extra) or 'none'}; folders in {work}"
+    )
     try:
         for item in args.setups.split(","):
             devices, precision = item.split(":")
-            bench(Setup(int(devices), precision, args.epochs, args.extra, os.path.join(work, item.replace(":", "_"))),
-                  args.pairs, env, args.before and os.path.abspath(args.before))
+            bench(
+                Setup(int(devices), precision, args.epochs, args.extra, os.path.join(work, item.replace(":", "_"))),
+                args.pairs,
+                env,
+                args.before and os.path.abspath(args.before),
+            )
     finally:
         print(f"load average {os.getloadavg()[0]:.1f} at end")
         if not args.keep:

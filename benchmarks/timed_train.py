@@ -136,8 +136,12 @@ class TimingFinder(importlib.abc.MetaPathFinder):
                 spec = finder.find_spec(name, path, target)
                 if spec is not None:
                     break
-        if spec is not None and spec.loader is not None and not isinstance(spec.loader, type) \
-                and hasattr(spec.loader, "exec_module"):
+        if (
+            spec is not None
+            and spec.loader is not None
+            and not isinstance(spec.loader, type)
+            and hasattr(spec.loader, "exec_module")
+        ):
             timing_exec(spec.loader)
         return spec
 
@@ -172,9 +176,19 @@ def main() -> None:
             CLOCK.exit()
         if out:
             with open(out, "w") as f:
-                json.dump({"t0_epoch_s": T0_EPOCH_S, "end_epoch_s": time.time(), "regions_s": dict(CLOCK.totals),
-                           "xla_compile_s": XLA["compile_s"], "xla_programs": XLA["programs"],
-                           "cache_hits": XLA["cache_hits"], "missing": MISSING}, f, indent=1)
+                json.dump(
+                    {
+                        "t0_epoch_s": T0_EPOCH_S,
+                        "end_epoch_s": time.time(),
+                        "regions_s": dict(CLOCK.totals),
+                        "xla_compile_s": XLA["compile_s"],
+                        "xla_programs": XLA["programs"],
+                        "cache_hits": XLA["cache_hits"],
+                        "missing": MISSING,
+                    },
+                    f,
+                    indent=1,
+                )
     sys.exit(code)
 
 

@@ -16,6 +16,7 @@ strings; ``to_typed`` hands plain strings to the code (a ``StrEnum`` member equa
 Library code never reads the config: ``train.py`` turns it into these dataclasses once (``to_typed``) and the
 builders take plain, typed fields.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -142,8 +143,12 @@ class FsdpConfig(ParallelConfig):
     min_shard_bytes: int = 0
 
 
-PARALLEL_SCHEMAS: dict[str, type] = {"jit_sharding": JitShardingConfig, "pmap": PmapConfig,
-                                     "shard_map": ShardMapConfig, "fsdp": FsdpConfig}
+PARALLEL_SCHEMAS: dict[str, type] = {
+    "jit_sharding": JitShardingConfig,
+    "pmap": PmapConfig,
+    "shard_map": ShardMapConfig,
+    "fsdp": FsdpConfig,
+}
 
 
 @dataclass
@@ -216,8 +221,10 @@ class ViTConfig(ModelConfig):
 
 MODEL_SCHEMAS: dict[str, type] = {"mlp": MLPConfig, "cnn": CNNConfig, "resnet": ResNetConfig, "vit": ViTConfig}
 # group -> (option name -> schema, default option): the nodes whose keys depend on the chosen option.
-OPTION_SCHEMAS: dict[str, tuple[dict[str, type], str]] = {"model": (MODEL_SCHEMAS, "mlp"),
-                                                          "parallel": (PARALLEL_SCHEMAS, "jit_sharding")}
+OPTION_SCHEMAS: dict[str, tuple[dict[str, type], str]] = {
+    "model": (MODEL_SCHEMAS, "mlp"),
+    "parallel": (PARALLEL_SCHEMAS, "jit_sharding"),
+}
 
 
 def model_kwargs(model: ModelConfig) -> dict[str, Any]:
@@ -335,8 +342,9 @@ class RuntimeConfig:
     """
 
     cpu_devices: int = 8
-    compilation_cache_dir: Optional[str] = \
+    compilation_cache_dir: Optional[str] = (
         "${oc.env:JAX_COMPILATION_CACHE_DIR,${oc.env:XDG_CACHE_HOME,${oc.env:HOME}/.cache}/dp_scaling/jax_compilation_cache}"
+    )
     compilation_cache_min_compile_time_s: float = 0.0
     compilation_cache_min_entry_bytes: int = 0
 
@@ -481,13 +489,18 @@ def unknown_key_message(key: str, schema: Optional[type], more: str = "") -> str
         own = ", ".join(k for k in known if k != "name")
         elsewhere = [n for n, s in OPTION_SCHEMAS[group][0].items() if leaf in _keys(s)]
         if elsewhere:
-            return (f"{key}{more} does not apply to {group}={name} (only to {group}={', '.join(elsewhere)}); "
-                    f"{group}={name} has: {own}")
+            return (
+                f"{key}{more} does not apply to {group}={name} (only to {group}={', '.join(elsewhere)}); "
+                f"{group}={name} has: {own}"
+            )
         hint = f"did you mean {group}.{close[0]}?" if close else f"{group}={name} has: {own}"
         return f"unknown config key {key}{more} for {group}={name}; {hint}"
     where = f"{parent}." if parent else ""
-    hint = f"did you mean {where}{close[0]}?" if close else \
-        f"known keys{' of ' + parent if parent else ''}: " + ", ".join(known)
+    hint = (
+        f"did you mean {where}{close[0]}?"
+        if close
+        else f"known keys{' of ' + parent if parent else ''}: " + ", ".join(known)
+    )
     return f"unknown config key {key}{more}; {hint}"
 
 
@@ -531,8 +544,10 @@ def check_option_names(cfg: DictConfig) -> None:
         name = node.get("name")
         if option is not None and name != option[1]:
             how = f"{group}={name}" if name in schemas else f"{group}=<one of {', '.join(schemas)}>"
-            raise ConfigInputError(f"{group}.name={name} does not match the chosen option {group}={option[1]}; "
-                                   f"choose the {group} with {how}")
+            raise ConfigInputError(
+                f"{group}.name={name} does not match the chosen option {group}={option[1]}; "
+                f"choose the {group} with {how}"
+            )
 
 
 def _choices(e: OmegaConfBaseException) -> Optional[list[str]]:
@@ -579,8 +594,10 @@ def one_line(e: BaseException) -> str:
     text = str(e)
     if isinstance(e, ConfigCompositionException) and "Ambiguous value for argument" in text:
         arg = text.split("'")[1] if "'" in text else text
-        return (f"{arg}: a comma-separated value is a sweep (add -m); for a list write key=[a,b], for a string "
-                f"quote it: key='a,b'")
+        return (
+            f"{arg}: a comma-separated value is a sweep (add -m); for a list write key=[a,b], for a string "
+            f"quote it: key='a,b'"
+        )
     if isinstance(e, ConfigCompositionException) and "No match in the defaults list" in text:
         group = text.split("'")[1] if "'" in text else "?"
         return f"{group} is not in the defaults list: add it with a + (+{group}=<option>)"
@@ -608,7 +625,8 @@ def is_composition_error(e: BaseException) -> bool:
     from hydra.errors import HydraException
 
     return isinstance(e, (HydraException, OmegaConfBaseException)) or (
-        isinstance(e, ValueError) and str(e).startswith("Config group override"))
+        isinstance(e, ValueError) and str(e).startswith("Config group override")
+    )
 
 
 _NUMBERS = re.compile(r"\d+(,\d+)*")
@@ -622,8 +640,13 @@ def quote_numeric_options(args: Sequence[str], conf_dir: Path) -> list[str]:
     for arg in args:
         key, sep, value = arg.partition("=")
         group = key.lstrip("+~").split("@")[0]
-        if sep and not arg.startswith("-") and group and (Path(conf_dir) / group).is_dir() and \
-                _NUMBERS.fullmatch(value):
+        if (
+            sep
+            and not arg.startswith("-")
+            and group
+            and (Path(conf_dir) / group).is_dir()
+            and _NUMBERS.fullmatch(value)
+        ):
             arg = f"{key}=" + ",".join(f"'{v}'" for v in value.split(","))
         out.append(arg)
     return out

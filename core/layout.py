@@ -40,8 +40,9 @@ class BatchLayout:
         devices).
         """
         if self.process_count == 1:  # cheaper single-process placement
-            return jax.device_put({k: v.reshape(self.reshape((global_batch,) + v.shape[1:]))
-                                   for k, v in local.items()}, self.sharding)
+            return jax.device_put(
+                {k: v.reshape(self.reshape((global_batch,) + v.shape[1:])) for k, v in local.items()}, self.sharding
+            )
         out = {}
         for key, value in local.items():
             gshape = self.reshape((global_batch,) + value.shape[1:])

@@ -44,17 +44,28 @@ def make_schedule(peak_lr: float, schedule: str, warmup_steps: int, decay_steps:
     return optax.join_schedules([warmup, main], [warmup_steps])
 
 
-def make_optimizer(name: str, schedule: optax.ScalarOrSchedule, *, momentum: float = 0.0, b1: float = 0.9,
-                   b2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
-                   clip_grad_norm: Optional[float] = None) -> optax.GradientTransformation:
+def make_optimizer(
+    name: str,
+    schedule: optax.ScalarOrSchedule,
+    *,
+    momentum: float = 0.0,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    clip_grad_norm: Optional[float] = None,
+) -> optax.GradientTransformation:
     """adam | adamw | sgd with the given schedule (or constant rate), optionally clipped by global norm first.
 
     Raises:
       ValueError: unknown optimizer name.
     """
     if name == "adam":
-        tx = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay) if weight_decay \
+        tx = (
+            optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+            if weight_decay
             else optax.adam(schedule, b1=b1, b2=b2, eps=eps)
+        )
     elif name == "sgd":
         tx = optax.sgd(schedule, momentum=momentum or None)
     else:

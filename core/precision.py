@@ -33,8 +33,9 @@ def init_loss_scale(mode: str, init_scale: float) -> LossScaleState:
     if mode not in LOSS_SCALING_MODES:
         raise ValueError(f"precision.loss_scale={mode!r} is unknown; choose one of {', '.join(LOSS_SCALING_MODES)}")
     scale = 1.0 if mode == "none" else float(init_scale)
-    return LossScaleState(scale=jnp.asarray(scale, jnp.float32), good_steps=jnp.zeros((), jnp.int32),
-                          skipped=jnp.zeros((), jnp.int32))
+    return LossScaleState(
+        scale=jnp.asarray(scale, jnp.float32), good_steps=jnp.zeros((), jnp.int32), skipped=jnp.zeros((), jnp.int32)
+    )
 
 
 def update_loss_scale(state: LossScaleState, finite: jax.Array, mode: str, growth_interval: int) -> LossScaleState:
@@ -47,5 +48,6 @@ def update_loss_scale(state: LossScaleState, finite: jax.Array, mode: str, growt
     good = jnp.where(finite, state.good_steps + 1, 0)
     grow = good >= growth_interval
     scale = jnp.where(finite, jnp.where(grow, state.scale * 2.0, state.scale), jnp.maximum(state.scale / 2.0, 1.0))
-    return LossScaleState(scale=scale.astype(jnp.float32), good_steps=jnp.where(grow, 0, good).astype(jnp.int32),
-                          skipped=skipped)
+    return LossScaleState(
+        scale=scale.astype(jnp.float32), good_steps=jnp.where(grow, 0, good).astype(jnp.int32), skipped=skipped
+    )

@@ -62,8 +62,7 @@ class TrainState:
 
 def create_state(params, tx: optax.GradientTransformation, loss_scale: LossScaleState) -> TrainState:
     """A fresh state: step 0, ``tx.init(params)``."""
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                      loss_scale=loss_scale)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), loss_scale=loss_scale)
 
 
 def to_float_image(image: jax.Array, dtype) -> jax.Array:
@@ -156,8 +155,7 @@ class LocalGrads:
         mask = batch["mask"]
         per_example = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
         correct = (jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32)
-        return {"loss_sum": jnp.sum(per_example * mask), "correct": jnp.sum(correct * mask),
-                "count": jnp.sum(mask)}
+        return {"loss_sum": jnp.sum(per_example * mask), "correct": jnp.sum(correct * mask), "count": jnp.sum(mask)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,8 +209,9 @@ class Updater:
         if period == 1:
             grad_norm = optax.global_norm(grads)
         elif period > 1:
-            grad_norm = jax.lax.cond((state.step + 1) % period == 0, optax.global_norm,
-                                     lambda _: jnp.zeros((), jnp.float32), grads)
+            grad_norm = jax.lax.cond(
+                (state.step + 1) % period == 0, optax.global_norm, lambda _: jnp.zeros((), jnp.float32), grads
+            )
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         loss_scale = state.loss_scale
@@ -221,8 +220,7 @@ class Updater:
             keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
             params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
             loss_scale = update_loss_scale(state.loss_scale, finite, self.loss_scaling, self.growth_interval)
-        metrics = {"train/loss": sums["loss_sum"] / sums["count"],
-                   "train/accuracy": sums["correct"] / sums["count"]}
+        metrics = {"train/loss": sums["loss_sum"] / sums["count"], "train/accuracy": sums["correct"] / sums["count"]}
         if grad_norm is not None:
             metrics["optim/grad_norm"] = grad_norm
         if scaling:
@@ -257,7 +255,7 @@ class Updater:
         # padded to a power of two (>= 64) so windows of any length reuse a few compiled programs
         padded = np.pad(steps, (0, max(64, 1 << (len(steps) - 1).bit_length()) - len(steps)), mode="edge")
         with jax.default_device(jax.local_devices(backend="cpu")[0]):
-            lrs = np.asarray(_batched(self.lr_schedule)(jnp.asarray(padded)), np.float64)[:len(steps)]
+            lrs = np.asarray(_batched(self.lr_schedule)(jnp.asarray(padded)), np.float64)[: len(steps)]
         bad = None
         for record, lr in zip(records, lrs):
             record["optim/lr"] = float(lr)

@@ -16,8 +16,9 @@ def augment_spec(augment: bool, crop_padding: int, flip: bool) -> Optional[Augme
       ValueError: negative ``crop_padding`` (one line naming the value).
     """
     if crop_padding < 0:
-        raise ValueError(f"data.crop_padding={crop_padding} must be >= 0 (pixels of padding on each side; "
-                         f"4 is the CIFAR-10 recipe)")
+        raise ValueError(
+            f"data.crop_padding={crop_padding} must be >= 0 (pixels of padding on each side; 4 is the CIFAR-10 recipe)"
+        )
     if not augment:
         return None
     return AugmentSpec(crop_padding=int(crop_padding), flip=bool(flip))

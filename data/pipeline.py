@@ -54,7 +54,7 @@ class TrainSource:
         epoch, pos = divmod(step, self.steps_per_epoch)
         if epoch != self._perm_epoch:
             self._perm, self._perm_epoch = epoch_permutation(self.seed, epoch, len(self.dataset)), epoch
-        return self._perm[pos * self.global_batch:(pos + 1) * self.global_batch].astype(np.int32)
+        return self._perm[pos * self.global_batch : (pos + 1) * self.global_batch].astype(np.int32)
 
     def local_batch(self, step: int, rows: slice) -> Batch:
         idx = self.global_indices(step)[rows]
@@ -79,11 +79,19 @@ class SyntheticSource:
       ValueError: ``global_batch`` larger than ``train_size``.
     """
 
-    def __init__(self, image_shape: Sequence[int], num_classes: int, train_size: int, global_batch: int,
-                 seed: int, with_index: bool = True):
+    def __init__(
+        self,
+        image_shape: Sequence[int],
+        num_classes: int,
+        train_size: int,
+        global_batch: int,
+        seed: int,
+        with_index: bool = True,
+    ):
         if global_batch > train_size:  # data.train_size is honoured
-            raise ValueError(f"train.global_batch={global_batch} exceeds data.train_size={train_size} "
-                             f"synthetic examples")
+            raise ValueError(
+                f"train.global_batch={global_batch} exceeds data.train_size={train_size} synthetic examples"
+            )
         self.image_shape, self.num_classes = tuple(image_shape), num_classes
         self.global_batch, self.seed, self.train_size = global_batch, seed, train_size
         self.steps_per_epoch = train_size // global_batch
@@ -99,15 +107,17 @@ class SyntheticSource:
                 index = (step_ % spe) * b + jnp.arange(b, dtype=jnp.int32)  # example i < train_size
                 keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(seed), i))(index)
                 image = jax.vmap(lambda k: _random_bytes(k, shape))(keys)
-                label = jax.vmap(lambda k: jax.random.randint(jax.random.fold_in(k, 1), (), 0, classes,
-                                                              jnp.int32))(keys)
+                label = jax.vmap(lambda k: jax.random.randint(jax.random.fold_in(k, 1), (), 0, classes, jnp.int32))(
+                    keys
+                )
                 batch = {"image": image, "label": label, **({"index": index} if self.with_index else {})}
                 return {k: v.reshape(layout.reshape(v.shape)) for k, v in batch.items()}
 
             self._fn = jax.jit(make, out_shardings=layout.sharding)
         # Explicit transfer of the step number (an implicit one fails under train.transfer_guard=disallow).
-        step_arr = jax.device_put(np.int32(step), jax.sharding.NamedSharding(layout.sharding.mesh,
-                                                                             jax.sharding.PartitionSpec()))
+        step_arr = jax.device_put(
+            np.int32(step), jax.sharding.NamedSharding(layout.sharding.mesh, jax.sharding.PartitionSpec())
+        )
         return self._fn(step_arr)
 
 
@@ -123,8 +133,10 @@ def _random_bytes(key: jax.Array, shape: Sequence[int]) -> jax.Array:
 def synthetic_eval(image_shape: Sequence[int], num_classes: int, size: int, seed: int) -> HostDataset:
     """A host-side synthetic test split (labels are random: accuracy ~ 1/num_classes)."""
     rng = np.random.default_rng([seed, 2**20])
-    return HostDataset(images=rng.integers(0, 256, (size, *image_shape), dtype=np.uint8),
-                       labels=rng.integers(0, num_classes, size, dtype=np.int32))
+    return HostDataset(
+        images=rng.integers(0, 256, (size, *image_shape), dtype=np.uint8),
+        labels=rng.integers(0, num_classes, size, dtype=np.int32),
+    )
 
 
 def train_batches(source, layout: BatchLayout, start_step: int, end_step: int, prefetch: int) -> Iterator[Batch]:

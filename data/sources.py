@@ -40,8 +40,9 @@ def resolve_data_dir(data_dir: Optional[str]) -> Optional[str]:
     return data_dir or os.environ.get("TFDS_DATA_DIR") or None
 
 
-def load_tfds_split(tfds_name: str, split: str, data_dir: Optional[str], cache_dir: str,
-                    download: bool = True) -> HostDataset:
+def load_tfds_split(
+    tfds_name: str, split: str, data_dir: Optional[str], cache_dir: str, download: bool = True
+) -> HostDataset:
     """Reads one TFDS split into host arrays, through a cache of decoded arrays.
 
     The first read decodes every PNG (~17 s for MNIST's 60,000 training images on 2 cores) and writes
@@ -68,13 +69,20 @@ def load_tfds_split(tfds_name: str, split: str, data_dir: Optional[str], cache_d
             raise DataError(
                 f"dataset {tfds_name!r} ({split}) is not prepared in {where} and data.download=false "
                 f"({type(e).__name__}); point TFDS_DATA_DIR (or data.data_dir) at a prepared copy, set "
-                f"data.download=true, or run with data=synthetic") from None
+                f"data.download=true, or run with data=synthetic"
+            ) from None
         prepare_tfds(tfds_name, data_dir)
         source = _data_source(tfds_name, split, data_dir)
     t0 = time.perf_counter()
     images, labels = _decode_all(source)
-    log.info("decoded %s/%s (%d examples) in %.1f s; caching to %s", tfds_name, split, len(labels),
-             time.perf_counter() - t0, cache)
+    log.info(
+        "decoded %s/%s (%d examples) in %.1f s; caching to %s",
+        tfds_name,
+        split,
+        len(labels),
+        time.perf_counter() - t0,
+        cache,
+    )
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_name(cache.name + f".tmp{os.getpid()}.npz")
@@ -114,26 +122,37 @@ def prepare_tfds(tfds_name: str, data_dir: Optional[str], probe_timeout_s: float
         root = Path(data_dir or Path.home() / "tensorflow_datasets")
         builder = _builder(tfds_name, root)
         manual = root / "downloads" / "manual"
-        missing = [u for u, info in builder.url_infos.items()
-                   if not (info.filename and (manual / info.filename).exists())] if builder.url_infos else []
+        missing = (
+            [u for u, info in builder.url_infos.items() if not (info.filename and (manual / info.filename).exists())]
+            if builder.url_infos
+            else []
+        )
         for host in sorted({urllib.parse.urlparse(u).hostname for u in missing}):
             try:
                 socket.create_connection((host, 443), timeout=probe_timeout_s).close()
             except OSError as e:
-                raise DataError(f"dataset {tfds_name!r} is not prepared in {root} and {host} cannot be reached "
-                                f"({type(e).__name__}: {e}); connect to the internet, put the raw files in "
-                                f"{manual}, point TFDS_DATA_DIR at a prepared copy, or run with data=synthetic")
-        log.warning("preparing %s in %s (first use only): %s", tfds_name, root,
-                    "downloading its files" if missing else f"from the raw files in {manual}")
+                raise DataError(
+                    f"dataset {tfds_name!r} is not prepared in {root} and {host} cannot be reached "
+                    f"({type(e).__name__}: {e}); connect to the internet, put the raw files in "
+                    f"{manual}, point TFDS_DATA_DIR at a prepared copy, or run with data=synthetic"
+                )
+        log.warning(
+            "preparing %s in %s (first use only): %s",
+            tfds_name,
+            root,
+            "downloading its files" if missing else f"from the raw files in {manual}",
+        )
         _patch_download_manager(builder, manual)
         builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(manual)))
     except DataError:
         raise
     except Exception as e:
         line = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise DataError(f"dataset {tfds_name!r} could not be downloaded and prepared in "
-                        f"{data_dir or '~/tensorflow_datasets'} ({type(e).__name__}: {line}); point TFDS_DATA_DIR "
-                        f"at a prepared copy, or run with data=synthetic") from None
+        raise DataError(
+            f"dataset {tfds_name!r} could not be downloaded and prepared in "
+            f"{data_dir or '~/tensorflow_datasets'} ({type(e).__name__}: {line}); point TFDS_DATA_DIR "
+            f"at a prepared copy, or run with data=synthetic"
+        ) from None
 
 
 def _builder(tfds_name: str, root: Path):
@@ -235,8 +254,11 @@ def _patch_download_manager(builder, manual: Path) -> None:
         def download_and_extract(url_or_urls):
             extract_root.mkdir(parents=True, exist_ok=True)
             downloaded = manager.download(url_or_urls)
-            return jax.tree.map(lambda p: _extract_without_tf(Path(p), extract_root), downloaded,
-                                is_leaf=lambda x: not isinstance(x, (dict, list, tuple)))
+            return jax.tree.map(
+                lambda p: _extract_without_tf(Path(p), extract_root),
+                downloaded,
+                is_leaf=lambda x: not isinstance(x, (dict, list, tuple)),
+            )
 
         manager.download_and_extract = download_and_extract
         return manager
@@ -249,8 +271,10 @@ def prepared_version(tfds_name: str, data_dir: Optional[str]) -> Optional[str]:
     root = Path(data_dir or Path.home() / "tensorflow_datasets") / tfds_name
     if not root.is_dir():
         return None
-    versions = sorted((p.name for p in root.iterdir() if (p / "dataset_info.json").exists()),
-                      key=lambda v: tuple(int(x) for x in v.split(".") if x.isdigit()))
+    versions = sorted(
+        (p.name for p in root.iterdir() if (p / "dataset_info.json").exists()),
+        key=lambda v: tuple(int(x) for x in v.split(".") if x.isdigit()),
+    )
     return versions[-1] if versions else None
 
 

@@ -82,11 +82,25 @@ KINDS: tuple[str, ...] = (
 # ...) are counted as one byte per element, i.e. unpacked.
 _ELEMENT_BYTES: dict[str, int] = {
     "pred": 1,
-    "s1": 1, "u1": 1, "s2": 1, "u2": 1, "s4": 1, "u4": 1,
-    "s8": 1, "u8": 1,
-    "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
-    "s32": 4, "u32": 4, "f32": 4,
-    "s64": 8, "u64": 8, "f64": 8, "c64": 8,
+    "s1": 1,
+    "u1": 1,
+    "s2": 1,
+    "u2": 1,
+    "s4": 1,
+    "u4": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
     "c128": 16,
     "token": 0,
 }
@@ -139,9 +153,7 @@ class Collective:
         raise ValueError(f"unknown collective kind {self.kind!r}")
 
 
-def comm_metrics(
-    collectives: Iterable[Collective], prefix: str = "comm/"
-) -> dict[str, float | int]:
+def comm_metrics(collectives: Iterable[Collective], prefix: str = "comm/") -> dict[str, float | int]:
     """Flat metrics for one step.
 
     Returns ``{prefix}payload_bytes_per_step`` (int, sum of S),
@@ -202,7 +214,6 @@ def all_devices(num_devices: int | None, counts: list[int], name: str) -> int:
             "states neither num_partitions nor replica_count; pass num_devices"
         )
     return math.prod(counts)
-
 
 
 def permute_group_size(pairs: list[tuple[int, int]]) -> int:

@@ -80,8 +80,9 @@ def compiled_step_metrics(lowered, compiled, num_devices: int) -> dict[str, Any]
         out["comm/payload_bytes_per_step_lowered"] = int(sum(c.payload_bytes for c in lowered_collectives))
     except Exception as e:  # the lowered text of some wrappers (pmap) may not parse; compiled numbers stand
         log.warning("could not parse the lowered module for collectives: %s", e)
-    out["comm/collectives"] = [f"{c.kind} {c.dtype} {c.payload_bytes}B n={c.group_size}{' loop' if c.in_loop else ''}"
-                               for c in collectives]
+    out["comm/collectives"] = [
+        f"{c.kind} {c.dtype} {c.payload_bytes}B n={c.group_size}{' loop' if c.in_loop else ''}" for c in collectives
+    ]
     mem = compiled.memory_analysis()
     if mem is not None:
         out["mem/temp_bytes_per_device"] = int(mem.temp_size_in_bytes)

@@ -68,8 +68,9 @@ def set_field(profile: dict[str, Any], key: str, value: str) -> dict[str, Any]:
     Raises :class:`HardwareError` for an unknown key or a value that is not a positive number.
     """
     if key not in NUMERIC_FIELDS:
-        raise HardwareError(f"unknown hardware field {key!r} in --set {key}={value}; fields: "
-                            f"{', '.join(NUMERIC_FIELDS)}")
+        raise HardwareError(
+            f"unknown hardware field {key!r} in --set {key}={value}; fields: {', '.join(NUMERIC_FIELDS)}"
+        )
     out = dict(profile)
     if value.strip().lower() in ("null", "none"):
         parsed: Optional[float] = None
@@ -83,8 +84,11 @@ def set_field(profile: dict[str, Any], key: str, value: str) -> dict[str, Any]:
         if key != "latency_s" and ok:
             ok = number > 0
         if not ok:
-            what = "a positive integer" if kind is int else ("a number >= 0" if key == "latency_s"
-                                                              else "a positive number")
+            what = (
+                "a positive integer"
+                if kind is int
+                else ("a number >= 0" if key == "latency_s" else "a positive number")
+            )
             raise HardwareError(f"--set {key}={value}: {key} must be {what} (or null)")
         parsed = int(number) if kind is int else number
     out[key] = parsed

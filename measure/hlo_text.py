@@ -36,10 +36,10 @@ def _parse_shape(s: str, i: int = 0) -> tuple[Array | list, int]:
             elif s.startswith(")", i):
                 return elems, i + 1
             else:
-                raise ValueError(f"bad tuple shape near {s[i:i + 40]!r}")
+                raise ValueError(f"bad tuple shape near {s[i : i + 40]!r}")
     m = _ARRAY_RE.match(s, i)
     if not m:
-        raise ValueError(f"no shape at {s[i:i + 40]!r}")
+        raise ValueError(f"no shape at {s[i : i + 40]!r}")
     dims = tuple(parse_dim(d) for d in m.group(2).split(",") if d.strip())
     i = m.end()
     if s.startswith("{", i):  # layout, may hold tiles like {1,0:T(8,128)}
@@ -82,7 +82,7 @@ def _parse_instruction(stmt: str) -> _Instr | None:
     if not op:
         return None
     operands_end = match_close(stmt, op.end() - 1)
-    return _Instr(head.group("name"), shape, op.group("op"), stmt[operands_end + 1:])
+    return _Instr(head.group("name"), shape, op.group("op"), stmt[operands_end + 1 :])
 
 
 def _split_hlo(text: str) -> tuple[str, dict[str, list[_Instr]]]:
@@ -142,10 +142,15 @@ def _loop_computations(comps: dict[str, list[_Instr]]) -> set[str]:
     everything they reach through ``calls=``/``to_apply=``/branches/nested
     whiles is included.
     """
-    graph = {name: {c for ins in instrs for _, c in _callees(ins.attrs)}
-             for name, instrs in comps.items()}
-    todo = [c for instrs in comps.values() for ins in instrs if ins.opcode == "while"
-            for attr, c in _callees(ins.attrs) if attr in ("body", "condition")]
+    graph = {name: {c for ins in instrs for _, c in _callees(ins.attrs)} for name, instrs in comps.items()}
+    todo = [
+        c
+        for instrs in comps.values()
+        for ins in instrs
+        if ins.opcode == "while"
+        for attr, c in _callees(ins.attrs)
+        if attr in ("body", "condition")
+    ]
     seen: set[str] = set()
     while todo:
         name = todo.pop()
@@ -183,8 +188,7 @@ def _hlo_group_size(instr: _Instr, num_devices: int | None, counts: list[int]) -
     if m := _MESH_GROUPS_RE.search(attrs):
         # mesh['a'=2,'b'=4] {'b'}: group = product of the named axes' sizes;
         # a sub-axis 'b':(pre)size contributes its own size.
-        sizes = {a.group("name"): int(a.group("size"))
-                 for a in _MESH_AXIS_RE.finditer(m.group("axes"))}
+        sizes = {a.group("name"): int(a.group("size")) for a in _MESH_AXIS_RE.finditer(m.group("axes"))}
         group = 1
         for ref in _AXIS_REF_RE.finditer(m.group("group")):
             group *= int(ref.group("size")) if ref.group("size") else sizes[ref.group("name")]
@@ -263,17 +267,26 @@ def parse_hlo_collectives(hlo_text: str, num_devices: int | None = None) -> list
             if n <= 1:
                 continue
             nbytes, dtype = _hlo_payload(instr, n)
-            out.append(Collective(
-                kind=_HLO_OPCODES[instr.opcode][0], payload_bytes=nbytes, group_size=n,
-                in_loop=comp in in_loop, dtype=dtype,
-                name=async_names.get(comp, instr.name)))
+            out.append(
+                Collective(
+                    kind=_HLO_OPCODES[instr.opcode][0],
+                    payload_bytes=nbytes,
+                    group_size=n,
+                    in_loop=comp in in_loop,
+                    dtype=dtype,
+                    name=async_names.get(comp, instr.name),
+                )
+            )
     return out
 
 
 def _async_wrapper_names(comps: dict[str, list[_Instr]]) -> dict[str, str]:
     """{wrapped computation: name of the ``async-start`` that calls it}."""
-    return {callee: ins.name for instrs in comps.values() for ins in instrs
-            if ins.opcode == "async-start"
-            for attr, callee in _callees(ins.attrs) if attr == "calls"}
-
-
+    return {
+        callee: ins.name
+        for instrs in comps.values()
+        for ins in instrs
+        if ins.opcode == "async-start"
+        for attr, callee in _callees(ins.attrs)
+        if attr == "calls"
+    }

@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 
 _COLLECTIVE_OPCODE_RE = re.compile(
     r"^%?(all-reduce|all-gather|reduce-scatter|ragged-all-to-all|all-to-all|collective-permute|"
-    r"collective-broadcast)(-start|-done|-update)?([.\-_]|$)")
+    r"collective-broadcast)(-start|-done|-update)?([.\-_]|$)"
+)
 _NCCL_RE = re.compile(r"nccl", re.IGNORECASE)
 _HLO_MODULE_RE = re.compile(r"^\s*HloModule\s+([^\s,]+)", re.MULTILINE)
 
@@ -94,8 +95,9 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def collective_time_from_events(events: Iterable[dict], module: Optional[str] = None,
-                                collective_names: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
+def collective_time_from_events(
+    events: Iterable[dict], module: Optional[str] = None, collective_names: Optional[Mapping[str, str]] = None
+) -> dict[str, Any]:
     """Time in collective ops per device timeline, from Chrome-trace events (``ts``/``dur`` in microseconds).
 
     Args:
@@ -111,9 +113,13 @@ def collective_time_from_events(events: Iterable[dict], module: Optional[str] = 
     """
     events = list(events)
     names = dict(collective_names) if collective_names is not None else None
-    device_pids = {e.get("pid") for e in events
-                   if e.get("ph") == "M" and e.get("name") == "process_name"
-                   and str((e.get("args") or {}).get("name", "")).startswith("/device:")}
+    device_pids = {
+        e.get("pid")
+        for e in events
+        if e.get("ph") == "M"
+        and e.get("name") == "process_name"
+        and str((e.get("args") or {}).get("name", "")).startswith("/device:")
+    }
     per_device: dict[str, list[tuple[float, float]]] = {}
     per_kind: dict[tuple[str, str], list[tuple[float, float]]] = {}
     devices: set[str] = set()
@@ -147,9 +153,13 @@ def collective_time_from_events(events: Iterable[dict], module: Optional[str] = 
     kinds: dict[str, float] = {}
     for (kind, _), intervals in per_kind.items():
         kinds[kind] = kinds.get(kind, 0.0) + _union_us(intervals) * 1e-6
-    return {"devices": len(devices), "op_events": op_events, "collective_events": collective_events,
-            "collective_s": {d: _union_us(per_device.get(d, [])) * 1e-6 for d in sorted(devices)},
-            "kinds": kinds}
+    return {
+        "devices": len(devices),
+        "op_events": op_events,
+        "collective_events": collective_events,
+        "collective_s": {d: _union_us(per_device.get(d, [])) * 1e-6 for d in sorted(devices)},
+        "kinds": kinds,
+    }
 
 
 def find_trace_file(out_dir: Path) -> Path:
@@ -178,13 +188,21 @@ def read_trace_events(path: Path) -> list[dict]:
     return events
 
 
-def measured_ratio(events: Iterable[dict], num_steps: int, step_time_s: float, platform: str,
-                   module: Optional[str] = None,
-                   collective_names: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
+def measured_ratio(
+    events: Iterable[dict],
+    num_steps: int,
+    step_time_s: float,
+    platform: str,
+    module: Optional[str] = None,
+    collective_names: Optional[Mapping[str, str]] = None,
+) -> dict[str, Any]:
     """The ``comm/*measured*`` keys from the events of a window of ``num_steps`` steps of ``step_time_s``."""
     stats = collective_time_from_events(events, module, collective_names)
-    out: dict[str, Any] = {"profile/devices_in_trace": stats["devices"], "profile/op_events": stats["op_events"],
-                           "profile/collective_events": stats["collective_events"]}
+    out: dict[str, Any] = {
+        "profile/devices_in_trace": stats["devices"],
+        "profile/op_events": stats["op_events"],
+        "profile/collective_events": stats["collective_events"],
+    }
     valid = platform != "cpu" and stats["op_events"] > 0
     if stats["devices"]:
         per_step_s = sum(stats["collective_s"].values()) / stats["devices"] / num_steps
@@ -193,8 +211,9 @@ def measured_ratio(events: Iterable[dict], num_steps: int, step_time_s: float, p
         for kind, seconds in sorted(stats["kinds"].items()):
             out[f"comm/time_measured_s/{kind}"] = seconds / stats["devices"] / num_steps
     else:
-        log.warning("the profile trace holds no XLA op events of module %s; comm/ratio_measured is not computed",
-                    module)
+        log.warning(
+            "the profile trace holds no XLA op events of module %s; comm/ratio_measured is not computed", module
+        )
     out["comm/ratio_measured_valid"] = valid
     return out
 
@@ -219,8 +238,16 @@ class Profiler:
       num_devices: devices of the mesh (for the collective parser).
     """
 
-    def __init__(self, enabled: bool, start_step: int, num_steps: int, out_dir: Path, platform: str,
-                 hlo_text: Optional[str] = None, num_devices: Optional[int] = None):
+    def __init__(
+        self,
+        enabled: bool,
+        start_step: int,
+        num_steps: int,
+        out_dir: Path,
+        platform: str,
+        hlo_text: Optional[str] = None,
+        num_devices: Optional[int] = None,
+    ):
         self.enabled = enabled
         self.start_step, self.num_steps = start_step, num_steps
         self.out_dir, self.platform = Path(out_dir), platform
@@ -273,17 +300,28 @@ class Profiler:
         try:
             jax.profiler.stop_trace()
             trace = find_trace_file(self.out_dir)
-            measured = measured_ratio(read_trace_events(trace), self.num_steps, step_time_s, self.platform,
-                                      self.module, self.collective_names)
+            measured = measured_ratio(
+                read_trace_events(trace), self.num_steps, step_time_s, self.platform, self.module, self.collective_names
+            )
         except Exception as e:
             self._fail("reading the profile", e)
             return
-        self._result = {"profile/dir": str(self.out_dir), "profile/trace_file": str(trace),
-                        "profile/start_step": self.start_step, "profile/num_steps": self.num_steps,
-                        "profile/step_time_s": step_time_s, **measured}
-        log.info("profile of steps %d-%d in %s: comm/ratio_measured=%s (valid=%s)", self.start_step + 1,
-                 self.stop_step, trace, self._result.get("comm/ratio_measured"),
-                 self._result["comm/ratio_measured_valid"])
+        self._result = {
+            "profile/dir": str(self.out_dir),
+            "profile/trace_file": str(trace),
+            "profile/start_step": self.start_step,
+            "profile/num_steps": self.num_steps,
+            "profile/step_time_s": step_time_s,
+            **measured,
+        }
+        log.info(
+            "profile of steps %d-%d in %s: comm/ratio_measured=%s (valid=%s)",
+            self.start_step + 1,
+            self.stop_step,
+            trace,
+            self._result.get("comm/ratio_measured"),
+            self._result["comm/ratio_measured_valid"],
+        )
 
     def close(self) -> None:
         """Stops a trace left running (the loop ended early, e.g. on an error)."""
@@ -304,10 +342,12 @@ def check_window(enabled: bool, start_step: int, num_steps: int, total_steps: in
     if not enabled:
         return None
     if start_step < 0 or num_steps <= 0:
-        return (f"profile.start_step={start_step} must be >= 0 and profile.num_steps={num_steps} positive")
+        return f"profile.start_step={start_step} must be >= 0 and profile.num_steps={num_steps} positive"
     if start_step + num_steps > total_steps:
-        return (f"profile.start_step={start_step} + profile.num_steps={num_steps} > {total_steps} training steps; "
-                f"lower them or raise train.steps")
+        return (
+            f"profile.start_step={start_step} + profile.num_steps={num_steps} > {total_steps} training steps; "
+            f"lower them or raise train.steps"
+        )
     return None
 
 
@@ -316,11 +356,18 @@ def explain_ratio(summary: dict[str, Any]) -> None:
     if "comm/ratio_measured_valid" not in summary or summary["comm/ratio_measured_valid"]:
         return
     platform = summary.get("platform", "?")
-    why = (f"comm/ratio_measured={summary.get('comm/ratio_measured', float('nan')):.3g} is not valid on the "
-           f"{platform} backend (collective time there is mostly rendezvous waiting between simulated devices)"
-           if platform == "cpu" else "comm/ratio_measured is not valid (the trace held no XLA op events)")
+    why = (
+        f"comm/ratio_measured={summary.get('comm/ratio_measured', float('nan')):.3g} is not valid on the "
+        f"{platform} backend (collective time there is mostly rendezvous waiting between simulated devices)"
+        if platform == "cpu"
+        else "comm/ratio_measured is not valid (the trace held no XLA op events)"
+    )
     if "comm/ratio_model" in summary:
-        log.info("%s; summaries use comm/ratio_model=%.3g (hardware.link_bytes_per_s=%.3g bytes/s) instead", why,
-                 summary["comm/ratio_model"], summary.get("hardware/link_bytes_per_s", float("nan")))
+        log.info(
+            "%s; summaries use comm/ratio_model=%.3g (hardware.link_bytes_per_s=%.3g bytes/s) instead",
+            why,
+            summary["comm/ratio_model"],
+            summary.get("hardware/link_bytes_per_s", float("nan")),
+        )
     else:
         log.info("%s; no model-based ratio either (set hardware.link_bytes_per_s to model a target)", why)

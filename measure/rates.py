@@ -22,8 +22,9 @@ def mfu(flops_per_step_per_device: float, step_time_s: float, peak_flops_per_s: 
     return flops_per_step_per_device / step_time_s / peak_flops_per_s
 
 
-def window_perf(step_time_s: float, global_batch: int, num_devices: int, info: dict,
-                peak_flops_per_s: Optional[float]) -> dict[str, float]:
+def window_perf(
+    step_time_s: float, global_batch: int, num_devices: int, info: dict, peak_flops_per_s: Optional[float]
+) -> dict[str, float]:
     """The ``perf/*`` (and ``comm/ratio_model``, ``perf/mfu`` where known) keys of one logging window.
 
     Args:
@@ -33,9 +34,12 @@ def window_perf(step_time_s: float, global_batch: int, num_devices: int, info: d
       info: the run's static figures (``comm/time_model_s``, ``perf/flops_per_step_per_device`` when known).
       peak_flops_per_s: the device's dense peak FLOP/s, or None (no MFU).
     """
-    perf = {"perf/step_time_s": step_time_s, "perf/examples_per_s": global_batch / step_time_s,
-            "perf/examples_per_s_per_device": global_batch / step_time_s / num_devices,
-            "mesh/devices": num_devices}
+    perf = {
+        "perf/step_time_s": step_time_s,
+        "perf/examples_per_s": global_batch / step_time_s,
+        "perf/examples_per_s_per_device": global_batch / step_time_s / num_devices,
+        "mesh/devices": num_devices,
+    }
     if "comm/time_model_s" in info:
         perf["comm/ratio_model"] = comm_ratio_model(info["comm/time_model_s"], step_time_s)
     if peak_flops_per_s and "perf/flops_per_step_per_device" in info:

@@ -73,16 +73,16 @@ def _mlir_signature(stmt: str) -> tuple[list[Array], list[Array]]:
             depth += 1
         elif ch in ")]}":
             depth -= 1
-        elif depth == 0 and ch == ":" and stmt[i - 1:i] == " ":
+        elif depth == 0 and ch == ":" and stmt[i - 1 : i] == " ":
             colon, arrow = i, -1
         elif depth == 0 and colon >= 0 and stmt.startswith("->", i):
             arrow = i
     if colon < 0:
         raise ValueError(f"no type signature in {stmt[:80]!r}")
     if arrow < 0:
-        types = _mlir_tensors(stmt[colon + 1:])
+        types = _mlir_tensors(stmt[colon + 1 :])
         return types, types
-    return _mlir_tensors(stmt[colon + 1:arrow]), _mlir_tensors(stmt[arrow + 2:])
+    return _mlir_tensors(stmt[colon + 1 : arrow]), _mlir_tensors(stmt[arrow + 2 :])
 
 
 def _mlir_while_span(text: str, m: re.Match) -> tuple[int, int]:
@@ -105,7 +105,7 @@ def _mlir_while_span(text: str, m: re.Match) -> tuple[int, int]:
     elif text.startswith("{", i):
         i = _WS_RE.match(text, match_close(text, i) + 1).end()
     if not text.startswith("(", i):
-        raise ValueError(f"stablehlo.while without regions near {text[m.start():m.start() + 80]!r}")
+        raise ValueError(f"stablehlo.while without regions near {text[m.start() : m.start() + 80]!r}")
     return m.start(), match_close(text, i)
 
 
@@ -113,8 +113,10 @@ def _mlir_loop_spans(text: str) -> list[tuple[int, int]]:
     """Spans that execute per loop iteration: while regions, plus whole
     bodies of functions called (transitively) from inside one."""
     spans = [_mlir_while_span(text, m) for m in _MLIR_WHILE_RE.finditer(text)]
-    funcs = {m.group("name"): (m.start(), match_close(text, text.rindex("{", m.start(), m.end())))
-             for m in _MLIR_FUNC_RE.finditer(blank_strings_keep_len(text))}
+    funcs = {
+        m.group("name"): (m.start(), match_close(text, text.rindex("{", m.start(), m.end())))
+        for m in _MLIR_FUNC_RE.finditer(blank_strings_keep_len(text))
+    }
     calls = [(m.start(), m.group("name")) for m in _MLIR_CALL_RE.finditer(text)]
     looped: set[str] = set()
     changed = True
@@ -139,8 +141,7 @@ def _mlir_enclosing_func(text: str, pos: int) -> str:
     return name
 
 
-def _mlir_group_size(stmt: str, kind: str, name: str, num_devices: int | None,
-                     counts: list[int]) -> int:
+def _mlir_group_size(stmt: str, kind: str, name: str, num_devices: int | None, counts: list[int]) -> int:
     if kind == "collective-permute":
         m = _MLIR_PAIRS_RE.search(stmt)
         if not m:
@@ -176,17 +177,23 @@ def parse_stablehlo_collectives(mlir_text: str, num_devices: int | None = None) 
     out: list[Collective] = []
     for m in _MLIR_COLLECTIVE_RE.finditer(mlir_text):
         kind = _MLIR_OPS[m.group("op")]
-        stmt = mlir_text[m.start():statement_end(mlir_text, m.end())]
+        stmt = mlir_text[m.start() : statement_end(mlir_text, m.end())]
         name = f"{_mlir_enclosing_func(mlir_text, m.start())}/{m.group('res')}"
         n = _mlir_group_size(stmt, kind, name, num_devices, counts)
         if n <= 1:
             continue
         operands, results = _mlir_signature(stmt)
         payload = results if kind == "all-gather" else operands
-        out.append(Collective(
-            kind=kind, payload_bytes=sum(a.nbytes for a in payload), group_size=n,
-            in_loop=_inside(m.start(), spans), dtype=dtype_label(a.dtype for a in payload),
-            name=name))
+        out.append(
+            Collective(
+                kind=kind,
+                payload_bytes=sum(a.nbytes for a in payload),
+                group_size=n,
+                in_loop=_inside(m.start(), spans),
+                dtype=dtype_label(a.dtype for a in payload),
+                name=name,
+            )
+        )
     return out
 
 

@@ -45,7 +45,7 @@ def scan_brackets(text: str, i: int, *, stop_at_newline: bool = False) -> int:
         i += 1
     if stop_at_newline:
         return n
-    raise ValueError(f"unbalanced bracket at offset {i} near {text[i:i + 40]!r}")
+    raise ValueError(f"unbalanced bracket at offset {i} near {text[i : i + 40]!r}")
 
 
 def match_close(text: str, i: int) -> int:

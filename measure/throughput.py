@@ -65,8 +65,11 @@ class WindowStats:
         drop = drop or len(self.windows) < self.skip_first
         self.windows.append((float(elapsed_s), int(steps), bool(drop)))
         step_time_s = elapsed_s / steps
-        return {"perf/step_time_s": step_time_s, "perf/examples_per_s": self.global_batch / step_time_s,
-                "perf/examples_per_s_per_device": self.global_batch / step_time_s / self.num_devices}
+        return {
+            "perf/step_time_s": step_time_s,
+            "perf/examples_per_s": self.global_batch / step_time_s,
+            "perf/examples_per_s_per_device": self.global_batch / step_time_s / self.num_devices,
+        }
 
     def _used(self) -> tuple[list[tuple[float, int, bool]], bool]:
         kept = [w for w in self.windows if not w[2]]
@@ -79,8 +82,12 @@ class WindowStats:
         """Windows in the statistics (0 when only excluded windows exist)."""
         return sum(not w[2] for w in self.windows)
 
-    def summary(self, time_model_s: float | None = None, flops_per_step_per_device: float | None = None,
-                peak_flops_per_s: float | None = None) -> dict[str, Any]:
+    def summary(
+        self,
+        time_model_s: float | None = None,
+        flops_per_step_per_device: float | None = None,
+        peak_flops_per_s: float | None = None,
+    ) -> dict[str, Any]:
         """The ``perf/*`` keys (empty dict without any window).
 
         ``comm/ratio_model`` (= ``time_model_s`` / median step time) and ``perf/mfu`` (= FLOPs per step and
@@ -96,11 +103,16 @@ class WindowStats:
         step_time_s = statistics.median(step_times)
         last_elapsed, last_steps, _ = self.windows[-1]
         out: dict[str, Any] = {
-            "perf/examples_per_s_median": median, "perf/examples_per_s_p25": quantile(eps, 0.25),
-            "perf/examples_per_s_p75": quantile(eps, 0.75), "perf/examples_per_s": median,
-            "perf/examples_per_s_per_device": median / self.num_devices, "perf/step_time_s": step_time_s,
-            "perf/step_time_s_median": step_time_s, "perf/windows_measured": self.windows_measured,
-            "perf/windows_total": len(self.windows), "perf/few_windows": self.windows_measured < MIN_WINDOWS,
+            "perf/examples_per_s_median": median,
+            "perf/examples_per_s_p25": quantile(eps, 0.25),
+            "perf/examples_per_s_p75": quantile(eps, 0.75),
+            "perf/examples_per_s": median,
+            "perf/examples_per_s_per_device": median / self.num_devices,
+            "perf/step_time_s": step_time_s,
+            "perf/step_time_s_median": step_time_s,
+            "perf/windows_measured": self.windows_measured,
+            "perf/windows_total": len(self.windows),
+            "perf/few_windows": self.windows_measured < MIN_WINDOWS,
             "perf/examples_per_s_last_window": self.global_batch * last_steps / last_elapsed,
         }
         if fallback:
@@ -116,10 +128,15 @@ class WindowStats:
         n = self.windows_measured
         if n >= MIN_WINDOWS:
             return None
-        used = ("the warm-up window is used as the only sample" if n == 0 else
-                f"throughput is the median of {n} window{'s' if n != 1 else ''}")
-        return (f"warning: only {n} logging window(s) measured after the first (need {MIN_WINDOWS}): {used}; "
-                f"raise train.steps or lower train.log_every")
+        used = (
+            "the warm-up window is used as the only sample"
+            if n == 0
+            else f"throughput is the median of {n} window{'s' if n != 1 else ''}"
+        )
+        return (
+            f"warning: only {n} logging window(s) measured after the first (need {MIN_WINDOWS}): {used}; "
+            f"raise train.steps or lower train.log_every"
+        )
 
 
 def process_start_epoch_s() -> float:
@@ -213,5 +230,8 @@ class TargetTracker:
         target was never reached); empty without a target."""
         if self.target is None:
             return {}
-        return {"train/target_accuracy": self.target, "train/steps_to_target": self.step,
-                "perf/time_to_target_s": self.time_s}
+        return {
+            "train/target_accuracy": self.target,
+            "train/steps_to_target": self.step,
+            "perf/time_to_target_s": self.time_s,
+        }

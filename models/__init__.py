@@ -8,9 +8,22 @@ from typing import Sequence
 from flax import nnx
 
 
-def build_model(name: str, image_shape: Sequence[int], num_classes: int, *, seed: int, hidden: int = 256,
-                activation: str = "tanh", dropout: float = 0.0, init_std: float = 0.01, width: int = 32,
-                depth: int = 4, patch: int = 4, heads: int = 4, mlp_ratio: int = 4) -> nnx.Module:
+def build_model(
+    name: str,
+    image_shape: Sequence[int],
+    num_classes: int,
+    *,
+    seed: int,
+    hidden: int = 256,
+    activation: str = "tanh",
+    dropout: float = 0.0,
+    init_std: float = 0.01,
+    width: int = 32,
+    depth: int = 4,
+    patch: int = 4,
+    heads: int = 4,
+    mlp_ratio: int = 4,
+) -> nnx.Module:
     """Creates a model with parameters drawn from ``seed`` (on the default device, once).
 
     Args:
@@ -27,16 +40,36 @@ def build_model(name: str, image_shape: Sequence[int], num_classes: int, *, seed
     rngs = nnx.Rngs(params=seed)
     if name == "mlp":
         from models.mlp import MLP
-        return MLP(math.prod(image_shape), hidden, num_classes, activation=activation, dropout=dropout,
-                   init_std=init_std, rngs=rngs)
+
+        return MLP(
+            math.prod(image_shape),
+            hidden,
+            num_classes,
+            activation=activation,
+            dropout=dropout,
+            init_std=init_std,
+            rngs=rngs,
+        )
     if name == "cnn":
         from models.cnn import CNN
+
         return CNN(image_shape, num_classes, width=width, dropout=dropout, rngs=rngs)
     if name == "resnet":
         from models.resnet import ResNet18
+
         return ResNet18(image_shape, num_classes, width=width, rngs=rngs)
     if name == "vit":
         from models.vit import ViT
-        return ViT(image_shape, num_classes, width=width, depth=depth, patch=patch, heads=heads,
-                   mlp_ratio=mlp_ratio, dropout=dropout, rngs=rngs)
+
+        return ViT(
+            image_shape,
+            num_classes,
+            width=width,
+            depth=depth,
+            patch=patch,
+            heads=heads,
+            mlp_ratio=mlp_ratio,
+            dropout=dropout,
+            rngs=rngs,
+        )
     raise ValueError(f"model.name={name!r} is unknown; choose one of mlp, cnn, resnet, vit")

@@ -8,8 +8,15 @@ import jax
 from flax import nnx
 
 # The initialisers and site_keys live in models.common; re-exported here for older imports.
-from models.common import (HE_NORMAL_FAN_OUT, LECUN_NORMAL, XAVIER_UNIFORM, normal,  # noqa: F401
-                           per_example_dropout, site_keys, variance_scaling)
+from models.common import (
+    HE_NORMAL_FAN_OUT,  # noqa: F401
+    LECUN_NORMAL,
+    XAVIER_UNIFORM,  # noqa: F401
+    normal,  # noqa: F401
+    per_example_dropout,
+    site_keys,
+    variance_scaling,  # noqa: F401
+)
 
 
 class CNN(nnx.Module):
@@ -32,14 +39,16 @@ class CNN(nnx.Module):
       ValueError: bad image shape, width or dropout rate.
     """
 
-    def __init__(self, image_shape: Sequence[int], num_classes: int, *, width: int = 32, dropout: float = 0.0,
-                 rngs: nnx.Rngs):
+    def __init__(
+        self, image_shape: Sequence[int], num_classes: int, *, width: int = 32, dropout: float = 0.0, rngs: nnx.Rngs
+    ):
         if len(image_shape) != 3:
             raise ValueError(f"data.image_shape={list(image_shape)} must be [H, W, C]")
         h, w, c = image_shape
         if h < 6 or w < 6:
-            raise ValueError(f"cnn needs images of at least 6x6 (two VALID 3x3 convolutions and a 2x2 pool); "
-                             f"got {h}x{w}")
+            raise ValueError(
+                f"cnn needs images of at least 6x6 (two VALID 3x3 convolutions and a 2x2 pool); got {h}x{w}"
+            )
         if width < 1:
             raise ValueError(f"model.width={width} must be positive")
         if not 0.0 <= dropout < 1.0:

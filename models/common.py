@@ -30,7 +30,6 @@ def per_example_dropout(x_Bx: jax.Array, rate: float, keys_B: jax.Array | None) 
     return jnp.where(mask, x_Bx / jnp.asarray(keep, x_Bx.dtype), jnp.zeros_like(x_Bx))
 
 
-
 _MIN_BUCKET = 256
 
 
@@ -72,8 +71,7 @@ def variance_scaling(scale: float, mode: str, distribution: str) -> nnx.Initiali
     only on the flat element index (and, in partitionable mode, a longer draw extends a shorter one), so the
     values equal the stock initialiser's (``tests/test_models.py`` checks this).
     """
-    if mode not in ("fan_in", "fan_out", "fan_avg") or distribution not in ("truncated_normal", "normal",
-                                                                             "uniform"):
+    if mode not in ("fan_in", "fan_out", "fan_avg") or distribution not in ("truncated_normal", "normal", "uniform"):
         raise ValueError(f"unsupported variance_scaling({mode!r}, {distribution!r})")
 
     def init(key: jax.Array, shape: Sequence[int], dtype=jnp.float32) -> jax.Array:
@@ -86,7 +84,7 @@ def variance_scaling(scale: float, mode: str, distribution: str) -> nnx.Initiali
         variance = jnp.array(scale / denominator, dtype=dtype)
         if distribution == "truncated_normal":
             # constant: stddev of a standard normal truncated to (-2, 2)
-            factor = jnp.sqrt(variance) / jnp.array(.87962566103423978, dtype)
+            factor = jnp.sqrt(variance) / jnp.array(0.87962566103423978, dtype)
         elif distribution == "normal":
             factor = jnp.sqrt(variance)
         else:

@@ -23,8 +23,9 @@ def _flops(cost) -> float:
     return float(cost.get("flops", 0.0))
 
 
-def flops_per_example(model: nnx.Module, image_shape: Sequence[int], dtype: str = "float32", *,
-                      batch_size: int = 8) -> float:
+def flops_per_example(
+    model: nnx.Module, image_shape: Sequence[int], dtype: str = "float32", *, batch_size: int = 8
+) -> float:
     """FLOPs of one forward+backward pass (loss and gradients w.r.t. all parameters) per example.
 
     Compiles ``value_and_grad`` of the mean softmax cross-entropy for a batch of ``batch_size`` examples of

@@ -31,8 +31,17 @@ class MLP(nnx.Module):
       ValueError: unknown activation or a dropout rate outside [0, 1).
     """
 
-    def __init__(self, in_features: int, hidden: int, num_classes: int, *, activation: str = "tanh",
-                 dropout: float = 0.0, init_std: float = 0.01, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        in_features: int,
+        hidden: int,
+        num_classes: int,
+        *,
+        activation: str = "tanh",
+        dropout: float = 0.0,
+        init_std: float = 0.01,
+        rngs: nnx.Rngs,
+    ):
         if activation not in ACTIVATIONS:
             raise ValueError(f"model.activation={activation!r} is unknown; choose one of {sorted(ACTIVATIONS)}")
         if not 0.0 <= dropout < 1.0:

@@ -19,8 +19,9 @@ _MAX_GROUPS = 32
 def _group_norm(channels: int, rngs: nnx.Rngs, *, zero_scale: bool = False) -> nnx.GroupNorm:
     """GroupNorm with 32 groups (Wu & He), or fewer when ``channels`` is not a multiple of 32."""
     scale_init = nnx.initializers.zeros if zero_scale else nnx.initializers.ones
-    return nnx.GroupNorm(channels, num_groups=math.gcd(_MAX_GROUPS, channels), epsilon=1e-5,
-                         scale_init=scale_init, rngs=rngs)
+    return nnx.GroupNorm(
+        channels, num_groups=math.gcd(_MAX_GROUPS, channels), epsilon=1e-5, scale_init=scale_init, rngs=rngs
+    )
 
 
 class BasicBlock(nnx.Module):
@@ -28,15 +29,16 @@ class BasicBlock(nnx.Module):
     shape changes. The last GN scale starts at zero so every block starts as the identity (Goyal et al.)."""
 
     def __init__(self, in_ch: int, out_ch: int, stride: int, *, rngs: nnx.Rngs):
-        self.conv1 = nnx.Conv(in_ch, out_ch, (3, 3), strides=stride, padding=1, use_bias=False,
-                              kernel_init=_CONV_INIT, rngs=rngs)
+        self.conv1 = nnx.Conv(
+            in_ch, out_ch, (3, 3), strides=stride, padding=1, use_bias=False, kernel_init=_CONV_INIT, rngs=rngs
+        )
         self.norm1 = _group_norm(out_ch, rngs)
-        self.conv2 = nnx.Conv(out_ch, out_ch, (3, 3), padding=1, use_bias=False, kernel_init=_CONV_INIT,
-                              rngs=rngs)
+        self.conv2 = nnx.Conv(out_ch, out_ch, (3, 3), padding=1, use_bias=False, kernel_init=_CONV_INIT, rngs=rngs)
         self.norm2 = _group_norm(out_ch, rngs, zero_scale=True)
         if stride != 1 or in_ch != out_ch:
-            self.proj = nnx.Conv(in_ch, out_ch, (1, 1), strides=stride, use_bias=False, kernel_init=_CONV_INIT,
-                                 rngs=rngs)
+            self.proj = nnx.Conv(
+                in_ch, out_ch, (1, 1), strides=stride, use_bias=False, kernel_init=_CONV_INIT, rngs=rngs
+            )
             self.proj_norm = _group_norm(out_ch, rngs)
         else:
             self.proj = None
@@ -90,7 +92,7 @@ class ResNet18(nnx.Module):
         blocks = []
         in_ch = width
         for i, n in enumerate(self.stages):
-            out_ch = width * 2 ** i
+            out_ch = width * 2**i
             for j in range(n):
                 blocks.append(BasicBlock(in_ch, out_ch, 2 if (i > 0 and j == 0) else 1, rngs=rngs))
                 in_ch = out_ch

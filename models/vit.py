@@ -21,8 +21,16 @@ class EncoderBlock(nnx.Module):
     def __init__(self, width: int, heads: int, mlp_ratio: int, dropout: float, *, rngs: nnx.Rngs):
         self.norm1 = nnx.LayerNorm(width, epsilon=1e-6, rngs=rngs)
         # dropout_rate=0 and keep_rngs=False: the block stores no Rngs; dropout is done per example below.
-        self.attn = nnx.MultiHeadAttention(heads, width, kernel_init=_DENSE_INIT, dropout_rate=0.0,
-                                           deterministic=True, decode=False, keep_rngs=False, rngs=rngs)
+        self.attn = nnx.MultiHeadAttention(
+            heads,
+            width,
+            kernel_init=_DENSE_INIT,
+            dropout_rate=0.0,
+            deterministic=True,
+            decode=False,
+            keep_rngs=False,
+            rngs=rngs,
+        )
         self.norm2 = nnx.LayerNorm(width, epsilon=1e-6, rngs=rngs)
         self.fc1 = nnx.Linear(width, mlp_ratio * width, kernel_init=_DENSE_INIT, rngs=rngs)
         self.fc2 = nnx.Linear(mlp_ratio * width, width, kernel_init=_DENSE_INIT, rngs=rngs)
@@ -62,9 +70,20 @@ class ViT(nnx.Module):
         bad hyper-parameter.
     """
 
-    def __init__(self, image_shape: Sequence[int], num_classes: int, *, width: int = 64, depth: int = 4,
-                 patch: int = 4, heads: int = 4, mlp_ratio: int = 4, dropout: float = 0.0, pool: str = "cls",
-                 rngs: nnx.Rngs):
+    def __init__(
+        self,
+        image_shape: Sequence[int],
+        num_classes: int,
+        *,
+        width: int = 64,
+        depth: int = 4,
+        patch: int = 4,
+        heads: int = 4,
+        mlp_ratio: int = 4,
+        dropout: float = 0.0,
+        pool: str = "cls",
+        rngs: nnx.Rngs,
+    ):
         if len(image_shape) != 3:
             raise ValueError(f"data.image_shape={list(image_shape)} must be [H, W, C]")
         h, w, c = image_shape
@@ -72,9 +91,11 @@ class ViT(nnx.Module):
             raise ValueError(f"model.patch={patch} must be positive")
         if h % patch or w % patch:
             divisors = [p for p in range(1, min(h, w) + 1) if h % p == 0 and w % p == 0]
-            raise ValueError(f"model.patch={patch} does not divide the image sides {h}x{w} (data.image_shape="
-                             f"{list(image_shape)}); set model.patch to a common divisor of {h} and {w}: "
-                             f"one of {divisors}")
+            raise ValueError(
+                f"model.patch={patch} does not divide the image sides {h}x{w} (data.image_shape="
+                f"{list(image_shape)}); set model.patch to a common divisor of {h} and {w}: "
+                f"one of {divisors}"
+            )
         if width < 1 or heads < 1 or width % heads:
             raise ValueError(f"model.width={width} must be a positive multiple of model.heads={heads}")
         if depth < 0 or mlp_ratio < 1:
@@ -83,8 +104,9 @@ class ViT(nnx.Module):
             raise ValueError(f"model.dropout={dropout} must be in [0, 1)")
         if pool not in _POOLS:
             raise ValueError(f"pool={pool!r} is unknown; choose one of {_POOLS}")
-        self.patch_embed = nnx.Conv(c, width, (patch, patch), strides=patch, padding="VALID",
-                                    kernel_init=LECUN_NORMAL, rngs=rngs)
+        self.patch_embed = nnx.Conv(
+            c, width, (patch, patch), strides=patch, padding="VALID", kernel_init=LECUN_NORMAL, rngs=rngs
+        )
         num_tokens = (h // patch) * (w // patch) + (1 if pool == "cls" else 0)
         self.pos_embed = nnx.Param(normal(0.02)(rngs.params(), (1, num_tokens, width)))
         self.cls_token = nnx.Param(jnp.zeros((1, 1, width))) if pool == "cls" else None

@@ -27,8 +27,9 @@ from parallel.feedback import ErrorFeedback
 from parallel.shard_map_ops import BATCH_AXES, MESH_AXES, cast_tree, pcast_varying, reduce_dtype  # noqa: F401
 
 
-def resolve_mesh_shape(shape: Optional[Sequence[int]], default: Sequence[int], num_devices: int,
-                       mode: str) -> tuple[int, int]:
+def resolve_mesh_shape(
+    shape: Optional[Sequence[int]], default: Sequence[int], num_devices: int, mode: str
+) -> tuple[int, int]:
     """Sizes of (data, fsdp): ``shape`` (or the mode's ``default``) with one -1 filled in.
 
     Raises:
@@ -46,15 +47,16 @@ def resolve_mesh_shape(shape: Optional[Sequence[int]], default: Sequence[int], n
             raise ConfigError(f"{text} cannot fill -1: {num_devices} devices are not divisible by {known}")
         given[given.index(-1)] = num_devices // known
     if math.prod(given) != num_devices:
-        raise ConfigError(f"{text} has {math.prod(given)} devices but mesh.devices={num_devices}; "
-                          f"make the product equal {num_devices} (use -1 to fill)")
+        raise ConfigError(
+            f"{text} has {math.prod(given)} devices but mesh.devices={num_devices}; "
+            f"make the product equal {num_devices} (use -1 to fill)"
+        )
     return given[0], given[1]
 
 
 def make_mesh(devices: Sequence[jax.Device], shape: tuple[int, int]) -> Mesh:
     """A ``Mesh`` with axes (data, fsdp) of ``shape`` over ``devices`` (Auto axes: sharding propagation)."""
-    return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES,
-                axis_types=(AxisType.Auto, AxisType.Auto))
+    return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES, axis_types=(AxisType.Auto, AxisType.Auto))
 
 
 @dataclasses.dataclass
@@ -62,7 +64,7 @@ class StepFns:
     """What a mode builds: the jitted train and eval steps and the lowered/compiled train step."""
 
     train: Callable  # (state, batch) -> (state, metrics)
-    eval: Callable   # (params, batch) -> metric sums
+    eval: Callable  # (params, batch) -> metric sums
 
 
 class ParallelMode(abc.ABC):
@@ -83,8 +85,16 @@ class ParallelMode(abc.ABC):
     # parallel.grad_compression values this mode implements.
     compressions: tuple[str, ...] = ("none", "int8")
 
-    def __init__(self, mesh: Mesh, *, global_batch: int, accum_steps: int, min_shard_bytes: int = 0,
-                 grad_reduce_dtype: Optional[str] = None, grad_compression: str = "none"):
+    def __init__(
+        self,
+        mesh: Mesh,
+        *,
+        global_batch: int,
+        accum_steps: int,
+        min_shard_bytes: int = 0,
+        grad_reduce_dtype: Optional[str] = None,
+        grad_compression: str = "none",
+    ):
         self.mesh = mesh
         self.global_batch = global_batch
         self.accum_steps = accum_steps
@@ -100,8 +110,10 @@ class ParallelMode(abc.ABC):
     def check(cls, mesh_shape: tuple[int, int]) -> None:
         """Raises ConfigError when the mode cannot use ``mesh_shape``."""
         if not cls.allows_fsdp_axis and mesh_shape[1] != 1:
-            raise ConfigError(f"parallel={cls.name} needs an fsdp axis of 1 but mesh.shape={list(mesh_shape)}; "
-                              f"use mesh.shape=[-1,1] or parallel=fsdp")
+            raise ConfigError(
+                f"parallel={cls.name} needs an fsdp axis of 1 but mesh.shape={list(mesh_shape)}; "
+                f"use mesh.shape=[-1,1] or parallel=fsdp"
+            )
 
     # ---- placement -------------------------------------------------------------------------------
     def state_shardings(self, abstract_state: TrainState):
@@ -118,8 +130,12 @@ class ParallelMode(abc.ABC):
 
     def batch_layout(self) -> BatchLayout:
         """The global batch ``[B, ...]`` split over every device of the mesh."""
-        return BatchLayout(sharding=NamedSharding(self.mesh, P(BATCH_AXES)), reshape=lambda s: tuple(s),
-                           process_index=jax.process_index(), process_count=jax.process_count())
+        return BatchLayout(
+            sharding=NamedSharding(self.mesh, P(BATCH_AXES)),
+            reshape=lambda s: tuple(s),
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
+        )
 
     def state_to_host(self, state: TrainState) -> TrainState:
         """The full state as numpy arrays (gathers shards), for saving and comparing."""
@@ -172,10 +188,10 @@ class ParallelMode(abc.ABC):
             state, grads, sums = self.reduce_step(local, state, batch)
             return updater(state, grads, sums)
 
-        train = jax.jit(train_step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, self.replicated),
-                        donate_argnums=0)
-        evaluate = jax.jit(local.eval_sums, in_shardings=(state_sh.params, batch_sh),
-                           out_shardings=self.replicated)
+        train = jax.jit(
+            train_step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, self.replicated), donate_argnums=0
+        )
+        evaluate = jax.jit(local.eval_sums, in_shardings=(state_sh.params, batch_sh), out_shardings=self.replicated)
         return StepFns(train=train, eval=evaluate)
 
     # explicit and compressed reductions
@@ -186,8 +202,9 @@ class ParallelMode(abc.ABC):
         if self.grad_compression == "none":
             grads, sums = self.grads(local, state.params, batch, state.step, scale)
             return state, grads, sums
-        grads, sums, residual = self.compressed_grads(local, state.params, batch, state.step, scale,
-                                                      state.grad_residual)
+        grads, sums, residual = self.compressed_grads(
+            local, state.params, batch, state.step, scale, state.grad_residual
+        )
         return state.replace(grad_residual=residual), grads, sums
 
     def explicit_grads(self, local, params, batch, step, scale):
@@ -232,8 +249,11 @@ def _finite_flags(params, opt_state):
 def host_finite_flags(params, opt_state) -> tuple[bool, bool]:
     """(params all finite, optimizer state all finite) of host arrays, or of this process's first copy of each
     device array (every replica holds the whole array; a multi-process array cannot be fetched whole)."""
-    first = lambda x: np.asarray(jax.device_get(x.addressable_shards[0].data)) if isinstance(x, jax.Array) \
-        else np.asarray(x)
+    first = lambda x: (
+        np.asarray(jax.device_get(x.addressable_shards[0].data)) if isinstance(x, jax.Array) else np.asarray(x)
+    )
     host = jax.tree.map(first, (params, opt_state))
-    return tuple(bool(all(np.all(np.isfinite(x)) for x in jax.tree.leaves(t) if np.issubdtype(x.dtype, np.inexact)))
-                 for t in host)
+    return tuple(
+        bool(all(np.all(np.isfinite(x)) for x in jax.tree.leaves(t) if np.issubdtype(x.dtype, np.inexact)))
+        for t in host
+    )

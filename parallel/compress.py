@@ -117,8 +117,10 @@ def init_residual(params: Any, num_devices: int) -> dict[str, np.ndarray]:
     the gradient sums divided by the loss scale.
     """
     lay = layout_for(params, num_devices)
-    return {"worker": np.zeros((num_devices, lay.padded), np.float32),
-            "server": np.zeros((num_devices, lay.chunk), np.float32)}
+    return {
+        "worker": np.zeros((num_devices, lay.padded), np.float32),
+        "server": np.zeros((num_devices, lay.chunk), np.float32),
+    }
 
 
 def residual_matches(residual: Any, params: Any, num_devices: int) -> bool:
@@ -148,8 +150,12 @@ def adapt_residual(restored: Any, params: Any, num_devices: int) -> dict[str, np
         return {k: np.asarray(restored[k], np.float32) for k in ("worker", "server")}
     if restored is not None:
         shapes = {k: tuple(np.shape(v)) for k, v in dict(restored).items()}
-        log.warning("int8 error-feedback residual was saved for another device layout (%s); restoring onto %d "
-                    "devices resets it to zero", shapes, num_devices)
+        log.warning(
+            "int8 error-feedback residual was saved for another device layout (%s); restoring onto %d "
+            "devices resets it to zero",
+            shapes,
+            num_devices,
+        )
     return init_residual(params, num_devices)
 
 
@@ -162,8 +168,7 @@ def payload_bytes(num_elements: int, num_leaves: int, num_devices: int) -> dict[
     n = num_devices
     padded = n * -(-num_elements // n)
     scales = 4 * num_leaves
-    return {"payload": float(2 * padded + scales),
-            "ring": 2 * (n - 1) / n * padded + 2 * (n - 1) / n * scales}
+    return {"payload": float(2 * padded + scales), "ring": 2 * (n - 1) / n * padded + 2 * (n - 1) / n * scales}
 
 
 def _axis_size(axis_name: AxisName) -> int:
@@ -192,7 +197,7 @@ def int8_mean(tree: Any, axis_name: AxisName, residual: Optional[dict] = None):
     if residual is not None:
         flat = flat + residual["worker"]
     # 1. shared per-tensor scales: one small float32 all-reduce (max) of [L]
-    amax_local = jnp.stack([jnp.max(jnp.abs(flat[o:o + s])) for o, s in zip(lay.offsets, lay.sizes)])
+    amax_local = jnp.stack([jnp.max(jnp.abs(flat[o : o + s])) for o, s in zip(lay.offsets, lay.sizes)])
     amax = jax.lax.pmax(amax_local, axis_name)  # [L]
     finite = jnp.all(jnp.isfinite(amax))
     scale = jnp.where(amax > 0, amax / QMAX, 1.0)  # [L]
@@ -215,9 +220,11 @@ def int8_mean(tree: Any, axis_name: AxisName, residual: Optional[dict] = None):
     # 5. int8 all-gather of the re-quantised chunks, dequantise
     gathered = jax.lax.all_gather(q2.astype(jnp.int8), axis_name, axis=0, tiled=True)  # [padded] int8
     mean = jnp.where(finite, gathered.astype(jnp.float32) * scale_el, jnp.nan)
-    out = [mean[o:o + s].reshape(x.shape) for o, s, x in zip(lay.offsets, lay.sizes, leaves)]
+    out = [mean[o : o + s].reshape(x.shape) for o, s, x in zip(lay.offsets, lay.sizes, leaves)]
     new_residual = None
     if residual is not None:
-        new_residual = {"worker": jnp.where(finite, worker, residual["worker"]),
-                        "server": jnp.where(finite, server, residual["server"])}
+        new_residual = {
+            "worker": jnp.where(finite, worker, residual["worker"]),
+            "server": jnp.where(finite, server, residual["server"]),
+        }
     return jax.tree.unflatten(treedef, out), new_residual

@@ -99,6 +99,7 @@ class Fsdp(ParallelMode):
             grads = jax.tree.map(reduce, grad_sums, dims)
             return grads, jax.lax.psum(sums, BATCH_AXES)
 
-        grad_sums, sums = jax.shard_map(per_device, mesh=self.mesh, in_specs=(specs, P(BATCH_AXES), P(), P()),
-                                        out_specs=(specs, P()))(params, batch, step, scale)
+        grad_sums, sums = jax.shard_map(
+            per_device, mesh=self.mesh, in_specs=(specs, P(BATCH_AXES), P(), P()), out_specs=(specs, P())
+        )(params, batch, step, scale)
         return global_mean(grad_sums, sums, self.global_batch)

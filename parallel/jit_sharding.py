@@ -36,8 +36,8 @@ class JitSharding(ParallelMode):
         else:
             dev = NamedSharding(self.mesh, P(BATCH_AXES))
             per_device = jax.tree.map(
-                lambda x: jax.lax.with_sharding_constraint(x.reshape(self.num_devices, -1, *x.shape[1:]), dev),
-                batch)
+                lambda x: jax.lax.with_sharding_constraint(x.reshape(self.num_devices, -1, *x.shape[1:]), dev), batch
+            )
             grad_sums, sums = jax.vmap(local, in_axes=(None, 0, None, None))(params, per_device, step, scale)
             grad_sums, sums = jax.tree.map(lambda x: x.sum(0), (grad_sums, sums))
         return global_mean(grad_sums, sums, self.global_batch)

@@ -31,20 +31,26 @@ class Pmap(ParallelMode):
         n = self.num_devices
         # The int8 error-feedback residual already has one row per device: it is split, not broadcast.
         residual = host_state.grad_residual
-        stacked = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (n,) + np.shape(x)),
-                               host_state.replace(grad_residual=None))
+        stacked = jax.tree.map(
+            lambda x: np.broadcast_to(np.asarray(x), (n,) + np.shape(x)), host_state.replace(grad_residual=None)
+        )
         return jax.device_put(stacked.replace(grad_residual=residual), self._stacked())
 
     def batch_layout(self) -> BatchLayout:
         n = self.num_devices
-        return BatchLayout(sharding=self._stacked(), reshape=lambda s: (n, s[0] // n) + tuple(s[1:]),
-                           process_index=jax.process_index(), process_count=jax.process_count())
+        return BatchLayout(
+            sharding=self._stacked(),
+            reshape=lambda s: (n, s[0] // n) + tuple(s[1:]),
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
+        )
 
     def state_to_host(self, state):
         # replica 0 from this process's own first shard (with several processes x[0] may live on
         # another process's device); every replica holds the same values.
-        host = jax.tree.map(lambda x: np.asarray(jax.device_get(x.addressable_shards[0].data))[0],
-                            state.replace(grad_residual=None))
+        host = jax.tree.map(
+            lambda x: np.asarray(jax.device_get(x.addressable_shards[0].data))[0], state.replace(grad_residual=None)
+        )
         residual = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), state.grad_residual)  # every row
         return host.replace(grad_residual=residual)
 
@@ -94,8 +100,11 @@ class Pmap(ParallelMode):
         grad_sums, sums = local(params, batch, step, scale)
         mean, residual = self.feedback.reduce(grad_sums, residual, scale, AXIS)
         per_device_batch = self.global_batch // self.num_devices
-        return (jax.tree.map(lambda g: g / per_device_batch, mean),
-                {**jax.lax.psum(sums, AXIS), "count": jnp.float32(self.global_batch)}, residual)
+        return (
+            jax.tree.map(lambda g: g / per_device_batch, mean),
+            {**jax.lax.psum(sums, AXIS), "count": jnp.float32(self.global_batch)},
+            residual,
+        )
 
     def build(self, local, updater, abstract_state) -> StepFns:
         devices = list(self.mesh.devices.flat)
@@ -107,8 +116,10 @@ class Pmap(ParallelMode):
         def eval_step(params, batch):
             return jax.lax.psum(local.eval_sums(params, batch), AXIS)
 
-        return StepFns(train=jax.pmap(train_step, axis_name=AXIS, devices=devices, donate_argnums=0),
-                       eval=jax.pmap(eval_step, axis_name=AXIS, devices=devices))
+        return StepFns(
+            train=jax.pmap(train_step, axis_name=AXIS, devices=devices, donate_argnums=0),
+            eval=jax.pmap(eval_step, axis_name=AXIS, devices=devices),
+        )
 
     def replica_divergence(self, tree) -> float:
         worst = 0.0

@@ -60,9 +60,11 @@ def explicit_grads(mode, local, params, batch, step, scale):
         grad_sums = cast_tree(jax.lax.psum(cast_tree(grad_sums, dtype), BATCH_AXES), "float32")
         return grad_sums, jax.lax.psum(sums, BATCH_AXES)
 
-    grad_sums, sums = jax.shard_map(per_device, mesh=mode.mesh, in_specs=(P(), P(BATCH_AXES), P(), P()),
-                                    out_specs=(P(), P()))(params, batch, step, scale)
+    grad_sums, sums = jax.shard_map(
+        per_device, mesh=mode.mesh, in_specs=(P(), P(BATCH_AXES), P(), P()), out_specs=(P(), P())
+    )(params, batch, step, scale)
     return global_mean(grad_sums, sums, mode.global_batch)
+
 
 def compressed_grads(mode, local, params, batch, step, scale, residual):
     """int8 mean of the gradients with error feedback (``parallel.compress.int8_mean``).
@@ -80,16 +82,18 @@ def compressed_grads(mode, local, params, batch, step, scale, residual):
         grad_sums, sums = local(pcast_varying(params, BATCH_AXES), batch, step, scale)
         return jax.tree.map(lambda g: g[None], grad_sums), jax.lax.psum(sums, BATCH_AXES)
 
-    grad_rows, sums = jax.shard_map(local_sums, mesh=mode.mesh, in_specs=(P(), dev, P(), P()),
-                                    out_specs=(dev, P()))(params, batch, step, scale)
+    grad_rows, sums = jax.shard_map(local_sums, mesh=mode.mesh, in_specs=(P(), dev, P(), P()), out_specs=(dev, P()))(
+        params, batch, step, scale
+    )
 
     def reduce(grad_rows, residual, scale):
-        mean, new = mode.feedback.reduce(jax.tree.map(lambda g: g[0], grad_rows),
-                                         jax.tree.map(lambda r: r[0], residual), scale, BATCH_AXES)
+        mean, new = mode.feedback.reduce(
+            jax.tree.map(lambda g: g[0], grad_rows), jax.tree.map(lambda r: r[0], residual), scale, BATCH_AXES
+        )
         return mean, jax.tree.map(lambda r: r[None], new)
 
-    mean, residual = jax.shard_map(reduce, mesh=mode.mesh, in_specs=(dev, dev, P()), out_specs=(P(), dev),
-                                   check_vma=False)(grad_rows, residual, scale)
+    mean, residual = jax.shard_map(
+        reduce, mesh=mode.mesh, in_specs=(dev, dev, P()), out_specs=(P(), dev), check_vma=False
+    )(grad_rows, residual, scale)
     inv = 1.0 / (mode.global_batch // mode.num_devices)  # mean of per-device sums -> mean per example
-    return (jax.tree.map(lambda g: g * inv, mean), {**sums, "count": jnp.float32(mode.global_batch)},
-            residual)
+    return (jax.tree.map(lambda g: g * inv, mean), {**sums, "count": jnp.float32(mode.global_batch)}, residual)

@@ -43,11 +43,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def commands(n: int, overrides: list[str], run_dir: str, port: int, cpu_devices: int | None,
-             timeout_s: int | None) -> list[list[str]]:
+def commands(
+    n: int, overrides: list[str], run_dir: str, port: int, cpu_devices: int | None, timeout_s: int | None
+) -> list[list[str]]:
     """The ``train.py`` command line of each of the ``n`` processes."""
-    common = [f"hydra.run.dir={run_dir}", f"distributed.coordinator=127.0.0.1:{port}",
-              f"distributed.num_processes={n}"]
+    common = [f"hydra.run.dir={run_dir}", f"distributed.coordinator=127.0.0.1:{port}", f"distributed.num_processes={n}"]
     if cpu_devices is not None:
         common.append(f"runtime.cpu_devices={cpu_devices}")
     if timeout_s is not None:
@@ -55,14 +55,19 @@ def commands(n: int, overrides: list[str], run_dir: str, port: int, cpu_devices:
     user = [o for o in overrides if not o.startswith("hydra.run.dir=")]
     if not any(o.startswith("checkpoint.dir=") for o in user):
         common.append(f"checkpoint.dir={Path(run_dir).absolute() / 'checkpoints'}")  # one folder all processes see
-    return [[sys.executable, str(REPO / "train.py"), *user, *common, f"distributed.process_id={i}"]
-            + (["hydra.output_subdir=null"] if i > 0 else []) for i in range(n)]
+    return [
+        [sys.executable, str(REPO / "train.py"), *user, *common, f"distributed.process_id={i}"]
+        + (["hydra.output_subdir=null"] if i > 0 else [])
+        for i in range(n)
+    ]
 
 
 # gloo (JAX's CPU collectives across processes) prints one such line per rank and communicator when it connects;
 # they are expected and say nothing about the run, so they are counted, not shown.
-GLOO_CONNECTED = re.compile(rb"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. Expected number of connected "
-                            rb"peer ranks is : \d+")
+GLOO_CONNECTED = re.compile(
+    rb"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. Expected number of connected "
+    rb"peer ranks is : \d+"
+)
 
 
 def forward_filtered(src, dst, counter: list) -> None:
@@ -106,32 +111,47 @@ def stop(procs: list[subprocess.Popen], grace_s: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 usage="%(prog)s -n N [--cpu-devices K] [options] -- [train.py overrides ...]")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        usage="%(prog)s -n N [--cpu-devices K] [options] -- [train.py overrides ...]",
+    )
     ap.add_argument("-n", "--num-processes", type=int, required=True, help="processes to start")
     ap.add_argument("--cpu-devices", type=int, default=None, help="simulated CPU devices per process")
     ap.add_argument("--port", type=int, default=None, help="coordinator port on 127.0.0.1 (default: a free one)")
     ap.add_argument("--timeout-s", type=int, default=None, help="distributed.timeout_s for every process")
-    ap.add_argument("--grace-s", type=float, default=30.0,
-                    help="after one process fails, seconds the others get before they are terminated")
+    ap.add_argument(
+        "--grace-s",
+        type=float,
+        default=30.0,
+        help="after one process fails, seconds the others get before they are terminated",
+    )
     ap.add_argument("overrides", nargs="*", help="Hydra overrides passed to every process")
     args = ap.parse_args(argv)
     if args.num_processes < 1:
         ap.error(f"--num-processes={args.num_processes} must be at least 1")
     given = [o.split("=", 1)[1] for o in args.overrides if o.startswith("hydra.run.dir=")]
     now = datetime.datetime.now()
-    run_dir = given[-1] if given else str(Path("outputs") / now.strftime("%Y-%m-%d") /
-                                          f"{now.strftime('%H-%M-%S')}-{args.num_processes}proc")
+    run_dir = (
+        given[-1]
+        if given
+        else str(Path("outputs") / now.strftime("%Y-%m-%d") / f"{now.strftime('%H-%M-%S')}-{args.num_processes}proc")
+    )
     port = args.port or free_port()
     cmds = commands(args.num_processes, args.overrides, run_dir, port, args.cpu_devices, args.timeout_s)
-    print(f"launch_local: {args.num_processes} processes"
-          + (f" x {args.cpu_devices} CPU devices" if args.cpu_devices else "")
-          + f", coordinator 127.0.0.1:{port}, run folder {run_dir} (process i>0 logs to train_process<i>.log)",
-          file=sys.stderr, flush=True)
+    print(
+        f"launch_local: {args.num_processes} processes"
+        + (f" x {args.cpu_devices} CPU devices" if args.cpu_devices else "")
+        + f", coordinator 127.0.0.1:{port}, run folder {run_dir} (process i>0 logs to train_process<i>.log)",
+        file=sys.stderr,
+        flush=True,
+    )
     procs = [subprocess.Popen(c, cwd=os.getcwd(), stdout=subprocess.PIPE, stderr=subprocess.PIPE) for c in cmds]
     gloo_lines = [0]
-    readers = [threading.Thread(target=forward_filtered, args=(src, dst, gloo_lines), daemon=True)
-               for p in procs for src, dst in ((p.stdout, sys.stdout.buffer), (p.stderr, sys.stderr.buffer))]
+    readers = [
+        threading.Thread(target=forward_filtered, args=(src, dst, gloo_lines), daemon=True)
+        for p in procs
+        for src, dst in ((p.stdout, sys.stdout.buffer), (p.stderr, sys.stderr.buffer))
+    ]
     for r in readers:
         r.start()
     try:
@@ -150,13 +170,20 @@ def main(argv: list[str] | None = None) -> int:
     for r in readers:
         r.join(timeout=5.0)
     if gloo_lines[0]:
-        print(f"launch_local: {gloo_lines[0]} gloo connection lines of the processes left out (expected: one per "
-              f"rank and communicator when the CPU collectives connect)", file=sys.stderr, flush=True)
+        print(
+            f"launch_local: {gloo_lines[0]} gloo connection lines of the processes left out (expected: one per "
+            f"rank and communicator when the CPU collectives connect)",
+            file=sys.stderr,
+            flush=True,
+        )
     codes = [p.returncode for p in procs]
     failed = [(i, c) for i, c in enumerate(codes) if c != 0]
     if failed:
-        print("launch_local: exit codes " + ", ".join(f"process {i}: {c}" for i, c in enumerate(codes)),
-              file=sys.stderr, flush=True)
+        print(
+            "launch_local: exit codes " + ", ".join(f"process {i}: {c}" for i, c in enumerate(codes)),
+            file=sys.stderr,
+            flush=True,
+        )
         code = failed[0][1]
         return code if 0 < code < 256 else 1
     return 0

@@ -58,10 +58,24 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "accum4": (f"train.accum_steps={ACCUM}", "train.global_batch={accum_global_batch}"),
 }
 
-COLUMNS = ["variant", "status", "mode", "devices", "global batch", "accum",
-           "payload bytes/step (lowered)", "payload bytes/step (compiled)", "GPU payload/step vs none",
-           "ring bytes/step (compiled)", "ring bytes/step vs none", "ring bytes/example vs none",
-           "eval accuracy", "eval accuracy - none", "examples/s", "variant overrides"]
+COLUMNS = [
+    "variant",
+    "status",
+    "mode",
+    "devices",
+    "global batch",
+    "accum",
+    "payload bytes/step (lowered)",
+    "payload bytes/step (compiled)",
+    "GPU payload/step vs none",
+    "ring bytes/step (compiled)",
+    "ring bytes/step vs none",
+    "ring bytes/example vs none",
+    "eval accuracy",
+    "eval accuracy - none",
+    "examples/s",
+    "variant overrides",
+]
 
 
 def _global_batch(extra: list[str]) -> int:
@@ -72,8 +86,10 @@ def _global_batch(extra: list[str]) -> int:
             value = o.split("=", 1)[1]
             gb = DEFAULT_GLOBAL_BATCH if value in ("null", "~") else int(value)
         if o.startswith("train.per_device_batch="):
-            raise SystemExit("sweeps.comm_optimisations: train.per_device_batch is not supported here (accum4 "
-                             "scales the global batch); set train.global_batch instead")
+            raise SystemExit(
+                "sweeps.comm_optimisations: train.per_device_batch is not supported here (accum4 "
+                "scales the global batch); set train.global_batch instead"
+            )
     return gb
 
 
@@ -128,22 +144,29 @@ def rows(summaries: dict[str, dict]) -> list[dict[str, Any]]:
     for variant, s in summaries.items():
         good = s if ok[variant] else {}
         acc, base_acc = good.get("eval/accuracy"), base.get("eval/accuracy")
-        out.append({
-            "variant": variant, "status": "ok" if ok[variant] else f"failed: {s.get('error', '')}",
-            "mode": s.get("parallel"), "devices": s.get("mesh/devices"), "global batch": s.get("train/global_batch"),
-            "accum": s.get("train/accum_steps"),
-            "payload bytes/step (lowered)": good.get("comm/payload_bytes_per_step_lowered"),
-            "payload bytes/step (compiled)": good.get("comm/payload_bytes_per_step"),
-            "GPU payload/step vs none": _ratio(gpu_payload(good), gpu_payload(base)),
-            "ring bytes/step (compiled)": good.get("comm/bytes_per_step"),
-            "ring bytes/step vs none": _ratio(good.get("comm/bytes_per_step"), base.get("comm/bytes_per_step")),
-            "ring bytes/example vs none": _ratio(per_example(good), per_example(base)),
-            "eval accuracy": acc,
-            "eval accuracy - none": acc - base_acc if acc is not None and base_acc is not None else None,
-            "examples/s": good.get("perf/examples_per_s"),
-            "variant overrides": " ".join(VARIANTS[variant]).replace(
-                "{accum_global_batch}", str(s.get("train/global_batch", "4x"))) or "(none)",
-        })
+        out.append(
+            {
+                "variant": variant,
+                "status": "ok" if ok[variant] else f"failed: {s.get('error', '')}",
+                "mode": s.get("parallel"),
+                "devices": s.get("mesh/devices"),
+                "global batch": s.get("train/global_batch"),
+                "accum": s.get("train/accum_steps"),
+                "payload bytes/step (lowered)": good.get("comm/payload_bytes_per_step_lowered"),
+                "payload bytes/step (compiled)": good.get("comm/payload_bytes_per_step"),
+                "GPU payload/step vs none": _ratio(gpu_payload(good), gpu_payload(base)),
+                "ring bytes/step (compiled)": good.get("comm/bytes_per_step"),
+                "ring bytes/step vs none": _ratio(good.get("comm/bytes_per_step"), base.get("comm/bytes_per_step")),
+                "ring bytes/example vs none": _ratio(per_example(good), per_example(base)),
+                "eval accuracy": acc,
+                "eval accuracy - none": acc - base_acc if acc is not None and base_acc is not None else None,
+                "examples/s": good.get("perf/examples_per_s"),
+                "variant overrides": " ".join(VARIANTS[variant]).replace(
+                    "{accum_global_batch}", str(s.get("train/global_batch", "4x"))
+                )
+                or "(none)",
+            }
+        )
     return out
 
 
@@ -175,22 +198,30 @@ def write_tables(out: Path, table: list[dict], common: list[str] = ()) -> tuple[
             platforms.add(json.loads((out / r["variant"] / "summary.json").read_text()).get("platform"))
         except (OSError, ValueError):
             pass
-    lines = ["# Communication optimisations", "",
-             f"Folder: `{out}`  ", f"Platform(s): {', '.join(sorted(p for p in platforms if p)) or 'unknown'}  ",
-             f"Overrides of every job: `{' '.join(common) or '(none)'}`", "",
-             "| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    lines = [
+        "# Communication optimisations",
+        "",
+        f"Folder: `{out}`  ",
+        f"Platform(s): {', '.join(sorted(p for p in platforms if p)) or 'unknown'}  ",
+        f"Overrides of every job: `{' '.join(common) or '(none)'}`",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "|".join("---" for _ in COLUMNS) + "|",
+    ]
     lines += ["| " + " | ".join(_fmt(c, r[c]) for c in COLUMNS) + " |" for r in table]
-    lines += ["",
-              "- payload = sum of the collectives' logical sizes per step. Lowered: from the StableHLO module, "
-              "in the dtypes the program asks for; compiled: from the compiled HLO. XLA:CPU promotes bf16 "
-              "all-reduces to float32 when compiling (a GPU reduces bf16 natively), so on CPU the compiled "
-              "payload of bf16_reduce equals the float32 one. GPU payload = lowered, or compiled when the "
-              "lowered module has no collectives (jit_sharding's own reduction is added when compiling).",
-              "- ring bytes = bytes each device sends under the ring model (DESIGN.md), from the compiled module "
-              "(on CPU, bf16_reduce shows float32 here).",
-              "- accum4: 4 microbatches per optimizer step at 4x the global batch: same bytes per step, a quarter "
-              "per example.",
-              "- eval accuracy - none: difference to the uncompressed run with the same seed."]
+    lines += [
+        "",
+        "- payload = sum of the collectives' logical sizes per step. Lowered: from the StableHLO module, "
+        "in the dtypes the program asks for; compiled: from the compiled HLO. XLA:CPU promotes bf16 "
+        "all-reduces to float32 when compiling (a GPU reduces bf16 natively), so on CPU the compiled "
+        "payload of bf16_reduce equals the float32 one. GPU payload = lowered, or compiled when the "
+        "lowered module has no collectives (jit_sharding's own reduction is added when compiling).",
+        "- ring bytes = bytes each device sends under the ring model (DESIGN.md), from the compiled module "
+        "(on CPU, bf16_reduce shows float32 here).",
+        "- accum4: 4 microbatches per optimizer step at 4x the global batch: same bytes per step, a quarter "
+        "per example.",
+        "- eval accuracy - none: difference to the uncompressed run with the same seed.",
+    ]
     md_path.write_text("\n".join(lines) + "\n")
     return csv_path, md_path
 
@@ -200,22 +231,29 @@ def main(argv: Optional[list[str]] = None) -> int:
     extra: list[str] = []
     if "--" in argv:
         i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
-    parser = argparse.ArgumentParser(prog="python -m sweeps.comm_optimisations",
-                                     description="none / bf16 reduce / int8 + error feedback / accumulation 4")
-    parser.add_argument("--out", default=None,
-                        help="sweep folder (default: multirun/<date>/<time>-comm_optimisations)")
+        argv, extra = argv[:i], argv[i + 1 :]
+    parser = argparse.ArgumentParser(
+        prog="python -m sweeps.comm_optimisations",
+        description="none / bf16 reduce / int8 + error feedback / accumulation 4",
+    )
+    parser.add_argument("--out", default=None, help="sweep folder (default: multirun/<date>/<time>-comm_optimisations)")
     parser.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(VARIANTS)}")
     args = parser.parse_args(argv)
     chosen = list(VARIANTS) if args.only is None else [v.strip() for v in args.only.split(",") if v.strip()]
     unknown = [v for v in chosen if v not in VARIANTS]
     if unknown or not chosen:
-        print(f"sweeps.comm_optimisations: error: --only={args.only!r}: unknown variant(s) {', '.join(unknown)}; "
-              f"choose from {', '.join(VARIANTS)}", file=sys.stderr)
+        print(
+            f"sweeps.comm_optimisations: error: --only={args.only!r}: unknown variant(s) {', '.join(unknown)}; "
+            f"choose from {', '.join(VARIANTS)}",
+            file=sys.stderr,
+        )
         return 2
     now = _dt.datetime.now()
-    out = Path(args.out) if args.out else REPO / "multirun" / now.strftime("%Y-%m-%d") / (
-        now.strftime("%H-%M-%S") + "-comm_optimisations")
+    out = (
+        Path(args.out)
+        if args.out
+        else REPO / "multirun" / now.strftime("%Y-%m-%d") / (now.strftime("%H-%M-%S") + "-comm_optimisations")
+    )
     out = out.absolute()
     out.mkdir(parents=True, exist_ok=True)
     group = "comm-" + out.name

@@ -100,11 +100,21 @@ def read_multirun(folder) -> dict[str, Any]:
     if not groups:
         raise ValueError(f"no job under {folder} has a summary.json with wandb/group (was W&B disabled?)")
     keys = sorted({k for c in configs for k in c})
-    varying = [k for k in keys if k not in REPEAT_KEYS and not k.startswith(("hydra.", "wandb."))
-               and len({json.dumps(c.get(k), sort_keys=True, default=str) for c in configs}) > 1]
+    varying = [
+        k
+        for k in keys
+        if k not in REPEAT_KEYS
+        and not k.startswith(("hydra.", "wandb."))
+        and len({json.dumps(c.get(k), sort_keys=True, default=str) for c in configs}) > 1
+    ]
     first = configs[0] if configs else {}
-    return {"group": groups.most_common(1)[0][0], "project": first.get("wandb.project"),
-            "entity": first.get("wandb.entity"), "config_keys": varying, "jobs": len(configs)}
+    return {
+        "group": groups.most_common(1)[0][0],
+        "project": first.get("wandb.project"),
+        "entity": first.get("wandb.entity"),
+        "config_keys": varying,
+        "jobs": len(configs),
+    }
 
 
 def _scatter(title: str, y: str, log_y: bool | None = None) -> wr.ScatterPlot:
@@ -133,9 +143,15 @@ def _curves(title: str, y: str, groupby: str | None, y_title: str) -> wr.LinePlo
     )
 
 
-def build_workspace_spec(entity: str, project: str, group: str, *,
-                         groupby: str = "parallel.name", name: str | None = None,
-                         config_keys: list[str] | None = None) -> ws.Workspace:
+def build_workspace_spec(
+    entity: str,
+    project: str,
+    group: str,
+    *,
+    groupby: str = "parallel.name",
+    name: str | None = None,
+    config_keys: list[str] | None = None,
+) -> ws.Workspace:
     """Build (offline) the scaling-comparison ``wandb_workspaces`` Workspace for ``group``.
 
     Args:
@@ -162,8 +178,10 @@ def build_workspace_spec(entity: str, project: str, group: str, *,
             layout_settings=ws.SectionLayoutSettings(columns=2, rows=2),
             panels=[
                 _scatter("Throughput vs devices (examples/s)", "perf/examples_per_s"),
-                _scatter("Per-device throughput vs devices (examples/s/device; flat = linear)",
-                         "perf/examples_per_s_per_device"),
+                _scatter(
+                    "Per-device throughput vs devices (examples/s/device; flat = linear)",
+                    "perf/examples_per_s_per_device",
+                ),
                 wr.LinePlot(
                     title="Scaling efficiency = speedup / N (scaling_report run)",
                     x="scaling/devices",
@@ -189,8 +207,7 @@ def build_workspace_spec(entity: str, project: str, group: str, *,
             layout_settings=ws.SectionLayoutSettings(columns=3, rows=1),
             panels=[
                 _scatter("Comm ratio (model) vs devices", "comm/ratio_model"),
-                _scatter("Comm ratio (measured; check comm/ratio_measured_valid)",
-                         "comm/ratio_measured"),
+                _scatter("Comm ratio (measured; check comm/ratio_measured_valid)", "comm/ratio_measured"),
                 _scatter("Comm bytes/step per device (ring model, bytes)", "comm/bytes_per_step"),
             ],
         ),
@@ -213,8 +230,12 @@ def build_workspace_spec(entity: str, project: str, group: str, *,
                 _curves(f"Eval loss by {by}", "eval/loss", curve_group, "eval loss"),
                 _curves(f"Eval accuracy by {by}", "eval/accuracy", curve_group, "eval accuracy"),
                 _curves(f"Step time by {by} (s)", "perf/step_time_s", curve_group, "step time (s)"),
-                _curves(f"Throughput per logging window by {by} (examples/s)", "perf/examples_per_s",
-                        curve_group, "examples/s"),
+                _curves(
+                    f"Throughput per logging window by {by} (examples/s)",
+                    "perf/examples_per_s",
+                    curve_group,
+                    "examples/s",
+                ),
             ],
         ),
         ws.Section(
@@ -262,14 +283,16 @@ def panels_of(spec: dict[str, Any]) -> list[dict[str, Any]]:
             y = config.get("metrics") or config.get("yAxis")
             if config.get("useMetricRegex"):
                 y = f"regex:{config.get('metricRegex')}"
-            out.append({
-                "section": section["name"],
-                "type": panel.get("viewType"),
-                "title": config.get("chartTitle"),
-                "x": config.get("xAxis"),
-                "y": y,
-                "groupBy": config.get("groupBy"),
-            })
+            out.append(
+                {
+                    "section": section["name"],
+                    "type": panel.get("viewType"),
+                    "title": config.get("chartTitle"),
+                    "x": config.get("xAxis"),
+                    "y": y,
+                    "groupBy": config.get("groupBy"),
+                }
+            )
     return out
 
 
@@ -301,16 +324,22 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m sweeps.dashboard",
         description="Build a W&B workspace comparing data-parallel scaling runs of one group.",
     )
-    parser.add_argument("folder", nargs="?", default=None,
-                        help="multirun folder: group, project, entity and configuration keys from its jobs")
+    parser.add_argument(
+        "folder",
+        nargs="?",
+        default=None,
+        help="multirun folder: group, project, entity and configuration keys from its jobs",
+    )
     parser.add_argument("--entity", default=None, help="W&B entity (user or team)")
     parser.add_argument("--project", default=None, help="W&B project")
     parser.add_argument("--group", default=None, help="W&B run group of the sweep")
-    parser.add_argument("--groupby", default="parallel.name",
-                        help="run config key that names the parallel mode (default: parallel.name)")
+    parser.add_argument(
+        "--groupby",
+        default="parallel.name",
+        help="run config key that names the parallel mode (default: parallel.name)",
+    )
     parser.add_argument("--name", default=None, help="workspace name (default: 'Scaling: <group>')")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print the workspace spec as JSON; do not contact W&B")
+    parser.add_argument("--dry-run", action="store_true", help="print the workspace spec as JSON; do not contact W&B")
     args = parser.parse_args(argv)
 
     try:
@@ -325,8 +354,9 @@ def main(argv: list[str] | None = None) -> int:
         if missing or (not entity and not args.dry_run):
             missing += [] if entity or args.dry_run else ["--entity (or WANDB_ENTITY)"]
             raise ValueError(f"missing {', '.join(missing)}: give a multirun folder or set them")
-        workspace = build_workspace_spec(entity or "", project, group, groupby=args.groupby, name=args.name,
-                                         config_keys=config_keys)
+        workspace = build_workspace_spec(
+            entity or "", project, group, groupby=args.groupby, name=args.name, config_keys=config_keys
+        )
     except ValueError as exc:
         print(f"sweeps.dashboard: error: {exc}", file=sys.stderr)
         return 2
@@ -334,21 +364,25 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(spec_to_dict(workspace), indent=2, sort_keys=True))
         return 0
     if not _have_api_key():
-        print("sweeps.dashboard: error: no W&B API key (set WANDB_API_KEY or run `wandb login`); "
-              "use --dry-run to only print the spec", file=sys.stderr)
+        print(
+            "sweeps.dashboard: error: no W&B API key (set WANDB_API_KEY or run `wandb login`); "
+            "use --dry-run to only print the spec",
+            file=sys.stderr,
+        )
         return 2
     ok, base = _reachable()
     if not ok:
-        print(f"sweeps.dashboard: error: cannot reach W&B at {base} (no network?); "
-              "use --dry-run to only print the spec", file=sys.stderr)
+        print(
+            f"sweeps.dashboard: error: cannot reach W&B at {base} (no network?); use --dry-run to only print the spec",
+            file=sys.stderr,
+        )
         return 2
     try:
         workspace.save()
         url = workspace.url
     except Exception as exc:  # noqa: BLE001 - one clear line, no traceback
         first = (str(exc).strip().splitlines() or [""])[0]
-        print(f"sweeps.dashboard: error: saving the workspace failed: "
-              f"{type(exc).__name__}: {first}", file=sys.stderr)
+        print(f"sweeps.dashboard: error: saving the workspace failed: {type(exc).__name__}: {first}", file=sys.stderr)
         return 1
     print(url)
     return 0

@@ -36,14 +36,30 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from measure.hardware import HardwareError, load_profile, set_field
-from sweeps.projection import (ALGORITHMS, COLUMNS, Collective, Hardware, ProjectionError, collectives_for,
-                               overlay_projection, project)
+from sweeps.projection import (
+    ALGORITHMS,
+    COLUMNS,
+    Collective,
+    Hardware,
+    ProjectionError,
+    collectives_for,
+    overlay_projection,
+    project,
+)
 
 SUMMARY_NAME = "summary.json"
 _COLLECTIVE_RE = re.compile(r"^(?P<kind>[a-z\-]+) (?P<dtype>\S+) (?P<bytes>\d+)B n=(?P<n>\d+)(?P<loop> loop)?$")
 # Summary keys that make two jobs "the same configuration" (all but the device count and the seed).
-CONFIG_KEYS = ("parallel", "precision", "model", "data", "parallel/grad_reduce_dtype", "parallel/grad_compression",
-               "train/accum_steps", "train/per_device_batch")
+CONFIG_KEYS = (
+    "parallel",
+    "precision",
+    "model",
+    "data",
+    "parallel/grad_reduce_dtype",
+    "parallel/grad_compression",
+    "train/accum_steps",
+    "train/per_device_batch",
+)
 
 
 def parse_devices(text: str) -> list[int]:
@@ -94,13 +110,15 @@ def collectives_from_summary(summary: dict[str, Any]) -> list[Collective]:
                 raise ProjectionError(f"{summary.get('_job_dir')}: cannot read collective {entry!r}")
             out.append(Collective(match["kind"], float(match["bytes"]), accum if match["loop"] else 1))
         return out
-    kinds = {k[len("comm/count/"):]: int(v) for k, v in summary.items() if k.startswith("comm/count/") and v}
+    kinds = {k[len("comm/count/") :]: int(v) for k, v in summary.items() if k.startswith("comm/count/") and v}
     payload = summary.get("comm/payload_bytes_per_step")
     if len(kinds) == 1 and payload is not None:
-        (kind, count), = kinds.items()
+        ((kind, count),) = kinds.items()
         return [Collective(kind, float(payload) / count) for _ in range(count)]
-    raise ProjectionError(f"{summary.get('_job_dir')}: summary.json has no comm/collectives; rerun the job "
-                          "with this version of train.py or give --params/--grad-bytes-per-param")
+    raise ProjectionError(
+        f"{summary.get('_job_dir')}: summary.json has no comm/collectives; rerun the job "
+        "with this version of train.py or give --params/--grad-bytes-per-param"
+    )
 
 
 def _config_label(summary: dict[str, Any]) -> str:
@@ -139,8 +157,10 @@ def hardware_from_args(name: str, sets: Sequence[str]) -> tuple[Hardware, dict[s
 
 def _compute_s(args, flops_per_step: Optional[float], hw: Hardware) -> float:
     if (args.step_time_s is None) == (args.mfu is None):
-        raise ProjectionError("give exactly one of --step-time-s (compute time of one step on one device) "
-                              "or --mfu (with the profile's peak_flops_per_s)")
+        raise ProjectionError(
+            "give exactly one of --step-time-s (compute time of one step on one device) "
+            "or --mfu (with the profile's peak_flops_per_s)"
+        )
     if args.step_time_s is not None:
         if not args.step_time_s > 0:
             raise ProjectionError(f"--step-time-s {args.step_time_s}: must be > 0")
@@ -148,11 +168,15 @@ def _compute_s(args, flops_per_step: Optional[float], hw: Hardware) -> float:
     if not 0 < args.mfu <= 1:
         raise ProjectionError(f"--mfu {args.mfu}: must be in (0, 1]")
     if not hw.peak_flops_per_s:
-        raise ProjectionError(f"--mfu needs the peak: profile {hw.name!r} has no peak_flops_per_s; "
-                              "add --set peak_flops_per_s=... or use --step-time-s")
+        raise ProjectionError(
+            f"--mfu needs the peak: profile {hw.name!r} has no peak_flops_per_s; "
+            "add --set peak_flops_per_s=... or use --step-time-s"
+        )
     if not flops_per_step:
-        raise ProjectionError("--mfu needs the FLOPs of a step: give --flops-per-example (and --per-device-batch) "
-                              "or a run folder whose summary has perf/flops_per_step_per_device")
+        raise ProjectionError(
+            "--mfu needs the FLOPs of a step: give --flops-per-example (and --per-device-batch) "
+            "or a run folder whose summary has perf/flops_per_step_per_device"
+        )
     return float(flops_per_step) / (args.mfu * hw.peak_flops_per_s)
 
 
@@ -163,8 +187,10 @@ def build_projection(args) -> tuple[list[dict[str, Any]], Hardware, dict[str, An
     devices = parse_devices(args.devices)
     explicit = args.params is not None
     if explicit == (args.folder is not None):
-        raise ProjectionError("give a run or sweep folder, or --params with --grad-bytes-per-param "
-                              "(and --per-device-batch), not both and not neither")
+        raise ProjectionError(
+            "give a run or sweep folder, or --params with --grad-bytes-per-param "
+            "(and --per-device-batch), not both and not neither"
+        )
     rows: list[dict[str, Any]] = []
     if explicit:
         if args.per_device_batch is None:
@@ -172,8 +198,9 @@ def build_projection(args) -> tuple[list[dict[str, Any]], Hardware, dict[str, An
         collectives = collectives_for(args.parallel, args.params, args.grad_bytes_per_param)
         flops = None if args.flops_per_example is None else args.flops_per_example * args.per_device_batch
         compute = _compute_s(args, flops, hw)
-        for row in project(collectives, compute, args.per_device_batch, devices, hw, args.overlap, args.algorithm,
-                           flops):
+        for row in project(
+            collectives, compute, args.per_device_batch, devices, hw, args.overlap, args.algorithm, flops
+        ):
             rows.append({"config": args.parallel, **row})
         return rows, hw, profile, []
     summaries = load_summaries(Path(args.folder))
@@ -185,8 +212,9 @@ def build_projection(args) -> tuple[list[dict[str, Any]], Hardware, dict[str, An
             global_batch = summary.get("train/global_batch")
             batch = global_batch / n_run if global_batch else summary.get("train/per_device_batch")
         if not batch:
-            raise ProjectionError(f"{summary['_job_dir']}: no train/global_batch in summary.json; "
-                                  "give --per-device-batch")
+            raise ProjectionError(
+                f"{summary['_job_dir']}: no train/global_batch in summary.json; give --per-device-batch"
+            )
         flops = summary.get("perf/flops_per_step_per_device")
         if args.flops_per_example is not None:
             flops = args.flops_per_example * batch
@@ -199,9 +227,11 @@ def build_projection(args) -> tuple[list[dict[str, Any]], Hardware, dict[str, An
 def assumptions(args, hw: Hardware) -> str:
     """One line: profile numbers and the assumptions (for titles and the Markdown header)."""
     compute = f"step time {args.step_time_s:g} s" if args.step_time_s is not None else f"MFU {args.mfu:g}"
-    return (f"{hw.name}: {hw.devices_per_node}/node, intra {hw.intra_node_bytes_per_s:.3g} B/s, "
-            f"inter {hw.inter_node_bytes_per_s:.3g} B/s, latency {hw.latency_s:.3g} s; {compute}, "
-            f"overlap {args.overlap:g}, {args.algorithm} collectives, per-device batch fixed")
+    return (
+        f"{hw.name}: {hw.devices_per_node}/node, intra {hw.intra_node_bytes_per_s:.3g} B/s, "
+        f"inter {hw.inter_node_bytes_per_s:.3g} B/s, latency {hw.latency_s:.3g} s; {compute}, "
+        f"overlap {args.overlap:g}, {args.algorithm} collectives, per-device batch fixed"
+    )
 
 
 def _columns(rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -231,8 +261,16 @@ def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> Path:
 def write_markdown(rows: Sequence[dict[str, Any]], path: Path, header: str, source: str) -> Path:
     """``projection.md``: a titled table (a projection, not a measurement) with the assumptions and sources."""
     cols = _columns(rows)
-    lines = ["# Projection (model, not a measurement)", "", header, "", f"Hardware sources: {source or 'n/a'}", "",
-             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines = [
+        "# Projection (model, not a measurement)",
+        "",
+        header,
+        "",
+        f"Hardware sources: {source or 'n/a'}",
+        "",
+        "| " + " | ".join(cols) + " |",
+        "|" + "---|" * len(cols),
+    ]
     for row in rows:
         cells = []
         for c in cols:
@@ -257,9 +295,14 @@ def write_plot(rows: Sequence[dict[str, Any]], path: Path, header: str) -> Path:
         line = overlay_projection(ax_t, sub, "examples_per_s", label=config)
         overlay_projection(ax_e, sub, "efficiency", label=config, color=line.get_color())
         # linear scaling of one device's throughput (per_device_batch / compute_s = examples_per_s / efficiency)
-        ax_t.plot([r["devices"] for r in sub], [r["examples_per_s"] / r["efficiency"] for r in sub],
-                  color=line.get_color(), linewidth=0.8, linestyle=":",
-                  label="linear (no communication)" if config == configs[0] else None)
+        ax_t.plot(
+            [r["devices"] for r in sub],
+            [r["examples_per_s"] / r["efficiency"] for r in sub],
+            color=line.get_color(),
+            linewidth=0.8,
+            linestyle=":",
+            label="linear (no communication)" if config == configs[0] else None,
+        )
     for ax, ylabel in ((ax_t, "examples/s (projected)"), (ax_e, "efficiency = compute / step time")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -283,53 +326,94 @@ def log_to_wandb(rows, paths: dict[str, Path], summaries, args, header: str) -> 
         return Counter(values).most_common(1)[0][0] if values else None
 
     group = args.group or common("wandb/group") or (Path(args.folder).resolve().name if args.folder else "projection")
-    run = wandb.init(project=common("wandb/project") or os.environ.get("WANDB_PROJECT", "dp-scaling"),
-                     entity=common("wandb/entity") or os.environ.get("WANDB_ENTITY"), group=group,
-                     job_type="projection", name=f"projection-{args.hardware}-{group}",
-                     config={"hardware": args.hardware, "set": list(args.set), "overlap": args.overlap,
-                             "algorithm": args.algorithm, "step_time_s": args.step_time_s, "mfu": args.mfu,
-                             "assumptions": header},
-                     settings=wandb.Settings(x_disable_stats=True, x_disable_machine_info=True, save_code=False,
-                                             disable_git=True, console="off"))
+    run = wandb.init(
+        project=common("wandb/project") or os.environ.get("WANDB_PROJECT", "dp-scaling"),
+        entity=common("wandb/entity") or os.environ.get("WANDB_ENTITY"),
+        group=group,
+        job_type="projection",
+        name=f"projection-{args.hardware}-{group}",
+        config={
+            "hardware": args.hardware,
+            "set": list(args.set),
+            "overlap": args.overlap,
+            "algorithm": args.algorithm,
+            "step_time_s": args.step_time_s,
+            "mfu": args.mfu,
+            "assumptions": header,
+        },
+        settings=wandb.Settings(
+            x_disable_stats=True, x_disable_machine_info=True, save_code=False, disable_git=True, console="off"
+        ),
+    )
     try:
         run.define_metric("projection/devices")
         run.define_metric("projection/*", step_metric="projection/devices")
         for row in rows:
             name = re.sub(r"[^A-Za-z0-9_.=+-]+", "_", row["config"])
-            run.log({"projection/devices": row["devices"],
-                     f"projection/examples_per_s/{name}": row["examples_per_s"],
-                     f"projection/efficiency/{name}": row["efficiency"]})
+            run.log(
+                {
+                    "projection/devices": row["devices"],
+                    f"projection/examples_per_s/{name}": row["examples_per_s"],
+                    f"projection/efficiency/{name}": row["efficiency"],
+                }
+            )
         cols = _columns(rows)
-        run.log({"projection_table": wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in rows],
-                                                 allow_mixed_types=True),
-                 "plots/projection": wandb.Image(str(paths["png"]), caption="projection (model)")})
+        run.log(
+            {
+                "projection_table": wandb.Table(
+                    columns=cols, data=[[r.get(c) for c in cols] for r in rows], allow_mixed_types=True
+                ),
+                "plots/projection": wandb.Image(str(paths["png"]), caption="projection (model)"),
+            }
+        )
     finally:
         run.finish()
     return group
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sweeps.project", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m sweeps.project",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("folder", nargs="?", help="run folder or sweep (multirun) folder with summary.json files")
     parser.add_argument("--params", type=int, help="parameter count (explicit input)")
-    parser.add_argument("--grad-bytes-per-param", type=float, default=4.0,
-                        help="bytes of one gradient element in the reduction (4: float32)")
-    parser.add_argument("--flops-per-example", type=float,
-                        help="training FLOPs per example (forward + backward, e.g. 6 x params for dense layers)")
+    parser.add_argument(
+        "--grad-bytes-per-param",
+        type=float,
+        default=4.0,
+        help="bytes of one gradient element in the reduction (4: float32)",
+    )
+    parser.add_argument(
+        "--flops-per-example",
+        type=float,
+        help="training FLOPs per example (forward + backward, e.g. 6 x params for dense layers)",
+    )
     parser.add_argument("--per-device-batch", type=float, help="examples per device per optimizer step")
-    parser.add_argument("--parallel", default="allreduce",
-                        help="allreduce (jit_sharding, pmap, shard_map) or fsdp (explicit input)")
+    parser.add_argument(
+        "--parallel", default="allreduce", help="allreduce (jit_sharding, pmap, shard_map) or fsdp (explicit input)"
+    )
     parser.add_argument("--hardware", required=True, help="a profile of conf/hardware (e.g. h100_sxm, custom)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a profile number, e.g. --set inter_node_bytes_per_s=25e9 (repeatable)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a profile number, e.g. --set inter_node_bytes_per_s=25e9 (repeatable)",
+    )
     parser.add_argument("--step-time-s", type=float, help="compute time of one step on one target device (s)")
     parser.add_argument("--mfu", type=float, help="model FLOPs utilisation; compute = FLOPs / (mfu * peak)")
-    parser.add_argument("--overlap", type=float, default=0.0,
-                        help="fraction of the compute time that hides communication, in [0, 1]")
+    parser.add_argument(
+        "--overlap", type=float, default=0.0, help="fraction of the compute time that hides communication, in [0, 1]"
+    )
     parser.add_argument("--devices", default="1,2,4,8,16,32,64,128,256,512,1024", help="device counts")
-    parser.add_argument("--algorithm", default="hierarchical", choices=ALGORITHMS,
-                        help="collective cost model (hierarchical: the README's; ring/tree/nccl: NCCL's)")
+    parser.add_argument(
+        "--algorithm",
+        default="hierarchical",
+        choices=ALGORITHMS,
+        help="collective cost model (hierarchical: the README's; ring/tree/nccl: NCCL's)",
+    )
     parser.add_argument("--out", help="output folder (default: the run folder, else the current directory)")
     parser.add_argument("--wandb", action="store_true", help="log to the sweep's W&B group")
     parser.add_argument("--group", help="W&B group (default: the runs' wandb/group, else the folder name)")
@@ -339,9 +423,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         out = Path(args.out or args.folder or ".")
         out.mkdir(parents=True, exist_ok=True)
         header = assumptions(args, hw)
-        paths = {"csv": write_csv(rows, out / "projection.csv"),
-                 "md": write_markdown(rows, out / "projection.md", header, hw.source),
-                 "png": write_plot(rows, out / "projection.png", header)}
+        paths = {
+            "csv": write_csv(rows, out / "projection.csv"),
+            "md": write_markdown(rows, out / "projection.md", header, hw.source),
+            "png": write_plot(rows, out / "projection.png", header),
+        }
         if args.wandb:
             group = log_to_wandb(rows, paths, summaries, args, header)
             print(f"logged the projection to W&B group {group!r}")
@@ -349,8 +435,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for row in rows:
-        print(f"{row['config']:<28} N={row['devices']:>5} step {row['step_time_s']:.6g} s  "
-              f"comm {row['comm_s']:.3g} s  {row['examples_per_s']:.4g} ex/s  efficiency {row['efficiency']:.3f}")
+        print(
+            f"{row['config']:<28} N={row['devices']:>5} step {row['step_time_s']:.6g} s  "
+            f"comm {row['comm_s']:.3g} s  {row['examples_per_s']:.4g} ex/s  efficiency {row['efficiency']:.3f}"
+        )
     print(f"wrote {paths['csv']}, {paths['md']}, {paths['png']}")
     return 0
 

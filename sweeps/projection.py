@@ -50,8 +50,20 @@ ALGORITHMS = ("hierarchical", "ring", "tree", "nccl")
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 # CSV / Markdown columns of a projection row, in order.
-COLUMNS = ["devices", "nodes", "devices_per_node", "payload_bytes", "compute_s", "comm_s", "exposed_comm_s",
-           "step_time_s", "examples_per_s", "speedup", "efficiency", "mfu"]
+COLUMNS = [
+    "devices",
+    "nodes",
+    "devices_per_node",
+    "payload_bytes",
+    "compute_s",
+    "comm_s",
+    "exposed_comm_s",
+    "step_time_s",
+    "examples_per_s",
+    "speedup",
+    "efficiency",
+    "mfu",
+]
 
 
 class ProjectionError(ValueError):
@@ -78,15 +90,19 @@ class Hardware:
         missing = [k for k in needed if profile.get(k) is None]
         if missing:
             sets = " ".join(f"--set {k}=..." for k in missing)
-            raise ProjectionError(f"hardware profile {profile.get('name')!r} has no {', '.join(missing)}; "
-                                  f"give them with {sets} (or choose another --hardware)")
-        return cls(name=str(profile.get("name")), devices_per_node=int(profile["devices_per_node"]),
-                   intra_node_bytes_per_s=float(profile["intra_node_bytes_per_s"]),
-                   inter_node_bytes_per_s=float(profile["inter_node_bytes_per_s"]),
-                   latency_s=float(profile["latency_s"]),
-                   peak_flops_per_s=None if profile.get("peak_flops_per_s") is None
-                   else float(profile["peak_flops_per_s"]),
-                   source=str(profile.get("source") or ""))
+            raise ProjectionError(
+                f"hardware profile {profile.get('name')!r} has no {', '.join(missing)}; "
+                f"give them with {sets} (or choose another --hardware)"
+            )
+        return cls(
+            name=str(profile.get("name")),
+            devices_per_node=int(profile["devices_per_node"]),
+            intra_node_bytes_per_s=float(profile["intra_node_bytes_per_s"]),
+            inter_node_bytes_per_s=float(profile["inter_node_bytes_per_s"]),
+            latency_s=float(profile["latency_s"]),
+            peak_flops_per_s=None if profile.get("peak_flops_per_s") is None else float(profile["peak_flops_per_s"]),
+            source=str(profile.get("source") or ""),
+        )
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -108,8 +124,10 @@ def node_layout(devices: int, devices_per_node: int) -> tuple[int, int]:
         raise ProjectionError(f"devices={devices}, devices_per_node={devices_per_node}: both must be >= 1")
     g = min(devices, devices_per_node)
     if devices % g:
-        raise ProjectionError(f"devices={devices} is not a multiple of devices_per_node={devices_per_node}; "
-                              f"use whole nodes (e.g. --devices {g},{2 * g},{4 * g})")
+        raise ProjectionError(
+            f"devices={devices} is not a multiple of devices_per_node={devices_per_node}; "
+            f"use whole nodes (e.g. --devices {g},{2 * g},{4 * g})"
+        )
     return g, devices // g
 
 
@@ -117,8 +135,11 @@ def all_reduce_time_s(payload_bytes: float, devices: int, hw: Hardware) -> float
     """Hierarchical all-reduce time (s): 2(g-1)/g*S/B_intra + 2(m-1)/m*(S/g)/B_inter + a*(2(g-1)+2(m-1))."""
     g, m = node_layout(devices, hw.devices_per_node)
     s = float(payload_bytes)
-    return (2 * (g - 1) / g * s / hw.intra_node_bytes_per_s + 2 * (m - 1) / m * (s / g) / hw.inter_node_bytes_per_s
-            + hw.latency_s * (2 * (g - 1) + 2 * (m - 1)))
+    return (
+        2 * (g - 1) / g * s / hw.intra_node_bytes_per_s
+        + 2 * (m - 1) / m * (s / g) / hw.inter_node_bytes_per_s
+        + hw.latency_s * (2 * (g - 1) + 2 * (m - 1))
+    )
 
 
 def gather_time_s(payload_bytes: float, devices: int, hw: Hardware) -> float:
@@ -126,8 +147,11 @@ def gather_time_s(payload_bytes: float, devices: int, hw: Hardware) -> float:
     + a*((g-1)+(m-1))."""
     g, m = node_layout(devices, hw.devices_per_node)
     s = float(payload_bytes)
-    return ((g - 1) / g * s / hw.intra_node_bytes_per_s + (m - 1) / m * (s / g) / hw.inter_node_bytes_per_s
-            + hw.latency_s * ((g - 1) + (m - 1)))
+    return (
+        (g - 1) / g * s / hw.intra_node_bytes_per_s
+        + (m - 1) / m * (s / g) / hw.inter_node_bytes_per_s
+        + hw.latency_s * ((g - 1) + (m - 1))
+    )
 
 
 def bus_bytes_per_s(devices: int, hw: Hardware) -> float:
@@ -148,12 +172,14 @@ def tree_time_s(payload_bytes: float, devices: int, hw: Hardware) -> float:
     g, m = node_layout(devices, hw.devices_per_node)
     if devices == 1:
         return 0.0
-    return 2 * float(payload_bytes) / bus_bytes_per_s(devices, hw) + \
-        2 * ((g - 1) + math.ceil(math.log2(m))) * hw.latency_s
+    return (
+        2 * float(payload_bytes) / bus_bytes_per_s(devices, hw) + 2 * ((g - 1) + math.ceil(math.log2(m))) * hw.latency_s
+    )
 
 
-def collective_time_s(kind: str, payload_bytes: float, devices: int, hw: Hardware,
-                      algorithm: str = "hierarchical") -> float:
+def collective_time_s(
+    kind: str, payload_bytes: float, devices: int, hw: Hardware, algorithm: str = "hierarchical"
+) -> float:
     """Time (s) of one collective of ``kind`` with payload S over ``devices`` under ``algorithm``.
 
     Raises :class:`ProjectionError` for an unknown kind or algorithm.
@@ -200,9 +226,16 @@ def collectives_for(parallel: str, params: int, grad_bytes_per_param: float) -> 
     raise ProjectionError(f"--parallel {parallel!r}: choose allreduce (jit_sharding, pmap, shard_map) or fsdp")
 
 
-def project(collectives: Sequence[Collective], compute_s: float, per_device_batch: float,
-            devices: Iterable[int], hw: Hardware, overlap: float = 0.0, algorithm: str = "hierarchical",
-            flops_per_step_per_device: Optional[float] = None) -> list[dict[str, Any]]:
+def project(
+    collectives: Sequence[Collective],
+    compute_s: float,
+    per_device_batch: float,
+    devices: Iterable[int],
+    hw: Hardware,
+    overlap: float = 0.0,
+    algorithm: str = "hierarchical",
+    flops_per_step_per_device: Optional[float] = None,
+) -> list[dict[str, Any]]:
     """One row per device count N with the :data:`COLUMNS` (module docstring for the formulas).
 
     ``collectives``: the step's collectives with their payloads (the same S for every N: gradients and
@@ -222,24 +255,39 @@ def project(collectives: Sequence[Collective], compute_s: float, per_device_batc
     rows = []
     for n in devices:
         g, m = node_layout(int(n), hw.devices_per_node)
-        comm_s = sum(c.repeats * collective_time_s(c.kind, c.payload_bytes, int(n), hw, algorithm)
-                     for c in collectives)
+        comm_s = sum(c.repeats * collective_time_s(c.kind, c.payload_bytes, int(n), hw, algorithm) for c in collectives)
         exposed = max(0.0, comm_s - overlap * compute_s)
         step = compute_s + exposed
         eps = n * per_device_batch / step
         mfu = None
         if flops_per_step_per_device and hw.peak_flops_per_s:
             mfu = flops_per_step_per_device / step / hw.peak_flops_per_s
-        rows.append({"devices": int(n), "nodes": m, "devices_per_node": g,
-                     "payload_bytes": float(sum(c.payload_bytes for c in collectives)),
-                     "compute_s": compute_s, "comm_s": comm_s, "exposed_comm_s": exposed, "step_time_s": step,
-                     "examples_per_s": eps, "speedup": eps / (per_device_batch / compute_s),
-                     "efficiency": compute_s / step, "mfu": mfu})
+        rows.append(
+            {
+                "devices": int(n),
+                "nodes": m,
+                "devices_per_node": g,
+                "payload_bytes": float(sum(c.payload_bytes for c in collectives)),
+                "compute_s": compute_s,
+                "comm_s": comm_s,
+                "exposed_comm_s": exposed,
+                "step_time_s": step,
+                "examples_per_s": eps,
+                "speedup": eps / (per_device_batch / compute_s),
+                "efficiency": compute_s / step,
+                "mfu": mfu,
+            }
+        )
     return rows
 
 
-def overlay_projection(ax, rows: Sequence[dict[str, Any]], metric: str = "examples_per_s",
-                       label: Optional[str] = "projection", **plot_kwargs):
+def overlay_projection(
+    ax,
+    rows: Sequence[dict[str, Any]],
+    metric: str = "examples_per_s",
+    label: Optional[str] = "projection",
+    **plot_kwargs,
+):
     """Draws projection ``rows`` (from :func:`project`, or read back from ``projection.csv``) on a
     matplotlib ``Axes``: ``metric`` (``examples_per_s``, ``efficiency``, ``speedup``, ``step_time_s``...)
     against ``devices``, dashed with open markers so measured points drawn on the same axes stay distinct.
@@ -247,8 +295,11 @@ def overlay_projection(ax, rows: Sequence[dict[str, Any]], metric: str = "exampl
     Intended for ``sweeps.report``: draw the measured points, then call this with the projection of the
     same configuration. Extra keyword arguments go to ``ax.plot``. Returns the ``Line2D``.
     """
-    pts = sorted((int(float(r["devices"])), float(r[metric])) for r in rows
-                 if r.get(metric) not in (None, "") and r.get("devices") not in (None, ""))
+    pts = sorted(
+        (int(float(r["devices"])), float(r[metric]))
+        for r in rows
+        if r.get(metric) not in (None, "") and r.get("devices") not in (None, "")
+    )
     style = {"linestyle": "--", "marker": "o", "markerfacecolor": "none", **plot_kwargs}
     (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label, **style)
     return line

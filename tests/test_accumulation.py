@@ -16,8 +16,9 @@ _ref: dict = {}
 def reference(opt, steps):
     key = (opt, steps)
     if key not in _ref:
-        _ref[key] = run_steps(make_cfg(optim__name=opt, optim__lr=0.1 if opt == "sgd" else 1e-3, mesh__devices=1),
-                              DATA, steps)
+        _ref[key] = run_steps(
+            make_cfg(optim__name=opt, optim__lr=0.1 if opt == "sgd" else 1e-3, mesh__devices=1), DATA, steps
+        )
     return _ref[key]
 
 

@@ -30,8 +30,14 @@ from utils import REPO, SHARED_TFDS, make_cfg, random_dataset, run_steps
 from wandb_reader import assert_history_matches_metrics, offline_runs, read_run
 
 STEPS, EVERY = 120, 20
-COMMON = ["data=synthetic", f"train.steps={STEPS}", f"checkpoint.every={EVERY}", "train.log_every=1",
-          "train.eval_batch=2000", "data.eval_size=2000"]
+COMMON = [
+    "data=synthetic",
+    f"train.steps={STEPS}",
+    f"checkpoint.every={EVERY}",
+    "train.log_every=1",
+    "train.eval_batch=2000",
+    "data.eval_size=2000",
+]
 
 
 # ---- helpers -----------------------------------------------------------------------------------------------
@@ -84,18 +90,30 @@ def metrics_inode(run_dir: Path):
     return path.stat().st_ino if path.exists() else None
 
 
-def interrupt(proc: subprocess.Popen, run_dir: Path, ckpt_dir: Path, after_step: int, sig: int,
-              stale_inode=None, timeout: float = 600) -> int:
+def interrupt(
+    proc: subprocess.Popen,
+    run_dir: Path,
+    ckpt_dir: Path,
+    after_step: int,
+    sig: int,
+    stale_inode=None,
+    timeout: float = 600,
+) -> int:
     """Waits for a finished checkpoint and for ``after_step`` to be logged, then sends ``sig``; returns rc.
 
     ``stale_inode``: metrics.jsonl of an earlier run in the same folder; a resumed run replaces that file
     (``Reporter.continue_metrics``), and only the new file counts.
     """
     deadline = time.monotonic() + timeout
-    while not (checkpoint.complete_steps(ckpt_dir) and metrics_inode(run_dir) != stale_inode
-               and last_logged_step(run_dir) >= after_step):
-        assert proc.poll() is None, f"train.py ended (rc={proc.returncode}) before step {after_step}: " \
-                                    f"{Path(f'{run_dir}.err').read_text()[-2000:]}"
+    while not (
+        checkpoint.complete_steps(ckpt_dir)
+        and metrics_inode(run_dir) != stale_inode
+        and last_logged_step(run_dir) >= after_step
+    ):
+        assert proc.poll() is None, (
+            f"train.py ended (rc={proc.returncode}) before step {after_step}: "
+            f"{Path(f'{run_dir}.err').read_text()[-2000:]}"
+        )
         assert time.monotonic() < deadline, "timed out waiting for the run"
         time.sleep(0.02)
     proc.send_signal(sig)
@@ -123,8 +141,9 @@ def kill_and_resume(tmp_path: Path, mode: str, seed: int) -> None:
     rng = np.random.default_rng(seed)
     overrides = [f"parallel={mode}"]
     ref_run, ref_ckpt = tmp_path / "ref", tmp_path / "ref_ckpt"
-    assert finish(start_train(ref_run, ref_ckpt, *overrides, "wandb=disabled")) == 0, \
-        Path(f"{ref_run}.err").read_text()[-3000:]
+    assert finish(start_train(ref_run, ref_ckpt, *overrides, "wandb=disabled")) == 0, Path(
+        f"{ref_run}.err"
+    ).read_text()[-3000:]
     overrides.append("wandb=offline")  # the interrupted run's W&B run must be resumed under its id
     reference = checkpoint.read_arrays(ref_ckpt / str(STEPS))
 
@@ -139,8 +158,9 @@ def kill_and_resume(tmp_path: Path, mode: str, seed: int) -> None:
 
     # Restart with the same command; stop it with SIGTERM a few steps later.
     term_after = int(rng.integers(resumable + 1, min(resumable + EVERY, STEPS - 10) + 1))
-    rc = interrupt(start_train(run, ckpt, *overrides), run, ckpt, term_after, signal.SIGTERM,
-                   stale_inode=metrics_inode(run))
+    rc = interrupt(
+        start_train(run, ckpt, *overrides), run, ckpt, term_after, signal.SIGTERM, stale_inode=metrics_inode(run)
+    )
     err = Path(f"{run}.err").read_text()
     assert rc != 0
     stopped = max(checkpoint.complete_steps(ckpt))  # SIGTERM leaves a checkpoint at the step it stopped
@@ -185,13 +205,27 @@ def test_kill_resume_bitwise_fsdp(tmp_path):
 def test_resume_path_that_does_not_exist(tmp_path):
     run = tmp_path / "run"
     missing = tmp_path / "no_such_checkpoint"
-    proc = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={run}", "data=synthetic", "wandb=offline",
-                           f"checkpoint.resume={missing}"], cwd=REPO, env=_env(tmp_path), capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            f"hydra.run.dir={run}",
+            "data=synthetic",
+            "wandb=offline",
+            f"checkpoint.resume={missing}",
+        ],
+        cwd=REPO,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert errors == [f"error: checkpoint.resume={missing} does not exist; give a checkpoint folder (or one <step> "
-                      f"folder in it), auto (the newest in checkpoint.dir) or never"]
+    assert errors == [
+        f"error: checkpoint.resume={missing} does not exist; give a checkpoint folder (or one <step> "
+        f"folder in it), auto (the newest in checkpoint.dir) or never"
+    ]
     assert "Traceback" not in proc.stderr
     assert not (run / "wandb").exists() and not (run / "metrics.jsonl").exists()
     assert not (run / "checkpoints").exists()
@@ -206,8 +240,10 @@ def _host(exp, state):
 def _step(exp, state, dataset, step):
     p = exp.plan
     layout = exp.mode.batch_layout()
-    batch = layout.place(TrainSource(dataset, p.global_batch, p.cfg.train.seed).local_batch(
-        step, layout.local_rows(p.global_batch)), p.global_batch)
+    batch = layout.place(
+        TrainSource(dataset, p.global_batch, p.cfg.train.seed).local_batch(step, layout.local_rows(p.global_batch)),
+        p.global_batch,
+    )
     state, _ = exp.steps.train(state, batch)
     return _host(exp, state)
 
@@ -215,8 +251,10 @@ def _step(exp, state, dataset, step):
 @pytest.mark.parametrize("optim,tol", [("sgd", 1e-6), pytest.param("adam", 5e-5, marks=pytest.mark.slow)])
 def test_reshard_fsdp8_to_2_1_and_pmap4(tmp_path, optim, tol):
     dataset = random_dataset(2048)
-    base = {"optim": {"name": optim, "lr": 0.1 if optim == "sgd" else 1e-3, "momentum": 0.9},
-            "train": {"global_batch": 64}}
+    base = {
+        "optim": {"name": optim, "lr": 0.1 if optim == "sgd" else 1e-3, "momentum": 0.9},
+        "train": {"global_batch": 64},
+    }
     cfg8 = make_cfg({**base, "parallel": {"name": "fsdp"}, "mesh": {"devices": 8, "shape": [1, 8]}})
     _, saved_host, exp8, _ = run_steps(cfg8, dataset, 20)
     saver = checkpoint.Saver(tmp_path / "ckpt", keep=3)
@@ -239,8 +277,10 @@ def test_reshard_fsdp8_to_2_1_and_pmap4(tmp_path, optim, tol):
         else:
             assert restored.state.step.shape == (4,)
         nxt = _step(exp, restored.state, dataset, 20)
-        diff = max(float(np.max(np.abs(a.astype(np.float64) - b), initial=0.0))
-                   for a, b in zip(jax.tree.leaves(nxt.params), jax.tree.leaves(want.params)))
+        diff = max(
+            float(np.max(np.abs(a.astype(np.float64) - b), initial=0.0))
+            for a, b in zip(jax.tree.leaves(nxt.params), jax.tree.leaves(want.params))
+        )
         print(f"{optim}: fsdp/8 -> {name}/{n}: next-step max |param diff| = {diff:.3g}")
         assert diff <= tol
 
@@ -252,8 +292,11 @@ def test_restore_rejects_another_model(tmp_path):
     step_dir = saver.save(exp.state, 5, {"step": 5}, exp.mode)
     saver.close()
     other = build(plan(make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 2}, "model": {"hidden": 128}})))
-    with pytest.raises(ConfigError, match=r"does not fit this run: opt_state\.0\.mu\.hidden\.bias is "
-                                          r"\(\(256,\), 'float32'\) there but \(\(128,\), 'float32'\) here"):
+    with pytest.raises(
+        ConfigError,
+        match=r"does not fit this run: opt_state\.0\.mu\.hidden\.bias is "
+        r"\(\(256,\), 'float32'\) there but \(\(128,\), 'float32'\) here",
+    ):
         checkpoint.restore_step(step_dir, other.mode, other.state)
 
 
@@ -277,9 +320,15 @@ def test_nan_params_are_never_saved(tmp_path, capsys, monkeypatch):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     ckpt = tmp_path / "ckpt"
-    cfg = make_cfg({"data": {"name": "synthetic", "eval_size": 1000}, "mesh": {"devices": 2},
-                    "wandb": {"mode": "disabled"}, "checkpoint": {"dir": str(ckpt), "every": 10},
-                    "train": {"steps": 40, "log_every": 5, "eval_batch": 1000}})
+    cfg = make_cfg(
+        {
+            "data": {"name": "synthetic", "eval_size": 1000},
+            "mesh": {"devices": 2},
+            "wandb": {"mode": "disabled"},
+            "checkpoint": {"dir": str(ckpt), "every": 10},
+            "train": {"steps": 40, "log_every": 5, "eval_batch": 1000},
+        }
+    )
     original = checkpoint.RunCheckpoints.save
 
     def inject(self, state, done, wandb_run_id, reason):
@@ -291,9 +340,11 @@ def test_nan_params_are_never_saved(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(checkpoint.RunCheckpoints, "save", inject)
     assert run_and_report(cfg, run_dir) is False
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert err == [f"error: parameters are not finite after step 20: no checkpoint written; the last good "
-                   f"checkpoint is {ckpt / '10'} (step 10); lower optim.lr, enable optim.clip_grad_norm, or, under "
-                   f"bf16/fp16, use precision=fp32"]
+    assert err == [
+        f"error: parameters are not finite after step 20: no checkpoint written; the last good "
+        f"checkpoint is {ckpt / '10'} (step 10); lower optim.lr, enable optim.clip_grad_norm, or, under "
+        f"bf16/fp16, use precision=fp32"
+    ]
     assert checkpoint.complete_steps(ckpt) == [10] and not checkpoint.unfinished_saves(ckpt)
     assert summary(run_dir)["status"] == "failed"
     # The previous checkpoint is intact and restores onto a fresh run of the same config.
@@ -307,14 +358,17 @@ def test_nan_params_are_never_saved(tmp_path, capsys, monkeypatch):
 
 
 def test_nan_guard_in_saver(tmp_path):
-    exp = build(plan(make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 4},
-                               "parallel": {"name": "pmap"}})))
+    exp = build(plan(make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 4}, "parallel": {"name": "pmap"}})))
     saver = checkpoint.Saver(tmp_path / "ckpt", keep=3)
     saver.save(exp.state, 1, {"step": 1}, exp.mode)
-    bad = exp.state.replace(opt_state=jax.tree.map(lambda x: x * np.inf if x.dtype == np.float32 else x,
-                                                   exp.state.opt_state))
-    with pytest.raises(checkpoint.NonFiniteError, match=r"^optimizer state are not finite after step 2: no "
-                                                        r"checkpoint written; the last good checkpoint is .*/1 "):
+    bad = exp.state.replace(
+        opt_state=jax.tree.map(lambda x: x * np.inf if x.dtype == np.float32 else x, exp.state.opt_state)
+    )
+    with pytest.raises(
+        checkpoint.NonFiniteError,
+        match=r"^optimizer state are not finite after step 2: no "
+        r"checkpoint written; the last good checkpoint is .*/1 ",
+    ):
         saver.save(bad, 2, {"step": 2}, exp.mode)
     saver.close()
     assert checkpoint.complete_steps(tmp_path / "ckpt") == [1]
@@ -346,14 +400,19 @@ def test_truncated_checkpoint_is_skipped_with_warning(tmp_path, capsys):
     restored = checkpoint.resume(plan_, fresh.mode, fresh.state)
     err = capsys.readouterr().err.splitlines()
     assert restored.step == 10 and restored.path == ckpt / "10"
-    assert any(line.startswith(f"warning: skipping checkpoint {ckpt / '20'}: it is incomplete or corrupt")
-               for line in err), err
-    assert f"warning: ignoring {ckpt / '30.orbax-checkpoint-tmp'}: a checkpoint save that never finished " \
-           f"(the process stopped while writing it)" in err
+    assert any(
+        line.startswith(f"warning: skipping checkpoint {ckpt / '20'}: it is incomplete or corrupt") for line in err
+    ), err
+    assert (
+        f"warning: ignoring {ckpt / '30.orbax-checkpoint-tmp'}: a checkpoint save that never finished "
+        f"(the process stopped while writing it)" in err
+    )
     assert f"warning: resuming from the previous checkpoint {ckpt / '10'} (step 10)" in err
     assert (ckpt / "20.corrupt").is_dir() and checkpoint.complete_steps(ckpt) == [10]
-    got = {checkpoint._name(p): np.asarray(x) for p, x in
-           jax.tree_util.tree_flatten_with_path(fresh.mode.state_to_host(restored.state))[0]}
+    got = {
+        checkpoint._name(p): np.asarray(x)
+        for p, x in jax.tree_util.tree_flatten_with_path(fresh.mode.state_to_host(restored.state))[0]
+    }
     assert_bitwise_equal(got, saved10)
 
 
@@ -374,8 +433,11 @@ def test_settings_are_validated(tmp_path):
     assert [d for d in range(1, 500) if p0.saves_at(d, 480, 234)] == [480]
     assert checkpoint.prepare(CheckpointConfig(enabled=False), tmp_path).directory is None
     (tmp_path / "ck" / "40").mkdir(parents=True)
-    with pytest.raises(ConfigError, match=r"^checkpoint\.resume=never but checkpoint\.dir=.* already holds "
-                                          r"checkpoints \(steps \[40\]\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^checkpoint\.resume=never but checkpoint\.dir=.* already holds "
+        r"checkpoints \(steps \[40\]\)",
+    ):
         checkpoint.prepare(CheckpointConfig(dir=str(tmp_path / "ck"), resume="never"), tmp_path)
 
 
@@ -387,9 +449,15 @@ def test_evaluate_matches_the_runs_final_eval(tmp_path):
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    cfg = make_cfg({"data": {"name": "synthetic", "eval_size": 1000}, "mesh": {"devices": 4},
-                    "wandb": {"mode": "disabled"}, "checkpoint": {"dir": str(tmp_path / "ckpt")},
-                    "train": {"steps": 12, "log_every": 4, "eval_batch": 1000}})
+    cfg = make_cfg(
+        {
+            "data": {"name": "synthetic", "eval_size": 1000},
+            "mesh": {"devices": 4},
+            "wandb": {"mode": "disabled"},
+            "checkpoint": {"dir": str(tmp_path / "ckpt")},
+            "train": {"steps": 12, "log_every": 4, "eval_batch": 1000},
+        }
+    )
     assert run_and_report(cfg, run_dir)
     s = summary(run_dir)
     out = evaluate.evaluate_checkpoint(tmp_path / "ckpt", ["mesh.devices=2"])
@@ -440,13 +508,24 @@ def test_data_order_warnings():
         "train.global_batch is 128 but the checkpoint was trained with 256: the data order after the restored "
         "step is not the one the saved run would have seen",
         "steps per epoch is 468 but the checkpoint was trained with 234: the data order after the restored step "
-        "is not the one the saved run would have seen"]
+        "is not the one the saved run would have seen",
+    ]
 
 
 def test_config_changes_are_listed():
     saved = as_dict(make_cfg())
-    now = as_dict(make_cfg({"mesh": {"devices": 4}, "parallel": {"name": "pmap"}, "checkpoint": {"dir": "/x"},
-                            "wandb": {"mode": "offline"}}))
-    assert checkpoint.config_changes(saved, now) == ["mesh.devices: None -> 4",
-                                                     "parallel.name: 'jit_sharding' -> 'pmap'"]
+    now = as_dict(
+        make_cfg(
+            {
+                "mesh": {"devices": 4},
+                "parallel": {"name": "pmap"},
+                "checkpoint": {"dir": "/x"},
+                "wandb": {"mode": "offline"},
+            }
+        )
+    )
+    assert checkpoint.config_changes(saved, now) == [
+        "mesh.devices: None -> 4",
+        "parallel.name: 'jit_sharding' -> 'pmap'",
+    ]
     assert checkpoint.config_changes(saved, saved) == []

@@ -43,6 +43,7 @@ def _ring(kind: str, n: int, s: int) -> float:
 # Ring model and metrics
 # --------------------------------------------------------------------------
 
+
 def test_ring_bytes_per_kind():
     s, n = 800, 8
     assert _ring("all-reduce", n, s) == pytest.approx(2 * 7 / 8 * 800)
@@ -67,8 +68,12 @@ def test_comm_metrics_keys_and_sums():
     for kind in ("reduce-scatter", "all-to-all", "collective-permute"):
         assert m[f"comm/count/{kind}"] == 0
     assert m["comm/in_loop_count"] == 1
-    assert set(m) == {"comm/payload_bytes_per_step", "comm/bytes_per_step",
-                      "comm/in_loop_count", *(f"comm/count/{k}" for k in KINDS)}
+    assert set(m) == {
+        "comm/payload_bytes_per_step",
+        "comm/bytes_per_step",
+        "comm/in_loop_count",
+        *(f"comm/count/{k}" for k in KINDS),
+    }
 
 
 def test_comm_metrics_empty_and_prefix():
@@ -82,6 +87,7 @@ def test_comm_metrics_empty_and_prefix():
 # --------------------------------------------------------------------------
 # Real captures (jax 0.10.2, XLA:CPU, 8 devices)
 # --------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "fixture, kind, payload, n",
@@ -155,8 +161,10 @@ def test_real_group_size_one_is_dropped():
         ("real_psum_f32.mlir", [("all-reduce", F32_784x256, 8, False)]),
         ("real_scan_psum.mlir", [("all-reduce", F32_784x256, 8, True)]),  # func.call from while body
         ("real_scan_cond_psum.mlir", [("all-reduce", F32_784x256, 8, True)]),  # call -> case
-        ("real_fori_ppermute.mlir", [("all-gather", 8 * F32_784x256, 8, False),
-                                     ("collective-permute", F32_784x256, 8, True)]),
+        (
+            "real_fori_ppermute.mlir",
+            [("all-gather", 8 * F32_784x256, 8, False), ("collective-permute", F32_784x256, 8, True)],
+        ),
     ],
 )
 def test_real_stablehlo(fixture, expected):
@@ -167,6 +175,7 @@ def test_real_stablehlo(fixture, expected):
 # --------------------------------------------------------------------------
 # Hand-written HLO
 # --------------------------------------------------------------------------
+
 
 def test_async_start_done_pairs_counted_once():
     cs = _by_name(_hlo("hand_async_collectives.hlo"))
@@ -192,15 +201,15 @@ def test_async_start_done_pairs_counted_once():
 def test_replica_group_notations():
     n = {c.name: c.group_size for c in _hlo("hand_group_notations.hlo")}
     assert n == {
-        "ar.explicit": 4,   # {{0,1,2,3},{4,5,6,7}}
-        "ar.iota": 4,       # [2,4]<=[8]
-        "ar.iota_t": 2,     # [4,2]<=[2,4]T(1,0)
-        "ar.empty": 8,      # {} with replica_count=1, num_partitions=8
-        "ar.mesh": 4,       # mesh['x'=2,'y'=4] {'y'}
-        "ar.mesh2": 8,      # mesh['x'=2,'y'=4] {'x','y'}
-        "ar.mesh_ids": 2,   # mesh[...,'axis_2'=2], device_ids=(...) {'axis_2'}
-        "ar.subaxis": 4,    # mesh['x'=8] {'x':(2)4}
-        "ar.spaced": 2,     # { {0, 2}, {1, 3}, ... }
+        "ar.explicit": 4,  # {{0,1,2,3},{4,5,6,7}}
+        "ar.iota": 4,  # [2,4]<=[8]
+        "ar.iota_t": 2,  # [4,2]<=[2,4]T(1,0)
+        "ar.empty": 8,  # {} with replica_count=1, num_partitions=8
+        "ar.mesh": 4,  # mesh['x'=2,'y'=4] {'y'}
+        "ar.mesh2": 8,  # mesh['x'=2,'y'=4] {'x','y'}
+        "ar.mesh_ids": 2,  # mesh[...,'axis_2'=2], device_ids=(...) {'axis_2'}
+        "ar.subaxis": 4,  # mesh['x'=8] {'x':(2)4}
+        "ar.spaced": 2,  # { {0, 2}, {1, 3}, ... }
     }
 
 
@@ -219,10 +228,10 @@ def test_in_loop_through_calls_fusions_conditionals_and_nested_whiles():
     cs = _by_name(_hlo("hand_while_nested.hlo"))
     assert {name: c.in_loop for name, c in cs.items()} == {
         "ar.top": False,
-        "ar.branch": True,    # body -> call -> conditional branch
-        "cp.inner": True,     # nested while body
-        "ag-start": True,     # async-start in body -> wrapped all-gather
-        "ar.cond": True,      # while condition runs every iteration too
+        "ar.branch": True,  # body -> call -> conditional branch
+        "cp.inner": True,  # nested while body
+        "ag-start": True,  # async-start in body -> wrapped all-gather
+        "ar.cond": True,  # while condition runs every iteration too
     }
     assert cs["ag-start"].payload_bytes == 16 * 16 * 4
     assert cs["ar.cond"].dtype == "s32"
@@ -264,23 +273,25 @@ ENTRY %e (a: f32[3,5], b: s32[7], c: pred[4], d: f8e4m3fn[10]) -> (f32[3,5], s32
 # Hand-written StableHLO
 # --------------------------------------------------------------------------
 
+
 def test_stablehlo_generic_while_calls_pretty_form_and_mhlo():
     cs = parse_stablehlo_collectives(_read("hand_stablehlo.mlir"))
     got = [(c.name, c.kind, c.payload_bytes, c.group_size, c.in_loop, c.dtype) for c in cs]
     assert got == [
-        ("main/%0", "all-gather", 64 * 8 * 4, 4, False, "f32"),         # pretty form, output
-        ("main/%2", "all-reduce", 64 * 2, 4, True, "bf16"),              # empty groups -> 4
-        ("helper/%0", "collective-permute", 64 * 2, 4, True, "bf16"),    # called from body
-        ("helper/%1", "reduce-scatter", 64 * 2, 2, True, "bf16"),        # mhlo, input size
+        ("main/%0", "all-gather", 64 * 8 * 4, 4, False, "f32"),  # pretty form, output
+        ("main/%2", "all-reduce", 64 * 2, 4, True, "bf16"),  # empty groups -> 4
+        ("helper/%0", "collective-permute", 64 * 2, 4, True, "bf16"),  # called from body
+        ("helper/%1", "reduce-scatter", 64 * 2, 2, True, "bf16"),  # mhlo, input size
         ("helper/%2", "all-gather", 64 * 2, 2, True, "bf16"),
-        ("unused_a2a/%0", "all-to-all", 8 * 4 * 4, 4, False, "s32"),     # never called
+        ("unused_a2a/%0", "all-to-all", 8 * 4 * 4, 4, False, "s32"),  # never called
     ]  # the splat self-pair permute in main is a no-op
     assert lowered_payload_bytes(_read("hand_stablehlo.mlir")) == sum(c[2] for c in got)
 
 
 def test_stablehlo_empty_groups_need_device_count():
     text = _read("hand_stablehlo.mlir").replace(
-        "attributes {mhlo.num_partitions = 4 : i32, mhlo.num_replicas = 1 : i32} ", "")
+        "attributes {mhlo.num_partitions = 4 : i32, mhlo.num_replicas = 1 : i32} ", ""
+    )
     with pytest.raises(ValueError, match="main/%2"):
         parse_stablehlo_collectives(text)
     cs = _by_name(parse_stablehlo_collectives(text, num_devices=2))
@@ -291,12 +302,14 @@ def test_stablehlo_empty_groups_need_device_count():
 # Live: compile tiny programs on 8 simulated CPU devices
 # --------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def mesh8():
     jax = pytest.importorskip("jax")
     if len(jax.devices()) < 8:
         pytest.skip("needs 8 devices (tests/conftest.py sets jax_num_cpu_devices=8)")
     import numpy as np
+
     return jax.sharding.Mesh(np.array(jax.devices()[:8]), ("d",))
 
 
@@ -305,8 +318,7 @@ def _shard_map_psum(mesh, dtype):
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
 
-    f = jax.shard_map(lambda a: jax.lax.psum(a, "d"), mesh=mesh,
-                      in_specs=P("d"), out_specs=P(), check_vma=False)
+    f = jax.shard_map(lambda a: jax.lax.psum(a, "d"), mesh=mesh, in_specs=P("d"), out_specs=P(), check_vma=False)
     return jax.jit(f).lower(jnp.ones((8 * 784, 256), dtype))
 
 

@@ -15,8 +15,12 @@ from tests.conftest import COMPILATION_CACHE, REPO
 from tests.utils import run_train
 from training.compile_cache import cache_settings, configure_compilation_cache
 
-OPTIONS = ("jax_enable_compilation_cache", "jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-           "jax_persistent_cache_min_entry_size_bytes")
+OPTIONS = (
+    "jax_enable_compilation_cache",
+    "jax_compilation_cache_dir",
+    "jax_persistent_cache_min_compile_time_secs",
+    "jax_persistent_cache_min_entry_size_bytes",
+)
 
 
 @pytest.fixture
@@ -97,8 +101,14 @@ def test_a_second_process_loads_the_train_step(tmp_path):
     """Two ``train.py`` processes with one cache folder: the first writes the train and eval steps, the second
     logs cache hits for them (``JAX_LOG_COMPILES`` makes JAX log hits) and writes nothing new."""
     folder = tmp_path / "cache"
-    common = ("data=synthetic", "train.steps=2", "wandb.mode=disabled", "checkpoint.enabled=false",
-              "runtime.cpu_devices=2", f"runtime.compilation_cache_dir={folder}")
+    common = (
+        "data=synthetic",
+        "train.steps=2",
+        "wandb.mode=disabled",
+        "checkpoint.enabled=false",
+        "runtime.cpu_devices=2",
+        f"runtime.compilation_cache_dir={folder}",
+    )
     first = run_train(tmp_path / "a", *common)
     assert first.returncode == 0, first.stderr[-2000:]
     written = entries(folder)

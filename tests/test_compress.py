@@ -51,13 +51,18 @@ _DATA = random_dataset(512)
 
 
 def step_comm(mode="jit_sharding", grad_reduce_dtype=None, compression="none", accum=1) -> dict:
-    cfg = make_cfg({"parallel": {"name": mode, "grad_reduce_dtype": grad_reduce_dtype,
-                                 "grad_compression": compression}, "train": {"accum_steps": accum}})
+    cfg = make_cfg(
+        {
+            "parallel": {"name": mode, "grad_reduce_dtype": grad_reduce_dtype, "grad_compression": compression},
+            "train": {"accum_steps": accum},
+        }
+    )
     p = plan(cfg)
     exp = build(p)
     layout = exp.mode.batch_layout()
-    batch = layout.place(TrainSource(_DATA, p.global_batch, 0).local_batch(0, layout.local_rows(p.global_batch)),
-                         p.global_batch)
+    batch = layout.place(
+        TrainSource(_DATA, p.global_batch, 0).local_batch(0, layout.local_rows(p.global_batch)), p.global_batch
+    )
     lowered = exp.steps.train.lower(exp.state, batch)
     return compiled_step_metrics(lowered, lowered.compile(), N)
 
@@ -107,9 +112,14 @@ def test_bytes_int8_half_payload_quarter_ring():
     # = a quarter of the float32 gradient all-reduce's ring bytes + padding + scales (+ the same metric sums)
     quarter = ring_allreduce(4 * P_PARAMS) / 4
     assert ring == quarter + 2 * ring_gather(PADDED - P_PARAMS) + ring_allreduce(SCALES) + ring_allreduce(8)
-    assert sorted(m["comm/collectives"]) == sorted([
-        f"all-to-all s8 {PADDED}B n=8", f"all-gather s8 {PADDED}B n=8", f"all-reduce f32 {SCALES}B n=8",
-        "all-reduce f32 8B n=8"])
+    assert sorted(m["comm/collectives"]) == sorted(
+        [
+            f"all-to-all s8 {PADDED}B n=8",
+            f"all-gather s8 {PADDED}B n=8",
+            f"all-reduce f32 {SCALES}B n=8",
+            "all-reduce f32 8B n=8",
+        ]
+    )
     g = payload_bytes(P_PARAMS, L_LEAVES, N)  # the formula of parallel.compress
     assert g["payload"] + METRICS_BYTES == INT8_PAYLOAD and g["ring"] + ring_allreduce(8) == ring
 
@@ -139,8 +149,9 @@ def _int8_fn(with_residual: bool):
         new = jax.tree.map(lambda v: v[None], new) if with_residual else res
         return mean["a"], new, scales
 
-    return jax.jit(jax.shard_map(f, mesh=MESH, in_specs=(P(AXES), P(AXES)), out_specs=(P(), P(AXES), P()),
-                                 check_vma=False))
+    return jax.jit(
+        jax.shard_map(f, mesh=MESH, in_specs=(P(AXES), P(AXES)), out_specs=(P(), P(AXES), P()), check_vma=False)
+    )
 
 
 def _zeros(shape):
@@ -215,8 +226,9 @@ def test_int8_training_matches_reference_and_residual_is_per_device(mode):
     data = random_dataset(1024)
     sgd = {"optim": {"name": "sgd", "lr": 0.1}}
     ref_losses, ref_state, _, _ = run_steps(make_cfg(sgd, mesh__devices=1), data, 4)
-    losses, state, exp, initial = run_steps(make_cfg({**sgd, "parallel": {"name": mode, "grad_compression": "int8"}}),
-                                            data, 4)
+    losses, state, exp, initial = run_steps(
+        make_cfg({**sgd, "parallel": {"name": mode, "grad_compression": "int8"}}), data, 4
+    )
     assert initial.grad_residual["worker"].shape == (N, 203536)
     assert initial.grad_residual["server"].shape == (N, 203536 // N)
     assert max_abs_diff(initial.grad_residual, jax.tree.map(np.zeros_like, initial.grad_residual)) == 0.0
@@ -250,25 +262,40 @@ def test_adapt_residual_resets_on_other_device_count(caplog):
 # ---------------------------------------------------------------------------------------------------------
 # validation
 # ---------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("parallel,expected", [
-    ({"name": "fsdp", "grad_compression": "int8"},
-     "parallel.grad_compression=int8 is not implemented for parallel=fsdp; use parallel=pmap, jit_sharding, "
-     "shard_map, or parallel.grad_compression=none"),
-    ({"grad_compression": "int8", "grad_reduce_dtype": "bfloat16"},
-     "parallel.grad_compression=int8 replaces the gradient reduction, so parallel.grad_reduce_dtype=bfloat16 "
-     "would be ignored; set parallel.grad_reduce_dtype=null"),
-])
+@pytest.mark.parametrize(
+    "parallel,expected",
+    [
+        (
+            {"name": "fsdp", "grad_compression": "int8"},
+            "parallel.grad_compression=int8 is not implemented for parallel=fsdp; use parallel=pmap, jit_sharding, "
+            "shard_map, or parallel.grad_compression=none",
+        ),
+        (
+            {"grad_compression": "int8", "grad_reduce_dtype": "bfloat16"},
+            "parallel.grad_compression=int8 replaces the gradient reduction, so parallel.grad_reduce_dtype=bfloat16 "
+            "would be ignored; set parallel.grad_reduce_dtype=null",
+        ),
+    ],
+)
 def test_bad_options_are_config_errors(parallel, expected):
     with pytest.raises(ConfigError) as e:
         plan(make_cfg({"parallel": parallel}))
     assert str(e.value) == expected
 
 
-@pytest.mark.parametrize("parallel,expected", [
-    ({"grad_compression": "int4"}, "parallel.grad_compression=int4 is not a valid choice; choose one of none, int8"),
-    ({"grad_reduce_dtype": "float16"},
-     "parallel.grad_reduce_dtype=float16 is not a valid choice; choose one of float32, bfloat16"),
-])
+@pytest.mark.parametrize(
+    "parallel,expected",
+    [
+        (
+            {"grad_compression": "int4"},
+            "parallel.grad_compression=int4 is not a valid choice; choose one of none, int8",
+        ),
+        (
+            {"grad_reduce_dtype": "float16"},
+            "parallel.grad_reduce_dtype=float16 is not a valid choice; choose one of float32, bfloat16",
+        ),
+    ],
+)
 def test_unknown_choices_are_refused_by_the_schema(parallel, expected):
     """The schema's Enum fields refuse them before plan() (its own checks stay for callers without a config)."""
     from conf.schema import ConfigInputError
@@ -298,12 +325,18 @@ def test_xla_presets_parse():
         i = next(k for k, line in enumerate(text) if line.strip() == f"- {flag}")
         assert text[i - 1].strip().startswith(("#", "- --xla")), flag
     env = {**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([sys.executable, "-c", "import jax; print(len(jax.devices()))"], env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", "import jax; print(len(jax.devices()))"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     bad = {**env, "XLA_FLAGS": "--xla_gpu_enable_async_collectives=true"}  # removed from XLA: aborts
-    out = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=bad, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", "import jax; jax.devices()"], env=bad, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode != 0 and "Unknown flag" in out.stderr
 
 
@@ -314,14 +347,22 @@ def test_xla_preset_applied_and_logged(tmp_path):
     preset = _preset("gpu_overlap")
     cfg = from_dict({"xla": preset})
     assert isinstance(cfg.xla, XlaConfig) and cfg.xla.flags == preset["flags"]
-    script = ("import logging, os, sys; sys.path.insert(0, '.'); logging.basicConfig(level=logging.INFO);"
-              "from conf.schema import from_dict; from training.runtime import "
-              "setup_runtime; import yaml; p = yaml.safe_load(open('conf/xla/gpu_overlap.yaml'));"
-              "setup_runtime(from_dict({'xla': p}));"
-              "import jax; jax.devices(); print('XLA_FLAGS=' + os.environ['XLA_FLAGS'])")
+    script = (
+        "import logging, os, sys; sys.path.insert(0, '.'); logging.basicConfig(level=logging.INFO);"
+        "from conf.schema import from_dict; from training.runtime import "
+        "setup_runtime; import yaml; p = yaml.safe_load(open('conf/xla/gpu_overlap.yaml'));"
+        "setup_runtime(from_dict({'xla': p}));"
+        "import jax; jax.devices(); print('XLA_FLAGS=' + os.environ['XLA_FLAGS'])"
+    )
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**env, "JAX_PLATFORMS": "cpu"},
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        env={**env, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"XLA_FLAGS={' '.join(preset['flags'])}" in out.stdout
     assert f"XLA flags (xla=gpu_overlap): {' '.join(preset['flags'])}" in out.stderr
@@ -335,12 +376,34 @@ def test_comm_optimisations_sweep_runs_and_reports(tmp_path):
     from sweeps.comm_optimisations import VARIANTS
 
     out = tmp_path / "comm"
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_CACHE_DIR": str(tmp_path),
-           "WANDB_CONFIG_DIR": str(tmp_path), "WANDB_DATA_DIR": str(tmp_path)}
-    r = subprocess.run([sys.executable, "-m", "sweeps.comm_optimisations", "--out", str(out), "--",
-                        "data=synthetic", "train.steps=8", "train.log_every=4", "wandb.mode=disabled",
-                        "checkpoint.enabled=false"],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    env = {
+        **os.environ,
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(tmp_path),
+        "WANDB_CACHE_DIR": str(tmp_path),
+        "WANDB_CONFIG_DIR": str(tmp_path),
+        "WANDB_DATA_DIR": str(tmp_path),
+    }
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sweeps.comm_optimisations",
+            "--out",
+            str(out),
+            "--",
+            "data=synthetic",
+            "train.steps=8",
+            "train.log_every=4",
+            "wandb.mode=disabled",
+            "checkpoint.enabled=false",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summaries = {v: json.loads((out / v / "summary.json").read_text()) for v in VARIANTS}
     assert all(s["status"] == "ok" for s in summaries.values())
@@ -368,10 +431,14 @@ def test_mnist_accuracy_bf16_reduce_and_int8_match_uncompressed(tmp_path):
     if not (SHARED_TFDS / "mnist").is_dir():
         pytest.skip(f"MNIST (TFDS) not prepared at {SHARED_TFDS}")
     acc = {}
-    for name, extra in {"none": [], "bf16": ["parallel.grad_reduce_dtype=bfloat16"],
-                        "int8": ["parallel.grad_compression=int8"]}.items():
-        r = run_train(tmp_path / name, "train.epochs=3", "wandb.mode=disabled", "checkpoint.enabled=false", *extra,
-                      timeout=1200)
+    for name, extra in {
+        "none": [],
+        "bf16": ["parallel.grad_reduce_dtype=bfloat16"],
+        "int8": ["parallel.grad_compression=int8"],
+    }.items():
+        r = run_train(
+            tmp_path / name, "train.epochs=3", "wandb.mode=disabled", "checkpoint.enabled=false", *extra, timeout=1200
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         summary = json.loads((tmp_path / name / "summary.json").read_text())
         assert summary["train/steps"] == 3 * 234

@@ -17,16 +17,25 @@ def _typed(*overrides: str):
         return to_typed(compose(config_name="config", overrides=list(overrides)))
 
 
-@pytest.mark.parametrize("override, message", [
-    ("+optim.learning_rate=0.5", "unknown config key optim.learning_rate; known keys of optim: name, lr, "
-                                 "momentum, b1, b2, eps, weight_decay, schedule, warmup_steps, decay_steps, "
-                                 "lr_scaling, base_batch, clip_grad_norm"),
-    ("+train.stepz=3", "unknown config key train.stepz; did you mean train.steps?"),
-    ("+model.hiden=3", "unknown config key model.hiden for model=mlp; did you mean model.hidden?"),
-    ("+mesh.devics=2", "unknown config key mesh.devics; did you mean mesh.devices?"),
-    ("+foo=1", "unknown config key foo; known keys: parallel, precision, model, data, optim, mesh, wandb, "
-               "train, runtime, hardware, profile, checkpoint, distributed, xla"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "+optim.learning_rate=0.5",
+            "unknown config key optim.learning_rate; known keys of optim: name, lr, "
+            "momentum, b1, b2, eps, weight_decay, schedule, warmup_steps, decay_steps, "
+            "lr_scaling, base_batch, clip_grad_norm",
+        ),
+        ("+train.stepz=3", "unknown config key train.stepz; did you mean train.steps?"),
+        ("+model.hiden=3", "unknown config key model.hiden for model=mlp; did you mean model.hidden?"),
+        ("+mesh.devics=2", "unknown config key mesh.devics; did you mean mesh.devices?"),
+        (
+            "+foo=1",
+            "unknown config key foo; known keys: parallel, precision, model, data, optim, mesh, wandb, "
+            "train, runtime, hardware, profile, checkpoint, distributed, xla",
+        ),
+    ],
+)
 def test_unknown_key_is_one_line(override, message):
     with pytest.raises(UnknownKeyError) as e:
         _typed(override)
@@ -42,10 +51,14 @@ def test_train_py_stops_at_start(tmp_path):
     r = run_train(tmp_path / "run", "data=synthetic", "train.steps=10", "+optim.learning_rate=0.5", timeout=300)
     assert r.returncode == 1
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert lines == ["train.py: unknown config key optim.learning_rate; known keys of optim: name, lr, momentum, "
-                     "b1, b2, eps, weight_decay, schedule, warmup_steps, decay_steps, lr_scaling, base_batch, "
-                     "clip_grad_norm"]
+    assert lines == [
+        "train.py: unknown config key optim.learning_rate; known keys of optim: name, lr, momentum, "
+        "b1, b2, eps, weight_decay, schedule, warmup_steps, decay_steps, lr_scaling, base_batch, "
+        "clip_grad_norm"
+    ]
     # nothing but Hydra's .hydra/ and log, and a failed summary naming the key
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {
-        "status": "failed", "error": lines[0].removeprefix("train.py: ")}
+        "status": "failed",
+        "error": lines[0].removeprefix("train.py: "),
+    }
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".hydra", "summary.json", "train.log"]

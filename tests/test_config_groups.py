@@ -13,9 +13,20 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from conf import schema
-from conf.schema import (CNNConfig, ConfigInputError, FsdpConfig, JitShardingConfig, MLPConfig, ResNetConfig,
-                         ViTConfig, is_composition_error, one_line, quote_numeric_options, register,
-                         to_typed)
+from conf.schema import (
+    CNNConfig,
+    ConfigInputError,
+    FsdpConfig,
+    JitShardingConfig,
+    MLPConfig,
+    ResNetConfig,
+    ViTConfig,
+    is_composition_error,
+    one_line,
+    quote_numeric_options,
+    register,
+    to_typed,
+)
 from utils import REPO, run_train
 
 CONF = REPO / "conf"
@@ -44,43 +55,70 @@ def _error(*overrides: str) -> str:
 
 
 # ---- one schema per model and per parallel mode ---------------------------------------------------------------
-@pytest.mark.parametrize("option, expected", [
-    ("mlp", MLPConfig(hidden=256, activation="tanh", dropout=0.0, init_std=0.01)),
-    ("cnn", CNNConfig(width=16, dropout=0.0)),
-    ("resnet", ResNetConfig(width=64)),
-    ("vit", ViTConfig(width=64, depth=4, patch=4, heads=4, mlp_ratio=4, dropout=0.0)),
-])
+@pytest.mark.parametrize(
+    "option, expected",
+    [
+        ("mlp", MLPConfig(hidden=256, activation="tanh", dropout=0.0, init_std=0.01)),
+        ("cnn", CNNConfig(width=16, dropout=0.0)),
+        ("resnet", ResNetConfig(width=64)),
+        ("vit", ViTConfig(width=64, depth=4, patch=4, heads=4, mlp_ratio=4, dropout=0.0)),
+    ],
+)
 def test_each_model_has_its_own_keys_with_schema_defaults(option, expected):
     assert _typed(f"model={option}").model == expected
 
 
-@pytest.mark.parametrize("option, expected", [
-    ("jit_sharding", JitShardingConfig()), ("fsdp", FsdpConfig(min_shard_bytes=0)),
-])
+@pytest.mark.parametrize(
+    "option, expected",
+    [
+        ("jit_sharding", JitShardingConfig()),
+        ("fsdp", FsdpConfig(min_shard_bytes=0)),
+    ],
+)
 def test_each_mode_has_its_own_keys(option, expected):
     assert _typed(f"parallel={option}").parallel == expected
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["model=cnn", "model.hidden=512"],
-     "model.hidden does not apply to model=cnn (only to model=mlp); model=cnn has: width, dropout"),
-    (["model=cnn", "+model.hidden=512"],
-     "model.hidden does not apply to model=cnn (only to model=mlp); model=cnn has: width, dropout"),
-    (["model=resnet", "model.dropout=0.1"],
-     "model.dropout does not apply to model=resnet (only to model=mlp, cnn, vit); model=resnet has: width"),
-    (["model=vit", "model.activation=relu"],
-     "model.activation does not apply to model=vit (only to model=mlp); model=vit has: width, depth, patch, heads, "
-     "mlp_ratio, dropout"),
-    (["model.widht=3"], "unknown config key model.widht for model=mlp; model=mlp has: hidden, activation, dropout, "
-                        "init_std"),
-    (["model.hiden=3"], "unknown config key model.hiden for model=mlp; did you mean model.hidden?"),
-    (["parallel.min_shard_bytes=1024"],
-     "parallel.min_shard_bytes does not apply to parallel=jit_sharding (only to parallel=fsdp); "
-     "parallel=jit_sharding has: grad_reduce_dtype, grad_compression"),
-    (["model.name=cnn"], "model.name=cnn does not match the chosen option model=mlp; choose the model with model=cnn"),
-    (["parallel=fsdp", "parallel.name=pmap"],
-     "parallel.name=pmap does not match the chosen option parallel=fsdp; choose the parallel with parallel=pmap"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["model=cnn", "model.hidden=512"],
+            "model.hidden does not apply to model=cnn (only to model=mlp); model=cnn has: width, dropout",
+        ),
+        (
+            ["model=cnn", "+model.hidden=512"],
+            "model.hidden does not apply to model=cnn (only to model=mlp); model=cnn has: width, dropout",
+        ),
+        (
+            ["model=resnet", "model.dropout=0.1"],
+            "model.dropout does not apply to model=resnet (only to model=mlp, cnn, vit); model=resnet has: width",
+        ),
+        (
+            ["model=vit", "model.activation=relu"],
+            "model.activation does not apply to model=vit (only to model=mlp); model=vit has: width, depth, patch, heads, "
+            "mlp_ratio, dropout",
+        ),
+        (
+            ["model.widht=3"],
+            "unknown config key model.widht for model=mlp; model=mlp has: hidden, activation, dropout, init_std",
+        ),
+        (["model.hiden=3"], "unknown config key model.hiden for model=mlp; did you mean model.hidden?"),
+        (
+            ["parallel.min_shard_bytes=1024"],
+            "parallel.min_shard_bytes does not apply to parallel=jit_sharding (only to parallel=fsdp); "
+            "parallel=jit_sharding has: grad_reduce_dtype, grad_compression",
+        ),
+        (
+            ["model.name=cnn"],
+            "model.name=cnn does not match the chosen option model=mlp; choose the model with model=cnn",
+        ),
+        (
+            ["parallel=fsdp", "parallel.name=pmap"],
+            "parallel.name=pmap does not match the chosen option parallel=fsdp; choose the parallel with parallel=pmap",
+        ),
+    ],
+)
 def test_a_key_the_model_or_mode_lacks_is_one_line(overrides, message):
     assert _error(*overrides) == message
 
@@ -97,12 +135,23 @@ def test_model_keys_reach_the_model_builder():
 
 
 def test_from_dict_is_strict_unless_lenient():
-    old_cnn = {"name": "cnn", "hidden": 256, "width": 16, "depth": 4, "patch": 4, "heads": 4, "mlp_ratio": 4,
-               "activation": "tanh", "dropout": 0.0, "init_std": 0.01}  # a checkpoint saved with the union schema
+    old_cnn = {
+        "name": "cnn",
+        "hidden": 256,
+        "width": 16,
+        "depth": 4,
+        "patch": 4,
+        "heads": 4,
+        "mlp_ratio": 4,
+        "activation": "tanh",
+        "dropout": 0.0,
+        "init_std": 0.01,
+    }  # a checkpoint saved with the union schema
     with pytest.raises(ConfigInputError, match=r"^model.hidden does not apply to model=cnn"):
         schema.from_dict({"model": old_cnn})
-    assert schema.from_dict({"model": old_cnn, "parallel": {"name": "pmap", "min_shard_bytes": 0}},
-                            lenient=True).model == CNNConfig(width=16)
+    assert schema.from_dict(
+        {"model": old_cnn, "parallel": {"name": "pmap", "min_shard_bytes": 0}}, lenient=True
+    ).model == CNNConfig(width=16)
     with pytest.raises(ConfigInputError, match=r"^model.name='cnx' is unknown; choose one of mlp, cnn, resnet, vit$"):
         schema.from_dict({"model": {"name": "cnx"}})
 
@@ -111,32 +160,50 @@ def test_resume_policy_ignores_keys_only_the_old_union_schema_had():
     from training.resume_policy import resume_conflicts
 
     new = schema.as_dict(schema.from_dict({"model": {"name": "cnn"}}))
-    old = {**new, "model": {**new["model"], "hidden": 256, "init_std": 0.01},
-           "parallel": {**new["parallel"], "min_shard_bytes": 0}}
+    old = {
+        **new,
+        "model": {**new["model"], "hidden": 256, "init_std": 0.01},
+        "parallel": {**new["parallel"], "min_shard_bytes": 0},
+    }
     assert resume_conflicts(old, new, 256, 256) == []
-    assert resume_conflicts({**old, "model": {**old["model"], "width": 32}}, new, 256, 256) == [
-        "model.width: 32 -> 16"]
+    assert resume_conflicts({**old, "model": {**old["model"], "width": 32}}, new, 256, 256) == ["model.width: 32 -> 16"]
 
 
 # ---- Enum fields -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("override, message", [
-    ("precision.loss_scale=dynamik", "precision.loss_scale=dynamik is not a valid choice; choose one of dynamic, "
-                                     "static, none"),
-    ("precision.compute_dtype=fp16", "precision.compute_dtype=fp16 is not a valid choice; choose one of float32, "
-                                     "bfloat16, float16"),
-    ("parallel.grad_compression=int4", "parallel.grad_compression=int4 is not a valid choice; choose one of none, "
-                                       "int8"),
-    ("parallel.grad_reduce_dtype=float16", "parallel.grad_reduce_dtype=float16 is not a valid choice; choose one of "
-                                           "float32, bfloat16"),
-    ("optim.name=adamw", "optim.name=adamw is not a valid choice; choose one of adam, sgd"),
-    ("optim.schedule=cosin", "optim.schedule=cosin is not a valid choice; choose one of constant, cosine"),
-    ("optim.lr_scaling=sqrt", "optim.lr_scaling=sqrt is not a valid choice; choose one of none, linear"),
-    ("model.activation=swish", "model.activation=swish is not a valid choice; choose one of tanh, relu, gelu, "
-                               "sigmoid"),
-    ("train.transfer_guard=never", "train.transfer_guard=never is not a valid choice; choose one of allow, log, "
-                                   "disallow, log_explicit, disallow_explicit"),
-    ("wandb.mode=dryrun", "wandb.mode=dryrun is not a valid choice; choose one of online, offline, disabled"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "precision.loss_scale=dynamik",
+            "precision.loss_scale=dynamik is not a valid choice; choose one of dynamic, static, none",
+        ),
+        (
+            "precision.compute_dtype=fp16",
+            "precision.compute_dtype=fp16 is not a valid choice; choose one of float32, bfloat16, float16",
+        ),
+        (
+            "parallel.grad_compression=int4",
+            "parallel.grad_compression=int4 is not a valid choice; choose one of none, int8",
+        ),
+        (
+            "parallel.grad_reduce_dtype=float16",
+            "parallel.grad_reduce_dtype=float16 is not a valid choice; choose one of float32, bfloat16",
+        ),
+        ("optim.name=adamw", "optim.name=adamw is not a valid choice; choose one of adam, sgd"),
+        ("optim.schedule=cosin", "optim.schedule=cosin is not a valid choice; choose one of constant, cosine"),
+        ("optim.lr_scaling=sqrt", "optim.lr_scaling=sqrt is not a valid choice; choose one of none, linear"),
+        (
+            "model.activation=swish",
+            "model.activation=swish is not a valid choice; choose one of tanh, relu, gelu, sigmoid",
+        ),
+        (
+            "train.transfer_guard=never",
+            "train.transfer_guard=never is not a valid choice; choose one of allow, log, "
+            "disallow, log_explicit, disallow_explicit",
+        ),
+        ("wandb.mode=dryrun", "wandb.mode=dryrun is not a valid choice; choose one of online, offline, disabled"),
+    ],
+)
 def test_a_wrong_choice_lists_the_choices(override, message):
     assert _error(override) == message
 
@@ -145,8 +212,14 @@ def test_enum_values_are_plain_strings_in_code_yaml_and_saved_config():
     cfg = _compose("precision=fp16", "optim=sgd", "optim.schedule=cosine", "optim.decay_steps=10")
     assert "compute_dtype: float16\n" in OmegaConf.to_yaml(cfg) and "loss_scale: dynamic\n" in OmegaConf.to_yaml(cfg)
     typed = to_typed(cfg)
-    values = (typed.precision.compute_dtype, typed.precision.loss_scale, typed.optim.name, typed.optim.schedule,
-              typed.parallel.grad_compression, typed.train.transfer_guard)
+    values = (
+        typed.precision.compute_dtype,
+        typed.precision.loss_scale,
+        typed.optim.name,
+        typed.optim.schedule,
+        typed.parallel.grad_compression,
+        typed.train.transfer_guard,
+    )
     assert values == ("float16", "dynamic", "sgd", "cosine", "none", "allow")
     assert {type(v) for v in values} == {str}
     assert json.loads(json.dumps(schema.as_dict(typed)))["precision"]["loss_scale"] == "dynamic"
@@ -161,10 +234,15 @@ def test_enums_match_the_libraries_choices():
     from training.report import WANDB_MODES
     from training.build import TRANSFER_GUARDS
 
-    for enum_type, library in ((schema.Activation, ACTIVATIONS), (schema.Compression, COMPRESSIONS),
-                               (schema.ComputeDtype, COMPUTE_DTYPES), (schema.Schedule, SCHEDULES),
-                               (schema.LossScale, LOSS_SCALING_MODES), (schema.WandbMode, WANDB_MODES),
-                               (schema.TransferGuard, TRANSFER_GUARDS)):
+    for enum_type, library in (
+        (schema.Activation, ACTIVATIONS),
+        (schema.Compression, COMPRESSIONS),
+        (schema.ComputeDtype, COMPUTE_DTYPES),
+        (schema.Schedule, SCHEDULES),
+        (schema.LossScale, LOSS_SCALING_MODES),
+        (schema.WandbMode, WANDB_MODES),
+        (schema.TransferGuard, TRANSFER_GUARDS),
+    ):
         assert sorted(m.value for m in enum_type) == sorted(library), enum_type
         assert all(m.name == m.value for m in enum_type)  # OmegaConf reads members by name
     assert [m.value for m in schema.ReduceDtype] == ["float32", "bfloat16"]
@@ -176,21 +254,39 @@ def test_enums_match_the_libraries_choices():
 def test_cnn_recipe_is_an_experiment_and_model_cnn_is_only_the_model():
     recipe = _typed("+experiment=cnn_mnist")
     assert recipe.model == CNNConfig(width=16, dropout=0.0)
-    assert (recipe.data.name, recipe.data.augment, recipe.data.crop_padding, recipe.data.flip) == ("mnist", True, 2,
-                                                                                                   False)
-    assert (recipe.train.epochs, recipe.optim.name, recipe.optim.lr, recipe.optim.lr_scaling, recipe.optim.base_batch,
-            recipe.optim.schedule, recipe.optim.decay_steps) == (4, "adam", 1e-3, "linear", 128, "cosine", 936)
+    assert (recipe.data.name, recipe.data.augment, recipe.data.crop_padding, recipe.data.flip) == (
+        "mnist",
+        True,
+        2,
+        False,
+    )
+    assert (
+        recipe.train.epochs,
+        recipe.optim.name,
+        recipe.optim.lr,
+        recipe.optim.lr_scaling,
+        recipe.optim.base_batch,
+        recipe.optim.schedule,
+        recipe.optim.decay_steps,
+    ) == (4, "adam", 1e-3, "linear", 128, "cosine", 936)
     plain = _typed("model=cnn")
     assert plain.model == recipe.model
-    assert (plain.train.epochs, plain.optim.schedule, plain.optim.lr_scaling, plain.data.augment) == (10, "constant",
-                                                                                                      "none", False)
+    assert (plain.train.epochs, plain.optim.schedule, plain.optim.lr_scaling, plain.data.augment) == (
+        10,
+        "constant",
+        "none",
+        False,
+    )
     # command-line overrides win over the recipe
     assert _typed("+experiment=cnn_mnist", "data.augment=false", "model.width=8").data.augment is False
     assert _typed("+experiment=cnn_mnist", "model.width=8").model.width == 8
-    assert _error("experiment=cnn_mnist") == ("experiment is not in the defaults list: add it with a + "
-                                              "(+experiment=<option>)")
-    assert _error("+experiment=cnn") == ("experiment=cnn is not an option of group experiment; choose one of "
-                                         "cnn_mnist; did you mean experiment=cnn_mnist?")
+    assert _error("experiment=cnn_mnist") == (
+        "experiment is not in the defaults list: add it with a + (+experiment=<option>)"
+    )
+    assert _error("+experiment=cnn") == (
+        "experiment=cnn is not an option of group experiment; choose one of "
+        "cnn_mnist; did you mean experiment=cnn_mnist?"
+    )
 
 
 def test_model_options_hold_no_values_the_schema_does_not():
@@ -210,19 +306,26 @@ def test_accum_key_wins_and_other_counts_go_through_the_key():
     assert _typed().train.accum_steps == 1
     assert _typed("accum=4", "train.accum_steps=3").train.accum_steps == 3
     assert _typed("train.accum_steps=3").train.accum_steps == 3
-    assert _error("accum=3") == ("accum=3 is not an option of group accum; choose one of 1, 2, 4, 8 (or set "
-                                 "train.accum_steps directly)")
+    assert _error("accum=3") == (
+        "accum=3 is not an option of group accum; choose one of 1, 2, 4, 8 (or set train.accum_steps directly)"
+    )
 
 
 def test_quote_numeric_options():
-    assert quote_numeric_options(["accum=4", "-m", "accum=1,2,4,8", "+accum=2", "train.steps=5", "mesh=data",
-                                  "accum=x"], CONF) == ["accum='4'", "-m", "accum='1','2','4','8'", "+accum='2'",
-                                                        "train.steps=5", "mesh=data", "accum=x"]
+    assert quote_numeric_options(
+        ["accum=4", "-m", "accum=1,2,4,8", "+accum=2", "train.steps=5", "mesh=data", "accum=x"], CONF
+    ) == ["accum='4'", "-m", "accum='1','2','4','8'", "+accum='2'", "train.steps=5", "mesh=data", "accum=x"]
 
 
-@pytest.mark.parametrize("option, devices, shape", [
-    ("default", None, None), ("data", None, [-1, 1]), ("fsdp", None, [1, -1]), ("hsdp_2x4", 8, [2, 4]),
-])
+@pytest.mark.parametrize(
+    "option, devices, shape",
+    [
+        ("default", None, None),
+        ("data", None, [-1, 1]),
+        ("fsdp", None, [1, -1]),
+        ("hsdp_2x4", 8, [2, 4]),
+    ],
+)
 def test_mesh_presets(option, devices, shape):
     mesh = _typed(f"mesh={option}").mesh
     assert (mesh.devices, mesh.shape) == (devices, shape)
@@ -233,24 +336,37 @@ def test_mesh_keys_override_the_preset():
     assert (mesh.devices, mesh.shape) == (4, [1, -1])
 
 
-@pytest.mark.parametrize("overrides, result", [
-    (["parallel=fsdp", "mesh=hsdp_2x4", "accum=4", "precision=bf16"], ((2, 4), 256, 8, 4)),
-    (["parallel=fsdp", "mesh=fsdp"], ((1, 8), 256, 8, 1)),
-    (["parallel=fsdp", "mesh=data"], ((8, 1), 256, 8, 1)),
-    (["parallel=jit_sharding", "mesh=data", "accum=8"], ((8, 1), 256, 8, 8)),
-    (["parallel=pmap", "mesh=fsdp", "mesh.devices=1"], ((1, 1), 256, 1, 1)),
-    (["parallel=jit_sharding", "mesh=hsdp_2x4"],
-     "parallel=jit_sharding needs an fsdp axis of 1 but mesh.shape=[2, 4]; use mesh.shape=[-1,1] or parallel=fsdp"),
-    (["parallel=pmap", "mesh=fsdp"],
-     "parallel=pmap needs an fsdp axis of 1 but mesh.shape=[1, 8]; use mesh.shape=[-1,1] or parallel=fsdp"),
-    (["parallel=fsdp", "mesh=hsdp_2x4", "mesh.devices=4"],
-     "mesh.shape=[2, 4] has 8 devices but mesh.devices=4; make the product equal 4 (use -1 to fill)"),
-    (["parallel=fsdp", "mesh=hsdp_2x4", "mesh.devices=16"],
-     "mesh.devices=16 but only 8 cpu devices are visible; raise runtime.cpu_devices (now 8) to at least 16"),
-    (["parallel=fsdp", "mesh=hsdp_2x4", "accum=8", "train.global_batch=96"],
-     "train.global_batch=96 is not divisible by mesh.devices=8 x train.accum_steps=8 = 64; choose a global batch "
-     "that is a multiple of 64 (e.g. 128)"),
-])
+@pytest.mark.parametrize(
+    "overrides, result",
+    [
+        (["parallel=fsdp", "mesh=hsdp_2x4", "accum=4", "precision=bf16"], ((2, 4), 256, 8, 4)),
+        (["parallel=fsdp", "mesh=fsdp"], ((1, 8), 256, 8, 1)),
+        (["parallel=fsdp", "mesh=data"], ((8, 1), 256, 8, 1)),
+        (["parallel=jit_sharding", "mesh=data", "accum=8"], ((8, 1), 256, 8, 8)),
+        (["parallel=pmap", "mesh=fsdp", "mesh.devices=1"], ((1, 1), 256, 1, 1)),
+        (
+            ["parallel=jit_sharding", "mesh=hsdp_2x4"],
+            "parallel=jit_sharding needs an fsdp axis of 1 but mesh.shape=[2, 4]; use mesh.shape=[-1,1] or parallel=fsdp",
+        ),
+        (
+            ["parallel=pmap", "mesh=fsdp"],
+            "parallel=pmap needs an fsdp axis of 1 but mesh.shape=[1, 8]; use mesh.shape=[-1,1] or parallel=fsdp",
+        ),
+        (
+            ["parallel=fsdp", "mesh=hsdp_2x4", "mesh.devices=4"],
+            "mesh.shape=[2, 4] has 8 devices but mesh.devices=4; make the product equal 4 (use -1 to fill)",
+        ),
+        (
+            ["parallel=fsdp", "mesh=hsdp_2x4", "mesh.devices=16"],
+            "mesh.devices=16 but only 8 cpu devices are visible; raise runtime.cpu_devices (now 8) to at least 16",
+        ),
+        (
+            ["parallel=fsdp", "mesh=hsdp_2x4", "accum=8", "train.global_batch=96"],
+            "train.global_batch=96 is not divisible by mesh.devices=8 x train.accum_steps=8 = 64; choose a global batch "
+            "that is a multiple of 64 (e.g. 128)",
+        ),
+    ],
+)
 def test_mesh_and_mode_combinations_plan_or_fail_in_one_line(overrides, result):
     """plan() on 8 simulated devices: (mesh shape, global batch, devices, accumulation) or the one-line error."""
     from parallel import ConfigError
@@ -282,33 +398,65 @@ def test_sweep_presets_compose_every_value():
 
 
 # ---- Hydra's multi-line errors become one line --------------------------------------------------------------------
-@pytest.mark.parametrize("overrides, message", [
-    (["optim.learning_rate=0.5"], "unknown config key optim.learning_rate; known keys of optim: name, lr, momentum, "
-                                  "b1, b2, eps, weight_decay, schedule, warmup_steps, decay_steps, lr_scaling, "
-                                  "base_batch, clip_grad_norm"),
-    (["train.stepz=3"], "unknown config key train.stepz; did you mean train.steps?"),
-    (["paralel=pmap"], "unknown config key paralel; did you mean parallel?"),
-    (["hardware=h100"], "hardware=h100 is not an option of group hardware; choose one of a100_sxm, auto, cpu, custom, "
-                        "h100_sxm, h200_sxm, none, tpu_v4, tpu_v5e, tpu_v5p; did you mean hardware=h100_sxm?"),
-    (["parallel=fsdb"], "parallel=fsdb is not an option of group parallel; choose one of fsdp, jit_sharding, pmap, "
-                        "shard_map; did you mean parallel=fsdp?"),
-    (["precision=bf61"], "precision=bf61 is not an option of group precision; choose one of bf16, fp16, fp32; did "
-                         "you mean precision=bf16?"),
-    (["mesh=hsdp_4x2"], "mesh=hsdp_4x2 is not an option of group mesh; choose one of data, default, fsdp, hsdp_2x4 "
-                        "(or set mesh.devices / mesh.shape directly); did you mean mesh=hsdp_2x4?"),
-    (["train.steps=abc"], "train.steps=abc: Value 'abc' of type 'str' could not be converted to Integer"),
-    (["model=cnn,mlp"], "model=cnn,mlp: a comma-separated value is a sweep (add -m); for a list write key=[a,b], for "
-                        "a string quote it: key='a,b'"),
-    (["accum=2.5"], "Config group override must be a string or a list. Got float: a group option is a name, e.g. "
-                    "accum=4 or parallel=fsdp"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["optim.learning_rate=0.5"],
+            "unknown config key optim.learning_rate; known keys of optim: name, lr, momentum, "
+            "b1, b2, eps, weight_decay, schedule, warmup_steps, decay_steps, lr_scaling, "
+            "base_batch, clip_grad_norm",
+        ),
+        (["train.stepz=3"], "unknown config key train.stepz; did you mean train.steps?"),
+        (["paralel=pmap"], "unknown config key paralel; did you mean parallel?"),
+        (
+            ["hardware=h100"],
+            "hardware=h100 is not an option of group hardware; choose one of a100_sxm, auto, cpu, custom, "
+            "h100_sxm, h200_sxm, none, tpu_v4, tpu_v5e, tpu_v5p; did you mean hardware=h100_sxm?",
+        ),
+        (
+            ["parallel=fsdb"],
+            "parallel=fsdb is not an option of group parallel; choose one of fsdp, jit_sharding, pmap, "
+            "shard_map; did you mean parallel=fsdp?",
+        ),
+        (
+            ["precision=bf61"],
+            "precision=bf61 is not an option of group precision; choose one of bf16, fp16, fp32; did "
+            "you mean precision=bf16?",
+        ),
+        (
+            ["mesh=hsdp_4x2"],
+            "mesh=hsdp_4x2 is not an option of group mesh; choose one of data, default, fsdp, hsdp_2x4 "
+            "(or set mesh.devices / mesh.shape directly); did you mean mesh=hsdp_2x4?",
+        ),
+        (["train.steps=abc"], "train.steps=abc: Value 'abc' of type 'str' could not be converted to Integer"),
+        (
+            ["model=cnn,mlp"],
+            "model=cnn,mlp: a comma-separated value is a sweep (add -m); for a list write key=[a,b], for "
+            "a string quote it: key='a,b'",
+        ),
+        (
+            ["accum=2.5"],
+            "Config group override must be a string or a list. Got float: a group option is a name, e.g. "
+            "accum=4 or parallel=fsdp",
+        ),
+    ],
+)
 def test_composition_errors_are_one_line(overrides, message):
     assert _error(*overrides) == message
 
 
 def test_every_message_is_one_line():
-    cases = [["model=cnn", "model.hidden=1"], ["optim.lr=x"], ["mesh.shape=3"], ["hardware=x"], ["+foo.bar=1"],
-             ["train=1"], ["optim.clip_grad_norm=[1]"], ["precision.loss_scale=1"]]
+    cases = [
+        ["model=cnn", "model.hidden=1"],
+        ["optim.lr=x"],
+        ["mesh.shape=3"],
+        ["hardware=x"],
+        ["+foo.bar=1"],
+        ["train=1"],
+        ["optim.clip_grad_norm=[1]"],
+        ["precision.loss_scale=1"],
+    ]
     for overrides in cases:
         message = _error(*overrides)
         assert message and "\n" not in message and len(message) < 300, (overrides, message)
@@ -321,16 +469,27 @@ def test_train_py_unknown_group_option_is_one_line_and_writes_nothing(tmp_path):
     assert proc.returncode == 1
     assert [ln for ln in proc.stderr.splitlines() if ln.strip()] == [
         "train.py: parallel=fsdb is not an option of group parallel; choose one of fsdp, jit_sharding, pmap, "
-        "shard_map; did you mean parallel=fsdp?"]
+        "shard_map; did you mean parallel=fsdp?"
+    ]
     assert proc.stdout == "" and not run_dir.exists()
 
 
 def test_train_py_sweeps_the_accum_group(tmp_path):
     """``python train.py -m accum=1,4 ...``: one job per option, each with its train.accum_steps."""
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "train.py", "-m", f"hydra.sweep.dir={sweep}", "accum=1,4", "data=synthetic",
-           "train.steps=2", "wandb.mode=disabled", "checkpoint.enabled=false", "mesh.devices=1",
-           "runtime.cpu_devices=1"]
+    cmd = [
+        sys.executable,
+        "train.py",
+        "-m",
+        f"hydra.sweep.dir={sweep}",
+        "accum=1,4",
+        "data=synthetic",
+        "train.steps=2",
+        "wandb.mode=disabled",
+        "checkpoint.enabled=false",
+        "mesh.devices=1",
+        "runtime.cpu_devices=1",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = {}
@@ -339,4 +498,3 @@ def test_train_py_sweeps_the_accum_group(tmp_path):
         summary = json.loads((sweep / job / "summary.json").read_text())
         jobs[job] = (saved["train"]["accum_steps"], summary["status"], summary["train/steps"])
     assert jobs == {"0": (1, "ok", 2), "1": (4, "ok", 2)}
-

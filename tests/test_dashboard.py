@@ -23,8 +23,14 @@ def _cli(*args: str, env: dict) -> subprocess.CompletedProcess:
         [str(REPO)] + ([full_env["PYTHONPATH"]] if full_env.get("PYTHONPATH") else [])
     )
     full_env.update(env)
-    return subprocess.run([sys.executable, "-m", "sweeps.dashboard", *args], cwd=REPO,
-                          env=full_env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "sweeps.dashboard", *args],
+        cwd=REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _find(panels, y):
@@ -44,9 +50,15 @@ def test_workspace_spec_panels_and_group_filter():
     panels = panels_of(spec)
 
     # summary-metric scatter plots against the device count
-    for y in ("perf/examples_per_s", "perf/examples_per_s_per_device", "comm/ratio_model",
-              "comm/bytes_per_step", "mem/state_bytes_per_device",
-              "mem/temp_bytes_per_device", "mem/peak_bytes_per_device"):
+    for y in (
+        "perf/examples_per_s",
+        "perf/examples_per_s_per_device",
+        "comm/ratio_model",
+        "comm/bytes_per_step",
+        "mem/state_bytes_per_device",
+        "mem/temp_bytes_per_device",
+        "mem/peak_bytes_per_device",
+    ):
         panel = _find(panels, f"summary:{y}")
         assert panel["type"] == "Scatter Plot"
         assert panel["x"] == "summary:mesh/devices"
@@ -72,8 +84,7 @@ def test_workspace_spec_panels_and_group_filter():
     # runset filtered to the group
     (runset,) = spec["spec"]["section"]["runSets"]
     assert runset["filters"]["filters"] == [
-        {"key": {"section": "run", "name": "group"}, "op": "=", "value": "sweep-42",
-         "disabled": False}
+        {"key": {"section": "run", "name": "group"}, "op": "=", "value": "sweep-42", "disabled": False}
     ]
     assert workspace.runset_settings.filters == "Metric(\"Group\") == 'sweep-42'"
 
@@ -95,8 +106,16 @@ def test_workspace_objects_use_expected_metric_keys():
 
 
 def test_cli_dry_run_prints_json_spec(tmp_path):
-    res = _cli("--entity", "e", "--project", "p", "--group", "g-1", "--dry-run",
-               env={"HOME": str(tmp_path), "WANDB_CONFIG_DIR": str(tmp_path)})
+    res = _cli(
+        "--entity",
+        "e",
+        "--project",
+        "p",
+        "--group",
+        "g-1",
+        "--dry-run",
+        env={"HOME": str(tmp_path), "WANDB_CONFIG_DIR": str(tmp_path)},
+    )
     assert res.returncode == 0, res.stderr
     spec = json.loads(res.stdout)
     assert spec["entity"] == "e" and spec["project"] == "p"
@@ -105,9 +124,15 @@ def test_cli_dry_run_prints_json_spec(tmp_path):
 
 
 def test_cli_without_api_key_fails_with_one_line(tmp_path):
-    res = _cli("--entity", "e", "--project", "p", "--group", "g",
-               env={"HOME": str(tmp_path), "NETRC": str(tmp_path / "netrc"),
-                    "WANDB_CONFIG_DIR": str(tmp_path)})
+    res = _cli(
+        "--entity",
+        "e",
+        "--project",
+        "p",
+        "--group",
+        "g",
+        env={"HOME": str(tmp_path), "NETRC": str(tmp_path / "netrc"), "WANDB_CONFIG_DIR": str(tmp_path)},
+    )
     assert res.returncode != 0
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
@@ -124,7 +149,8 @@ def _fake_multirun(root: Path) -> Path:
             (d / "summary.json").write_text(json.dumps({"status": "ok", "wandb/group": "sweep-x", "parallel": mode}))
             (d / ".hydra" / "config.yaml").write_text(
                 f"parallel:\n  name: {mode}\n  min_shard_bytes: 0\ntrain:\n  seed: {seed}\n  steps: 80\n"
-                f"mesh:\n  shape: [1, -1]\nwandb:\n  project: proj-a\n  entity: null\n  tags: [t{seed}]\n")
+                f"mesh:\n  shape: [1, -1]\nwandb:\n  project: proj-a\n  entity: null\n  tags: [t{seed}]\n"
+            )
             job += 1
     return root
 
@@ -133,8 +159,13 @@ def test_read_multirun_groups_by_configuration_not_seed(tmp_path):
     from sweeps.dashboard import read_multirun
 
     found = read_multirun(_fake_multirun(tmp_path / "mr"))
-    assert found == {"group": "sweep-x", "project": "proj-a", "entity": None, "config_keys": ["parallel.name"],
-                     "jobs": 4}
+    assert found == {
+        "group": "sweep-x",
+        "project": "proj-a",
+        "entity": None,
+        "config_keys": ["parallel.name"],
+        "jobs": 4,
+    }
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no job under"):
         read_multirun(tmp_path / "empty")
@@ -156,5 +187,8 @@ def test_cli_multirun_folder_dry_run_groups_runset_by_configuration(tmp_path):
 
 def test_cli_without_folder_or_group_is_one_line(tmp_path):
     res = _cli("--dry-run", env={"HOME": str(tmp_path), "WANDB_CONFIG_DIR": str(tmp_path)})
-    assert res.returncode == 2 and res.stderr.strip() == \
-        "sweeps.dashboard: error: missing --project, --group: give a multirun folder or set them"
+    assert (
+        res.returncode == 2
+        and res.stderr.strip()
+        == "sweeps.dashboard: error: missing --project, --group: give a multirun folder or set them"
+    )

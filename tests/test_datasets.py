@@ -66,7 +66,8 @@ def _prepare_fake(name: str, data_dir) -> dict:
 
     Fake.name = name  # the registered dataset's name (and folder), e.g. cifar10/3.0.2
     Fake(data_dir=str(data_dir), file_format="array_record").download_and_prepare(
-        download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+        download_config=tfds.download.DownloadConfig(try_download_gcs=False)
+    )
     return data
 
 
@@ -117,11 +118,19 @@ def test_dataset_options_compose_with_their_shapes():
         assert (c.data.tfds_name, c.data.image_shape, c.data.num_classes) == ("cifar10", [32, 32, 3], 10)
         assert (c.data.augment, c.data.crop_padding, c.data.flip) == (True, 4, True)
         f = to_typed(compose(config_name="config", overrides=["data=fashion_mnist", "data.augment=true"]))
-        assert (f.data.tfds_name, f.data.image_shape, f.data.augment, f.data.flip) == \
-            ("fashion_mnist", [28, 28, 1], True, True)
+        assert (f.data.tfds_name, f.data.image_shape, f.data.augment, f.data.flip) == (
+            "fashion_mnist",
+            [28, 28, 1],
+            True,
+            True,
+        )
         s = to_typed(compose(config_name="config", overrides=["data=synthetic", "data.image_shape=[32,32,3]"]))
-        assert (s.data.image_shape, s.data.train_size, s.data.eval_size, s.data.augment) == \
-            ([32, 32, 3], 60000, 10000, False)
+        assert (s.data.image_shape, s.data.train_size, s.data.eval_size, s.data.augment) == (
+            [32, 32, 3],
+            60000,
+            10000,
+            False,
+        )
 
 
 # ---- TFDS datasets: real prepared files ------------------------------------------------------------------
@@ -150,29 +159,60 @@ def test_whole_pipeline_on_prepared_files(name, prepared, tmp_path):
     """data=<name> exactly as a user runs it, on a prepared copy: load, cache, batches, train, evaluate."""
     data_dir, data = prepared[name]
     shape, n_train, n_test, _ = FAKE[name]
-    overrides = {"cifar10": dict(data__augment="true", data__crop_padding=4, data__flip="true"),
-                 "fashion_mnist": dict()}[name]
-    s = _run(tmp_path, data__name=name, data__tfds_name=name, data__image_shape=list(shape),
-             data__data_dir=data_dir, data__cache_dir=str(tmp_path / "cache"), model__name="cnn", model__width=4,
-             train__global_batch=16, train__steps=6, train__eval_batch=8, train__log_every=3, **overrides)
+    overrides = {
+        "cifar10": dict(data__augment="true", data__crop_padding=4, data__flip="true"),
+        "fashion_mnist": dict(),
+    }[name]
+    s = _run(
+        tmp_path,
+        data__name=name,
+        data__tfds_name=name,
+        data__image_shape=list(shape),
+        data__data_dir=data_dir,
+        data__cache_dir=str(tmp_path / "cache"),
+        model__name="cnn",
+        model__width=4,
+        train__global_batch=16,
+        train__steps=6,
+        train__eval_batch=8,
+        train__log_every=3,
+        **overrides,
+    )
     assert s["status"] == "ok" and s["train/steps"] == 6 and s["mesh/devices"] == 8
     assert s["train/steps_per_epoch"] == n_train // 16
     correct = s["eval/accuracy"] * n_test  # exact denominator: the whole test split, padding masked
     assert abs(correct - round(correct)) < 1e-9 and math.isfinite(s["eval/loss"])
     assert [r["step"] for r in _records(tmp_path) if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
-    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == \
-        [f"{name}-{FAKE[name][3]}-test.npz", f"{name}-{FAKE[name][3]}-train.npz"]
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [
+        f"{name}-{FAKE[name][3]}-test.npz",
+        f"{name}-{FAKE[name][3]}-train.npz",
+    ]
 
 
 def test_wrong_image_shape_or_classes_is_one_line(prepared, tmp_path):
     data_dir, _ = prepared["cifar10"]
     with pytest.raises(ConfigError, match=r"data.image_shape=\[28, 28, 1\].*\[32, 32, 3\]"):
-        _run(tmp_path, data__name="cifar10", data__tfds_name="cifar10", data__data_dir=data_dir,
-             data__cache_dir=str(tmp_path), train__global_batch=16, train__steps=1)
+        _run(
+            tmp_path,
+            data__name="cifar10",
+            data__tfds_name="cifar10",
+            data__data_dir=data_dir,
+            data__cache_dir=str(tmp_path),
+            train__global_batch=16,
+            train__steps=1,
+        )
     with pytest.raises(ConfigError, match=r"data.num_classes=5 .* label [5-9]"):
-        _run(tmp_path, data__name="cifar10", data__tfds_name="cifar10", data__image_shape=[32, 32, 3],
-             data__num_classes=5, data__data_dir=data_dir, data__cache_dir=str(tmp_path),
-             train__global_batch=16, train__steps=1)
+        _run(
+            tmp_path,
+            data__name="cifar10",
+            data__tfds_name="cifar10",
+            data__image_shape=[32, 32, 3],
+            data__num_classes=5,
+            data__data_dir=data_dir,
+            data__cache_dir=str(tmp_path),
+            train__global_batch=16,
+            train__steps=1,
+        )
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
@@ -198,8 +238,11 @@ def _mock_data(num_examples: int):
                 value = functools.partial(value.func, self, **value.keywords)  # bind the missing `self`
             super().__setattr__(name, value)
 
-    return tfds.testing.mock_data(num_examples=num_examples, policy=tfds.testing.MockPolicy.USE_CODE,
-                                  mock_array_record_data_source=_DataSourceMock())
+    return tfds.testing.mock_data(
+        num_examples=num_examples,
+        policy=tfds.testing.MockPolicy.USE_CODE,
+        mock_array_record_data_source=_DataSourceMock(),
+    )
 
 
 @pytest.mark.parametrize("name", list(FAKE))
@@ -210,10 +253,21 @@ def test_mock_data_whole_pipeline(name, tmp_path):
         assert ds.images.shape == (48, *shape) and ds.images.dtype == np.uint8
         assert ds.labels.dtype == np.int32 and set(ds.labels.tolist()) <= set(range(10))
         assert len({im.tobytes() for im in ds.images}) == 48  # 48 different random images
-        s = _run(tmp_path / "run", data__name=name, data__tfds_name=name, data__image_shape=list(shape),
-                 data__data_dir=str(tmp_path / "unused"), data__cache_dir=str(tmp_path / "cache"),
-                 data__augment="true", model__name="cnn", model__width=4, train__global_batch=16,
-                 train__steps=3, train__eval_batch=16, train__log_every=3)
+        s = _run(
+            tmp_path / "run",
+            data__name=name,
+            data__tfds_name=name,
+            data__image_shape=list(shape),
+            data__data_dir=str(tmp_path / "unused"),
+            data__cache_dir=str(tmp_path / "cache"),
+            data__augment="true",
+            model__name="cnn",
+            model__width=4,
+            train__global_batch=16,
+            train__steps=3,
+            train__eval_batch=16,
+            train__log_every=3,
+        )
     assert s["status"] == "ok" and s["train/steps"] == 3 and s["train/steps_per_epoch"] == 3
     correct = s["eval/accuracy"] * 48
     assert abs(correct - round(correct)) < 1e-9 and math.isfinite(s["train/loss"])
@@ -242,42 +296,73 @@ def test_synthetic_source_is_a_fixed_split_of_train_size_examples():
     pixels = np.concatenate([x["image"].ravel() for x in batches[8][:4]])
     assert abs(pixels.mean() - 127.5) < 2.0 and pixels.min() == 0 and pixels.max() == 255
     assert SyntheticSource(shape, classes, size, b, seed=5, with_index=False).device_batch(
-        0, exp.mode.batch_layout()).keys() == {"image", "label"}
+        0, exp.mode.batch_layout()
+    ).keys() == {"image", "label"}
     with pytest.raises(ValueError, match="data.train_size=8"):
         SyntheticSource(shape, classes, 8, b, seed=5)
 
 
 def test_synthetic_sizes_and_shape_are_honoured_end_to_end(tmp_path):
-    s = _run(tmp_path, data__name="synthetic", data__tfds_name="null", data__image_shape=[20, 12, 2],
-             data__num_classes=7, data__train_size=96, data__eval_size=37, train__global_batch=32, train__epochs=2,
-             train__eval_batch=16, train__log_every=100, model__hidden=8)
+    s = _run(
+        tmp_path,
+        data__name="synthetic",
+        data__tfds_name="null",
+        data__image_shape=[20, 12, 2],
+        data__num_classes=7,
+        data__train_size=96,
+        data__eval_size=37,
+        train__global_batch=32,
+        train__epochs=2,
+        train__eval_batch=16,
+        train__log_every=100,
+        model__hidden=8,
+    )
     assert s["status"] == "ok" and s["train/steps_per_epoch"] == 3 and s["train/steps"] == 6
     correct = s["eval/accuracy"] * 37  # the eval split has exactly data.eval_size examples
     assert abs(correct - round(correct)) < 1e-9
 
 
-SMALL_MODELS = {"mlp": dict(model__hidden=16), "cnn": dict(model__width=4), "resnet": dict(model__width=4),
-                "vit": dict(model__width=16, model__depth=1, model__patch=8, model__heads=2, model__mlp_ratio=2)}
+SMALL_MODELS = {
+    "mlp": dict(model__hidden=16),
+    "cnn": dict(model__width=4),
+    "resnet": dict(model__width=4),
+    "vit": dict(model__width=16, model__depth=1, model__patch=8, model__heads=2, model__mlp_ratio=2),
+}
 
 
-@pytest.mark.parametrize("model", [pytest.param(m, marks=[pytest.mark.slow] if m in ("resnet", "vit") else [])
-                                   for m in SMALL_MODELS])
+@pytest.mark.parametrize(
+    "model", [pytest.param(m, marks=[pytest.mark.slow] if m in ("resnet", "vit") else []) for m in SMALL_MODELS]
+)
 def test_synthetic_32x32x3_trains_every_model(model, tmp_path):
     """data=synthetic data.image_shape=[32,32,3] (CIFAR-shaped) with every model, 8 devices, end to end."""
-    s = _run(tmp_path, data__name="synthetic", data__tfds_name="null", data__image_shape=[32, 32, 3],
-             data__train_size=256, data__eval_size=40, train__global_batch=32, train__steps=2, train__eval_batch=16,
-             train__log_every=1, model__name=model, **SMALL_MODELS[model])
+    s = _run(
+        tmp_path,
+        data__name="synthetic",
+        data__tfds_name="null",
+        data__image_shape=[32, 32, 3],
+        data__train_size=256,
+        data__eval_size=40,
+        train__global_batch=32,
+        train__steps=2,
+        train__eval_batch=16,
+        train__log_every=1,
+        model__name=model,
+        **SMALL_MODELS[model],
+    )
     assert s["status"] == "ok" and s["train/steps"] == 2 and s["mesh/devices"] == 8
     assert math.isfinite(s["train/loss"]) and math.isfinite(s["eval/loss"])
     correct = s["eval/accuracy"] * 40
     assert abs(correct - round(correct)) < 1e-9
 
 
-@pytest.mark.parametrize("dotted,needles", [
-    (dict(data__train_size=100, train__global_batch=256), ["data.train_size=100", "train.global_batch=256"]),
-    (dict(data__eval_size=0), ["data.eval_size=0"]),
-    (dict(data__image_shape=[28, 28]), ["data.image_shape=[28, 28]"]),
-])
+@pytest.mark.parametrize(
+    "dotted,needles",
+    [
+        (dict(data__train_size=100, train__global_batch=256), ["data.train_size=100", "train.global_batch=256"]),
+        (dict(data__eval_size=0), ["data.eval_size=0"]),
+        (dict(data__image_shape=[28, 28]), ["data.image_shape=[28, 28]"]),
+    ],
+)
 def test_bad_synthetic_settings_are_one_line(dotted, needles, tmp_path):
     with pytest.raises(ConfigError) as err:
         _run(tmp_path, data__name="synthetic", data__tfds_name="null", **dotted)
@@ -295,7 +380,7 @@ def _windows(image: np.ndarray, p: int):
     out = {}
     for dy in range(2 * p + 1):
         for dx in range(2 * p + 1):
-            crop = padded[dy:dy + h, dx:dx + w]
+            crop = padded[dy : dy + h, dx : dx + w]
             out[(dy, dx, False)] = crop
             out[(dy, dx, True)] = crop[:, ::-1]
     return out
@@ -319,8 +404,9 @@ def test_augmentation_is_a_random_padded_crop_and_flip():
     assert 0.4 < flips < 0.6
     # crop only / flip only / nothing
     crop_only = np.asarray(augment_images(jnp.asarray(images), keys, AugmentSpec(p, False)))
-    assert all(any(np.array_equal(v, a) for (_, _, f), v in _windows(i, p).items() if not f)
-               for i, a in zip(images, crop_only))
+    assert all(
+        any(np.array_equal(v, a) for (_, _, f), v in _windows(i, p).items() if not f) for i, a in zip(images, crop_only)
+    )
     flip_only = np.asarray(augment_images(jnp.asarray(images), keys, AugmentSpec(0, True)))
     assert all(np.array_equal(a, i) or np.array_equal(a, i[:, ::-1]) for i, a in zip(images, flip_only))
     assert np.array_equal(np.asarray(augment_images(jnp.asarray(images), keys, AugmentSpec(0, False))), images)
@@ -352,8 +438,16 @@ _aug_reference: dict = {}
 
 
 def _aug_cfg(**dotted):
-    return make_cfg(data__augment="true", data__crop_padding=3, data__flip="true", optim__name="sgd",
-                    optim__lr=0.1, model__hidden=32, train__global_batch=64, **dotted)
+    return make_cfg(
+        data__augment="true",
+        data__crop_padding=3,
+        data__flip="true",
+        optim__name="sgd",
+        optim__lr=0.1,
+        model__hidden=32,
+        train__global_batch=64,
+        **dotted,
+    )
 
 
 def _aug_ref():
@@ -362,13 +456,15 @@ def _aug_ref():
     return _aug_reference["aug"]
 
 
-@pytest.mark.parametrize("mode,accum", [("pmap", 1), ("jit_sharding", 1), ("shard_map", 1), ("fsdp", 1),
-                                        ("jit_sharding", 2)])
+@pytest.mark.parametrize(
+    "mode,accum", [("pmap", 1), ("jit_sharding", 1), ("shard_map", 1), ("fsdp", 1), ("jit_sharding", 2)]
+)
 def test_augmented_training_is_independent_of_device_count(mode, accum):
     """8 devices (and microbatches) see the same crops and flips as 1 device: equal losses and parameters."""
     ref_losses, ref_state, _, _ = _aug_ref()
-    losses, state, exp, _ = run_steps(_aug_cfg(parallel__name=mode, mesh__devices=8, train__accum_steps=accum),
-                                      AUG_DATA, AUG_STEPS)
+    losses, state, exp, _ = run_steps(
+        _aug_cfg(parallel__name=mode, mesh__devices=8, train__accum_steps=accum), AUG_DATA, AUG_STEPS
+    )
     assert exp.mode.num_devices == 8
     assert np.max(np.abs(losses - ref_losses)) <= 1e-6
     assert max_abs_diff(state.params, ref_state.params) <= 1e-6
@@ -379,8 +475,11 @@ def test_augmentation_changes_training_but_not_evaluation():
     from training.run import evaluate
 
     aug_losses, aug_state, aug_exp, _ = _aug_ref()
-    plain_losses, _, _, _ = run_steps(make_cfg(optim__name="sgd", optim__lr=0.1, model__hidden=32,
-                                               train__global_batch=64, mesh__devices=1), AUG_DATA, AUG_STEPS)
+    plain_losses, _, _, _ = run_steps(
+        make_cfg(optim__name="sgd", optim__lr=0.1, model__hidden=32, train__global_batch=64, mesh__devices=1),
+        AUG_DATA,
+        AUG_STEPS,
+    )
     assert aug_losses[0] != plain_losses[0]  # the augmented images are different inputs
     assert np.max(np.abs(aug_losses - plain_losses)) > 1e-3
     plain_exp = build(plan(make_cfg(model__hidden=32, train__global_batch=64, mesh__devices=1)))

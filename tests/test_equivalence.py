@@ -27,8 +27,9 @@ def reference(opt: str):
 @pytest.mark.parametrize("opt", ["sgd", "adam"])
 @pytest.mark.parametrize("mode,devices,shape", CASES, ids=[f"{m}-{n}-{s}" for m, n, s in CASES])
 def test_mode_matches_single_device(mode, devices, shape, opt):
-    cfg = make_cfg({"mesh": {"shape": shape}}, parallel__name=mode, mesh__devices=devices, optim__name=opt,
-                   optim__lr=LR[opt])
+    cfg = make_cfg(
+        {"mesh": {"shape": shape}}, parallel__name=mode, mesh__devices=devices, optim__name=opt, optim__lr=LR[opt]
+    )
     assert_matches_reference(run_steps(cfg, DATA, STEPS), reference(opt), TOL[opt], devices, STEPS)
 
 

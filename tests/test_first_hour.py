@@ -28,11 +28,13 @@ def test_diverged_run_fails_with_one_line(tmp_path):
     proc = run_train(run_dir, "data=synthetic", "optim=sgd", "optim.lr=1e37", "train.steps=1", "wandb.mode=disabled")
     assert proc.returncode == 1
     (err,) = error_lines(proc)
-    assert err == ("error: the run diverged: final eval/loss=inf is not finite; lower optim.lr, enable "
-                   "optim.clip_grad_norm, or, under bf16/fp16, use precision=fp32")
+    assert err == (
+        "error: the run diverged: final eval/loss=inf is not finite; lower optim.lr, enable "
+        "optim.clip_grad_norm, or, under bf16/fp16, use precision=fp32"
+    )
     assert "Traceback" not in proc.stderr
     s = summary(run_dir)
-    assert s["status"] == "failed" and s["error"] == err[len("error: "):]
+    assert s["status"] == "failed" and s["error"] == err[len("error: ") :]
     strict = lambda c: (_ for _ in ()).throw(ValueError(c))  # noqa: E731  (NaN/Infinity are not JSON)
     records = [json.loads(l, parse_constant=strict) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     final = records[-1]
@@ -48,8 +50,14 @@ def test_strict_record_writes_null_and_lists_the_keys():
     from training.report import strict_record
 
     rec = {"step": 3, "a": float("nan"), "b": np.float32("-inf"), "c": 1.5, "d": [float("inf"), 2.0]}
-    assert strict_record(rec) == {"step": 3, "a": None, "b": None, "c": 1.5, "d": [None, 2.0],
-                                  "nonfinite": {"a": "nan", "b": "-inf"}}
+    assert strict_record(rec) == {
+        "step": 3,
+        "a": None,
+        "b": None,
+        "c": 1.5,
+        "d": [None, 2.0],
+        "nonfinite": {"a": "nan", "b": "-inf"},
+    }
     assert strict_record({"step": 1, "c": 1.0}) == {"step": 1, "c": 1.0}
 
 
@@ -66,8 +74,16 @@ def _sweep(tmp_path, *overrides):
     env = {"WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
     import os
 
-    cmd = [sys.executable, "train.py", "-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "data=synthetic",
-           "train.steps=2", "wandb.mode=disabled", *overrides]
+    cmd = [
+        sys.executable,
+        "train.py",
+        "-m",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        "data=synthetic",
+        "train.steps=2",
+        "wandb.mode=disabled",
+        *overrides,
+    ]
     return subprocess.run(cmd, cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
 
 
@@ -77,8 +93,10 @@ def test_sweep_with_a_failed_job_exits_nonzero(tmp_path, launcher):
     assert proc.returncode == 1, proc.stderr[-3000:]
     lines = proc.stderr.splitlines()
     i = lines.index("1 of 2 jobs failed")
-    assert lines[i + 1] == (f"  {tmp_path / 'sweep' / '0'}: train.global_batch=250 is not divisible by "
-                            f"mesh.devices=8; choose a global batch that is a multiple of 8 (e.g. 248)")
+    assert lines[i + 1] == (
+        f"  {tmp_path / 'sweep' / '0'}: train.global_batch=250 is not divisible by "
+        f"mesh.devices=8; choose a global batch that is a multiple of 8 (e.g. 248)"
+    )
     assert summary(tmp_path / "sweep" / "1")["status"] == "ok"
 
 
@@ -103,19 +121,33 @@ def test_evaluate_overrides_compose_like_train():
     from parallel import ConfigError
     from utils import make_cfg
 
-    saved = as_dict(make_cfg(train__seed=7, model__hidden=64, parallel__name="fsdp", precision__name="bf16",
-                             precision__compute_dtype="bfloat16"))
+    saved = as_dict(
+        make_cfg(
+            train__seed=7,
+            model__hidden=64,
+            parallel__name="fsdp",
+            precision__name="bf16",
+            precision__compute_dtype="bfloat16",
+        )
+    )
     cfg = compose_eval_config(saved, ["parallel=pmap", "mesh.devices=2"])
     assert (cfg.parallel.name, cfg.mesh.devices, cfg.train.seed, cfg.model.hidden) == ("pmap", 2, 7, 64)
     assert cfg.precision.compute_dtype == "bfloat16" and cfg.wandb.mode == "disabled"  # saved, EVAL_DEFAULTS
     # the option picks the schema: parallel.name alone would put pmap's name on jit_sharding's node
-    with pytest.raises(ConfigError, match=r"^parallel.name=pmap does not match the chosen option "
-                                          r"parallel=jit_sharding; choose the parallel with parallel=pmap$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^parallel.name=pmap does not match the chosen option "
+        r"parallel=jit_sharding; choose the parallel with parallel=pmap$",
+    ):
         compose_eval_config(saved, ["parallel.name=pmap"])
     assert compose_eval_config(saved, []).parallel.name == "jit_sharding"
     assert compose_eval_config(saved, ["precision=fp32"]).precision.compute_dtype == "float32"
-    for bad, needle in ((["parallel=pmapp"], "parallel=pmapp is not an option"), (["paralel=pmap"], "paralel"),
-                        (["+foo=1"], "foo"), (["mesh.devices=1,2"], "not a sweep")):
+    for bad, needle in (
+        (["parallel=pmapp"], "parallel=pmapp is not an option"),
+        (["paralel=pmap"], "paralel"),
+        (["+foo=1"], "foo"),
+        (["mesh.devices=1,2"], "not a sweep"),
+    ):
         with pytest.raises(ConfigError, match=needle):
             compose_eval_config(saved, bad)
 
@@ -125,26 +157,31 @@ def test_long_wandb_tag_fails_at_start(tmp_path):
     run_dir = tmp_path / "run"
     proc = run_train(run_dir, "data=synthetic", "train.steps=10", f"wandb.tags=[{'t' * 70}]")
     assert proc.returncode == 1
-    assert error_lines(proc) == ["error: wandb.tags[0]='tttttttttttttttttttt...' is 70 characters; W&B tags must "
-                                 "have 1 to 64 characters: shorten it"]
+    assert error_lines(proc) == [
+        "error: wandb.tags[0]='tttttttttttttttttttt...' is 70 characters; W&B tags must "
+        "have 1 to 64 characters: shorten it"
+    ]
     assert "Traceback" not in proc.stderr and not (run_dir / "metrics.jsonl").exists()
 
 
-@pytest.mark.parametrize("dotted,needle", [
-    ({"wandb__tags": "[" + "x" * 65 + "]"}, "65 characters"),
-    ({"wandb__tags": "['']"}, "0 characters"),
-    ({"wandb__project": "a/b"}, "wandb.project='a/b'"),
-    ({"wandb__project": "p" * 129}, "1 to 128"),
-    ({"wandb__group": "g" * 129}, "wandb.group="),
-    ({"wandb__entity": "a b"}, "wandb.entity='a b'"),
-    ({"xla__flags": "[xla_gpu_foo=1]"}, "--name or --name=value"),
-    ({"xla__flags": "['--xla_not_a_flag=1']"}, "XLA does not know --xla_not_a_flag=1"),
-    ({"checkpoint__dir": "'/tmp/a[1]'"}, "checkpoint.dir='/tmp/a[1]' contains [ ]"),
-    ({"checkpoint__resume": "/tmp/ck*"}, "checkpoint.resume='/tmp/ck*' contains *"),
-    ({"data__data_dir": "/d?"}, "data.data_dir='/d?' contains ?"),
-    ({"data__name": "mnist", "data__tfds_name": "mnsit"}, "TFDS has no dataset 'mnsit'; did you mean mnist"),
-    ({"data__name": "mnist", "data__tfds_name": "MNIST!"}, "is not a TFDS name"),
-])
+@pytest.mark.parametrize(
+    "dotted,needle",
+    [
+        ({"wandb__tags": "[" + "x" * 65 + "]"}, "65 characters"),
+        ({"wandb__tags": "['']"}, "0 characters"),
+        ({"wandb__project": "a/b"}, "wandb.project='a/b'"),
+        ({"wandb__project": "p" * 129}, "1 to 128"),
+        ({"wandb__group": "g" * 129}, "wandb.group="),
+        ({"wandb__entity": "a b"}, "wandb.entity='a b'"),
+        ({"xla__flags": "[xla_gpu_foo=1]"}, "--name or --name=value"),
+        ({"xla__flags": "['--xla_not_a_flag=1']"}, "XLA does not know --xla_not_a_flag=1"),
+        ({"checkpoint__dir": "'/tmp/a[1]'"}, "checkpoint.dir='/tmp/a[1]' contains [ ]"),
+        ({"checkpoint__resume": "/tmp/ck*"}, "checkpoint.resume='/tmp/ck*' contains *"),
+        ({"data__data_dir": "/d?"}, "data.data_dir='/d?' contains ?"),
+        ({"data__name": "mnist", "data__tfds_name": "mnsit"}, "TFDS has no dataset 'mnsit'; did you mean mnist"),
+        ({"data__name": "mnist", "data__tfds_name": "MNIST!"}, "is not a TFDS name"),
+    ],
+)
 def test_library_settings_are_refused_in_plan(dotted, needle):
     from parallel import ConfigError
     from training.build import plan
@@ -158,8 +195,13 @@ def test_valid_library_settings_pass():
     from training.validate import check_library_settings, check_path
     from utils import make_cfg
 
-    check_library_settings(make_cfg(wandb__tags="[" + "x" * 64 + "]", xla__flags="['--xla_cpu_use_thunk_runtime=true']",
-                                    checkpoint__dir="'/tmp/sp ace,=%#é'"))
+    check_library_settings(
+        make_cfg(
+            wandb__tags="[" + "x" * 64 + "]",
+            xla__flags="['--xla_cpu_use_thunk_runtime=true']",
+            checkpoint__dir="'/tmp/sp ace,=%#é'",
+        )
+    )
     check_path("checkpoint.dir", "/tmp/a b/c=d,e%f#g/é")
 
 
@@ -167,14 +209,20 @@ def test_valid_library_settings_pass():
 def test_special_characters_in_checkpoint_dir_work_end_to_end(tmp_path):
     ckpt = tmp_path / "ck sp,a=c%e#é"
     run_dir = tmp_path / "run%1"  # (run_train passes hydra.run.dir unquoted: no space, comma, # or é)
-    common = ["data=synthetic", "train.steps=4", "wandb.mode=disabled", "checkpoint.every=2",
-              f"checkpoint.dir='{ckpt}'"]
+    common = [
+        "data=synthetic",
+        "train.steps=4",
+        "wandb.mode=disabled",
+        "checkpoint.every=2",
+        f"checkpoint.dir='{ckpt}'",
+    ]
     proc = run_train(run_dir, *common)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in ckpt.iterdir()) == ["2", "4"]
     assert (ckpt / "4" / "state" / "manifest.ocdbt").exists()  # the OCDBT merge ran: the step is whole
-    out = subprocess.run([sys.executable, "-m", "evaluate", str(ckpt), "--json"], cwd=REPO, capture_output=True,
-                         text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "evaluate", str(ckpt), "--json"], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout)
     assert result["step"] == 4 and result["eval/accuracy"] == summary(run_dir)["eval/accuracy"]
@@ -192,24 +240,40 @@ def test_resume_conflicts_rule():
     from utils import make_cfg
 
     saved = as_dict(make_cfg())
-    allowed = as_dict(make_cfg(train__steps=500, train__log_every=7, mesh__devices=4, parallel__name="pmap",
-                               checkpoint__keep=9, wandb__mode="offline", train__global_batch=256))
+    allowed = as_dict(
+        make_cfg(
+            train__steps=500,
+            train__log_every=7,
+            mesh__devices=4,
+            parallel__name="pmap",
+            checkpoint__keep=9,
+            wandb__mode="offline",
+            train__global_batch=256,
+        )
+    )
     assert resume_conflicts(saved, allowed, 256, 256) == []
     # weak scaling with the same resolved global batch (32 x 8 = 256) is the same run
     assert resume_conflicts(saved, as_dict(make_cfg(train__per_device_batch=32)), 256, 256) == []
     assert resume_conflicts(saved, as_dict(make_cfg(train__per_device_batch=16)), 256, 128) == [
-        "train.per_device_batch: None -> 16"]
+        "train.per_device_batch: None -> 16"
+    ]
     refused = as_dict(make_cfg(train__seed=1, optim__lr=0.5, model__hidden=64, train__accum_steps=2))
     assert resume_conflicts(saved, refused, 256, 256) == [
-        "model.hidden: 256 -> 64", "optim.lr: 0.001 -> 0.5", "train.accum_steps: 1 -> 2", "train.seed: 0 -> 1"]
+        "model.hidden: 256 -> 64",
+        "optim.lr: 0.001 -> 0.5",
+        "train.accum_steps: 1 -> 2",
+        "train.seed: 0 -> 1",
+    ]
 
 
 def test_sweep_sharing_a_checkpoint_dir_refuses_the_second_seed(tmp_path):
     ckpt = tmp_path / "ck"
     proc = _sweep(tmp_path, "train.steps=3", f"checkpoint.dir={ckpt}", "train.seed=0,1")
     assert proc.returncode == 1, proc.stderr[-3000:]
-    line = (f"checkpoint {ckpt / '3'} was trained with other settings (train.seed: 0 -> 1); to resume it set them "
-            f"back, otherwise give this run its own checkpoint.dir (the checkpoint is kept as it is)")
+    line = (
+        f"checkpoint {ckpt / '3'} was trained with other settings (train.seed: 0 -> 1); to resume it set them "
+        f"back, otherwise give this run its own checkpoint.dir (the checkpoint is kept as it is)"
+    )
     assert f"error: {line}" in proc.stderr.splitlines()
     assert "1 of 2 jobs failed" in proc.stderr.splitlines()
     assert sorted(p.name for p in ckpt.iterdir()) == ["3"]  # the healthy checkpoint is neither moved nor renamed
@@ -273,8 +337,15 @@ def test_killed_before_first_checkpoint_then_finished_then_rerun(tmp_path):
     wb = read_run(runs[2])
     assert wb["config"]["resumed"] == {"previous_wandb_run_id": first["wandb/run_id"], "step": 60}
     assert s["wandb/previous_run_id"] == first["wandb/run_id"] != s["wandb/run_id"]
-    for key in ("train/loss", "train/accuracy", "optim/lr", "perf/examples_per_s", "sync/max_replica_divergence",
-                "eval/loss", "eval/accuracy"):
+    for key in (
+        "train/loss",
+        "train/accuracy",
+        "optim/lr",
+        "perf/examples_per_s",
+        "sync/max_replica_divergence",
+        "eval/loss",
+        "eval/accuracy",
+    ):
         assert wb["summary"][key] == s[key], key
 
 
@@ -284,26 +355,46 @@ def test_absolute_paths_against_the_launch_folder(tmp_path):
     from utils import make_cfg
 
     env = {"TFDS_DATA_DIR": "data/tfds"}
-    cfg = absolute_paths(make_cfg(checkpoint__dir="ck/x", checkpoint__resume="old/5", data__data_dir="d",
-                                  data__cache_dir="/abs/cache"), tmp_path, env)
+    cfg = absolute_paths(
+        make_cfg(checkpoint__dir="ck/x", checkpoint__resume="old/5", data__data_dir="d", data__cache_dir="/abs/cache"),
+        tmp_path,
+        env,
+    )
     assert (cfg.checkpoint.dir, cfg.checkpoint.resume, cfg.data.data_dir, cfg.data.cache_dir) == (
-        str(tmp_path / "ck/x"), str(tmp_path / "old/5"), str(tmp_path / "d"), "/abs/cache")
+        str(tmp_path / "ck/x"),
+        str(tmp_path / "old/5"),
+        str(tmp_path / "d"),
+        "/abs/cache",
+    )
     assert env["TFDS_DATA_DIR"] == str(tmp_path / "data/tfds")
     assert absolute_paths(make_cfg(), tmp_path, {}).checkpoint.resume == "auto"
     cache = absolute_paths(make_cfg(runtime__compilation_cache_dir="jc"), tmp_path, {}).runtime
     assert cache.compilation_cache_dir == str(tmp_path / "jc")
-    assert absolute_paths(make_cfg({"runtime": {"compilation_cache_dir": None}}), tmp_path, {}).runtime \
-        .compilation_cache_dir is None
+    assert (
+        absolute_paths(
+            make_cfg({"runtime": {"compilation_cache_dir": None}}), tmp_path, {}
+        ).runtime.compilation_cache_dir
+        is None
+    )
 
 
 def test_chdir_true_keeps_relative_checkpoint_dir_in_the_launch_folder(tmp_path):
     import os
 
     def train(i):
-        cmd = [sys.executable, str(REPO / "train.py"), "data=synthetic", "train.steps=3", "wandb.mode=disabled",
-               "checkpoint.dir=ck/x", "hydra.job.chdir=true", f"hydra.run.dir=run{i}"]
-        return subprocess.run(cmd, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
-                              text=True, timeout=600)
+        cmd = [
+            sys.executable,
+            str(REPO / "train.py"),
+            "data=synthetic",
+            "train.steps=3",
+            "wandb.mode=disabled",
+            "checkpoint.dir=ck/x",
+            "hydra.job.chdir=true",
+            f"hydra.run.dir=run{i}",
+        ]
+        return subprocess.run(
+            cmd, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600
+        )
 
     assert train(1).returncode == 0
     assert sorted(p.name for p in (tmp_path / "ck" / "x").iterdir()) == ["3"]
@@ -334,8 +425,11 @@ def test_mnist_is_prepared_from_raw_files_without_tensorflow(tmp_path):
         want = load_tfds_split("mnist", split, str(SHARED_TFDS), str(tmp_path / "cache_ref"))
         assert len(got) == n and np.array_equal(got.images, want.images) and np.array_equal(got.labels, want.labels)
     assert sorted(p.name for p in (tmp_path / "tfds" / "mnist" / "3.0.1").iterdir()) == [
-        "dataset_info.json", "features.json", "mnist-test.array_record-00000-of-00001",
-        "mnist-train.array_record-00000-of-00001"]
+        "dataset_info.json",
+        "features.json",
+        "mnist-test.array_record-00000-of-00001",
+        "mnist-train.array_record-00000-of-00001",
+    ]
 
 
 def test_missing_dataset_without_network_or_download_is_one_line(tmp_path, monkeypatch):
@@ -352,7 +446,8 @@ def test_missing_dataset_without_network_or_download_is_one_line(tmp_path, monke
     assert str(e.value) == (
         f"dataset 'mnist' is not prepared in {tmp_path} and storage.googleapis.com cannot be reached (OSError: "
         f"[Errno -2] Name or service not known); connect to the internet, put the raw files in "
-        f"{tmp_path / 'downloads' / 'manual'}, point TFDS_DATA_DIR at a prepared copy, or run with data=synthetic")
+        f"{tmp_path / 'downloads' / 'manual'}, point TFDS_DATA_DIR at a prepared copy, or run with data=synthetic"
+    )
     with pytest.raises(DataError, match="is not prepared in .* and data.download=false"):
         load_tfds_split("mnist", "train", str(tmp_path), str(tmp_path / "cache"), download=False)
 
@@ -360,12 +455,20 @@ def test_missing_dataset_without_network_or_download_is_one_line(tmp_path, monke
 # ---- output that explains itself ----------------------------------------------------------------------------------
 def test_startup_line_and_one_train_log_line_per_window(tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_train(run_dir, "data=synthetic", "train.steps=20", "train.log_every=10", "wandb.mode=disabled",
-                     "train.global_batch=128")
+    proc = run_train(
+        run_dir,
+        "data=synthetic",
+        "train.steps=20",
+        "train.log_every=10",
+        "wandb.mode=disabled",
+        "train.global_batch=128",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [l.split(" - ", 1)[1] for l in (run_dir / "train.log").read_text().splitlines() if " - " in l]
-    assert ("start: 8 cpu devices (cpu), 1 process, jit_sharding mesh [8, 1], fp32, batch 128 global / 16 per "
-            "device, accum 1, 20 steps, mlp 203,530 params, data synthetic") in lines
+    assert (
+        "start: 8 cpu devices (cpu), 1 process, jit_sharding mesh [8, 1], fp32, batch 128 global / 16 per "
+        "device, accum 1, 20 steps, mlp 203,530 params, data synthetic"
+    ) in lines
     windows = [l for l in lines if l.startswith("step ")]
     assert [w.split()[1] for w in windows] == ["10/20", "20/20"] and all(" examples/s=" in w for w in windows)
     assert "Unable to initialize backend 'tpu'" not in proc.stderr and "OpenCV" not in proc.stderr
@@ -379,8 +482,10 @@ def test_launch_local_leaves_out_gloo_connection_lines(tmp_path):
     launch = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(launch)
     src = tmp_path / "src"
-    src.write_bytes(b"start\n[Gloo] Rank 3 is connected to 3 peer ranks. Expected number of connected peer ranks is"
-                    b" : 3\ntrain: 50%\rtrain: 100%\nerror: real\n")
+    src.write_bytes(
+        b"start\n[Gloo] Rank 3 is connected to 3 peer ranks. Expected number of connected peer ranks is"
+        b" : 3\ntrain: 50%\rtrain: 100%\nerror: real\n"
+    )
     out, counter = tmp_path / "out", [0]
     with open(src, "rb") as s, open(out, "wb") as d:
         launch.forward_filtered(s, d, counter)

@@ -82,7 +82,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         stack.pop()
@@ -116,8 +116,13 @@ def test_no_import_cycles_among_repository_modules():
 
 
 def test_nothing_under_parallel_imports_training_or_data():
-    bad = sorted(f"{mod} imports {dep}" for mod, deps in import_graph().items() if mod.startswith("parallel")
-                 for dep in deps if dep.split(".")[0] in ("training", "data"))
+    bad = sorted(
+        f"{mod} imports {dep}"
+        for mod, deps in import_graph().items()
+        if mod.startswith("parallel")
+        for dep in deps
+        if dep.split(".")[0] in ("training", "data")
+    )
     assert bad == []
 
 
@@ -141,6 +146,9 @@ def test_private_jax_apis_resolve_on_the_pinned_jax():
 
 
 def test_private_jax_imports_only_in_compat():
-    users = sorted(str(p.relative_to(REPO)) for p in repo_modules(everywhere=True).values()
-                   if any(m.startswith("jax._src") for m in imported_modules(p)))
+    users = sorted(
+        str(p.relative_to(REPO))
+        for p in repo_modules(everywhere=True).values()
+        if any(m.startswith("jax._src") for m in imported_modules(p))
+    )
     assert users == ["core/compat.py"]

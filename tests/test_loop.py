@@ -92,8 +92,17 @@ def run_fake_loop(monkeypatch, bound, n_steps=5, hooks=()):
     waited: list = []
     monkeypatch.setattr(training.loop.jax, "block_until_ready", lambda x: waited.append(x) or x)
     loop = LoopState(state=Count(0), timer=CountingTimer())
-    train_loop(FakeStep(), loop, "b0", iter(["b"] * n_steps), start=0, n_steps=n_steps, hooks=list(hooks),
-               bound=bound, transfer_guard="allow")
+    train_loop(
+        FakeStep(),
+        loop,
+        "b0",
+        iter(["b"] * n_steps),
+        start=0,
+        n_steps=n_steps,
+        hooks=list(hooks),
+        bound=bound,
+        transfer_guard="allow",
+    )
     return loop, waited
 
 
@@ -136,8 +145,9 @@ class NoProfile:
 
 def test_nonfinite_final_evaluation_stops_before_the_final_save(monkeypatch):
     reporter, saves = Records(), Saves()
-    final = FinalEvaluation(lambda params: {"eval/loss": float("inf"), "eval/accuracy": 0.1}, 3, reporter,
-                            TargetTracker(None), NoProfile())
+    final = FinalEvaluation(
+        lambda params: {"eval/loss": float("inf"), "eval/accuracy": 0.1}, 3, reporter, TargetTracker(None), NoProfile()
+    )
     with pytest.raises(TrainingError, match="the run diverged: final eval/loss=inf is not finite"):
         run_fake_loop(monkeypatch, None, n_steps=3, hooks=[final, saves])
     assert saves.saved == [1, 2]  # the periodic saves stay; the final one is never written
@@ -148,8 +158,7 @@ def test_nonfinite_final_evaluation_stops_before_the_final_save(monkeypatch):
 
 def test_finite_final_evaluation_is_kept_and_the_final_save_follows(monkeypatch):
     reporter, saves, target = Records(), Saves(), TargetTracker(0.5)
-    final = FinalEvaluation(lambda params: {"eval/loss": 0.3, "eval/accuracy": 0.9}, 3, reporter, target,
-                            NoProfile())
+    final = FinalEvaluation(lambda params: {"eval/loss": 0.3, "eval/accuracy": 0.9}, 3, reporter, target, NoProfile())
     loop, _ = run_fake_loop(monkeypatch, None, n_steps=3, hooks=[final, saves])
     assert saves.saved == [1, 2, 3] and loop.final == {"eval/loss": 0.3, "eval/accuracy": 0.9}
     assert target.summary()["train/steps_to_target"] == 3

@@ -37,8 +37,16 @@ DATA = random_dataset(512)
 @functools.lru_cache(maxsize=None)
 def built(mode: str, accum_steps: int = 1, grad_norm_every=None):
     """The MLP experiment on 8 devices, global batch 256 (state placed, nothing compiled)."""
-    return build(plan(make_cfg({"train": {"grad_norm_every": grad_norm_every}}, parallel__name=mode,
-                               data__name="synthetic", train__accum_steps=accum_steps)))
+    return build(
+        plan(
+            make_cfg(
+                {"train": {"grad_norm_every": grad_norm_every}},
+                parallel__name=mode,
+                data__name="synthetic",
+                train__accum_steps=accum_steps,
+            )
+        )
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,8 +55,9 @@ def compiled(mode: str, accum_steps: int = 1, grad_norm_every=None):
     exp = built(mode, accum_steps, grad_norm_every)
     p = exp.plan
     layout = exp.mode.batch_layout()
-    batch = layout.place(TrainSource(DATA, p.global_batch, 0).local_batch(0, layout.local_rows(p.global_batch)),
-                         p.global_batch)
+    batch = layout.place(
+        TrainSource(DATA, p.global_batch, 0).local_batch(0, layout.local_rows(p.global_batch)), p.global_batch
+    )
     lowered = exp.steps.train.lower(exp.state, batch)
     comp = lowered.compile()
     return exp, compiled_step_metrics(lowered, comp, 8), parse_hlo_collectives(comp.as_text(), num_devices=8)
@@ -120,6 +129,7 @@ def test_state_bytes_per_device_exact():
 
 # ---- the profiler's measured ratio -----------------------------------------------------------------------
 
+
 def _x(name, ts, dur, **args):
     return {"ph": "X", "pid": 1, "tid": 1, "ts": ts, "dur": dur, "name": name, "args": args}
 
@@ -129,20 +139,27 @@ def test_collective_time_cpu_layout():
     host events and no-op collectives (not in the step's list) are ignored."""
     ev = [
         _x("psum.3", 0, 10, hlo_op="psum.3", hlo_module="jit_train_step", device_ordinal="0"),
-        _x("all-reduce-done.1", 5, 10, hlo_op="all-reduce-done.1", hlo_module="jit_train_step",
-           device_ordinal="0"),  # overlaps psum.3: union [0, 15)
+        _x(
+            "all-reduce-done.1", 5, 10, hlo_op="all-reduce-done.1", hlo_module="jit_train_step", device_ordinal="0"
+        ),  # overlaps psum.3: union [0, 15)
         _x("fusion", 20, 50, hlo_op="fusion", hlo_module="jit_train_step", device_ordinal="0"),
-        _x("all-reduce.7", 100, 40, hlo_op="all-reduce.7", hlo_module="jit_train_step",
-           device_ordinal="1"),
+        _x("all-reduce.7", 100, 40, hlo_op="all-reduce.7", hlo_module="jit_train_step", device_ordinal="1"),
         _x("all-reduce.9", 0, 1000, hlo_op="all-reduce.9", hlo_module="jit_eval", device_ordinal="1"),
         _x("Rendezvous", 0, 1000),  # host bookkeeping: no hlo_op
     ]
-    stats = collective_time_from_events(ev, module="jit_train_step",
-                                        collective_names={"psum.3": "all-reduce", "all-reduce.7": "all-reduce"})
+    stats = collective_time_from_events(
+        ev, module="jit_train_step", collective_names={"psum.3": "all-reduce", "all-reduce.7": "all-reduce"}
+    )
     assert stats["devices"] == 2 and stats["op_events"] == 4 and stats["collective_events"] == 3
     assert stats["collective_s"] == {"ordinal:0": pytest.approx(15e-6), "ordinal:1": pytest.approx(40e-6)}
-    out = measured_ratio(ev, num_steps=1, step_time_s=100e-6, platform="cpu", module="jit_train_step",
-                         collective_names={"psum.3": "all-reduce", "all-reduce.7": "all-reduce"})
+    out = measured_ratio(
+        ev,
+        num_steps=1,
+        step_time_s=100e-6,
+        platform="cpu",
+        module="jit_train_step",
+        collective_names={"psum.3": "all-reduce", "all-reduce.7": "all-reduce"},
+    )
     assert out["comm/time_measured_s"] == pytest.approx(27.5e-6)
     assert out["comm/ratio_measured"] == pytest.approx(0.275)
     assert out["comm/ratio_measured_valid"] is False
@@ -153,8 +170,10 @@ def test_collective_time_cpu_layout():
 
 def test_collective_time_gpu_layout():
     """GPU/TPU: one process per device; NCCL kernels count; host processes are ignored; valid off CPU."""
-    meta = [{"ph": "M", "pid": p, "name": "process_name", "args": {"name": n}}
-            for p, n in ((1, "/host:CPU"), (2, "/device:GPU:0"), (3, "/device:GPU:1"))]
+    meta = [
+        {"ph": "M", "pid": p, "name": "process_name", "args": {"name": n}}
+        for p, n in ((1, "/host:CPU"), (2, "/device:GPU:0"), (3, "/device:GPU:1"))
+    ]
     ev = meta + [
         {**_x("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 0, 30), "pid": 2},
         {**_x("fusion.1", 30, 70, hlo_op="fusion.1", hlo_module="jit_train_step"), "pid": 2},
@@ -185,9 +204,17 @@ def _run(tmp_path, **dotted):
 
 def test_profile_window_on_cpu(tmp_path):
     """A real trace of steps 3-5 (jit_sharding, 8 devices): one gradient all-reduce per step and device."""
-    s = _run(tmp_path, data__name="synthetic", parallel__name="jit_sharding", train__steps=6, train__log_every=3,
-             profile__enabled="true", profile__start_step=2, profile__num_steps=3,
-             hardware__link_bytes_per_s=450e9)
+    s = _run(
+        tmp_path,
+        data__name="synthetic",
+        parallel__name="jit_sharding",
+        train__steps=6,
+        train__log_every=3,
+        profile__enabled="true",
+        profile__start_step=2,
+        profile__num_steps=3,
+        hardware__link_bytes_per_s=450e9,
+    )
     assert (tmp_path / "profile" / "plugins" / "profile").is_dir()
     assert s["profile/trace_file"].endswith("perfetto_trace.json.gz")
     assert s["profile/devices_in_trace"] == 8
@@ -211,6 +238,7 @@ def test_profile_window_must_fit(tmp_path):
 
 # ---- no implicit transfers in the loop -------------------------------------------------------------------
 
+
 def test_transfer_guard_catches_implicit_transfers():
     """The control: under "disallow" an implicit host->device transfer into a jitted step raises."""
     f = jax.jit(lambda x: x + 1)
@@ -220,21 +248,31 @@ def test_transfer_guard_catches_implicit_transfers():
             f(np.ones(3, np.float32))
 
 
-@pytest.mark.parametrize("mode,data", [("pmap", "synthetic"), ("jit_sharding", "synthetic"),
-                                       ("shard_map", "synthetic"), ("fsdp", "mnist")])
+@pytest.mark.parametrize(
+    "mode,data", [("pmap", "synthetic"), ("jit_sharding", "synthetic"), ("shard_map", "synthetic"), ("fsdp", "mnist")]
+)
 def test_loop_runs_under_transfer_guard_disallow(tmp_path, monkeypatch, mode, data):
     """Dispatch between logging windows makes no implicit transfer (windows, syncs and evals included)."""
     if data == "mnist":
         if not SHARED_TFDS.exists():
             pytest.fail(f"MNIST is expected at {SHARED_TFDS}")
         monkeypatch.setenv("TFDS_DATA_DIR", str(SHARED_TFDS))
-    s = _run(tmp_path, data__name=data, parallel__name=mode, train__steps=9, train__log_every=4,
-             train__sync_every=3, train__eval_every=5, train__transfer_guard="disallow")
+    s = _run(
+        tmp_path,
+        data__name=data,
+        parallel__name=mode,
+        train__steps=9,
+        train__log_every=4,
+        train__sync_every=3,
+        train__eval_every=5,
+        train__transfer_guard="disallow",
+    )
     assert s["status"] == "ok" and s["train/steps"] == 9 and s["mesh/devices"] == 8
     assert s["sync/max_replica_divergence"] == 0.0 and math.isfinite(s["train/loss"])
 
 
 # ---- benchmarks/gpu_check.sh -----------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_gpu_check_script_runs_small_on_cpu(tmp_path):
@@ -245,18 +283,29 @@ def test_gpu_check_script_runs_small_on_cpu(tmp_path):
 
     from utils import REPO
 
-    env = {**os.environ, "GPU_CHECK_DIR": str(tmp_path / "run"), "GPU_CHECK_SIZE": "small",
-           "WANDB_MODE": "offline", "PYTHON": sys.executable}
+    env = {
+        **os.environ,
+        "GPU_CHECK_DIR": str(tmp_path / "run"),
+        "GPU_CHECK_SIZE": "small",
+        "WANDB_MODE": "offline",
+        "PYTHON": sys.executable,
+    }
     env.pop("WANDB_API_KEY", None)
     for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
         env[var] = str(tmp_path / ".wandb_aux")
-    res = subprocess.run(["bash", "benchmarks/gpu_check.sh"], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=900)
+    res = subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     out = res.stdout
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert (s["status"], s["model"], s["precision"], s["mesh/devices"], s["train/steps"]) == \
-        ("ok", "resnet", "bf16", 1, 6)
+    assert (s["status"], s["model"], s["precision"], s["mesh/devices"], s["train/steps"]) == (
+        "ok",
+        "resnet",
+        "bf16",
+        1,
+        6,
+    )
     m = re.search(r"gpu_check: examples/s=([0-9.e+]+) ", out)
     assert m and float(m.group(1)) == pytest.approx(s["perf/examples_per_s"], rel=1e-3)
     assert "MFU=n/a (no peak FLOP/s known for this device)" in out

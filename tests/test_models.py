@@ -115,8 +115,9 @@ def test_per_example_dropout(name):
 
 def test_resnet_accepts_dropout_keys():
     params, apply = _apply("resnet", (28, 28, 1))
-    out = jax.eval_shape(apply, params, jax.ShapeDtypeStruct((4, 28, 28, 1), jnp.float32),
-                         jax.random.split(jax.random.key(0), 4))
+    out = jax.eval_shape(
+        apply, params, jax.ShapeDtypeStruct((4, 28, 28, 1), jnp.float32), jax.random.split(jax.random.key(0), 4)
+    )
     assert out.shape == (4, NUM_CLASSES)
 
 
@@ -172,9 +173,11 @@ def test_flat_initialisers_match_stock():
     from models.cnn import HE_NORMAL_FAN_OUT, LECUN_NORMAL, XAVIER_UNIFORM, normal
 
     key = jax.random.key(5)
-    cases = [(LECUN_NORMAL, nnx.initializers.lecun_normal(), (6, 5)),
-             (XAVIER_UNIFORM, nnx.initializers.xavier_uniform(), (6, 5)),
-             (HE_NORMAL_FAN_OUT, nnx.initializers.variance_scaling(2.0, "fan_out", "normal"), (6, 5)),
-             (normal(0.02), nnx.initializers.normal(0.02), (6, 5))]
+    cases = [
+        (LECUN_NORMAL, nnx.initializers.lecun_normal(), (6, 5)),
+        (XAVIER_UNIFORM, nnx.initializers.xavier_uniform(), (6, 5)),
+        (HE_NORMAL_FAN_OUT, nnx.initializers.variance_scaling(2.0, "fan_out", "normal"), (6, 5)),
+        (normal(0.02), nnx.initializers.normal(0.02), (6, 5)),
+    ]
     for ours, stock, shape in cases:
         np.testing.assert_array_equal(ours(key, shape, jnp.float32), stock(key, shape, jnp.float32))

@@ -34,8 +34,9 @@ _reference: dict = {}
 
 def _cfg(model: str, **dotted):
     model_kw = {f"model__{k}": v for k, v in SMALL[model].items()}
-    return make_cfg(model__name=model, optim__name="sgd", optim__lr=0.1, train__global_batch=BATCH,
-                    **model_kw, **dotted)
+    return make_cfg(
+        model__name=model, optim__name="sgd", optim__lr=0.1, train__global_batch=BATCH, **model_kw, **dotted
+    )
 
 
 def _reference_run(model: str):
@@ -46,17 +47,25 @@ def _reference_run(model: str):
     return _reference[model]
 
 
-CASES = [pytest.param(model, mode, precision, id=f"{model}-{mode}-{precision}",
-                      marks=[pytest.mark.slow] if model in SLOW else [])
-         for model in SMALL for mode in MODES for precision in ("fp32", "bf16")]
+CASES = [
+    pytest.param(
+        model, mode, precision, id=f"{model}-{mode}-{precision}", marks=[pytest.mark.slow] if model in SLOW else []
+    )
+    for model in SMALL
+    for mode in MODES
+    for precision in ("fp32", "bf16")
+]
 
 
 @pytest.mark.parametrize("model,mode,precision", CASES)
 def test_model_trains_in_every_mode_and_precision(model, mode, precision):
     ref_losses, ref_state, ref_init = _reference_run(model)
     dtype = {"fp32": "float32", "bf16": "bfloat16"}[precision]
-    losses, state, exp, init = run_steps(_cfg(model, parallel__name=mode, mesh__devices=8, precision__name=precision,
-                                              precision__compute_dtype=dtype), DATA, STEPS)
+    losses, state, exp, init = run_steps(
+        _cfg(model, parallel__name=mode, mesh__devices=8, precision__name=precision, precision__compute_dtype=dtype),
+        DATA,
+        STEPS,
+    )
     assert exp.mode.num_devices == 8 and int(state.step) == STEPS
     assert max_abs_diff(init.params, ref_init.params) == 0.0  # same initial parameters, bitwise
     assert all(leaf.dtype == np.float32 for leaf in jax.tree.leaves(state.params))  # fp32 master weights
@@ -87,8 +96,9 @@ _eq_reference: dict = {}
 
 
 def _eq_cfg(opt: str, **dotted):
-    return make_cfg(model__name="cnn", model__width=4, optim__name=opt, optim__lr=LR[opt], train__global_batch=64,
-                    **dotted)
+    return make_cfg(
+        model__name="cnn", model__width=4, optim__name=opt, optim__lr=LR[opt], train__global_batch=64, **dotted
+    )
 
 
 def _eq_reference_run(opt: str):

@@ -21,8 +21,11 @@ def global_grads(mode: str, devices: int):
     layout, gb = exp.mode.batch_layout(), exp.plan.global_batch
     batch = layout.place(TrainSource(DATA, gb, 0).local_batch(0, layout.local_rows(gb)), gb)
     if mode == "pmap":
-        fn = jax.pmap(lambda s, b: exp.mode.grads(exp.local, s.params, b, s.step, s.loss_scale.scale)[0],
-                      axis_name="data", devices=list(exp.mode.mesh.devices.flat))
+        fn = jax.pmap(
+            lambda s, b: exp.mode.grads(exp.local, s.params, b, s.step, s.loss_scale.scale)[0],
+            axis_name="data",
+            devices=list(exp.mode.mesh.devices.flat),
+        )
         return jax.tree.map(lambda x: np.asarray(x[0]), fn(exp.state, batch))
     fn = jax.jit(lambda s, b: exp.mode.grads(exp.local, s.params, b, s.step, s.loss_scale.scale)[0])
     return jax.tree.map(np.asarray, fn(exp.state, batch))
@@ -66,7 +69,8 @@ def test_sync_check_catches_a_perturbed_replica(mode):
     shards = [np.array(s.data) for s in leaf.addressable_shards]
     shards[3] = shards[3] + 0.25  # one device's copy drifts
     bad = jax.make_array_from_single_device_arrays(
-        leaf.shape, leaf.sharding, [jax.device_put(x, s.device) for x, s in zip(shards, leaf.addressable_shards)])
+        leaf.shape, leaf.sharding, [jax.device_put(x, s.device) for x, s in zip(shards, leaf.addressable_shards)]
+    )
     assert exp.mode.replica_divergence([bad]) == pytest.approx(0.25)
 
 
@@ -109,8 +113,10 @@ def test_every_config_group_option_composes():
 
     register()
     conf_dir = os.path.join(os.path.dirname(os.path.dirname(__file__)), "conf")
-    groups = {g: sorted(f[:-5] for f in os.listdir(os.path.join(conf_dir, g)) if f.endswith(".yaml"))
-              for g in ("parallel", "precision", "model", "data", "optim", "mesh", "wandb", "xla")}
+    groups = {
+        g: sorted(f[:-5] for f in os.listdir(os.path.join(conf_dir, g)) if f.endswith(".yaml"))
+        for g in ("parallel", "precision", "model", "data", "optim", "mesh", "wandb", "xla")
+    }
     with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
         for group, options in groups.items():
             assert options, group

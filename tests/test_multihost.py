@@ -32,8 +32,16 @@ import launch_local  # noqa: E402
 
 STEPS = 20
 GLOBAL_BATCH = 256
-TRAIN = ["optim=sgd", "optim.lr=0.1", "precision=fp32", "data=mnist", f"train.steps={STEPS}",
-         f"train.global_batch={GLOBAL_BATCH}", "train.log_every=5", "train.debug_dump_indices=true"]
+TRAIN = [
+    "optim=sgd",
+    "optim.lr=0.1",
+    "precision=fp32",
+    "data=mnist",
+    f"train.steps={STEPS}",
+    f"train.global_batch={GLOBAL_BATCH}",
+    "train.log_every=5",
+    "train.debug_dump_indices=true",
+]
 CLUSTER_VARS = ("SLURM_", "OMPI_", "PMI_", "JAX_COORDINATOR", "JAX_NUM_CPU_DEVICES", "JAX_PROCESS", "TPU_")
 
 
@@ -44,8 +52,13 @@ def clean_env(tmp: Path, **extra: str) -> dict:
     env.pop("WANDB_API_KEY", None)
     wb = tmp / "wandb_home"
     wb.mkdir(exist_ok=True)
-    env.update(WANDB_MODE="offline", WANDB_SILENT="true", PYTHONUNBUFFERED="1", TFDS_DATA_DIR=str(SHARED_TFDS),
-               **{v: str(wb) for v in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR")})
+    env.update(
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        PYTHONUNBUFFERED="1",
+        TFDS_DATA_DIR=str(SHARED_TFDS),
+        **{v: str(wb) for v in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR")},
+    )
     env.update(extra)
     return env
 
@@ -82,8 +95,13 @@ def free_port() -> int:
 
 
 # ---- unit tests (no processes) ----------------------------------------------------------------------------
-SLURM_ENV = {"SLURM_JOB_ID": "123456", "SLURM_STEP_NODELIST": "node[001-004],gpu7", "SLURM_NTASKS": "8",
-             "SLURM_PROCID": "5", "SLURM_LOCALID": "1"}
+SLURM_ENV = {
+    "SLURM_JOB_ID": "123456",
+    "SLURM_STEP_NODELIST": "node[001-004],gpu7",
+    "SLURM_NTASKS": "8",
+    "SLURM_PROCID": "5",
+    "SLURM_LOCALID": "1",
+}
 
 
 @pytest.fixture
@@ -116,10 +134,17 @@ def test_resolve_from_slurm_environment(no_cluster):
         no_cluster.setenv(k, v)
     s = distributed.resolve(DistributedConfig(timeout_s=20), distributed.detect_cluster())
     # JAX's rule: first node of the step, port 61440 + job id % 4096 = 61440 + 576; one GPU per task
-    assert s == distributed.Settings(coordinator="node001:62016", num_processes=8, process_id=5, timeout_s=20,
-                                     source="SlurmCluster", local_device_ids=(1,))
-    assert s.line() == ("distributed: coordinator=node001:62016 process_id=5 num_processes=8 timeout_s=20 "
-                        "(SlurmCluster)")
+    assert s == distributed.Settings(
+        coordinator="node001:62016",
+        num_processes=8,
+        process_id=5,
+        timeout_s=20,
+        source="SlurmCluster",
+        local_device_ids=(1,),
+    )
+    assert s.line() == (
+        "distributed: coordinator=node001:62016 process_id=5 num_processes=8 timeout_s=20 (SlurmCluster)"
+    )
     no_cluster.setenv("JAX_COORDINATOR_PORT", "1234")
     explicit = distributed.resolve(DistributedConfig(process_id=0), distributed.detect_cluster())
     assert (explicit.coordinator, explicit.process_id, explicit.num_processes) == ("node001:1234", 0, 8)
@@ -132,17 +157,21 @@ def test_resolve_errors_are_one_line(no_cluster):
         assert "\n" not in str(e.value)
         return str(e.value)
 
-    assert error(coordinator="nohost") == ("distributed.coordinator='nohost' must be HOST:PORT (e.g. 10.0.0.1:12345) "
-                                           "reachable from every process")
+    assert error(coordinator="nohost") == (
+        "distributed.coordinator='nohost' must be HOST:PORT (e.g. 10.0.0.1:12345) reachable from every process"
+    )
     assert error(coordinator="h:1", num_processes=2, process_id=2) == (
-        "distributed.process_id=2 with distributed.num_processes=2: the ids must be 0 .. 1, one per process")
+        "distributed.process_id=2 with distributed.num_processes=2: the ids must be 0 .. 1, one per process"
+    )
     assert error(coordinator="h:1", num_processes=2, process_id=0, timeout_s=0) == (
-        "distributed.timeout_s=0 must be a positive number of seconds")
+        "distributed.timeout_s=0 must be a positive number of seconds"
+    )
     assert error(enabled=True, num_processes=2) == (
         "multi-process run requested (distributed.coordinator=None distributed.num_processes=2 "
         "distributed.process_id=None, distributed.enabled=True) but no SLURM/MPI/TPU environment was detected "
         "to fill in distributed.coordinator, distributed.process_id; set them (see scripts/launch_local.py) or "
-        "use distributed.enabled=false")
+        "use distributed.enabled=false"
+    )
 
 
 def test_route_logging_writes_own_prefixed_file(tmp_path):
@@ -184,15 +213,27 @@ def test_local_rows_follow_the_global_order():
 
 def test_launcher_command_lines():
     cmds = launch_local.commands(2, ["parallel=fsdp", "hydra.run.dir=ignored"], "/runs/a", 4321, 4, 20)
-    common = ["parallel=fsdp", "hydra.run.dir=/runs/a", "distributed.coordinator=127.0.0.1:4321",
-              "distributed.num_processes=2", "runtime.cpu_devices=4", "distributed.timeout_s=20",
-              "checkpoint.dir=/runs/a/checkpoints"]
-    assert cmds == [[sys.executable, str(REPO / "train.py"), *common, "distributed.process_id=0"],
-                    [sys.executable, str(REPO / "train.py"), *common, "distributed.process_id=1",
-                     "hydra.output_subdir=null"]]
+    common = [
+        "parallel=fsdp",
+        "hydra.run.dir=/runs/a",
+        "distributed.coordinator=127.0.0.1:4321",
+        "distributed.num_processes=2",
+        "runtime.cpu_devices=4",
+        "distributed.timeout_s=20",
+        "checkpoint.dir=/runs/a/checkpoints",
+    ]
+    assert cmds == [
+        [sys.executable, str(REPO / "train.py"), *common, "distributed.process_id=0"],
+        [sys.executable, str(REPO / "train.py"), *common, "distributed.process_id=1", "hydra.output_subdir=null"],
+    ]
     given = launch_local.commands(1, ["checkpoint.dir=/shared/ck"], "/runs/b", 1, None, None)
-    assert given[0][2:] == ["checkpoint.dir=/shared/ck", "hydra.run.dir=/runs/b", "distributed.coordinator=127.0.0.1:1",
-                            "distributed.num_processes=1", "distributed.process_id=0"]
+    assert given[0][2:] == [
+        "checkpoint.dir=/shared/ck",
+        "hydra.run.dir=/runs/b",
+        "distributed.coordinator=127.0.0.1:1",
+        "distributed.num_processes=1",
+        "distributed.process_id=0",
+    ]
 
 
 @pytest.mark.filterwarnings(r"ignore:(?s).*validated against ConfigStore schema")  # Hydra's note on the name
@@ -203,13 +244,25 @@ def test_submitit_slurm_preset():
 
     register()
     with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["hydra/launcher=submitit_slurm", "hydra.launcher.nodes=2",
-                                           "hydra.launcher.tasks_per_node=4", "hydra.launcher.partition=gpu"],
-                      return_hydra_config=True)
+        cfg = compose(
+            "config",
+            overrides=[
+                "hydra/launcher=submitit_slurm",
+                "hydra.launcher.nodes=2",
+                "hydra.launcher.tasks_per_node=4",
+                "hydra.launcher.partition=gpu",
+            ],
+            return_hydra_config=True,
+        )
     launcher = cfg.hydra.launcher
     assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
-    assert (launcher.nodes, launcher.tasks_per_node, launcher.gpus_per_node, launcher.partition,
-            launcher.timeout_min) == (2, 4, 4, "gpu", 60)
+    assert (
+        launcher.nodes,
+        launcher.tasks_per_node,
+        launcher.gpus_per_node,
+        launcher.partition,
+        launcher.timeout_min,
+    ) == (2, 4, 4, "gpu", 60)
 
 
 # ---- processes ------------------------------------------------------------------------------------------
@@ -224,13 +277,16 @@ def test_initialize_twice_is_a_no_op(tmp_path):
         "a = initialize(cfg); b = initialize(cfg)\n"
         "assert a.settings is b.settings is not None and a.error is None, (a, b)\n"
         "assert jax.distributed.is_initialized() and jax.process_count() == 1\n"
-        "print('OK', jax.config.jax_cpu_collectives_implementation)\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=clean_env(tmp_path), capture_output=True,
-                       text=True, timeout=120)
+        "print('OK', jax.config.jax_cpu_collectives_implementation)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=clean_env(tmp_path), capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip() == "OK gloo"
     assert [line for line in r.stderr.splitlines() if line.startswith("distributed:")] == [
-        f"distributed: coordinator={coordinator} process_id=0 num_processes=1 timeout_s=10 (config)"]
+        f"distributed: coordinator={coordinator} process_id=0 num_processes=1 timeout_s=10 (config)"
+    ]
 
 
 @pytest.mark.parametrize("timeout_s", [5, pytest.param(20, marks=pytest.mark.slow)])
@@ -238,17 +294,30 @@ def test_missing_peer_exits_non_zero(tmp_path, timeout_s):
     """Process 0 of 2 alone: prints the coordinator line, then JAX gives up after the timeout (never hangs)."""
     port = free_port()
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "train.py", f"hydra.run.dir={run_dir}", "runtime.cpu_devices=4",
-                             f"distributed.coordinator=127.0.0.1:{port}", "distributed.num_processes=2",
-                             "distributed.process_id=0", f"distributed.timeout_s={timeout_s}"],
-                            cwd=REPO, env=clean_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "train.py",
+            f"hydra.run.dir={run_dir}",
+            "runtime.cpu_devices=4",
+            f"distributed.coordinator=127.0.0.1:{port}",
+            "distributed.num_processes=2",
+            "distributed.process_id=0",
+            f"distributed.timeout_s={timeout_s}",
+        ],
+        cwd=REPO,
+        env=clean_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         lines = iter(proc.stderr.readline, "")
         first = next((line for line in lines if line.startswith("distributed:")), None)
         printed = time.monotonic()
-        assert first == (f"distributed: coordinator=127.0.0.1:{port} process_id=0 num_processes=2 "
-                         f"timeout_s={timeout_s} (config)\n")
+        assert first == (
+            f"distributed: coordinator=127.0.0.1:{port} process_id=0 num_processes=2 timeout_s={timeout_s} (config)\n"
+        )
         proc.communicate(timeout=timeout_s + 30)
     finally:
         if proc.poll() is None:
@@ -261,12 +330,23 @@ def test_missing_peer_exits_non_zero(tmp_path, timeout_s):
 
 def test_bad_coordinator_is_one_line_error(tmp_path):
     run_dir = tmp_path / "run"
-    r = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={run_dir}", "runtime.cpu_devices=4",
-                        "distributed.coordinator=localhost", "distributed.num_processes=2",
-                        "distributed.process_id=0"],
-                       cwd=REPO, env=clean_env(tmp_path), capture_output=True, text=True, timeout=180)
-    msg = ("distributed.coordinator='localhost' must be HOST:PORT (e.g. 10.0.0.1:12345) reachable from every "
-           "process")
+    r = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            f"hydra.run.dir={run_dir}",
+            "runtime.cpu_devices=4",
+            "distributed.coordinator=localhost",
+            "distributed.num_processes=2",
+            "distributed.process_id=0",
+        ],
+        cwd=REPO,
+        env=clean_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    msg = "distributed.coordinator='localhost' must be HOST:PORT (e.g. 10.0.0.1:12345) reachable from every process"
     assert r.returncode == 1
     assert [line for line in r.stderr.splitlines() if line.startswith("error:")] == [f"error: {msg}"]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -281,14 +361,28 @@ def test_unequal_device_counts_stop_at_start(tmp_path):
     procs, logs = [], []
     for pid, devices in ((0, 4), (1, 2)):
         logs.append(tmp_path / f"p{pid}.txt")
-        procs.append(start(["train.py", f"hydra.run.dir={run_dir}", f"runtime.cpu_devices={devices}",
-                            f"distributed.coordinator=127.0.0.1:{port}", "distributed.num_processes=2",
-                            f"distributed.process_id={pid}", "distributed.timeout_s=60"]
-                           + (["hydra.output_subdir=null"] if pid else []), clean_env(tmp_path), logs[-1]))
+        procs.append(
+            start(
+                [
+                    "train.py",
+                    f"hydra.run.dir={run_dir}",
+                    f"runtime.cpu_devices={devices}",
+                    f"distributed.coordinator=127.0.0.1:{port}",
+                    "distributed.num_processes=2",
+                    f"distributed.process_id={pid}",
+                    "distributed.timeout_s=60",
+                ]
+                + (["hydra.output_subdir=null"] if pid else []),
+                clean_env(tmp_path),
+                logs[-1],
+            )
+        )
     results = [finish(p, log, 240) for p, log in zip(procs, logs)]
-    msg = ("processes see different local device counts: process 0: 4, process 1: 2; give every process the same "
-           "number of devices (GPU: the same GPUs per task, e.g. SLURM --gpus-per-task; CPU: the same "
-           "runtime.cpu_devices)")
+    msg = (
+        "processes see different local device counts: process 0: 4, process 1: 2; give every process the same "
+        "number of devices (GPU: the same GPUs per task, e.g. SLURM --gpus-per-task; CPU: the same "
+        "runtime.cpu_devices)"
+    )
     assert [code for code, _ in results] == [1, 1]
     assert [line for line in results[0][1].splitlines() if line.startswith("error:")] == [f"error: {msg}"]
     assert json.loads((run_dir / "summary.json").read_text())["error"] == msg
@@ -302,10 +396,35 @@ def check_equivalence(tmp_path: Path, parallel: str, checkpoints: bool) -> None:
     one, two = tmp_path / "one", tmp_path / "two"
     env = clean_env(tmp_path)
     ckpt = [f"checkpoint.dir={tmp_path / 'shared_ckpt'}"] if checkpoints else ["checkpoint.enabled=false"]
-    ref = start(["train.py", f"hydra.run.dir={one}", "runtime.cpu_devices=8", f"parallel={parallel}",
-                 "checkpoint.enabled=false", *TRAIN], env, tmp_path / "one.txt")
-    multi = start([str(REPO / "scripts" / "launch_local.py"), "-n", "2", "--cpu-devices", "4", "--timeout-s", "120",
-                   f"hydra.run.dir={two}", f"parallel={parallel}", *ckpt, *TRAIN], env, tmp_path / "two.txt")
+    ref = start(
+        [
+            "train.py",
+            f"hydra.run.dir={one}",
+            "runtime.cpu_devices=8",
+            f"parallel={parallel}",
+            "checkpoint.enabled=false",
+            *TRAIN,
+        ],
+        env,
+        tmp_path / "one.txt",
+    )
+    multi = start(
+        [
+            str(REPO / "scripts" / "launch_local.py"),
+            "-n",
+            "2",
+            "--cpu-devices",
+            "4",
+            "--timeout-s",
+            "120",
+            f"hydra.run.dir={two}",
+            f"parallel={parallel}",
+            *ckpt,
+            *TRAIN,
+        ],
+        env,
+        tmp_path / "two.txt",
+    )
     code_one, out_one = finish(ref, tmp_path / "one.txt", 600)
     code_two, out_two = finish(multi, tmp_path / "two.txt", 600)
     assert code_one == 0, out_one[-3000:]
@@ -334,15 +453,20 @@ def check_outputs(tmp_path: Path, checkpoints: bool) -> None:
         assert len(p0[step]) == len(p1[step]) == GLOBAL_BATCH // 2
         union = p0[step] + p1[step]
         assert len(set(union)) == GLOBAL_BATCH
-        assert union == single[step] == perm[step * GLOBAL_BATCH:(step + 1) * GLOBAL_BATCH].tolist()
+        assert union == single[step] == perm[step * GLOBAL_BATCH : (step + 1) * GLOBAL_BATCH].tolist()
 
     # reporting: one W&B run (process 0's) whose config says 2 processes of 4 devices
     runs = sorted({os.path.realpath(r) for r in glob.glob(str(tmp_path / "**" / "run-*.wandb"), recursive=True)})
     assert [Path(r).parent.parent.parent for r in runs] == [one, two]  # <run dir>/wandb/offline-run-*/run-*.wandb
     config = read_run(os.path.dirname(runs[1]))["config"]
     assert config["process_count"] == 2
-    assert config["process_layout"] == {"process_index": 0, "process_count": 2, "devices_per_process": [4, 4],
-                                        "local_devices": 4, "coordinator": config["process_layout"]["coordinator"]}
+    assert config["process_layout"] == {
+        "process_index": 0,
+        "process_count": 2,
+        "devices_per_process": [4, 4],
+        "local_devices": 4,
+        "coordinator": config["process_layout"]["coordinator"],
+    }
     assert config["process_layout"]["coordinator"].startswith("127.0.0.1:")
     # process 1 wrote only its own log (and the requested debug dump); Hydra's files are process 0's
     mine = sorted(p.name for p in two.iterdir() if "process1" in p.name)
@@ -373,17 +497,39 @@ def test_slurm_environment_is_detected(tmp_path):
     run_dir = tmp_path / "run"
     procs, logs = [], []
     for pid in (0, 1):
-        env = clean_env(tmp_path, SLURM_JOB_ID="4242", SLURM_STEP_NODELIST="localhost", SLURM_NTASKS="2",
-                        SLURM_PROCID=str(pid), SLURM_LOCALID=str(pid), JAX_COORDINATOR_PORT=str(port))
+        env = clean_env(
+            tmp_path,
+            SLURM_JOB_ID="4242",
+            SLURM_STEP_NODELIST="localhost",
+            SLURM_NTASKS="2",
+            SLURM_PROCID=str(pid),
+            SLURM_LOCALID=str(pid),
+            JAX_COORDINATOR_PORT=str(port),
+        )
         logs.append(tmp_path / f"p{pid}.txt")
-        procs.append(start(["train.py", f"hydra.run.dir={run_dir}", "runtime.cpu_devices=4", "data=synthetic",
-                            "train.steps=3", "train.global_batch=64", "optim=sgd",
-                            f"checkpoint.dir={tmp_path / 'ckpt'}", "distributed.timeout_s=60"]
-                           + (["hydra.output_subdir=null"] if pid else []), env, logs[-1]))
+        procs.append(
+            start(
+                [
+                    "train.py",
+                    f"hydra.run.dir={run_dir}",
+                    "runtime.cpu_devices=4",
+                    "data=synthetic",
+                    "train.steps=3",
+                    "train.global_batch=64",
+                    "optim=sgd",
+                    f"checkpoint.dir={tmp_path / 'ckpt'}",
+                    "distributed.timeout_s=60",
+                ]
+                + (["hydra.output_subdir=null"] if pid else []),
+                env,
+                logs[-1],
+            )
+        )
     results = [finish(p, log, 400) for p, log in zip(procs, logs)]
     assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
     for pid, (_, out) in enumerate(results):
-        assert (f"distributed: coordinator=localhost:{port} process_id={pid} num_processes=2 timeout_s=60 "
-                f"(SlurmCluster)") in out.splitlines()
+        assert (
+            f"distributed: coordinator=localhost:{port} process_id={pid} num_processes=2 timeout_s=60 (SlurmCluster)"
+        ) in out.splitlines()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["status"], summary["process_count"], summary["mesh/devices"]) == ("ok", 2, 8)

@@ -20,8 +20,9 @@ MODES = ("pmap", "jit_sharding", "shard_map", "fsdp")
 @pytest.mark.parametrize("mode", MODES)
 def test_master_params_and_optimizer_state_stay_float32(mode, precision):
     name, dtype, scaling = precision
-    cfg = make_cfg(parallel__name=mode, precision__name=name, precision__compute_dtype=dtype,
-                   precision__loss_scale=scaling)
+    cfg = make_cfg(
+        parallel__name=mode, precision__name=name, precision__compute_dtype=dtype, precision__loss_scale=scaling
+    )
     losses, state, _, _ = run_steps(cfg, DATA, 3)
     assert np.all(np.isfinite(losses))
     leaves = jax.tree.leaves((state.params, state.opt_state))
@@ -101,11 +102,11 @@ def test_cosine_schedule_uses_decay_steps():
     from core.optim import make_schedule
 
     sched = make_schedule(1.0, "cosine", 10, 100)
-    np.testing.assert_allclose([float(sched(i)) for i in (0, 5, 10, 60, 110)],
-                               [0.0, 0.5, 1.0, 0.5, 0.0], atol=1e-6)
+    np.testing.assert_allclose([float(sched(i)) for i in (0, 5, 10, 60, 110)], [0.0, 0.5, 1.0, 0.5, 0.0], atol=1e-6)
 
 
 # ---- dropout: per-example keys from (seed, step, global example index) ----------------------------------
+
 
 def test_dropout_is_independent_of_device_count_and_reproducible():
     cfg1 = make_cfg(model__dropout=0.1, mesh__devices=1)
@@ -136,8 +137,9 @@ def test_gradient_reductions_are_float32_under_fp16(mode):
     """XLA:CPU keeps f16 collectives as f16 (it only promotes bf16), so fp16 shows the reduction dtype."""
     from measure.hlo_text import parse_hlo_collectives
 
-    cfg = make_cfg(parallel__name=mode, precision__name="fp16", precision__compute_dtype="float16",
-                   precision__loss_scale="dynamic")
+    cfg = make_cfg(
+        parallel__name=mode, precision__name="fp16", precision__compute_dtype="float16", precision__loss_scale="dynamic"
+    )
     _, _, exp, _ = run_steps(cfg, DATA, 0)
     layout, gb = exp.mode.batch_layout(), exp.plan.global_batch
     batch = layout.place(TrainSource(DATA, gb, 0).local_batch(0, layout.local_rows(gb)), gb)

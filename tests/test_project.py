@@ -12,12 +12,31 @@ import pytest
 
 from measure.hardware import HardwareError, load_profile, profile_for_device_kind, profile_names, set_field
 from sweeps import project as cli
-from sweeps.projection import (Collective, Hardware, ProjectionError, all_reduce_time_s, collective_time_s,
-                               collectives_for, gather_time_s, overlay_projection, project)
+from sweeps.projection import (
+    Collective,
+    Hardware,
+    ProjectionError,
+    all_reduce_time_s,
+    collective_time_s,
+    collectives_for,
+    gather_time_s,
+    overlay_projection,
+    project,
+)
 from tests.utils import REPO, make_cfg
 
-CUSTOM = ["--hardware", "custom", "--set", "devices_per_node=8", "--set", "intra_node_bytes_per_s=100e9",
-          "--set", "inter_node_bytes_per_s=10e9", "--set", "latency_s=0"]
+CUSTOM = [
+    "--hardware",
+    "custom",
+    "--set",
+    "devices_per_node=8",
+    "--set",
+    "intra_node_bytes_per_s=100e9",
+    "--set",
+    "inter_node_bytes_per_s=10e9",
+    "--set",
+    "latency_s=0",
+]
 HW = Hardware("custom", devices_per_node=8, intra_node_bytes_per_s=100e9, inter_node_bytes_per_s=10e9, latency_s=0.0)
 
 
@@ -28,9 +47,27 @@ def _csv(path: Path) -> list[dict]:
 
 def test_acceptance_command(tmp_path, capsys):
     """The issue's first acceptance command: S = 1e8 B; 8 devices: 2*7/8*1e8/1e11; 16: + 2*1/2*1.25e7/1e10."""
-    rc = cli.main([*CUSTOM, "--params", "25000000", "--grad-bytes-per-param", "4", "--flops-per-example", "1e9",
-                   "--per-device-batch", "32", "--step-time-s", "0.1", "--overlap", "0", "--devices", "1,8,16",
-                   "--out", str(tmp_path)])
+    rc = cli.main(
+        [
+            *CUSTOM,
+            "--params",
+            "25000000",
+            "--grad-bytes-per-param",
+            "4",
+            "--flops-per-example",
+            "1e9",
+            "--per-device-batch",
+            "32",
+            "--step-time-s",
+            "0.1",
+            "--overlap",
+            "0",
+            "--devices",
+            "1,8,16",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     rows = _csv(tmp_path / "projection.csv")
     assert [int(r["devices"]) for r in rows] == [1, 8, 16]
@@ -55,8 +92,9 @@ def test_fsdp_formula_equals_all_reduce_bandwidth():
     fsdp = collectives_for("fsdp", 25_000_000, 4)
     assert fsdp == [Collective("all-gather", 1e8), Collective("reduce-scatter", 1e8)]
     rows = project(fsdp, 0.1, 32, [1, 8, 16, 64], HW)
-    assert [r["comm_s"] for r in rows] == pytest.approx([0.0, 1.75e-3, 3e-3, 2 * 7 / 8 * 1e8 / 1e11
-                                                         + 2 * 7 / 8 * 1.25e7 / 1e10], abs=1e-15)
+    assert [r["comm_s"] for r in rows] == pytest.approx(
+        [0.0, 1.75e-3, 3e-3, 2 * 7 / 8 * 1e8 / 1e11 + 2 * 7 / 8 * 1.25e7 / 1e10], abs=1e-15
+    )
     assert rows[3]["nodes"] == 8
 
 
@@ -90,8 +128,13 @@ def test_overlap():
 def test_profiles_and_device_kind_lookup():
     assert {"a100_sxm", "h100_sxm", "h200_sxm", "tpu_v5e", "cpu", "none", "custom", "auto"} <= set(profile_names())
     h100 = load_profile("h100_sxm")
-    assert (h100["peak_flops_per_s"], h100["devices_per_node"], h100["intra_node_bytes_per_s"],
-            h100["inter_node_bytes_per_s"], h100["link_bytes_per_s"]) == (989e12, 8, 450e9, 50e9, 450e9)
+    assert (
+        h100["peak_flops_per_s"],
+        h100["devices_per_node"],
+        h100["intra_node_bytes_per_s"],
+        h100["inter_node_bytes_per_s"],
+        h100["link_bytes_per_s"],
+    ) == (989e12, 8, 450e9, 50e9, 450e9)
     for name in ("a100_sxm", "h100_sxm", "h200_sxm", "tpu_v5e", "cpu"):
         assert load_profile(name)["source"], name
     assert profile_for_device_kind("NVIDIA H100 80GB HBM3")["name"] == "h100_sxm"
@@ -113,18 +156,43 @@ def test_profiles_and_device_kind_lookup():
         set_field(h100, "devices_per_node", "2.5")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--hardware", "h999"], "error: unknown hardware profile 'h999'; choices: a100_sxm, auto, cpu, custom, h100_sxm"),
-    (["--hardware", "custom", "--set", "devices_per_node=abc"],
-     "error: --set devices_per_node=abc: devices_per_node must be a positive integer (or null)"),
-    (["--hardware", "h100_sxm", "--set", "bandwidth=1e9"], "error: unknown hardware field 'bandwidth'"),
-    (["--hardware", "cpu"], "error: hardware profile 'cpu' has no devices_per_node, intra_node_bytes_per_s"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--hardware", "h999"],
+            "error: unknown hardware profile 'h999'; choices: a100_sxm, auto, cpu, custom, h100_sxm",
+        ),
+        (
+            ["--hardware", "custom", "--set", "devices_per_node=abc"],
+            "error: --set devices_per_node=abc: devices_per_node must be a positive integer (or null)",
+        ),
+        (["--hardware", "h100_sxm", "--set", "bandwidth=1e9"], "error: unknown hardware field 'bandwidth'"),
+        (["--hardware", "cpu"], "error: hardware profile 'cpu' has no devices_per_node, intra_node_bytes_per_s"),
+    ],
+)
 def test_bad_input_is_one_line(tmp_path, args, message):
     """Unknown profile, bad --set, a profile without numbers: one line on stderr, exit 2, no traceback."""
-    proc = subprocess.run([sys.executable, "-m", "sweeps.project", *args, "--params", "1000", "--per-device-batch",
-                           "8", "--step-time-s", "0.1", "--out", str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sweeps.project",
+            *args,
+            "--params",
+            "1000",
+            "--per-device-batch",
+            "8",
+            "--step-time-s",
+            "0.1",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), proc.stderr
@@ -135,8 +203,15 @@ def _run_job(run_dir: Path, hardware: dict | None = None, **dotted) -> dict:
     """training.app.run_and_report in-process (W&B disabled, no checkpoints); returns summary.json."""
     from training.app import run_and_report
 
-    cfg = make_cfg({"hardware": hardware or {}}, wandb__mode="disabled", checkpoint__enabled="false",
-                   data__name="synthetic", train__steps=2, train__log_every=1, **dotted)
+    cfg = make_cfg(
+        {"hardware": hardware or {}},
+        wandb__mode="disabled",
+        checkpoint__enabled="false",
+        data__name="synthetic",
+        train__steps=2,
+        train__log_every=1,
+        **dotted,
+    )
     run_dir.mkdir(parents=True, exist_ok=True)
     assert run_and_report(cfg, run_dir)
     return json.loads((run_dir / "summary.json").read_text())
@@ -162,12 +237,27 @@ def test_run_folder_projection_matches_compiled_payload(tmp_path):
     assert hardware["link_bytes_per_s"] == 450e9 and hardware["name"] == "h100_sxm"
     summary = _run_job(tmp_path / "run", hardware=hardware, parallel__name="jit_sharding")
     assert summary["hardware/link_bytes_per_s"] == 450e9 and summary["hardware/profile"] == "h100_sxm"
-    assert summary["comm/ratio_model"] == pytest.approx(summary["comm/bytes_per_step"] / 450e9
-                                                        / summary["perf/step_time_s"], rel=1e-12)
+    assert summary["comm/ratio_model"] == pytest.approx(
+        summary["comm/bytes_per_step"] / 450e9 / summary["perf/step_time_s"], rel=1e-12
+    )
     assert summary["perf/mfu"] > 0  # the profile's peak (989e12)
     out = tmp_path / "projection"
-    assert cli.main([str(tmp_path / "run"), "--hardware", "h100_sxm", "--mfu", "0.4", "--devices", "8,64,512",
-                     "--out", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                str(tmp_path / "run"),
+                "--hardware",
+                "h100_sxm",
+                "--mfu",
+                "0.4",
+                "--devices",
+                "8,64,512",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = _csv(out / "projection.csv")
     assert [int(r["devices"]) for r in rows] == [8, 64, 512] and [int(r["nodes"]) for r in rows] == [1, 8, 64]
     payload = summary["comm/payload_bytes_per_step"]
@@ -179,7 +269,8 @@ def test_run_folder_projection_matches_compiled_payload(tmp_path):
     compute = summary["perf/flops_per_step_per_device"] / (0.4 * 989e12)
     assert float(rows[0]["compute_s"]) == pytest.approx(compute, rel=1e-12)
     assert float(rows[0]["examples_per_s"]) == pytest.approx(
-        8 * summary["train/global_batch"] / 8 / (compute + float(rows[0]["comm_s"])), rel=1e-12)
+        8 * summary["train/global_batch"] / 8 / (compute + float(rows[0]["comm_s"])), rel=1e-12
+    )
 
 
 @pytest.mark.parametrize("parallel", ["jit_sharding", "fsdp"])
@@ -222,15 +313,42 @@ def test_sweep_folder_summaries(tmp_path):
     """A sweep folder: one configuration per (mode, precision, model, batch...), the job with the most devices;
     collectives inside the accumulation loop count accum_steps times; failed jobs are skipped."""
     jobs = {
-        "0": {"status": "ok", "parallel": "jit_sharding", "precision": "fp32", "model": "mlp", "mesh/devices": 4,
-              "train/global_batch": 128, "train/accum_steps": 1, "train/per_device_batch": 32,
-              "comm/collectives": ["all-reduce f32 1000B n=4"], "comm/payload_bytes_per_step": 1000},
-        "1": {"status": "ok", "parallel": "jit_sharding", "precision": "fp32", "model": "mlp", "mesh/devices": 8,
-              "train/global_batch": 256, "train/accum_steps": 1, "train/per_device_batch": 32,
-              "comm/collectives": ["all-reduce f32 1000B n=8"], "comm/payload_bytes_per_step": 1000},
-        "2": {"status": "ok", "parallel": "jit_sharding", "precision": "fp32", "model": "mlp", "mesh/devices": 8,
-              "train/global_batch": 256, "train/accum_steps": 4, "train/per_device_batch": 32,
-              "comm/collectives": ["all-reduce f32 1000B n=8 loop"], "comm/payload_bytes_per_step": 1000},
+        "0": {
+            "status": "ok",
+            "parallel": "jit_sharding",
+            "precision": "fp32",
+            "model": "mlp",
+            "mesh/devices": 4,
+            "train/global_batch": 128,
+            "train/accum_steps": 1,
+            "train/per_device_batch": 32,
+            "comm/collectives": ["all-reduce f32 1000B n=4"],
+            "comm/payload_bytes_per_step": 1000,
+        },
+        "1": {
+            "status": "ok",
+            "parallel": "jit_sharding",
+            "precision": "fp32",
+            "model": "mlp",
+            "mesh/devices": 8,
+            "train/global_batch": 256,
+            "train/accum_steps": 1,
+            "train/per_device_batch": 32,
+            "comm/collectives": ["all-reduce f32 1000B n=8"],
+            "comm/payload_bytes_per_step": 1000,
+        },
+        "2": {
+            "status": "ok",
+            "parallel": "jit_sharding",
+            "precision": "fp32",
+            "model": "mlp",
+            "mesh/devices": 8,
+            "train/global_batch": 256,
+            "train/accum_steps": 4,
+            "train/per_device_batch": 32,
+            "comm/collectives": ["all-reduce f32 1000B n=8 loop"],
+            "comm/payload_bytes_per_step": 1000,
+        },
         "3": {"status": "failed", "error": "x"},
     }
     for name, summary in jobs.items():
@@ -242,8 +360,9 @@ def test_sweep_folder_summaries(tmp_path):
     out = tmp_path / "out"
     assert cli.main([str(tmp_path), *CUSTOM, "--step-time-s", "0.1", "--devices", "8,16", "--out", str(out)]) == 0
     rows = _csv(out / "projection.csv")
-    assert [r["config"] for r in rows] == ["jit_sharding fp32 mlp batch/device=32"] * 2 + \
-        ["jit_sharding fp32 mlp batch/device=32 accum=4"] * 2
+    assert [r["config"] for r in rows] == ["jit_sharding fp32 mlp batch/device=32"] * 2 + [
+        "jit_sharding fp32 mlp batch/device=32 accum=4"
+    ] * 2
     one = all_reduce_time_s(1000, 16, HW)
     assert float(rows[1]["comm_s"]) == pytest.approx(one) and float(rows[3]["comm_s"]) == pytest.approx(4 * one)
     assert float(rows[1]["examples_per_s"]) == pytest.approx(16 * 32 / (0.1 + one), rel=1e-12)
@@ -255,15 +374,21 @@ def test_published_comparison_table_matches_readme():
 
     table = rows()
     assert [(r["model"], r["devices"], r["published"]) for r in table] == [
-        ("Inception V3", 128, 0.90), ("Inception V3", 512, 0.90), ("VGG-16", 128, 0.79), ("VGG-16", 512, 0.68),
-        ("ResNet-50", 256, 0.90)]
+        ("Inception V3", 128, 0.90),
+        ("Inception V3", 512, 0.90),
+        ("VGG-16", 128, 0.79),
+        ("VGG-16", 512, 0.68),
+        ("ResNet-50", 256, 0.90),
+    ]
     assert [round(r["projected@0"], 2) for r in table] == [0.87, 0.86, 0.55, 0.54, 0.79]
     assert [r["projected@1"] for r in table] == [1.0] * 5
     assert [round(r["fitted_overlap"], 2) for r in table] == [0.04, 0.05, 0.55, 0.37, 0.17]
     readme = (REPO / "README.md").read_text()
     for r in table:
-        line = (f"| {r['study']} | {r['model']} | {r['devices']} ({r['baseline']}) | {r['published']:.2f} | "
-                f"{r['compute_s']:.3f} | {r['comm_s@0']:.3f} | {r['projected@0']:.2f} ({r['error@0']:+.0%}) |")
+        line = (
+            f"| {r['study']} | {r['model']} | {r['devices']} ({r['baseline']}) | {r['published']:.2f} | "
+            f"{r['compute_s']:.3f} | {r['comm_s@0']:.3f} | {r['projected@0']:.2f} ({r['error@0']:+.0%}) |"
+        )
         assert line in readme
 
 

@@ -39,19 +39,38 @@ def ok_summary(mode: str, devices: int, eps: float, **extra) -> dict:
     """A successful job summary with the canonical keys of train.py."""
     gb = 256
     summary = {
-        "status": "ok", "parallel": mode, "precision": "fp32", "platform": "cpu", "device_kind": "cpu",
-        "process_count": 1, "mesh/devices": devices, "mesh/shape": [devices], "train/global_batch": gb,
-        "train/per_device_batch": gb // devices, "train/accum_steps": 1, "train/scaling": "strong",
-        "train/steps": 80, "train/loss": 0.5, "eval/loss": 0.6, "eval/accuracy": 0.875,
-        "perf/step_time_s": gb / eps, "perf/examples_per_s": eps, "perf/examples_per_s_median": eps,
-        "perf/examples_per_s_p25": 0.95 * eps, "perf/examples_per_s_p75": 1.05 * eps,
-        "perf/examples_per_s_last_window": 1.3 * eps, "perf/windows_measured": 7,
-        "perf/examples_per_s_per_device": eps / devices, "perf/wall_s": 10.0, "perf/startup_s": 4.0,
+        "status": "ok",
+        "parallel": mode,
+        "precision": "fp32",
+        "platform": "cpu",
+        "device_kind": "cpu",
+        "process_count": 1,
+        "mesh/devices": devices,
+        "mesh/shape": [devices],
+        "train/global_batch": gb,
+        "train/per_device_batch": gb // devices,
+        "train/accum_steps": 1,
+        "train/scaling": "strong",
+        "train/steps": 80,
+        "train/loss": 0.5,
+        "eval/loss": 0.6,
+        "eval/accuracy": 0.875,
+        "perf/step_time_s": gb / eps,
+        "perf/examples_per_s": eps,
+        "perf/examples_per_s_median": eps,
+        "perf/examples_per_s_p25": 0.95 * eps,
+        "perf/examples_per_s_p75": 1.05 * eps,
+        "perf/examples_per_s_last_window": 1.3 * eps,
+        "perf/windows_measured": 7,
+        "perf/examples_per_s_per_device": eps / devices,
+        "perf/wall_s": 10.0,
+        "perf/startup_s": 4.0,
         "comm/payload_bytes_per_step": PAYLOAD * (2 if mode == "fsdp" else 1),
         "comm/bytes_per_step": 2 * (devices - 1) / devices * PAYLOAD,
         "comm/ratio_model": 0.1 * (devices - 1),
         "mem/state_bytes_per_device": 3 * PAYLOAD // (devices if mode == "fsdp" else 1),
-        "mem/temp_bytes_per_device": 4 * 2**20 // devices, "parallel/grad_reduce_dtype": "fp32",
+        "mem/temp_bytes_per_device": 4 * 2**20 // devices,
+        "parallel/grad_reduce_dtype": "fp32",
     }
     summary.update(extra)
     return summary
@@ -60,9 +79,7 @@ def ok_summary(mode: str, devices: int, eps: float, **extra) -> dict:
 def write_job(root: Path, job: int, summary: dict | None, overrides: list[str] = ()) -> Path:
     job_dir = root / str(job)
     (job_dir / ".hydra").mkdir(parents=True)
-    (job_dir / ".hydra" / "overrides.yaml").write_text(
-        "".join(f"- {o}\n" for o in overrides)
-    )
+    (job_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     if summary is not None:
         (job_dir / "summary.json").write_text(json.dumps(summary))
     return job_dir
@@ -77,8 +94,7 @@ def make_sweep(root: Path, fail: tuple[str, int, int] | None = None, seeds=(0, 1
             for seed in seeds:
                 overrides = [f"mesh.devices={devices}", f"parallel={mode}", f"train.seed={seed}", "data=synthetic"]
                 if fail == (mode, devices, seed):
-                    summary = {"status": "failed",
-                               "error": "XlaRuntimeError: RESOURCE_EXHAUSTED:\nout of memory"}
+                    summary = {"status": "failed", "error": "XlaRuntimeError: RESOURCE_EXHAUSTED:\nout of memory"}
                 else:
                     summary = ok_summary(mode, devices, EPS[mode][devices] * SPREAD[seed % 3], **extra)
                 write_job(root, job, summary, overrides)
@@ -110,9 +126,12 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "sweeps.report", *args],
-        cwd=REPO, env=full_env, capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-
 
 
 def rows_of(root: Path) -> list[dict]:
@@ -126,21 +145,41 @@ def legend_texts(ax_or_fig) -> list[str]:
 
 # ---- table ------------------------------------------------------------------------------------------------
 
+
 def test_repeats_aggregate_to_one_row_with_min_max_interval(tmp_path):
     """3 seeds per configuration: one row each, the median of the jobs' medians, min-max interval."""
     root = make_sweep(tmp_path / "multirun" / "12-00-00")
     paths = write_report(root)
-    assert {"csv", "jobs_csv", "md", "throughput", "speedup", "efficiency", "comm", "memory",
-            "time_to_target"} == set(paths)
+    assert {"csv", "jobs_csv", "md", "throughput", "speedup", "efficiency", "comm", "memory", "time_to_target"} == set(
+        paths
+    )
     rows = read_csv(paths["csv"])
     assert len(rows) == 8 and len(read_csv(paths["jobs_csv"])) == 24
-    for column in ("devices", "parallel", "precision", "accum_steps", "scaling", "global_batch", "repeats",
-                   "examples_per_s", "examples_per_s_ci_low", "examples_per_s_ci_high", "speedup",
-                   "speedup_ci_low", "speedup_ci_high", "efficiency", "time_to_target_s", "steps_to_target",
-                   "comm_payload_bytes", "comm_ring_bytes", "state_bytes_per_device"):
+    for column in (
+        "devices",
+        "parallel",
+        "precision",
+        "accum_steps",
+        "scaling",
+        "global_batch",
+        "repeats",
+        "examples_per_s",
+        "examples_per_s_ci_low",
+        "examples_per_s_ci_high",
+        "speedup",
+        "speedup_ci_low",
+        "speedup_ci_high",
+        "efficiency",
+        "time_to_target_s",
+        "steps_to_target",
+        "comm_payload_bytes",
+        "comm_ring_bytes",
+        "state_bytes_per_device",
+    ):
         assert column in rows[0], column
     assert [(r["parallel"], r["devices"]) for r in rows] == [
-        (m, str(d)) for m in ("fsdp", "jit_sharding") for d in (1, 2, 4, 8)]
+        (m, str(d)) for m in ("fsdp", "jit_sharding") for d in (1, 2, 4, 8)
+    ]
     by = {(r["parallel"], int(r["devices"])): r for r in rows}
     for mode in EPS:
         for devices, eps in EPS[mode].items():
@@ -201,8 +240,11 @@ def test_weak_and_strong_scaling_are_separate_series():
     for d, eps in ((1, 100.0), (2, 150.0), (4, 200.0)):
         summaries.append(ok_summary("fsdp", d, eps, **{"train/global_batch": 128, "train/per_device_batch": 128 // d}))
     for d, eps in ((1, 40.0), (2, 76.0), (4, 140.0)):
-        summaries.append(ok_summary("fsdp", d, eps, **{"train/scaling": "weak", "train/global_batch": 32 * d,
-                                                        "train/per_device_batch": 32}))
+        summaries.append(
+            ok_summary(
+                "fsdp", d, eps, **{"train/scaling": "weak", "train/global_batch": 32 * d, "train/per_device_batch": 32}
+            )
+        )
     rows = aggregate([job_record(s) for s in summaries])
     got = {(r["scaling"], r["devices"]): (r["speedup"], r["efficiency"]) for r in rows}
     assert got[("strong", 2)] == (1.5, 0.75) and got[("strong", 4)] == (2.0, 0.5)
@@ -215,12 +257,18 @@ def test_other_overrides_split_configurations_and_seed_does_not(tmp_path):
     job = 0
     for scaling in ("none", "linear"):
         for seed in (0, 1):
-            write_job(root, job, ok_summary("jit_sharding", 1, 10.0 + seed, **{"train/global_batch": 512}),
-                      ["+sweep=large_batch", f"optim.lr_scaling={scaling}", f"train.seed={seed}"])
+            write_job(
+                root,
+                job,
+                ok_summary("jit_sharding", 1, 10.0 + seed, **{"train/global_batch": 512}),
+                ["+sweep=large_batch", f"optim.lr_scaling={scaling}", f"train.seed={seed}"],
+            )
             job += 1
     rows = rows_of(root)
     assert [(r["config"], r["repeats"], r["examples_per_s"]) for r in rows] == [
-        ("optim.lr_scaling=linear", 2, 10.5), ("optim.lr_scaling=none", 2, 10.5)]
+        ("optim.lr_scaling=linear", 2, 10.5),
+        ("optim.lr_scaling=none", 2, 10.5),
+    ]
 
 
 def test_few_windows_are_flagged(tmp_path):
@@ -235,8 +283,10 @@ def test_few_windows_are_flagged(tmp_path):
 
 def test_time_to_target_median_counts_never_reached_as_infinite():
     base = {"train/target_accuracy": 0.9}
-    jobs = [ok_summary("fsdp", 1, 10.0, **base, **{"train/steps_to_target": s, "perf/time_to_target_s": t})
-            for s, t in ((100, 5.0), (200, 9.0), (None, None))]
+    jobs = [
+        ok_summary("fsdp", 1, 10.0, **base, **{"train/steps_to_target": s, "perf/time_to_target_s": t})
+        for s, t in ((100, 5.0), (200, 9.0), (None, None))
+    ]
     (row,) = aggregate([job_record(dict(j, _overrides=[f"train.seed={i}"])) for i, j in enumerate(jobs)])
     assert (row["steps_to_target"], row["time_to_target_s"], row["target_reached"]) == (200, 9.0, "2/3")
     jobs[1]["train/steps_to_target"] = jobs[1]["perf/time_to_target_s"] = None
@@ -247,8 +297,12 @@ def test_time_to_target_median_counts_never_reached_as_infinite():
 def test_gpu_platform_has_no_cpu_warning(tmp_path):
     root = tmp_path / "mr"
     for i, d in enumerate((1, 2)):
-        write_job(root, i, ok_summary("jit_sharding", d, 10.0 * d, platform="gpu",
-                                      device_kind="NVIDIA H100 80GB HBM3"), [f"mesh.devices={d}"])
+        write_job(
+            root,
+            i,
+            ok_summary("jit_sharding", d, 10.0 * d, platform="gpu", device_kind="NVIDIA H100 80GB HBM3"),
+            [f"mesh.devices={d}"],
+        )
     paths = write_report(root, tmp_path / "out")
     md = paths["md"].read_text()
     assert "Platform(s): gpu" in md and "NVIDIA H100 80GB HBM3" in md and "WARNING" not in md
@@ -271,6 +325,7 @@ def test_load_summaries_skips_output_and_wandb_dirs(tmp_path):
 
 # ---- figures ----------------------------------------------------------------------------------------------
 
+
 def test_throughput_figure_log_log_error_bars_ideal_and_projection(tmp_path):
     rows = rows_of(make_sweep(tmp_path / "mr"))
     fig = make_figures(rows)["throughput"]
@@ -284,10 +339,12 @@ def test_throughput_figure_log_log_error_bars_ideal_and_projection(tmp_path):
     ideal = [line for line in ax.get_lines() if line.get_gid() == "ideal"]
     assert len(ideal) == 2
     assert sorted(tuple(line.get_ydata()) for line in ideal) == sorted(
-        tuple(EPS[m][1] * d for d in (1, 2, 4, 8)) for m in EPS)  # anchored at each 1-device median
+        tuple(EPS[m][1] * d for d in (1, 2, 4, 8)) for m in EPS
+    )  # anchored at each 1-device median
     assert CPU_SUBTITLE in fig._suptitle.get_text()
-    projected = make_figures(rows, projection_rows=[{"label": "ring model", "devices": d, "examples_per_s": 900.0 * d}
-                                                    for d in (1, 2, 4, 8)])["throughput"].axes[0]
+    projected = make_figures(
+        rows, projection_rows=[{"label": "ring model", "devices": d, "examples_per_s": 900.0 * d} for d in (1, 2, 4, 8)]
+    )["throughput"].axes[0]
     assert legend_texts(projected)[-1] == "projection: ring model" and len(projected.containers) == 2
 
 
@@ -339,10 +396,23 @@ def test_batch_figure_per_recipe(tmp_path):
     job = 0
     for scaling in ("none", "linear"):
         for batch in (256, 512, 1024):
-            write_job(root, job, ok_summary("jit_sharding", 1, 10.0, **{
-                "train/global_batch": batch, "eval/accuracy": 0.9 if scaling == "none" else 0.95,
-                "train/target_accuracy": 0.9, "train/steps_to_target": 10, "perf/time_to_target_s": 2.0}),
-                      [f"optim.lr_scaling={scaling}", f"train.global_batch={batch}"])
+            write_job(
+                root,
+                job,
+                ok_summary(
+                    "jit_sharding",
+                    1,
+                    10.0,
+                    **{
+                        "train/global_batch": batch,
+                        "eval/accuracy": 0.9 if scaling == "none" else 0.95,
+                        "train/target_accuracy": 0.9,
+                        "train/steps_to_target": 10,
+                        "perf/time_to_target_s": 2.0,
+                    },
+                ),
+                [f"optim.lr_scaling={scaling}", f"train.global_batch={batch}"],
+            )
             job += 1
     fig = make_figures(rows_of(root))["batch"]
     acc, ttt = fig.axes
@@ -353,6 +423,7 @@ def test_batch_figure_per_recipe(tmp_path):
 
 
 # ---- CLI and W&B ------------------------------------------------------------------------------------------
+
 
 def test_infer_group(tmp_path):
     assert report.infer_group([{"wandb/group": "g-1"}, {}], tmp_path / "x") == "g-1"

@@ -29,9 +29,15 @@ def _summary(run_dir):
 def test_killed_during_a_save_then_restarted_keeps_one_wandb_history(tmp_path, wandb_env, monkeypatch):
     run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
     run_dir.mkdir()
-    cfg = make_cfg({"data": {"name": "synthetic", "eval_size": 1000}, "mesh": {"devices": 2},
-                    "wandb": {"mode": "offline", "group": "g1"}, "checkpoint": {"dir": str(ckpt), "every": 10},
-                    "train": {"steps": 40, "log_every": 5, "eval_batch": 1000, "eval_every": 15}})
+    cfg = make_cfg(
+        {
+            "data": {"name": "synthetic", "eval_size": 1000},
+            "mesh": {"devices": 2},
+            "wandb": {"mode": "offline", "group": "g1"},
+            "checkpoint": {"dir": str(ckpt), "every": 10},
+            "train": {"steps": 40, "log_every": 5, "eval_batch": 1000, "eval_every": 15},
+        }
+    )
     original = checkpoint.RunCheckpoints.save
 
     def dies_in_the_step_30_save(self, state, done, wandb_run_id, reason):
@@ -69,8 +75,17 @@ def test_killed_during_a_save_then_restarted_keeps_one_wandb_history(tmp_path, w
     assert wb["run"].run_id == s["wandb/run_id"] != crashed_id and s["wandb/previous_run_id"] == crashed_id
     assert wb["config"]["resumed"] == {"previous_wandb_run_id": crashed_id, "step": 20}
     assert wb["run"].run_group == "g1" and "resumed" in wb["run"].tags
-    for key in ("train/loss", "train/accuracy", "optim/lr", "perf/examples_per_s", "perf/step_time_s_median",
-                "sync/max_replica_divergence", "eval/loss", "eval/accuracy", "checkpoint/resumed_step"):
+    for key in (
+        "train/loss",
+        "train/accuracy",
+        "optim/lr",
+        "perf/examples_per_s",
+        "perf/step_time_s_median",
+        "sync/max_replica_divergence",
+        "eval/loss",
+        "eval/accuracy",
+        "checkpoint/resumed_step",
+    ):
         assert key in s, key
     assert {k: wb["summary"].get(k) for k in s} == s  # every summary.json value, also those of the last row's keys
     # hardware profile: hardware=auto on CPU matches conf/hardware/cpu.yaml (no numbers, so no comm/ratio_model)
@@ -78,15 +93,18 @@ def test_killed_during_a_save_then_restarted_keeps_one_wandb_history(tmp_path, w
     assert wb["summary"]["hardware/profile"] == "cpu" and wb["config"]["resolved"]["hardware/profile"] == "cpu"
 
 
-@pytest.mark.parametrize("hardware,kind,want", [
-    ({"name": "auto", "detect": True}, "cpu", "cpu"),
-    ({"name": "auto", "detect": True}, "NVIDIA H100 80GB HBM3", "h100_sxm"),
-    ({"name": "auto", "detect": True}, "Some New Accelerator", None),
-    ({"name": "h200_sxm", "detect": False}, "cpu", "h200_sxm"),
-    ({"name": "custom", "detect": False}, "NVIDIA H100 80GB HBM3", "custom"),
-    ({"name": "none", "detect": False}, "NVIDIA H100 80GB HBM3", None),
-    ({"name": "auto", "detect": False}, "NVIDIA H100 80GB HBM3", None),
-])
+@pytest.mark.parametrize(
+    "hardware,kind,want",
+    [
+        ({"name": "auto", "detect": True}, "cpu", "cpu"),
+        ({"name": "auto", "detect": True}, "NVIDIA H100 80GB HBM3", "h100_sxm"),
+        ({"name": "auto", "detect": True}, "Some New Accelerator", None),
+        ({"name": "h200_sxm", "detect": False}, "cpu", "h200_sxm"),
+        ({"name": "custom", "detect": False}, "NVIDIA H100 80GB HBM3", "custom"),
+        ({"name": "none", "detect": False}, "NVIDIA H100 80GB HBM3", None),
+        ({"name": "auto", "detect": False}, "NVIDIA H100 80GB HBM3", None),
+    ],
+)
 def test_hardware_profile_names_the_profile_in_use(hardware, kind, want):
     from measure.compiled import hardware_profile
 

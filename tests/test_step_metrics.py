@@ -29,8 +29,9 @@ def _steps(cfg, n):
     state, records, norms = exp.state, [], []
     for step in range(n):
         before = exp.mode.state_to_host(state).params
-        state, m = exp.steps.train(state, layout.place(src.local_batch(step, layout.local_rows(p.global_batch)),
-                                                       p.global_batch))
+        state, m = exp.steps.train(
+            state, layout.place(src.local_batch(step, layout.local_rows(p.global_batch)), p.global_batch)
+        )
         after = exp.mode.state_to_host(state).params
         records.append({"step": step + 1, **{k: float(v) for k, v in exp.mode.metrics_to_host(m).items()}})
         grads = jax.tree.map(lambda a, b: (np.float64(a) - np.float64(b)) / LR, before, after)
@@ -40,8 +41,9 @@ def _steps(cfg, n):
 
 @pytest.mark.parametrize("mode", ["jit_sharding", "pmap", "fsdp"])
 def test_grad_norm_every_n_is_the_exact_norm_on_those_steps_only(mode):
-    cfg = make_cfg(parallel__name=mode, optim__name="sgd", optim__lr=LR, train__grad_norm_every=3,
-                   train__global_batch=64)
+    cfg = make_cfg(
+        parallel__name=mode, optim__name="sgd", optim__lr=LR, train__grad_norm_every=3, train__global_batch=64
+    )
     records, norms, exp = _steps(cfg, 6)
     assert all("optim/grad_norm" in r for r in records)  # the step returns a placeholder on the other steps
     assert [r["optim/grad_norm"] for r in records if r["step"] % 3] == [0.0, 0.0, 0.0, 0.0]
@@ -68,8 +70,14 @@ def test_default_step_returns_only_device_metrics_and_has_no_norm_pass():
 
 
 def test_fp16_loss_scaling_reports_norm_and_scale_every_step():
-    cfg = make_cfg(precision__name="fp16", precision__compute_dtype="float16", precision__loss_scale="dynamic",
-                   optim__name="sgd", optim__lr=LR, train__global_batch=64)
+    cfg = make_cfg(
+        precision__name="fp16",
+        precision__compute_dtype="float16",
+        precision__loss_scale="dynamic",
+        optim__name="sgd",
+        optim__lr=LR,
+        train__global_batch=64,
+    )
     records, norms, exp = _steps(cfg, 3)
     assert exp.updater.complete(records) is None
     for r, norm in zip(records, norms):
@@ -82,8 +90,16 @@ def test_complete_names_the_first_non_finite_step():
     rec = lambda step, loss, norm: {"step": step, "train/loss": loss, "train/accuracy": 0.5, "optim/grad_norm": norm}
     assert exp.updater.complete([rec(1, 1.0, 2.0), rec(2, float("nan"), 2.0), rec(3, float("inf"), 2.0)])["step"] == 2
     assert exp.updater.complete([rec(1, 1.0, 2.0), rec(2, 1.0, float("inf"))])["step"] == 2
-    scaled = build(plan(make_cfg(precision__name="fp16", precision__compute_dtype="float16",
-                                 precision__loss_scale="dynamic", mesh__devices=1)))
+    scaled = build(
+        plan(
+            make_cfg(
+                precision__name="fp16",
+                precision__compute_dtype="float16",
+                precision__loss_scale="dynamic",
+                mesh__devices=1,
+            )
+        )
+    )
     # with loss scaling a non-finite gradient is an overflow: the step was skipped, training goes on
     assert scaled.updater.complete([rec(1, 1.0, float("inf"))]) is None
     assert scaled.updater.complete([rec(1, float("nan"), 1.0)])["step"] == 1
@@ -95,18 +111,35 @@ def test_logged_lr_follows_warmup_and_cosine_on_the_host():
     records = [{"step": s, "train/loss": 1.0, "train/accuracy": 0.0} for s in range(1, 8)]
     assert exp.updater.complete(records) is None
     # lr of the step that starts at count s-1: warmup 0, .5, then cosine from 1e-3 to 0 over 4 steps
-    expected = [0.0, 5e-4, 1e-3, 1e-3 * (1 + math.cos(math.pi / 4)) / 2, 5e-4,
-                1e-3 * (1 + math.cos(3 * math.pi / 4)) / 2, 0.0]
+    expected = [
+        0.0,
+        5e-4,
+        1e-3,
+        1e-3 * (1 + math.cos(math.pi / 4)) / 2,
+        5e-4,
+        1e-3 * (1 + math.cos(3 * math.pi / 4)) / 2,
+        0.0,
+    ]
     np.testing.assert_allclose([r["optim/lr"] for r in records], expected, rtol=1e-5, atol=1e-9)
 
 
 def test_logged_lr_does_not_advance_on_steps_skipped_by_loss_scaling():
     """A skipped fp16 step leaves the optimizer's count (and so its rate) where it was."""
-    cfg = make_cfg(precision__name="fp16", precision__compute_dtype="float16", precision__loss_scale="dynamic",
-                   optim__warmup_steps=4, mesh__devices=1)
+    cfg = make_cfg(
+        precision__name="fp16",
+        precision__compute_dtype="float16",
+        precision__loss_scale="dynamic",
+        optim__warmup_steps=4,
+        mesh__devices=1,
+    )
     exp = build(plan(cfg))
-    rec = lambda step, norm, skipped: {"step": step, "train/loss": 1.0, "train/accuracy": 0.0,
-                                       "optim/grad_norm": norm, "precision/skipped_steps": skipped}
+    rec = lambda step, norm, skipped: {
+        "step": step,
+        "train/loss": 1.0,
+        "train/accuracy": 0.0,
+        "optim/grad_norm": norm,
+        "precision/skipped_steps": skipped,
+    }
     records = [rec(1, 1.0, 0), rec(2, float("inf"), 1), rec(3, 1.0, 1), rec(4, float("nan"), 2), rec(5, 1.0, 2)]
     assert exp.updater.complete(records) is None  # overflows are skips, not errors
     # warmup: lr(count) = count / 4 * 1e-3; counts used: 0, 1 (skipped), 1, 2 (skipped), 2

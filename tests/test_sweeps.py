@@ -41,6 +41,7 @@ def overrides_of(job: Path) -> dict[str, str]:
 
 # ---- strong / weak scaling -------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("devices", [1, 2, 4, 8])
 def test_weak_scaling_derives_global_batch(devices):
     p = plan(make_cfg(mesh__devices=devices, train__per_device_batch=32))
@@ -54,20 +55,29 @@ def test_schema_global_batch_default_is_null():
 
 
 def test_setting_both_batches_is_one_clear_error():
-    with pytest.raises(ConfigError, match=r"^train.global_batch=256 and train.per_device_batch=32 are both set; "
-                                          r"set one \(global_batch: strong scaling, per_device_batch: weak"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^train.global_batch=256 and train.per_device_batch=32 are both set; "
+        r"set one \(global_batch: strong scaling, per_device_batch: weak",
+    ):
         plan(make_cfg(train__global_batch=256, train__per_device_batch=32))
 
 
 # ---- presets ---------------------------------------------------------------------------------------------
 
 PRESETS = {
-    "scaling_devices": {"mesh.devices": "1,2,4,8", "parallel": "pmap,jit_sharding,shard_map,fsdp",
-                        "train.per_device_batch": "null,32", "train.seed": "0,1,2"},
-    "precision": {"precision": "fp32,bf16,fp16", "parallel": "pmap,jit_sharding,shard_map,fsdp",
-                  "train.seed": "0,1,2"},
-    "accumulation": {"train.accum_steps": "1,2,4,8", "parallel": "pmap,jit_sharding,shard_map,fsdp",
-                     "train.seed": "0,1,2"},
+    "scaling_devices": {
+        "mesh.devices": "1,2,4,8",
+        "parallel": "pmap,jit_sharding,shard_map,fsdp",
+        "train.per_device_batch": "null,32",
+        "train.seed": "0,1,2",
+    },
+    "precision": {"precision": "fp32,bf16,fp16", "parallel": "pmap,jit_sharding,shard_map,fsdp", "train.seed": "0,1,2"},
+    "accumulation": {
+        "train.accum_steps": "1,2,4,8",
+        "parallel": "pmap,jit_sharding,shard_map,fsdp",
+        "train.seed": "0,1,2",
+    },
 }
 
 
@@ -97,15 +107,21 @@ def test_large_batch_preset_composes_epoch_based_lengths():
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["+sweep=large_batch"], return_hydra_config=True)
         assert dict(cfg.hydra.sweeper.params) == {
-            "optim": "sgd,adam", "train.global_batch": "256,512,1024,2048,4096,8192",
-            "optim.lr_scaling": "none,linear", "+warmup": "none,epochs2", "train.seed": "0,1,2"}
-        job = compose("config", overrides=["+sweep=large_batch", "optim=sgd", "train.global_batch=8192",
-                                           "+warmup=epochs2"])
+            "optim": "sgd,adam",
+            "train.global_batch": "256,512,1024,2048,4096,8192",
+            "optim.lr_scaling": "none,linear",
+            "+warmup": "none,epochs2",
+            "train.seed": "0,1,2",
+        }
+        job = compose(
+            "config", overrides=["+sweep=large_batch", "optim=sgd", "train.global_batch=8192", "+warmup=epochs2"]
+        )
     assert (job.train.eval_every, job.train.log_every, job.optim.warmup_steps) == (7, 3, 14)  # 60000 // 8192 = 7
     assert (job.optim.name, job.optim.momentum, job.mesh.devices, job.train.target_accuracy) == ("sgd", 0.9, 1, 0.97)
 
 
 # ---- a real multirun -------------------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_multirun_default_launcher_wandb_groups_and_report(tmp_path):
@@ -114,9 +130,18 @@ def test_multirun_default_launcher_wandb_groups_and_report(tmp_path):
     all in the sweep's group, each with its own history; the report has 6 rows and marks the failures."""
     sweep = tmp_path / "sweep"
     steps = 4
-    res = multirun(sweep, "mesh.devices=1,2,16", "parallel=jit_sharding,fsdp", "data=synthetic",
-                   "data.eval_size=256", "train.per_device_batch=16", f"train.steps={steps}", "train.log_every=2",
-                   "wandb.mode=offline", "checkpoint.enabled=false")
+    res = multirun(
+        sweep,
+        "mesh.devices=1,2,16",
+        "parallel=jit_sharding,fsdp",
+        "data=synthetic",
+        "data.eval_size=256",
+        "train.per_device_batch=16",
+        f"train.steps={steps}",
+        "train.log_every=2",
+        "wandb.mode=offline",
+        "checkpoint.enabled=false",
+    )
     assert res.returncode == 1, res.stderr[-3000:]  # the sweep goes on, then reports its failed jobs
     assert "2 of 6 jobs failed" in res.stderr.splitlines()
     jobs = job_dirs(sweep)
@@ -151,8 +176,9 @@ def test_multirun_default_launcher_wandb_groups_and_report(tmp_path):
     (group,) = groups
     assert group == "sweep-" + sweep.as_posix().strip("/").replace("/", "_")
 
-    rep = subprocess.run([sys.executable, "-m", "sweeps.report", str(sweep)], cwd=REPO, capture_output=True,
-                         text=True, timeout=300)
+    rep = subprocess.run(
+        [sys.executable, "-m", "sweeps.report", str(sweep)], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert rep.returncode == 0, rep.stderr[-3000:]
     with open(sweep / "scaling.csv") as f:
         rows = list(csv.DictReader(f))
@@ -160,7 +186,11 @@ def test_multirun_default_launcher_wandb_groups_and_report(tmp_path):
     failed = [r for r in rows if r["status"].startswith("failed")]
     assert len(failed) == 2 and all("mesh.devices=16" in r["status"] for r in failed)
     assert sorted((r["parallel"], r["devices"]) for r in rows if r["status"] == "ok") == [
-        ("fsdp", "1"), ("fsdp", "2"), ("jit_sharding", "1"), ("jit_sharding", "2")]
+        ("fsdp", "1"),
+        ("fsdp", "2"),
+        ("jit_sharding", "1"),
+        ("jit_sharding", "2"),
+    ]
     for png in ("throughput", "speedup", "efficiency", "comm", "memory", "time_to_target"):
         assert (sweep / f"{png}.png").stat().st_size > 10_000
 
@@ -169,9 +199,18 @@ def test_multirun_default_launcher_wandb_groups_and_report(tmp_path):
 def test_submitit_local_runs_one_job_at_a_time(tmp_path):
     """hydra/launcher=submitit_local: a fresh process per job (its own device count), jobs never overlap."""
     sweep = tmp_path / "sweep"
-    res = multirun(sweep, "hydra/launcher=submitit_local", "mesh.devices=1,2", "runtime.cpu_devices=2",
-                   "data=synthetic", "data.eval_size=64", "train.steps=2", "train.log_every=1",
-                   "wandb.mode=disabled", "checkpoint.enabled=false")
+    res = multirun(
+        sweep,
+        "hydra/launcher=submitit_local",
+        "mesh.devices=1,2",
+        "runtime.cpu_devices=2",
+        "data=synthetic",
+        "data.eval_size=64",
+        "train.steps=2",
+        "train.log_every=1",
+        "wandb.mode=disabled",
+        "checkpoint.enabled=false",
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     jobs = job_dirs(sweep)
     assert [json.loads((j / "summary.json").read_text())["mesh/devices"] for j in jobs] == [1, 2]

@@ -48,8 +48,10 @@ def test_window_stats_warn_below_five_windows_and_fall_back_to_the_warmup_window
     assert stats.summary()["perf/includes_warmup_window"] is True and stats.summary()["perf/examples_per_s"] == 128
     stats.add(1.0, 4)
     assert stats.summary()["perf/examples_per_s"] == 256.0 and "perf/includes_warmup_window" not in stats.summary()
-    assert stats.warning() == ("warning: only 1 logging window(s) measured after the first (need 5): throughput "
-                               "is the median of 1 window; raise train.steps or lower train.log_every")
+    assert stats.warning() == (
+        "warning: only 1 logging window(s) measured after the first (need 5): throughput "
+        "is the median of 1 window; raise train.steps or lower train.log_every"
+    )
     with pytest.raises(ValueError, match="steps >= 1"):
         stats.add(1.0, 0)
     assert WindowStats(1, 1).summary() == {}
@@ -73,8 +75,9 @@ def test_target_tracker_records_the_first_evaluation_at_or_above_target():
     assert TargetTracker(None).summary() == {} and not TargetTracker(None).observe(1, 1.0, 1.0)
 
 
-@pytest.mark.parametrize("value,ok", [(None, True), (0.5, True), (1.0, True), (0.0, False), (1.5, False),
-                                      (-0.1, False)])
+@pytest.mark.parametrize(
+    "value,ok", [(None, True), (0.5, True), (1.0, True), (0.0, False), (1.5, False), (-0.1, False)]
+)
 def test_target_accuracy_range(value, ok):
     error = check_target_accuracy(value)
     assert (error is None) == ok
@@ -98,8 +101,17 @@ def test_job_clock_from_process_start():
 def test_run_summary_has_steady_state_keys_and_time_to_target(tmp_path):
     """A real run (synthetic data, 8 devices): 7 windows of 5 steps, 6 measured; eval every 10 steps."""
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    cmd = [sys.executable, "train.py", "data=synthetic", "train.steps=35", "train.log_every=5", "train.eval_every=10",
-           "train.target_accuracy=0.01", "checkpoint.enabled=false", f"hydra.run.dir={tmp_path}"]
+    cmd = [
+        sys.executable,
+        "train.py",
+        "data=synthetic",
+        "train.steps=35",
+        "train.log_every=5",
+        "train.eval_every=10",
+        "train.target_accuracy=0.01",
+        "checkpoint.enabled=false",
+        f"hydra.run.dir={tmp_path}",
+    ]
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     s = json.loads((tmp_path / "summary.json").read_text())
@@ -109,8 +121,9 @@ def test_run_summary_has_steady_state_keys_and_time_to_target(tmp_path):
     assert s["perf/examples_per_s_per_device"] == pytest.approx(s["perf/examples_per_s"] / 8)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     windows = [r["perf/examples_per_s"] for r in records if "perf/examples_per_s" in r and r["step"] > 0]
-    assert len(windows) == 7 and s["perf/examples_per_s_median"] == pytest.approx(sorted(windows[1:])[2:4][0] / 2
-                                                                                  + sorted(windows[1:])[2:4][1] / 2)
+    assert len(windows) == 7 and s["perf/examples_per_s_median"] == pytest.approx(
+        sorted(windows[1:])[2:4][0] / 2 + sorted(windows[1:])[2:4][1] / 2
+    )
     assert 0 < s["perf/startup_s"] < s["perf/wall_s"]
     assert s["train/steps_to_target"] == 10 and 0 < s["perf/time_to_target_s"] < s["perf/wall_s"]
     assert "warning: only" not in res.stderr
@@ -118,8 +131,14 @@ def test_run_summary_has_steady_state_keys_and_time_to_target(tmp_path):
 
 def test_bad_target_accuracy_is_one_line(tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    cmd = [sys.executable, "train.py", "data=synthetic", "train.steps=5", "train.target_accuracy=1.5",
-           f"hydra.run.dir={tmp_path}"]
+    cmd = [
+        sys.executable,
+        "train.py",
+        "data=synthetic",
+        "train.steps=5",
+        "train.target_accuracy=1.5",
+        f"hydra.run.dir={tmp_path}",
+    ]
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert "error: train.target_accuracy=1.5 must be in (0, 1] (a fraction of correct answers) or null" in res.stderr

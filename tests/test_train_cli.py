@@ -25,7 +25,7 @@ def assert_failed_cleanly(proc, run_dir, *needles):
     left = sorted(p.name for p in run_dir.iterdir())
     assert left == [".hydra", "summary.json", "train.log"], left  # no W&B run, no metrics.jsonl, no checkpoint
     s = summary(run_dir)
-    assert s["status"] == "failed" and s["error"] == errors[0][len("error: "):]
+    assert s["status"] == "failed" and s["error"] == errors[0][len("error: ") :]
 
 
 def test_main_job_short_run_logs_to_offline_wandb(tmp_path):
@@ -61,26 +61,30 @@ def test_main_job_short_run_logs_to_offline_wandb(tmp_path):
 
 def test_many_steps_between_logs_respects_the_in_flight_bound(tmp_path):
     # 300 steps without a logging window: without the 2-in-flight bound the CPU backend aborts (~32 queued)
-    proc = run_train(tmp_path / "run", "data=synthetic", "train.steps=300", "train.log_every=1000",
-                     "wandb.mode=disabled")
+    proc = run_train(
+        tmp_path / "run", "data=synthetic", "train.steps=300", "train.log_every=1000", "wandb.mode=disabled"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert summary(tmp_path / "run")["train/steps"] == 300
 
 
-@pytest.mark.parametrize("overrides,needles", [
-    (["train.global_batch=250", "mesh.devices=8"], ["250", "8"]),
-    (["mesh.devices=16"], ["16", "8"]),
-    (["mesh.shape=[3,3]"], ["[3, 3]", "8"]),
-    (["parallel=pmap", "train.global_batch=250"], ["250", "8"]),
-    (["parallel=pmap", "mesh.shape=[2,4]"], ["pmap", "[2, 4]"]),
-    (["train.accum_steps=3"], ["256", "3", "24"]),
-    (["train.global_batch=256", "train.per_device_batch=32"], ["256", "32"]),
-    (["optim.lr=-1"], ["optim.lr=-1.0", ">= 0"]),
-    (["runtime.cpu_devices=0"], ["runtime.cpu_devices=0", ">= 1"]),
-    (["model=vit", "model.patch=5"], ["model.patch=5", "28"]),
-    (["train.grad_norm_every=0"], ["train.grad_norm_every=0", "[1, 2147483647]"]),
-    (["train.grad_norm_every=2147483648"], ["train.grad_norm_every=2147483648", "[1, 2147483647]"]),
-])
+@pytest.mark.parametrize(
+    "overrides,needles",
+    [
+        (["train.global_batch=250", "mesh.devices=8"], ["250", "8"]),
+        (["mesh.devices=16"], ["16", "8"]),
+        (["mesh.shape=[3,3]"], ["[3, 3]", "8"]),
+        (["parallel=pmap", "train.global_batch=250"], ["250", "8"]),
+        (["parallel=pmap", "mesh.shape=[2,4]"], ["pmap", "[2, 4]"]),
+        (["train.accum_steps=3"], ["256", "3", "24"]),
+        (["train.global_batch=256", "train.per_device_batch=32"], ["256", "32"]),
+        (["optim.lr=-1"], ["optim.lr=-1.0", ">= 0"]),
+        (["runtime.cpu_devices=0"], ["runtime.cpu_devices=0", ">= 1"]),
+        (["model=vit", "model.patch=5"], ["model.patch=5", "28"]),
+        (["train.grad_norm_every=0"], ["train.grad_norm_every=0", "[1, 2147483647]"]),
+        (["train.grad_norm_every=2147483648"], ["train.grad_norm_every=2147483648", "[1, 2147483647]"]),
+    ],
+)
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, overrides, needles):
     run_dir = tmp_path / "run"
     proc = run_train(run_dir, *overrides, "wandb.mode=offline", timeout=120)
@@ -89,33 +93,60 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, overrides, needles):
 
 def test_missing_dataset_is_one_line(tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_train(run_dir, f"data.data_dir={tmp_path}/nowhere", f"data.cache_dir={tmp_path}/cache",
-                     env={"TFDS_DATA_DIR": ""}, timeout=120)
+    proc = run_train(
+        run_dir,
+        f"data.data_dir={tmp_path}/nowhere",
+        f"data.cache_dir={tmp_path}/cache",
+        env={"TFDS_DATA_DIR": ""},
+        timeout=120,
+    )
     assert_failed_cleanly(proc, run_dir, "nowhere", "TFDS_DATA_DIR", "data=synthetic")
 
 
 def test_non_finite_loss_stops_with_the_first_bad_step(tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_train(run_dir, "data=synthetic", "precision=fp16", "precision.loss_scale=none", "optim=sgd",
-                     "optim.lr=1e12", "train.steps=30", "train.log_every=10", "wandb.mode=disabled",
-                     "checkpoint.every=0")
+    proc = run_train(
+        run_dir,
+        "data=synthetic",
+        "precision=fp16",
+        "precision.loss_scale=none",
+        "optim=sgd",
+        "optim.lr=1e12",
+        "train.steps=30",
+        "train.log_every=10",
+        "wandb.mode=disabled",
+        "checkpoint.every=0",
+    )
     assert proc.returncode != 0
     (line,) = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
     assert "non-finite" in line and "step 2" in line
     assert summary(run_dir)["status"] == "failed"
 
 
-@pytest.mark.parametrize("overrides,needle", [
-    (["parallel=nonsense"], "train.py: parallel=nonsense is not an option of group parallel; choose one of fsdp, "
-                            "jit_sharding, pmap, shard_map"),
-    (["train.global_bach=256"], "train.py: unknown config key train.global_bach; did you mean train.global_batch?"),
-    (["train.global_batch=abc"], "train.py: train.global_batch=abc: Value 'abc' of type 'str' could not be converted "
-                                 "to Integer"),
-    (["model.activation=foo"], "train.py: model.activation=foo is not a valid choice; choose one of tanh, relu, "
-                               "gelu, sigmoid"),
-    (["precision=fp8"], "train.py: precision=fp8 is not an option of group precision; choose one of bf16, fp16, "
-                        "fp32; did you mean precision=fp32?"),
-])
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        (
+            ["parallel=nonsense"],
+            "train.py: parallel=nonsense is not an option of group parallel; choose one of fsdp, "
+            "jit_sharding, pmap, shard_map",
+        ),
+        (["train.global_bach=256"], "train.py: unknown config key train.global_bach; did you mean train.global_batch?"),
+        (
+            ["train.global_batch=abc"],
+            "train.py: train.global_batch=abc: Value 'abc' of type 'str' could not be converted to Integer",
+        ),
+        (
+            ["model.activation=foo"],
+            "train.py: model.activation=foo is not a valid choice; choose one of tanh, relu, gelu, sigmoid",
+        ),
+        (
+            ["precision=fp8"],
+            "train.py: precision=fp8 is not an option of group precision; choose one of bf16, fp16, "
+            "fp32; did you mean precision=fp32?",
+        ),
+    ],
+)
 def test_hydra_rejects_unknown_options_and_keys(tmp_path, overrides, needle):
     """Hydra's multi-line composition errors arrive as one line (conf/schema.py: one_line), exit code 1."""
     proc = run_train(tmp_path / "run", *overrides, timeout=120)
@@ -141,9 +172,14 @@ def test_main_job_acceptance_bf16_on_mnist(tmp_path):
 def test_unreachable_wandb_falls_back_to_offline_and_writes_no_secret(tmp_path):
     run_dir = tmp_path / "run"
     key = "k" * 40
-    proc = run_train(run_dir, "data=synthetic", "train.steps=10", "wandb.mode=online", "wandb.init_timeout_s=10",
-                     env={"WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_API_KEY": key,
-                          "WANDB_CONFIG_DIR": str(tmp_path / "wbcfg")})
+    proc = run_train(
+        run_dir,
+        "data=synthetic",
+        "train.steps=10",
+        "wandb.mode=online",
+        "wandb.init_timeout_s=10",
+        env={"WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_API_KEY": key, "WANDB_CONFIG_DIR": str(tmp_path / "wbcfg")},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "continuing offline" in proc.stderr + proc.stdout
     s = summary(run_dir)

@@ -63,12 +63,18 @@ def max_abs_diff(a, b) -> float:
     la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
     assert len(la) == len(lb)
     # (an empty tree, e.g. the optimizer state of constant-rate SGD, differs by 0)
-    return max((float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)), initial=0.0))
-                for x, y in zip(la, lb)), default=0.0)
+    return max(
+        (
+            float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)), initial=0.0))
+            for x, y in zip(la, lb)
+        ),
+        default=0.0,
+    )
 
 
-def run_train(run_dir: Path, *overrides: str, env: dict | None = None, timeout: int = 600,
-              cwd: Path = REPO) -> subprocess.CompletedProcess:
+def run_train(
+    run_dir: Path, *overrides: str, env: dict | None = None, timeout: int = 600, cwd: Path = REPO
+) -> subprocess.CompletedProcess:
     """``python train.py <overrides>`` with its run folder at ``run_dir`` and offline W&B inside it."""
     e = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
     e.pop("WANDB_API_KEY", None)
@@ -105,6 +111,7 @@ def quantisation_scales(tree: Any, axis_name: Any, residual: Optional[dict] = No
     flat = jnp.pad(jnp.concatenate([x.reshape(-1).astype(jnp.float32) for x in leaves]), (0, lay.padded - lay.total))
     if residual is not None:
         flat = flat + residual["worker"]
-    amax = jax.lax.pmax(jnp.stack([jnp.max(jnp.abs(flat[o:o + s])) for o, s in zip(lay.offsets, lay.sizes)]),
-                        axis_name)
+    amax = jax.lax.pmax(
+        jnp.stack([jnp.max(jnp.abs(flat[o : o + s])) for o, s in zip(lay.offsets, lay.sizes)]), axis_name
+    )
     return jnp.where(amax > 0, amax / compress.QMAX, 1.0)

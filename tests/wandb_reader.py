@@ -31,8 +31,8 @@ def records(path: str) -> Iterator[wandb_internal_pb2.Record]:
         if left_in_block < HEADER:
             pos += left_in_block
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + HEADER])
-        chunk = data[pos + HEADER:pos + HEADER + length]
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + HEADER])
+        chunk = data[pos + HEADER : pos + HEADER + length]
         pos += HEADER + length
         if kind == 0 and length == 0:
             pos += BLOCK - pos % BLOCK if pos % BLOCK else 0
@@ -75,8 +75,9 @@ def read_run(run_dir: str, wait_s: float = 30.0) -> dict:
             for item in rec.config.update:
                 out["config"][item.key] = json.loads(item.value_json)
         elif which == "history":
-            out["history"].append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                                   for item in rec.history.item})
+            out["history"].append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in rec.history.item}
+            )
         elif which == "summary":
             for item in rec.summary.update:
                 out["summary"][item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
@@ -90,8 +91,9 @@ def offline_runs(run_folder) -> list[str]:
 
 def history_by_step(run_dir: str) -> list[tuple[int, dict]]:
     """(``_step``, the row's logged keys without W&B's own ``_*`` keys) for every history row, in file order."""
-    return [(row["_step"], {k: v for k, v in row.items() if not k.startswith("_")})
-            for row in read_run(run_dir)["history"]]
+    return [
+        (row["_step"], {k: v for k, v in row.items() if not k.startswith("_")}) for row in read_run(run_dir)["history"]
+    ]
 
 
 def metrics_by_step(path) -> dict[int, dict]:
@@ -103,8 +105,9 @@ def metrics_by_step(path) -> dict[int, dict]:
         for line in f:
             rec = json.loads(line)
             row = out.setdefault(int(rec["step"]), {})
-            row.update({k: v for k, v in rec.items() if k != "step" and v is not None
-                        and not isinstance(v, (str, list, dict))})
+            row.update(
+                {k: v for k, v in rec.items() if k != "step" and v is not None and not isinstance(v, (str, list, dict))}
+            )
     return out
 
 
@@ -116,6 +119,8 @@ def assert_history_matches_metrics(run_dir: str, metrics_path) -> list[int]:
     steps = [s for s, _ in rows]
     assert steps == sorted(want), (steps[:20], sorted(want)[:20])
     for s, row in rows:
-        assert row == want[s], (s, {k: (row.get(k), want[s].get(k)) for k in set(row) | set(want[s])
-                                    if row.get(k) != want[s].get(k)})
+        assert row == want[s], (
+            s,
+            {k: (row.get(k), want[s].get(k)) for k in set(row) | set(want[s]) if row.get(k) != want[s].get(k)},
+        )
     return steps

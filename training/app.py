@@ -45,19 +45,29 @@ def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None
         reporter.close(exit_code=1)
         raise
     if summary.get("checkpoint/already_complete"):
-        console(f"already complete at step {summary.get('train/steps')}: eval/accuracy="
-                f"{summary.get('eval/accuracy')} (checkpoint {summary.get('checkpoint/last_path')}); nothing to do")
+        console(
+            f"already complete at step {summary.get('train/steps')}: eval/accuracy="
+            f"{summary.get('eval/accuracy')} (checkpoint {summary.get('checkpoint/last_path')}); nothing to do"
+        )
         if not keeps_summary(run_dir / "summary.json"):
             reporter.summary(summary)
         reporter.close(exit_code=0)
         return True
     reporter.summary(summary)
     reporter.close(exit_code=0)
-    log.info("eval/accuracy=%.4f eval/loss=%.4f examples/s=%.0f (median of %s windows, p25-p75 %.0f-%.0f) "
-             "wall=%.1fs startup=%.1fs; outputs in %s", summary["eval/accuracy"], summary["eval/loss"],
-             summary.get("perf/examples_per_s", float("nan")), summary.get("perf/windows_measured", 0),
-             summary.get("perf/examples_per_s_p25", float("nan")), summary.get("perf/examples_per_s_p75", float("nan")),
-             summary.get("perf/wall_s", float("nan")), summary.get("perf/startup_s", float("nan")), run_dir)
+    log.info(
+        "eval/accuracy=%.4f eval/loss=%.4f examples/s=%.0f (median of %s windows, p25-p75 %.0f-%.0f) "
+        "wall=%.1fs startup=%.1fs; outputs in %s",
+        summary["eval/accuracy"],
+        summary["eval/loss"],
+        summary.get("perf/examples_per_s", float("nan")),
+        summary.get("perf/windows_measured", 0),
+        summary.get("perf/examples_per_s_p25", float("nan")),
+        summary.get("perf/examples_per_s_p75", float("nan")),
+        summary.get("perf/wall_s", float("nan")),
+        summary.get("perf/startup_s", float("nan")),
+        run_dir,
+    )
     return True
 
 

@@ -56,8 +56,10 @@ def resolve_batch(global_batch: Optional[int], per_device_batch: Optional[int], 
       ConfigError: both set, or a non-positive value.
     """
     if global_batch is not None and per_device_batch is not None:
-        raise ConfigError(f"train.global_batch={global_batch} and train.per_device_batch={per_device_batch} are "
-                          f"both set; set one (global_batch: strong scaling, per_device_batch: weak scaling)")
+        raise ConfigError(
+            f"train.global_batch={global_batch} and train.per_device_batch={per_device_batch} are "
+            f"both set; set one (global_batch: strong scaling, per_device_batch: weak scaling)"
+        )
     if per_device_batch is not None:
         if per_device_batch <= 0:
             raise ConfigError(f"train.per_device_batch={per_device_batch} must be positive")
@@ -75,8 +77,11 @@ def plan(cfg: Config) -> Plan:
     if n <= 0:
         raise ConfigError(f"mesh.devices={n} must be positive (or null for all {len(visible)} devices)")
     if n > len(visible):
-        hint = (f"; raise runtime.cpu_devices (now {cfg.runtime.cpu_devices}) to at least {n}"
-                if visible[0].platform == "cpu" else "")
+        hint = (
+            f"; raise runtime.cpu_devices (now {cfg.runtime.cpu_devices}) to at least {n}"
+            if visible[0].platform == "cpu"
+            else ""
+        )
         raise ConfigError(f"mesh.devices={n} but only {len(visible)} {visible[0].platform} devices are visible{hint}")
     if jax.process_count() > 1 and n != len(visible):
         raise ConfigError(f"mesh.devices={n} with {jax.process_count()} processes must use all {len(visible)} devices")
@@ -89,18 +94,28 @@ def plan(cfg: Config) -> Plan:
         raise ConfigError(f"train.accum_steps={k} must be positive")
     if gb % (n * k):
         what = f"mesh.devices={n}" + (f" x train.accum_steps={k} = {n * k}" if k > 1 else "")
-        raise ConfigError(f"train.global_batch={gb} is not divisible by {what}; choose a global batch that is "
-                          f"a multiple of {n * k} (e.g. {max(1, round(gb / (n * k))) * n * k})")
+        raise ConfigError(
+            f"train.global_batch={gb} is not divisible by {what}; choose a global batch that is "
+            f"a multiple of {n * k} (e.g. {max(1, round(gb / (n * k))) * n * k})"
+        )
     if gb % jax.process_count():
         raise ConfigError(f"train.global_batch={gb} is not divisible by {jax.process_count()} processes")
     if cfg.precision.compute_dtype not in COMPUTE_DTYPES:
-        raise ConfigError(f"precision.compute_dtype={cfg.precision.compute_dtype!r} is unknown; "
-                          f"choose one of {', '.join(COMPUTE_DTYPES)}")
+        raise ConfigError(
+            f"precision.compute_dtype={cfg.precision.compute_dtype!r} is unknown; "
+            f"choose one of {', '.join(COMPUTE_DTYPES)}"
+        )
     if cfg.precision.loss_scale not in LOSS_SCALING_MODES:
-        raise ConfigError(f"precision.loss_scale={cfg.precision.loss_scale!r} is unknown; "
-                          f"choose one of {', '.join(LOSS_SCALING_MODES)}")
-    for key, value in (("train.log_every", cfg.train.log_every), ("train.eval_batch", cfg.train.eval_batch),
-                       ("train.sync_every", cfg.train.sync_every), ("train.max_in_flight", cfg.train.max_in_flight)):
+        raise ConfigError(
+            f"precision.loss_scale={cfg.precision.loss_scale!r} is unknown; "
+            f"choose one of {', '.join(LOSS_SCALING_MODES)}"
+        )
+    for key, value in (
+        ("train.log_every", cfg.train.log_every),
+        ("train.eval_batch", cfg.train.eval_batch),
+        ("train.sync_every", cfg.train.sync_every),
+        ("train.max_in_flight", cfg.train.max_in_flight),
+    ):
         if value <= 0:
             raise ConfigError(f"{key}={value} must be positive")
     if cfg.train.steps is not None and cfg.train.steps <= 0:
@@ -110,8 +125,9 @@ def plan(cfg: Config) -> Plan:
     if cfg.train.eval_every is not None and cfg.train.eval_every <= 0:
         raise ConfigError(f"train.eval_every={cfg.train.eval_every} must be positive (or null: only at the end)")
     if cfg.train.grad_norm_every is not None and not 0 < cfg.train.grad_norm_every < 2**31:
-        raise ConfigError(f"train.grad_norm_every={cfg.train.grad_norm_every} must be in [1, {2**31 - 1}] "
-                          f"(or null: no gradient norm)")
+        raise ConfigError(
+            f"train.grad_norm_every={cfg.train.grad_norm_every} must be in [1, {2**31 - 1}] (or null: no gradient norm)"
+        )
     check_compression(cfg.parallel.grad_compression, cfg.parallel.grad_reduce_dtype, mode)
     check_numbers(cfg)
     check_library_settings(cfg, extra_tags=[mode.name, cfg.precision.name, f"devices={n}"])
@@ -125,26 +141,39 @@ def plan(cfg: Config) -> Plan:
         nnx.eval_shape(lambda: _model(cfg))  # the model's own checks (shapes, names), without computing
     except ValueError as e:
         raise ConfigError(str(e).splitlines()[0]) from None
-    return Plan(cfg=cfg, devices=tuple(visible[:n]), mesh_shape=shape, global_batch=gb, per_device_batch=gb // n,
-                scaling=scaling, compute_dtype=COMPUTE_DTYPES[cfg.precision.compute_dtype], peak_lr=peak)
+    return Plan(
+        cfg=cfg,
+        devices=tuple(visible[:n]),
+        mesh_shape=shape,
+        global_batch=gb,
+        per_device_batch=gb // n,
+        scaling=scaling,
+        compute_dtype=COMPUTE_DTYPES[cfg.precision.compute_dtype],
+        peak_lr=peak,
+    )
 
 
 def check_compression(compression: str, grad_reduce_dtype: Optional[str], mode: type[ParallelMode]) -> None:
     """Raises ConfigError for an unknown ``parallel.grad_compression``, one the mode does not implement, or
     int8 together with ``parallel.grad_reduce_dtype`` (int8 replaces the reduction, the dtype would be ignored)."""
     if compression not in COMPRESSIONS:
-        raise ConfigError(f"parallel.grad_compression={compression!r} is unknown; "
-                          f"choose one of {', '.join(COMPRESSIONS)}")
+        raise ConfigError(
+            f"parallel.grad_compression={compression!r} is unknown; choose one of {', '.join(COMPRESSIONS)}"
+        )
     if compression not in mode.compressions:
         from parallel import MODES
 
         ok = [m for m, cls in MODES.items() if compression in cls.compressions]
-        raise ConfigError(f"parallel.grad_compression={compression} is not implemented for parallel={mode.name}; "
-                          f"use parallel={', '.join(ok)}, or parallel.grad_compression=none")
+        raise ConfigError(
+            f"parallel.grad_compression={compression} is not implemented for parallel={mode.name}; "
+            f"use parallel={', '.join(ok)}, or parallel.grad_compression=none"
+        )
     if compression != "none" and grad_reduce_dtype is not None:
-        raise ConfigError(f"parallel.grad_compression={compression} replaces the gradient reduction, so "
-                          f"parallel.grad_reduce_dtype={grad_reduce_dtype} would be ignored; set "
-                          f"parallel.grad_reduce_dtype=null")
+        raise ConfigError(
+            f"parallel.grad_compression={compression} replaces the gradient reduction, so "
+            f"parallel.grad_reduce_dtype={grad_reduce_dtype} would be ignored; set "
+            f"parallel.grad_reduce_dtype=null"
+        )
 
 
 def check_measurement(cfg: Config) -> None:
@@ -155,11 +184,11 @@ def check_measurement(cfg: Config) -> None:
     if target_error:
         raise ConfigError(target_error)
     if cfg.train.transfer_guard not in TRANSFER_GUARDS:
-        raise ConfigError(f"train.transfer_guard={cfg.train.transfer_guard!r} is unknown; "
-                          f"choose one of {', '.join(TRANSFER_GUARDS)}")
+        raise ConfigError(
+            f"train.transfer_guard={cfg.train.transfer_guard!r} is unknown; choose one of {', '.join(TRANSFER_GUARDS)}"
+        )
     if cfg.train.steps is not None and cfg.train.steps > 0:
-        window_error = check_window(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps,
-                                    cfg.train.steps)
+        window_error = check_window(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps, cfg.train.steps)
         if window_error:
             raise ConfigError(window_error)
 
@@ -173,9 +202,12 @@ def check_numbers(cfg: Config) -> None:
     o, pr, m = cfg.optim, cfg.precision, cfg.model
     checks = [
         ("optim.lr", o.lr, math.isfinite(o.lr) and o.lr >= 0, "a finite value >= 0"),
-        ("optim.clip_grad_norm", o.clip_grad_norm, o.clip_grad_norm is None or (math.isfinite(o.clip_grad_norm)
-                                                                                and o.clip_grad_norm > 0),
-         "null (off) or a finite value > 0"),
+        (
+            "optim.clip_grad_norm",
+            o.clip_grad_norm,
+            o.clip_grad_norm is None or (math.isfinite(o.clip_grad_norm) and o.clip_grad_norm > 0),
+            "null (off) or a finite value > 0",
+        ),
         ("optim.momentum", o.momentum, 0 <= o.momentum < 1, "in [0, 1)"),
         ("optim.b1", o.b1, 0 <= o.b1 < 1, "in [0, 1)"),
         ("optim.b2", o.b2, 0 <= o.b2 < 1, "in [0, 1)"),
@@ -183,28 +215,49 @@ def check_numbers(cfg: Config) -> None:
         ("optim.weight_decay", o.weight_decay, math.isfinite(o.weight_decay) and o.weight_decay >= 0, ">= 0"),
         ("optim.warmup_steps", o.warmup_steps, o.warmup_steps >= 0, ">= 0"),
         ("optim.base_batch", o.base_batch, o.base_batch > 0, "> 0"),
-        ("precision.init_scale", pr.init_scale, math.isfinite(pr.init_scale) and pr.init_scale >= 1,
-         "a finite value >= 1"),
+        (
+            "precision.init_scale",
+            pr.init_scale,
+            math.isfinite(pr.init_scale) and pr.init_scale >= 1,
+            "a finite value >= 1",
+        ),
         ("precision.growth_interval", pr.growth_interval, pr.growth_interval > 0, "> 0"),
         ("parallel.min_shard_bytes", cfg.parallel.min_shard_bytes, cfg.parallel.min_shard_bytes >= 0, ">= 0"),
         ("data.prefetch", cfg.data.prefetch, cfg.data.prefetch >= 1, ">= 1"),
         ("runtime.cpu_devices", cfg.runtime.cpu_devices, cfg.runtime.cpu_devices >= 1, ">= 1"),
-        ("runtime.compilation_cache_min_compile_time_s", cfg.runtime.compilation_cache_min_compile_time_s,
-         cfg.runtime.compilation_cache_min_compile_time_s >= 0, ">= 0"),
-        ("runtime.compilation_cache_min_entry_bytes", cfg.runtime.compilation_cache_min_entry_bytes,
-         cfg.runtime.compilation_cache_min_entry_bytes >= 0, ">= 0"),
-        ("hardware.link_bytes_per_s", cfg.hardware.link_bytes_per_s,
-         cfg.hardware.link_bytes_per_s is None or cfg.hardware.link_bytes_per_s > 0, "null or > 0"),
-        ("hardware.peak_flops_per_s", cfg.hardware.peak_flops_per_s,
-         cfg.hardware.peak_flops_per_s is None or cfg.hardware.peak_flops_per_s > 0, "null or > 0"),
+        (
+            "runtime.compilation_cache_min_compile_time_s",
+            cfg.runtime.compilation_cache_min_compile_time_s,
+            cfg.runtime.compilation_cache_min_compile_time_s >= 0,
+            ">= 0",
+        ),
+        (
+            "runtime.compilation_cache_min_entry_bytes",
+            cfg.runtime.compilation_cache_min_entry_bytes,
+            cfg.runtime.compilation_cache_min_entry_bytes >= 0,
+            ">= 0",
+        ),
+        (
+            "hardware.link_bytes_per_s",
+            cfg.hardware.link_bytes_per_s,
+            cfg.hardware.link_bytes_per_s is None or cfg.hardware.link_bytes_per_s > 0,
+            "null or > 0",
+        ),
+        (
+            "hardware.peak_flops_per_s",
+            cfg.hardware.peak_flops_per_s,
+            cfg.hardware.peak_flops_per_s is None or cfg.hardware.peak_flops_per_s > 0,
+            "null or > 0",
+        ),
         ("wandb.init_timeout_s", cfg.wandb.init_timeout_s, cfg.wandb.init_timeout_s > 0, "> 0"),
     ]
     for k in ("hidden", "width", "depth"):  # each model has its own keys (conf/schema.py MODEL_SCHEMAS)
         if hasattr(m, k):
             checks.append((f"model.{k}", getattr(m, k), getattr(m, k) > 0, "> 0"))
     if hasattr(m, "init_std"):
-        checks.append(("model.init_std", m.init_std, math.isfinite(m.init_std) and m.init_std > 0,
-                       "a finite value > 0"))
+        checks.append(
+            ("model.init_std", m.init_std, math.isfinite(m.init_std) and m.init_std > 0, "a finite value > 0")
+        )
     for key, value, ok, allowed in checks:
         if not ok:
             raise ConfigError(f"{key}={value} is out of range; it must be {allowed}")
@@ -212,8 +265,9 @@ def check_numbers(cfg: Config) -> None:
 
 def _model(cfg: Config):
     m = cfg.model
-    return build_model(m.name, tuple(cfg.data.image_shape), cfg.data.num_classes, seed=cfg.train.seed,
-                       **model_kwargs(m))
+    return build_model(
+        m.name, tuple(cfg.data.image_shape), cfg.data.num_classes, seed=cfg.train.seed, **model_kwargs(m)
+    )
 
 
 def _optimizer(cfg: Config, peak_lr: float):
@@ -222,8 +276,16 @@ def _optimizer(cfg: Config, peak_lr: float):
     # A constant rate goes to optax as a number: no schedule state (a count) and no schedule evaluation in
     # every step; the schedule function still gives the logged optim/lr.
     constant = o.schedule == "constant" and o.warmup_steps <= 0
-    tx = make_optimizer(o.name, peak_lr if constant else schedule, momentum=o.momentum, b1=o.b1, b2=o.b2, eps=o.eps,
-                        weight_decay=o.weight_decay, clip_grad_norm=o.clip_grad_norm)
+    tx = make_optimizer(
+        o.name,
+        peak_lr if constant else schedule,
+        momentum=o.momentum,
+        b1=o.b1,
+        b2=o.b2,
+        eps=o.eps,
+        weight_decay=o.weight_decay,
+        clip_grad_norm=o.clip_grad_norm,
+    )
     return tx, schedule
 
 
@@ -256,19 +318,33 @@ def build(p: Plan) -> Experiment:
     """Mesh, mode, initial state (placed) and the jitted train/eval steps for plan ``p``."""
     cfg = p.cfg
     mesh = make_mesh(p.devices, p.mesh_shape)
-    mode = mode_class(cfg.parallel.name)(mesh, global_batch=p.global_batch, accum_steps=cfg.train.accum_steps,
-                                         min_shard_bytes=cfg.parallel.min_shard_bytes,
-                                         grad_reduce_dtype=cfg.parallel.grad_reduce_dtype,
-                                         grad_compression=cfg.parallel.grad_compression)
+    mode = mode_class(cfg.parallel.name)(
+        mesh,
+        global_batch=p.global_batch,
+        accum_steps=cfg.train.accum_steps,
+        min_shard_bytes=cfg.parallel.min_shard_bytes,
+        grad_reduce_dtype=cfg.parallel.grad_reduce_dtype,
+        grad_compression=cfg.parallel.grad_compression,
+    )
     tx, schedule = _optimizer(cfg, p.peak_lr)
     graphdef, host_state = init_host_state(cfg, tx)
     if cfg.parallel.grad_compression == "int8":  # per-device error-feedback residual, zero at start
         host_state = host_state.replace(grad_residual=mode.feedback.init(host_state.params))
-    local = LocalGrads(graphdef=graphdef, compute_dtype=p.compute_dtype, accum_steps=cfg.train.accum_steps,
-                       seed=cfg.train.seed, use_example_keys=cfg.model.dropout > 0,
-                       augment=augment_spec(cfg.data.augment, cfg.data.crop_padding, cfg.data.flip))
-    updater = Updater(tx=tx, lr_schedule=schedule, loss_scaling=cfg.precision.loss_scale,
-                      growth_interval=cfg.precision.growth_interval, grad_norm_every=cfg.train.grad_norm_every or 0)
+    local = LocalGrads(
+        graphdef=graphdef,
+        compute_dtype=p.compute_dtype,
+        accum_steps=cfg.train.accum_steps,
+        seed=cfg.train.seed,
+        use_example_keys=cfg.model.dropout > 0,
+        augment=augment_spec(cfg.data.augment, cfg.data.crop_padding, cfg.data.flip),
+    )
+    updater = Updater(
+        tx=tx,
+        lr_schedule=schedule,
+        loss_scaling=cfg.precision.loss_scale,
+        growth_interval=cfg.precision.growth_interval,
+        grad_norm_every=cfg.train.grad_norm_every or 0,
+    )
     state = mode.place_state(host_state)
     steps = mode.build(local, updater, jax.eval_shape(lambda: host_state))
     return Experiment(plan=p, mode=mode, local=local, updater=updater, state=state, steps=steps, graphdef=graphdef)

@@ -129,9 +129,11 @@ def default_directory(run_dir: Path, process_count: int, environ=os.environ) -> 
     job = environ.get("SLURM_JOB_ID")
     if job:
         return Path("checkpoints") / f"slurm-{job}"
-    raise ConfigError(f"checkpoint.dir=null with {process_count} processes: each process would save into its own "
-                      f"run folder; set checkpoint.dir to one folder every process can reach (shared file system "
-                      f"or bucket), or checkpoint.enabled=false")
+    raise ConfigError(
+        f"checkpoint.dir=null with {process_count} processes: each process would save into its own "
+        f"run folder; set checkpoint.dir to one folder every process can reach (shared file system "
+        f"or bucket), or checkpoint.enabled=false"
+    )
 
 
 def prepare(cfg: CheckpointConfig, run_dir: Path, process_count: int = 1) -> CheckpointPlan:
@@ -149,26 +151,34 @@ def prepare(cfg: CheckpointConfig, run_dir: Path, process_count: int = 1) -> Che
     if resume not in RESUME_MODES:
         resume_path = Path(resume).expanduser().absolute()
         if not resume_path.exists():
-            raise ConfigError(f"checkpoint.resume={cfg.resume} does not exist; give a checkpoint folder (or one "
-                              f"<step> folder in it), auto (the newest in checkpoint.dir) or never")
+            raise ConfigError(
+                f"checkpoint.resume={cfg.resume} does not exist; give a checkpoint folder (or one "
+                f"<step> folder in it), auto (the newest in checkpoint.dir) or never"
+            )
         if not is_step_dir(resume_path) and not complete_steps(resume_path) and not _any_step_dirs(resume_path):
-            raise ConfigError(f"checkpoint.resume={cfg.resume} holds no checkpoint (no <step> folder with "
-                              f"{STATE}/ and {META}/); give a checkpoint folder, auto or never")
+            raise ConfigError(
+                f"checkpoint.resume={cfg.resume} holds no checkpoint (no <step> folder with "
+                f"{STATE}/ and {META}/); give a checkpoint folder, auto or never"
+            )
         resume = "path"
     if not cfg.enabled:
         if resume == "path":
-            raise ConfigError(f"checkpoint.resume={cfg.resume} with checkpoint.enabled=false; enable checkpoints "
-                              f"to resume")
+            raise ConfigError(
+                f"checkpoint.resume={cfg.resume} with checkpoint.enabled=false; enable checkpoints to resume"
+            )
         return CheckpointPlan(directory=None, every=cfg.every, keep=cfg.keep, resume="never", resume_path=None)
     directory = Path(cfg.dir).expanduser() if cfg.dir else default_directory(run_dir, process_count)
     if directory.exists() and not directory.is_dir():
         raise ConfigError(f"checkpoint.dir={directory} is a file; give a folder")
     if resume == "never" and complete_steps(directory):
-        raise ConfigError(f"checkpoint.resume=never but checkpoint.dir={directory} already holds checkpoints "
-                          f"(steps {complete_steps(directory)}); use another checkpoint.dir, or "
-                          f"checkpoint.resume=auto to continue from the newest")
-    return CheckpointPlan(directory=directory.absolute(), every=cfg.every, keep=cfg.keep, resume=resume,
-                          resume_path=resume_path)
+        raise ConfigError(
+            f"checkpoint.resume=never but checkpoint.dir={directory} already holds checkpoints "
+            f"(steps {complete_steps(directory)}); use another checkpoint.dir, or "
+            f"checkpoint.resume=auto to continue from the newest"
+        )
+    return CheckpointPlan(
+        directory=directory.absolute(), every=cfg.every, keep=cfg.keep, resume=resume, resume_path=resume_path
+    )
 
 
 # ---- what is on disk ---------------------------------------------------------------------------------------
@@ -179,8 +189,9 @@ def is_step_dir(path: Path) -> bool:
 
 
 def _any_step_dirs(directory: Path) -> bool:
-    return Path(directory).is_dir() and any(p.name.isdigit() or p.name.endswith(TMP_SUFFIX)
-                                            for p in Path(directory).iterdir())
+    return Path(directory).is_dir() and any(
+        p.name.isdigit() or p.name.endswith(TMP_SUFFIX) for p in Path(directory).iterdir()
+    )
 
 
 def complete_steps(directory: Path) -> list[int]:
@@ -237,8 +248,9 @@ class Saver:
         ocp = _ocp()
         self.directory = Path(directory)
         self.last_step: Optional[int] = None  # newest step saved (or restored) in this folder by this run
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
-                                               cleanup_tmp_directories=True)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True, enable_async_checkpointing=async_save, cleanup_tmp_directories=True
+        )
         self.manager = ocp.CheckpointManager(self.directory, item_handlers=_handlers(), options=options)
 
     def step_dir(self, step: int) -> Path:
@@ -254,14 +266,22 @@ class Saver:
         params_ok, opt_ok = finite_flags(state, mode)
         if not (params_ok and opt_ok):
             what = "parameters" if not params_ok else "optimizer state"
-            prev = (f"the last good checkpoint is {self.step_dir(self.last_step)} (step {self.last_step})"
-                    if self.last_step is not None else "no earlier checkpoint of this run exists")
-            raise NonFiniteError(f"{what} are not finite after step {step}: no checkpoint written; {prev}; lower "
-                                 f"optim.lr, enable optim.clip_grad_norm, or, under bf16/fp16, use precision=fp32")
+            prev = (
+                f"the last good checkpoint is {self.step_dir(self.last_step)} (step {self.last_step})"
+                if self.last_step is not None
+                else "no earlier checkpoint of this run exists"
+            )
+            raise NonFiniteError(
+                f"{what} are not finite after step {step}: no checkpoint written; {prev}; lower "
+                f"optim.lr, enable optim.clip_grad_norm, or, under bf16/fp16, use precision=fp32"
+            )
         ocp = _ocp()
         to_save = mode.state_for_save(state)
-        self.manager.save(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardSave(to_save),
-                                                           META: ocp.args.JsonSave(metadata)}), force=True)
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(**{STATE: ocp.args.StandardSave(to_save), META: ocp.args.JsonSave(metadata)}),
+            force=True,
+        )
         self.last_step = step
         return self.step_dir(step)
 
@@ -277,17 +297,40 @@ class Saver:
             self.manager.close()
 
 
-def metadata(*, step: int, steps_per_epoch: int, global_batch: int, cfg_dict: dict, mode_name: str,
-             mesh_shape, num_devices: int, process_count: int, wandb_run_id: Optional[str], run_dir: Path,
-             reason: str) -> dict:
+def metadata(
+    *,
+    step: int,
+    steps_per_epoch: int,
+    global_batch: int,
+    cfg_dict: dict,
+    mode_name: str,
+    mesh_shape,
+    num_devices: int,
+    process_count: int,
+    wandb_run_id: Optional[str],
+    run_dir: Path,
+    reason: str,
+) -> dict:
     """The JSON saved with a state. ``epoch``/``position``: step = epoch * steps_per_epoch + position."""
     epoch, position = divmod(step, steps_per_epoch)
-    return {"step": step, "epoch": epoch, "position": position, "steps_per_epoch": steps_per_epoch,
-            "examples_seen": step * global_batch, "global_batch": global_batch, "mode": mode_name,
-            "mesh_shape": list(mesh_shape), "device_count": num_devices, "process_count": process_count,
-            "wandb_run_id": wandb_run_id, "run_dir": str(run_dir), "reason": reason, "jax_version": jax.__version__,
-            "saved_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "config": cfg_dict}
+    return {
+        "step": step,
+        "epoch": epoch,
+        "position": position,
+        "steps_per_epoch": steps_per_epoch,
+        "examples_seen": step * global_batch,
+        "global_batch": global_batch,
+        "mode": mode_name,
+        "mesh_shape": list(mesh_shape),
+        "device_count": num_devices,
+        "process_count": process_count,
+        "wandb_run_id": wandb_run_id,
+        "run_dir": str(run_dir),
+        "reason": reason,
+        "jax_version": jax.__version__,
+        "saved_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "config": cfg_dict,
+    }
 
 
 # ---- restoring --------------------------------------------------------------------------------------------
@@ -297,8 +340,9 @@ def read_arrays(step_dir: Path) -> dict[str, np.ndarray]:
     tests, independent of any mode or device count."""
     ocp = _ocp()
     step_dir = Path(step_dir).absolute()
-    with ocp.CheckpointManager(step_dir.parent, item_handlers=_handlers(),
-                               options=ocp.CheckpointManagerOptions(create=False)) as manager:
+    with ocp.CheckpointManager(
+        step_dir.parent, item_handlers=_handlers(), options=ocp.CheckpointManagerOptions(create=False)
+    ) as manager:
         step = int(step_dir.name)
         tree = manager.item_metadata(step)[STATE].tree
         target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), tree)
@@ -330,8 +374,9 @@ def restore_step(step_dir: Path, mode, placed_state) -> Restored:
     ocp = _ocp()
     step_dir = Path(step_dir).absolute()
     abstract = mode.host_abstract(placed_state)
-    with ocp.CheckpointManager(step_dir.parent, item_handlers=_handlers(),
-                               options=ocp.CheckpointManagerOptions(create=False)) as manager:
+    with ocp.CheckpointManager(
+        step_dir.parent, item_handlers=_handlers(), options=ocp.CheckpointManagerOptions(create=False)
+    ) as manager:
         step = int(step_dir.name)
         saved = manager.item_metadata(step)[STATE]
         if saved is None:
@@ -340,21 +385,28 @@ def restore_step(step_dir: Path, mode, placed_state) -> Restored:
         # and adapted below (kept, or reset to zero with a warning), so it is left out of the comparison.
         saved_residual = saved.tree.get("grad_residual") if isinstance(saved.tree, dict) else None
         residual_target = mode.feedback.restore_target(saved_residual)
-        have, want = ({k: v for k, v in _leaf_specs(t).items() if not k.startswith("grad_residual.")}
-                      for t in (saved.tree, abstract.replace(grad_residual=None)))
+        have, want = (
+            {k: v for k, v in _leaf_specs(t).items() if not k.startswith("grad_residual.")}
+            for t in (saved.tree, abstract.replace(grad_residual=None))
+        )
         if have != want and any(k.startswith("params.") and k.endswith(".value") for k in have):
-            raise ConfigError(f"checkpoint {step_dir} was written by an earlier version of this repository "
-                              f"(parameters saved as nnx.State leaves '<name>.value', before commit d3cd98a made "
-                              f"them plain dicts); evaluate or resume it with that version, or set "
-                              f"checkpoint.resume=never / another checkpoint.dir")
+            raise ConfigError(
+                f"checkpoint {step_dir} was written by an earlier version of this repository "
+                f"(parameters saved as nnx.State leaves '<name>.value', before commit d3cd98a made "
+                f"them plain dicts); evaluate or resume it with that version, or set "
+                f"checkpoint.resume=never / another checkpoint.dir"
+            )
         if have != want:
             diff = sorted(set(have.items()) ^ set(want.items()))[0][0]
-            raise ConfigError(f"checkpoint {step_dir} does not fit this run: {diff} is {have.get(diff, 'absent')} "
-                              f"there but {want.get(diff, 'absent')} here; resume with the checkpoint's model and "
-                              f"optimizer settings, or set checkpoint.resume=never / another checkpoint.dir")
+            raise ConfigError(
+                f"checkpoint {step_dir} does not fit this run: {diff} is {have.get(diff, 'absent')} "
+                f"there but {want.get(diff, 'absent')} here; resume with the checkpoint's model and "
+                f"optimizer settings, or set checkpoint.resume=never / another checkpoint.dir"
+            )
         target = mode.restore_target(abstract).replace(grad_residual=residual_target)
-        out = manager.restore(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target),
-                                                               META: ocp.args.JsonRestore()}))
+        out = manager.restore(
+            step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target), META: ocp.args.JsonRestore()})
+        )
     state, meta = out[STATE], dict(out[META])
     # keep the residual when saved for this device count, else zeros (warning); None when unused
     residual = None
@@ -421,8 +473,10 @@ def resume(plan: CheckpointPlan, mode, placed_state) -> Optional[Restored]:
     if plan.resume == "auto":
         restored = _newest_readable(plan.directory, mode, placed_state)
         if restored is None and complete_steps(plan.directory):
-            raise ConfigError(f"no readable checkpoint in checkpoint.dir={plan.directory} (see the warnings); "
-                              f"move its step folders away, or use another checkpoint.dir")
+            raise ConfigError(
+                f"no readable checkpoint in checkpoint.dir={plan.directory} (see the warnings); "
+                f"move its step folders away, or use another checkpoint.dir"
+            )
     else:
         path = plan.resume_path
         if is_step_dir(path) or path.name.isdigit():
@@ -432,25 +486,37 @@ def resume(plan: CheckpointPlan, mode, placed_state) -> Optional[Restored]:
                 raise
             except Exception as e:
                 reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-                raise ConfigError(f"checkpoint.resume={path} cannot be read ({type(e).__name__}: {reason}); give "
-                                  f"another step folder or its parent folder (the newest readable step)") from None
+                raise ConfigError(
+                    f"checkpoint.resume={path} cannot be read ({type(e).__name__}: {reason}); give "
+                    f"another step folder or its parent folder (the newest readable step)"
+                ) from None
         else:
             restored = _newest_readable(path, mode, placed_state)
             if restored is None:
                 raise ConfigError(f"checkpoint.resume={path} holds no readable checkpoint (see the warnings)")
         later = [s for s in complete_steps(plan.directory) if s > restored.step]
         if later and plan.directory != restored.path.parent:
-            raise ConfigError(f"checkpoint.dir={plan.directory} already holds checkpoints after step {restored.step} "
-                              f"(steps {later}); resuming from {restored.path} would overwrite them: set another "
-                              f"checkpoint.dir")
+            raise ConfigError(
+                f"checkpoint.dir={plan.directory} already holds checkpoints after step {restored.step} "
+                f"(steps {later}); resuming from {restored.path} would overwrite them: set another "
+                f"checkpoint.dir"
+            )
         if later:  # rolling back inside the same folder: the later steps belong to the abandoned future
-            raise ConfigError(f"checkpoint.resume={restored.path} is older than checkpoints {later} in the same "
-                              f"folder; resume from the newest (checkpoint.resume=auto) or move the later ones away")
+            raise ConfigError(
+                f"checkpoint.resume={restored.path} is older than checkpoints {later} in the same "
+                f"folder; resume from the newest (checkpoint.resume=auto) or move the later ones away"
+            )
     if restored is not None:
-        log.info("resuming from %s (step %d, epoch %d, position %d; saved under %s on %d devices, mesh %s)",
-                 restored.path, restored.step, restored.metadata.get("epoch", -1),
-                 restored.metadata.get("position", -1), restored.metadata.get("mode"),
-                 restored.metadata.get("device_count", -1), restored.metadata.get("mesh_shape"))
+        log.info(
+            "resuming from %s (step %d, epoch %d, position %d; saved under %s on %d devices, mesh %s)",
+            restored.path,
+            restored.step,
+            restored.metadata.get("epoch", -1),
+            restored.metadata.get("position", -1),
+            restored.metadata.get("mode"),
+            restored.metadata.get("device_count", -1),
+            restored.metadata.get("mesh_shape"),
+        )
     return restored
 
 
@@ -458,14 +524,18 @@ def data_order_warnings(saved: dict, *, global_batch: int, seed: int, steps_per_
     """Why the resumed data order differs from the saved run's (empty: it is the same)."""
     cfg = saved.get("config", {})
     out = []
-    checks = (("train.global_batch", saved.get("global_batch"), global_batch),
-              ("train.seed", cfg.get("train", {}).get("seed"), seed),
-              ("steps per epoch", saved.get("steps_per_epoch"), steps_per_epoch),
-              ("data.name", cfg.get("data", {}).get("name"), data))
+    checks = (
+        ("train.global_batch", saved.get("global_batch"), global_batch),
+        ("train.seed", cfg.get("train", {}).get("seed"), seed),
+        ("steps per epoch", saved.get("steps_per_epoch"), steps_per_epoch),
+        ("data.name", cfg.get("data", {}).get("name"), data),
+    )
     for key, old, new in checks:
         if old is not None and old != new:
-            out.append(f"{key} is {new} but the checkpoint was trained with {old}: the data order after the "
-                       f"restored step is not the one the saved run would have seen")
+            out.append(
+                f"{key} is {new} but the checkpoint was trained with {old}: the data order after the "
+                f"restored step is not the one the saved run would have seen"
+            )
     return out
 
 
@@ -482,8 +552,19 @@ class RunCheckpoints:
       restored_step: the step this run resumed from (None: started fresh).
     """
 
-    def __init__(self, plan: CheckpointPlan, *, cfg_dict: dict, mode, mesh_shape, global_batch: int,
-                 steps_per_epoch: int, n_steps: int, run_dir: Path, restored_step: Optional[int] = None):
+    def __init__(
+        self,
+        plan: CheckpointPlan,
+        *,
+        cfg_dict: dict,
+        mode,
+        mesh_shape,
+        global_batch: int,
+        steps_per_epoch: int,
+        n_steps: int,
+        run_dir: Path,
+        restored_step: Optional[int] = None,
+    ):
         self.plan, self.cfg_dict, self.mode = plan, cfg_dict, mode
         self.mesh_shape, self.global_batch, self.steps_per_epoch = list(mesh_shape), global_batch, steps_per_epoch
         self.n_steps, self.run_dir = n_steps, Path(run_dir)
@@ -507,10 +588,19 @@ class RunCheckpoints:
         """
         if self.saver is None or self.saver.last_step == done:
             return self.last_path if self.saver is not None and self.saver.last_step == done else None
-        meta = metadata(step=done, steps_per_epoch=self.steps_per_epoch, global_batch=self.global_batch,
-                        cfg_dict=self.cfg_dict, mode_name=self.mode.name, mesh_shape=self.mesh_shape,
-                        num_devices=self.mode.num_devices, process_count=jax.process_count(),
-                        wandb_run_id=wandb_run_id, run_dir=self.run_dir, reason=reason)
+        meta = metadata(
+            step=done,
+            steps_per_epoch=self.steps_per_epoch,
+            global_batch=self.global_batch,
+            cfg_dict=self.cfg_dict,
+            mode_name=self.mode.name,
+            mesh_shape=self.mesh_shape,
+            num_devices=self.mode.num_devices,
+            process_count=jax.process_count(),
+            wandb_run_id=wandb_run_id,
+            run_dir=self.run_dir,
+            reason=reason,
+        )
         self.last_path = self.saver.save(state, done, meta, self.mode)
         log.info("checkpoint of step %d -> %s (%s)", done, self.last_path, reason)
         return self.last_path
@@ -523,8 +613,11 @@ class RunCheckpoints:
     def summary(self) -> dict:
         if self.saver is None:
             return {}
-        return {"checkpoint/dir": str(self.plan.directory), "checkpoint/last_step": self.saver.last_step,
-                "checkpoint/last_path": str(self.last_path) if self.last_path else None}
+        return {
+            "checkpoint/dir": str(self.plan.directory),
+            "checkpoint/last_step": self.saver.last_step,
+            "checkpoint/last_path": str(self.last_path) if self.last_path else None,
+        }
 
 
 IGNORED_CHANGES = ("checkpoint.", "wandb.", "profile.", "data.cache_dir", "data.data_dir", "distributed.")
@@ -544,4 +637,5 @@ def config_changes(saved_cfg: dict, cfg_dict: dict, limit: int = 6) -> list[str]
     old, new = flat(saved_cfg), flat(cfg_dict)
     keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and not k.startswith(IGNORED_CHANGES))
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys[:limit]] + (
-        [f"... {len(keys) - limit} more"] if len(keys) > limit else [])
+        [f"... {len(keys) - limit} more"] if len(keys) > limit else []
+    )

@@ -45,14 +45,17 @@ def cache_settings(cache_dir: Optional[str], min_compile_time_s: float, min_entr
         raise ValueError(f"runtime.compilation_cache_min_entry_bytes={min_entry_bytes} must be >= 0")
     if not cache_dir:
         return {"jax_enable_compilation_cache": False}
-    return {"jax_enable_compilation_cache": True,
-            "jax_compilation_cache_dir": os.path.abspath(os.path.expanduser(str(cache_dir))),
-            "jax_persistent_cache_min_compile_time_secs": float(min_compile_time_s),
-            "jax_persistent_cache_min_entry_size_bytes": int(min_entry_bytes)}
+    return {
+        "jax_enable_compilation_cache": True,
+        "jax_compilation_cache_dir": os.path.abspath(os.path.expanduser(str(cache_dir))),
+        "jax_persistent_cache_min_compile_time_secs": float(min_compile_time_s),
+        "jax_persistent_cache_min_entry_size_bytes": int(min_entry_bytes),
+    }
 
 
-def configure_compilation_cache(cache_dir: Optional[str], min_compile_time_s: float = 0.0,
-                                min_entry_bytes: int = 0) -> Optional[str]:
+def configure_compilation_cache(
+    cache_dir: Optional[str], min_compile_time_s: float = 0.0, min_entry_bytes: int = 0
+) -> Optional[str]:
     """Applies the cache settings to ``jax.config``; returns the cache folder in use (None: off).
 
     Settings that differ from the process's current ones reset JAX's cache object first (public

@@ -49,11 +49,13 @@ def startup_line(info: dict[str, Any], *, accum_steps: int, model: str, param_co
       param_count: number of trainable parameters (all leaves of the host-form params).
     """
     procs = info["process_count"]
-    return (f"start: {info['mesh/devices']} {info['platform']} devices ({info['device_kind']}), {procs} "
-            f"process{'es' if procs > 1 else ''}, {info['parallel']} mesh {list(info['mesh/shape'])}, "
-            f"{info['precision']}, batch {info['train/global_batch']} global / {info['train/per_device_batch']} "
-            f"per device, accum {accum_steps}, {info['train/steps']} steps, {model} {param_count:,} params, "
-            f"data {dataset}")
+    return (
+        f"start: {info['mesh/devices']} {info['platform']} devices ({info['device_kind']}), {procs} "
+        f"process{'es' if procs > 1 else ''}, {info['parallel']} mesh {list(info['mesh/shape'])}, "
+        f"{info['precision']}, batch {info['train/global_batch']} global / {info['train/per_device_batch']} "
+        f"per device, accum {accum_steps}, {info['train/steps']} steps, {model} {param_count:,} params, "
+        f"data {dataset}"
+    )
 
 
 def window_line(step: int, n_steps: int, loss: float, examples_per_s: float) -> str:

@@ -65,8 +65,10 @@ class Settings:
 
     def line(self) -> str:
         """The one line printed before initialising."""
-        return (f"distributed: coordinator={self.coordinator} process_id={self.process_id} "
-                f"num_processes={self.num_processes} timeout_s={self.timeout_s} ({self.source})")
+        return (
+            f"distributed: coordinator={self.coordinator} process_id={self.process_id} "
+            f"num_processes={self.num_processes} timeout_s={self.timeout_s} ({self.source})"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +85,7 @@ class Startup:
             raise DistributedError(self.error)
 
 
-_settings: Optional[Settings] = None      # what this process initialised with (None: single process)
+_settings: Optional[Settings] = None  # what this process initialised with (None: single process)
 
 
 # ---- deciding and resolving -------------------------------------------------------------------------
@@ -135,8 +137,9 @@ def resolve(cfg: DistributedConfig, cluster=None) -> Settings:
     if cluster is not None and None in (coordinator, num, pid):
         cloud_tpu_init = compat.cloud_tpu_init()
         port = os.environ.get("JAX_COORDINATOR_PORT")
-        coordinator = coordinator or cluster.get_coordinator_address(timeout_secs=cfg.timeout_s,
-                                                                     override_coordinator_port=port)
+        coordinator = coordinator or cluster.get_coordinator_address(
+            timeout_secs=cfg.timeout_s, override_coordinator_port=port
+        )
         num = cluster.get_process_count() if num is None else num
         pid = cluster.get_process_id() if pid is None else pid
         # as JAX does: one device per process, except on TPU VMs
@@ -147,23 +150,39 @@ def resolve(cfg: DistributedConfig, cluster=None) -> Settings:
     if coordinator is not None:
         host, _, port_text = str(coordinator).rpartition(":")
         if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            raise DistributedError(f"distributed.coordinator={coordinator!r} must be HOST:PORT (e.g. "
-                                   f"10.0.0.1:12345) reachable from every process")
+            raise DistributedError(
+                f"distributed.coordinator={coordinator!r} must be HOST:PORT (e.g. "
+                f"10.0.0.1:12345) reachable from every process"
+            )
     missing = [k for k, v in (("coordinator", coordinator), ("num_processes", num), ("process_id", pid)) if v is None]
     if missing:
-        given = " ".join(f"distributed.{k}={v}" for k, v in (("coordinator", cfg.coordinator),
-                                                             ("num_processes", cfg.num_processes),
-                                                             ("process_id", cfg.process_id)))
+        given = " ".join(
+            f"distributed.{k}={v}"
+            for k, v in (
+                ("coordinator", cfg.coordinator),
+                ("num_processes", cfg.num_processes),
+                ("process_id", cfg.process_id),
+            )
+        )
         raise DistributedError(
             f"multi-process run requested ({given}, distributed.enabled={cfg.enabled}) but no SLURM/MPI/TPU "
             f"environment was detected to fill in {', '.join('distributed.' + k for k in missing)}; set them "
-            f"(see scripts/launch_local.py) or use distributed.enabled=false")
+            f"(see scripts/launch_local.py) or use distributed.enabled=false"
+        )
     num, pid = int(num), int(pid)
     if num < 1 or not 0 <= pid < num:
-        raise DistributedError(f"distributed.process_id={pid} with distributed.num_processes={num}: the ids must "
-                               f"be 0 .. {num - 1}, one per process")
-    return Settings(coordinator=str(coordinator), num_processes=num, process_id=pid, timeout_s=int(cfg.timeout_s),
-                    source=source, local_device_ids=device_ids)
+        raise DistributedError(
+            f"distributed.process_id={pid} with distributed.num_processes={num}: the ids must "
+            f"be 0 .. {num - 1}, one per process"
+        )
+    return Settings(
+        coordinator=str(coordinator),
+        num_processes=num,
+        process_id=pid,
+        timeout_s=int(cfg.timeout_s),
+        source=source,
+        local_device_ids=device_ids,
+    )
 
 
 # ---- initialising -----------------------------------------------------------------------------------
@@ -187,9 +206,11 @@ def initialize(cfg: DistributedConfig) -> Startup:
     try:
         s = resolve(cfg, cluster)
         if compat.backend_started():
-            raise DistributedError("the JAX backend started before jax.distributed.initialize (something queried "
-                                   "the devices first); run train.py in a fresh process per job (a sweep needs "
-                                   "hydra/launcher=submitit_local or submitit_slurm)")
+            raise DistributedError(
+                "the JAX backend started before jax.distributed.initialize (something queried "
+                "the devices first); run train.py in a fresh process per job (a sweep needs "
+                "hydra/launcher=submitit_local or submitit_slurm)"
+            )
     except DistributedError as e:
         return Startup(error=str(e))
     print(s.line(), file=sys.stderr, flush=True)
@@ -199,13 +220,19 @@ def initialize(cfg: DistributedConfig) -> Startup:
     # variable cannot silently turn them off). Ignored by GPU/TPU backends.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     try:
-        jax.distributed.initialize(s.coordinator, s.num_processes, s.process_id,
-                                   local_device_ids=list(s.local_device_ids) if s.local_device_ids else None,
-                                   initialization_timeout=s.timeout_s)
+        jax.distributed.initialize(
+            s.coordinator,
+            s.num_processes,
+            s.process_id,
+            local_device_ids=list(s.local_device_ids) if s.local_device_ids else None,
+            initialization_timeout=s.timeout_s,
+        )
     except Exception as e:  # most failures abort inside JAX's runtime; the rest become one line here
         first_line = str(e).splitlines()[0] if str(e) else type(e).__name__
-        return Startup(error=f"jax.distributed.initialize failed for process {s.process_id} of "
-                             f"{s.num_processes} (coordinator {s.coordinator}): {first_line}")
+        return Startup(
+            error=f"jax.distributed.initialize failed for process {s.process_id} of "
+            f"{s.num_processes} (coordinator {s.coordinator}): {first_line}"
+        )
     _settings = s
     return Startup(s)
 
@@ -237,7 +264,8 @@ def check_device_counts() -> None:
         listing = ", ".join(f"process {p}: {n}" for p, n in counts.items())
         raise DistributedError(
             f"processes see different local device counts: {listing}; give every process the same number of "
-            f"devices (GPU: the same GPUs per task, e.g. SLURM --gpus-per-task; CPU: the same runtime.cpu_devices)")
+            f"devices (GPU: the same GPUs per task, e.g. SLURM --gpus-per-task; CPU: the same runtime.cpu_devices)"
+        )
 
 
 def process_layout() -> dict[str, Any]:
@@ -249,9 +277,13 @@ def process_layout() -> dict[str, Any]:
     import jax
 
     counts = devices_per_process()
-    return {"process_index": jax.process_index(), "process_count": jax.process_count(),
-            "devices_per_process": [counts[p] for p in sorted(counts)], "local_devices": jax.local_device_count(),
-            "coordinator": _settings.coordinator if _settings else None}
+    return {
+        "process_index": jax.process_index(),
+        "process_count": jax.process_count(),
+        "devices_per_process": [counts[p] for p in sorted(counts)],
+        "local_devices": jax.local_device_count(),
+        "coordinator": _settings.coordinator if _settings else None,
+    }
 
 
 # ---- logging of processes > 0 --------------------------------------------------------------------------
@@ -314,8 +346,11 @@ def dump_batch_indices(batches: Iterator[dict], path: Path, start_step: int) -> 
 
     with open(path, "w") as f:
         for step, batch in enumerate(batches, start_step):
-            rec = {"step": step, "process_index": jax.process_index(),
-                   "indices": [int(i) for i in local_rows(batch["index"])]}
+            rec = {
+                "step": step,
+                "process_index": jax.process_index(),
+                "indices": [int(i) for i in local_rows(batch["index"])],
+            }
             f.write(json.dumps(rec) + "\n")
             f.flush()
             yield batch

@@ -176,8 +176,7 @@ class CheckpointHook(Hook):
     multi-process job); it answers the same for repeated calls at one step (the window log asks it too).
     """
 
-    def __init__(self, ckpts: checkpoint.RunCheckpoints, stop: StopOnSignal, n_steps: int, directory,
-                 wandb_run_id):
+    def __init__(self, ckpts: checkpoint.RunCheckpoints, stop: StopOnSignal, n_steps: int, directory, wandb_run_id):
         self.ckpts, self.stop, self.n_steps, self.directory = ckpts, stop, n_steps, directory
         self.wandb_run_id = wandb_run_id  # () -> Optional[str]
         self.saving, self._asked = False, None
@@ -196,9 +195,12 @@ class CheckpointHook(Hook):
         except checkpoint.NonFiniteError as e:
             raise TrainingError(str(e)) from None
         if self.stop.signal_name is not None and step < self.n_steps:
-            where = (f"checkpoint saved in {saved}; continue with the same command and "
-                     f"checkpoint.dir={self.directory} (or checkpoint.resume={saved})"
-                     if saved else "no checkpoint written (checkpoint.enabled=false)")
+            where = (
+                f"checkpoint saved in {saved}; continue with the same command and "
+                f"checkpoint.dir={self.directory} (or checkpoint.resume={saved})"
+                if saved
+                else "no checkpoint written (checkpoint.enabled=false)"
+            )
             raise TrainingError(f"stopped by {self.stop.signal_name} after step {step} of {self.n_steps}; {where}")
 
     def close(self) -> None:
@@ -214,8 +216,21 @@ class WindowLog(Hook):
     reporter, with its step time, throughput, MFU and modelled comm ratio on the last record; the window's
     timing to ``stats`` (the run's steady-state throughput) and, on process 0, one ``train.log`` line."""
 
-    def __init__(self, mode, updater, reporter, bar, *, every: int, n_steps: int, global_batch: int,
-                 info: dict, peak_flops_per_s: Optional[float], saving: CheckpointHook, stats: WindowStats):
+    def __init__(
+        self,
+        mode,
+        updater,
+        reporter,
+        bar,
+        *,
+        every: int,
+        n_steps: int,
+        global_batch: int,
+        info: dict,
+        peak_flops_per_s: Optional[float],
+        saving: CheckpointHook,
+        stats: WindowStats,
+    ):
         self.mode, self.updater, self.reporter, self.bar = mode, updater, reporter, bar
         self.every, self.n_steps, self.global_batch = every, n_steps, global_batch
         self.info, self.peak_flops_per_s, self.saving, self.stats = info, peak_flops_per_s, saving, stats
@@ -227,8 +242,9 @@ class WindowLog(Hook):
         elapsed_s, steps = loop.timer.take()
         loop.windows.append((steps, elapsed_s))
         self.stats.add(elapsed_s, steps)
-        perf = window_perf(elapsed_s / steps, self.global_batch, self.mode.num_devices, self.info,
-                           self.peak_flops_per_s)
+        perf = window_perf(
+            elapsed_s / steps, self.global_batch, self.mode.num_devices, self.info, self.peak_flops_per_s
+        )
         records = flush_window(self.mode, self.updater, loop.window_records, perf, loop.extra)
         loop.window_records, loop.extra, loop.logged_this_step = [], {}, True
         loop.last.update(records[-1])
@@ -252,8 +268,10 @@ def flush_window(mode, updater, window_records, perf: dict, extra: dict) -> list
         records.append({"step": step, **host, **more})
     bad = updater.complete(records)
     if bad is not None:
-        raise TrainingError(f"non-finite loss or gradient at step {bad['step']} (loss={bad['train/loss']}); "
-                            f"lower optim.lr, enable optim.clip_grad_norm, or, under bf16/fp16, use precision=fp32")
+        raise TrainingError(
+            f"non-finite loss or gradient at step {bad['step']} (loss={bad['train/loss']}); "
+            f"lower optim.lr, enable optim.clip_grad_norm, or, under bf16/fp16, use precision=fp32"
+        )
     records[-1].update(perf)
     records[-1].update(extra)
     return records

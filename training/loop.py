@@ -39,8 +39,19 @@ def run_hooks(hooks: Sequence[Hook], loop: LoopState, step: int) -> None:
         loop.extra = {}
 
 
-def train_loop(compiled, loop: LoopState, first_batch, batches, *, start: int, n_steps: int,
-               hooks: Sequence[Hook], bound: Optional[int], transfer_guard: str, bar=None) -> LoopState:
+def train_loop(
+    compiled,
+    loop: LoopState,
+    first_batch,
+    batches,
+    *,
+    start: int,
+    n_steps: int,
+    hooks: Sequence[Hook],
+    bound: Optional[int],
+    transfer_guard: str,
+    bar=None,
+) -> LoopState:
     """Runs steps ``start + 1 .. n_steps`` from ``loop.state``; returns ``loop`` with the final state. Marks the
     first dispatch on ``loop.clock`` (``perf/startup_s``); closes every hook when it ends (also on errors).
 

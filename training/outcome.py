@@ -17,11 +17,15 @@ def nonfinite_final(last_train: dict, final_eval: dict) -> Optional[str]:
         resumed run trained no step).
       final_eval: the final evaluation (``eval/loss``, ``eval/accuracy``), Python floats.
     """
-    values = {**{k: last_train[k] for k in FINAL_KEYS if k in last_train},
-              **{k: final_eval[k] for k in FINAL_KEYS if k in final_eval}}
+    values = {
+        **{k: last_train[k] for k in FINAL_KEYS if k in last_train},
+        **{k: final_eval[k] for k in FINAL_KEYS if k in final_eval},
+    }
     bad = {k: v for k, v in values.items() if isinstance(v, (int, float)) and not math.isfinite(v)}
     if not bad:
         return None
     which = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
-    return (f"the run diverged: final {which} is not finite; lower optim.lr, enable optim.clip_grad_norm, "
-            f"or, under bf16/fp16, use precision=fp32")
+    return (
+        f"the run diverged: final {which} is not finite; lower optim.lr, enable optim.clip_grad_norm, "
+        f"or, under bf16/fp16, use precision=fp32"
+    )

@@ -34,7 +34,10 @@ def absolute_paths(cfg: Config, base: Path, environ=os.environ) -> Config:
     if tfds_dir:
         environ["TFDS_DATA_DIR"] = absolute(tfds_dir, base)
     return dataclasses.replace(
-        cfg, checkpoint=dataclasses.replace(ck, dir=absolute(ck.dir, base), resume=resume),
+        cfg,
+        checkpoint=dataclasses.replace(ck, dir=absolute(ck.dir, base), resume=resume),
         data=dataclasses.replace(d, data_dir=absolute(d.data_dir, base), cache_dir=absolute(d.cache_dir, base)),
-        runtime=dataclasses.replace(cfg.runtime,
-                                    compilation_cache_dir=absolute(cfg.runtime.compilation_cache_dir, base)))
+        runtime=dataclasses.replace(
+            cfg.runtime, compilation_cache_dir=absolute(cfg.runtime.compilation_cache_dir, base)
+        ),
+    )

@@ -21,8 +21,13 @@ from conf.schema import Config, as_dict
 from core.errors import ConfigError
 from data.pipeline import SyntheticSource, TrainSource, make_eval_set, synthetic_eval, train_batches
 from data.sources import load_tfds_split
-from measure.compiled import (compiled_step_metrics, hardware_profile, lookup_link_bytes_per_s, lookup_peak_flops_per_s,
-                              state_bytes_per_device)
+from measure.compiled import (
+    compiled_step_metrics,
+    hardware_profile,
+    lookup_link_bytes_per_s,
+    lookup_peak_flops_per_s,
+    state_bytes_per_device,
+)
 from measure.profiler import check_window
 from measure.rates import comm_time_model_s
 from training import checkpoint
@@ -36,9 +41,15 @@ log = logging.getLogger(__name__)
 
 def describe(cfg: Config) -> dict[str, Any]:
     """Summary keys known before anything is built (also written for failed runs)."""
-    return {"parallel": cfg.parallel.name, "precision": cfg.precision.name, "model": cfg.model.name,
-            "data": cfg.data.name, "mesh/devices_requested": cfg.mesh.devices,
-            "train/accum_steps": cfg.train.accum_steps, "process_count": jax.process_count()}
+    return {
+        "parallel": cfg.parallel.name,
+        "precision": cfg.precision.name,
+        "model": cfg.model.name,
+        "data": cfg.data.name,
+        "mesh/devices_requested": cfg.mesh.devices,
+        "train/accum_steps": cfg.train.accum_steps,
+        "process_count": jax.process_count(),
+    }
 
 
 def batches_need_index(cfg: Config) -> bool:
@@ -54,29 +65,44 @@ def load_data(cfg: Config, p: Plan):
     if d.name == "synthetic":
         # synthetic sizes and shape are checked before anything is generated
         if len(d.image_shape) != 3 or min(d.image_shape) <= 0 or d.num_classes < 2:
-            raise ConfigError(f"data.image_shape={list(d.image_shape)} and data.num_classes={d.num_classes} must "
-                              f"be [H, W, C] with positive sizes and at least 2 classes")
+            raise ConfigError(
+                f"data.image_shape={list(d.image_shape)} and data.num_classes={d.num_classes} must "
+                f"be [H, W, C] with positive sizes and at least 2 classes"
+            )
         if d.eval_size <= 0 or d.train_size < p.global_batch:
-            raise ConfigError(f"data.train_size={d.train_size} and data.eval_size={d.eval_size}: the train split "
-                              f"needs at least train.global_batch={p.global_batch} examples and the eval split one")
-        train = SyntheticSource(d.image_shape, d.num_classes, d.train_size, p.global_batch, cfg.train.seed,
-                                with_index=batches_need_index(cfg))
+            raise ConfigError(
+                f"data.train_size={d.train_size} and data.eval_size={d.eval_size}: the train split "
+                f"needs at least train.global_batch={p.global_batch} examples and the eval split one"
+            )
+        train = SyntheticSource(
+            d.image_shape,
+            d.num_classes,
+            d.train_size,
+            p.global_batch,
+            cfg.train.seed,
+            with_index=batches_need_index(cfg),
+        )
         return train, synthetic_eval(d.image_shape, d.num_classes, d.eval_size, cfg.train.seed)
     if not d.tfds_name:
         raise ConfigError(f"data={d.name} has no data.tfds_name; set it or use data=synthetic")
     train = load_tfds_split(d.tfds_name, "train", d.data_dir, d.cache_dir, download=d.download)
     test = load_tfds_split(d.tfds_name, "test", d.data_dir, d.cache_dir, download=d.download)
     if tuple(train.images.shape[1:]) != tuple(d.image_shape):
-        raise ConfigError(f"data.image_shape={list(d.image_shape)} but {d.tfds_name} images are "
-                          f"{list(train.images.shape[1:])}; fix data.image_shape")
+        raise ConfigError(
+            f"data.image_shape={list(d.image_shape)} but {d.tfds_name} images are "
+            f"{list(train.images.shape[1:])}; fix data.image_shape"
+        )
     # labels must fit data.num_classes; the split must hold one global batch
     top = int(max(train.labels.max(initial=0), test.labels.max(initial=0)))
     if top >= d.num_classes:
-        raise ConfigError(f"data.num_classes={d.num_classes} but {d.tfds_name} has label {top}; "
-                          f"set data.num_classes={top + 1}")
+        raise ConfigError(
+            f"data.num_classes={d.num_classes} but {d.tfds_name} has label {top}; set data.num_classes={top + 1}"
+        )
     if len(train) < p.global_batch:
-        raise ConfigError(f"train.global_batch={p.global_batch} exceeds the {len(train)} examples of "
-                          f"{d.tfds_name}/train; lower train.global_batch")
+        raise ConfigError(
+            f"train.global_batch={p.global_batch} exceeds the {len(train)} examples of "
+            f"{d.tfds_name}/train; lower train.global_batch"
+        )
     return TrainSource(train, p.global_batch, cfg.train.seed, with_index=batches_need_index(cfg)), test
 
 
@@ -138,15 +164,21 @@ def restore(cfg: Config, p: Plan, exp: Experiment, ckpt_plan, n_steps: int, step
     if restored is None:
         return None, 0, None
     if restored.step > n_steps:
-        raise ConfigError(f"checkpoint {restored.path} is at step {restored.step}, past this run's "
-                          f"{n_steps} steps; raise train.steps/train.epochs or set checkpoint.resume=never")
+        raise ConfigError(
+            f"checkpoint {restored.path} is at step {restored.step}, past this run's "
+            f"{n_steps} steps; raise train.steps/train.epochs or set checkpoint.resume=never"
+        )
     finished = finished_summary(restored.metadata.get("run_dir"), n_steps) if restored.step == n_steps else None
     if finished is not None:  # a rerun of a finished run: its summary, no training, no W&B
         return restored, restored.step, finished
     exp.state = restored.state
-    for line in checkpoint.data_order_warnings(restored.metadata, global_batch=p.global_batch,
-                                               seed=cfg.train.seed, steps_per_epoch=steps_per_epoch,
-                                               data=cfg.data.name):
+    for line in checkpoint.data_order_warnings(
+        restored.metadata,
+        global_batch=p.global_batch,
+        seed=cfg.train.seed,
+        steps_per_epoch=steps_per_epoch,
+        data=cfg.data.name,
+    ):
         checkpoint.warn(line)
     changes = checkpoint.config_changes(restored.metadata.get("config", {}), as_dict(cfg))
     if changes:
@@ -158,11 +190,19 @@ def static_info(cfg: Config, p: Plan, exp: Experiment, n_steps: int, steps_per_e
     """Summary keys known once the experiment is built (mesh, batch, schedule)."""
     device, mode = p.devices[0], exp.mode
     return {
-        **describe(cfg), "platform": device.platform, "device_kind": device.device_kind,
-        "process_count": jax.process_count(), "mesh/devices": mode.num_devices, "mesh/shape": list(p.mesh_shape),
-        "train/global_batch": p.global_batch, "train/per_device_batch": p.per_device_batch,
-        "train/scaling": p.scaling, "train/steps": n_steps, "train/steps_per_epoch": steps_per_epoch,
-        "parallel/grad_reduce_dtype": cfg.parallel.grad_reduce_dtype, "optim/peak_lr": p.peak_lr,
+        **describe(cfg),
+        "platform": device.platform,
+        "device_kind": device.device_kind,
+        "process_count": jax.process_count(),
+        "mesh/devices": mode.num_devices,
+        "mesh/shape": list(p.mesh_shape),
+        "train/global_batch": p.global_batch,
+        "train/per_device_batch": p.per_device_batch,
+        "train/scaling": p.scaling,
+        "train/steps": n_steps,
+        "train/steps_per_epoch": steps_per_epoch,
+        "parallel/grad_reduce_dtype": cfg.parallel.grad_reduce_dtype,
+        "optim/peak_lr": p.peak_lr,
         "parallel/grad_compression": cfg.parallel.grad_compression,  # sweeps.report groups by it
     }
 
@@ -182,10 +222,14 @@ def compile_step(cfg: Config, p: Plan, exp: Experiment, first, info: dict[str, A
     info["hardware/profile"] = hardware_profile(cfg.hardware, device.device_kind)  # null when none
     link = cfg.hardware.link_bytes_per_s or (lookup_link_bytes_per_s(device.device_kind) if detect else None)
     peak_flops = cfg.hardware.peak_flops_per_s or (
-        lookup_peak_flops_per_s(device.device_kind, cfg.precision.compute_dtype) if detect else None)
+        lookup_peak_flops_per_s(device.device_kind, cfg.precision.compute_dtype) if detect else None
+    )
     if link is None:
-        log.info("no link bandwidth known for %s: comm/time_model_s and comm/ratio_model are not computed "
-                 "(set hardware.link_bytes_per_s to model a target)", device.device_kind)
+        log.info(
+            "no link bandwidth known for %s: comm/time_model_s and comm/ratio_model are not computed "
+            "(set hardware.link_bytes_per_s to model a target)",
+            device.device_kind,
+        )
     else:
         info["hardware/link_bytes_per_s"] = link
         info["comm/time_model_s"] = comm_time_model_s(info["comm/bytes_per_step"], link)
@@ -213,10 +257,24 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
     first_step = min(start, n_steps - 1)  # a resumed run continues the data order at its step
     batches = train_batches(source, layout, first_step, n_steps, cfg.data.prefetch)
     if cfg.train.debug_dump_indices:  # debug aid: which examples each process placed, per step
-        batches = dump_batch_indices(batches, run_dir / f"debug_indices_process{jax.process_index()}.jsonl",
-                                     first_step)
+        batches = dump_batch_indices(batches, run_dir / f"debug_indices_process{jax.process_index()}.jsonl", first_step)
     first = next(batches)
     lowered, compiled, peak_flops = compile_step(cfg, p, exp, first, info)
-    return Prepared(cfg=cfg, plan=p, run_dir=run_dir, exp=exp, source=source, eval_set=eval_set, n_steps=n_steps,
-                    start=start, restored=restored, ckpt_plan=ckpt_plan, first=first, batches=batches,
-                    lowered=lowered, compiled=compiled, info=info, peak_flops_per_s=peak_flops)
+    return Prepared(
+        cfg=cfg,
+        plan=p,
+        run_dir=run_dir,
+        exp=exp,
+        source=source,
+        eval_set=eval_set,
+        n_steps=n_steps,
+        start=start,
+        restored=restored,
+        ckpt_plan=ckpt_plan,
+        first=first,
+        batches=batches,
+        lowered=lowered,
+        compiled=compiled,
+        info=info,
+        peak_flops_per_s=peak_flops,
+    )

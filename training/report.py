@@ -123,9 +123,18 @@ class Reporter:
         self._jsonl = None
 
     # ---- W&B -------------------------------------------------------------------------------------
-    def start_wandb(self, mode: str, project: str, entity: Optional[str], group: Optional[str], job_type: str,
-                    tags: list[str], config: dict, init_timeout_s: float,
-                    previous_run_id: Optional[str] = None) -> None:
+    def start_wandb(
+        self,
+        mode: str,
+        project: str,
+        entity: Optional[str],
+        group: Optional[str],
+        job_type: str,
+        tags: list[str],
+        config: dict,
+        init_timeout_s: float,
+        previous_run_id: Optional[str] = None,
+    ) -> None:
         """Starts a new W&B run (a fresh id, never a resumed one) inside the run folder.
 
         ``previous_run_id``: the W&B run id recorded in the checkpoint this run continues (None for a run that
@@ -143,8 +152,16 @@ class Reporter:
             tags = [*tags, "resumed"]
             config = {**config, "resumed": {"previous_wandb_run_id": previous_run_id}}
         self.previous_run_id = previous_run_id
-        kwargs = dict(project=project, entity=entity, group=group, job_type=job_type, tags=tags,
-                      config=config, dir=str(self.run_dir), reinit="finish_previous")
+        kwargs = dict(
+            project=project,
+            entity=entity,
+            group=group,
+            job_type=job_type,
+            tags=tags,
+            config=config,
+            dir=str(self.run_dir),
+            reinit="finish_previous",
+        )
         settings = dict(init_timeout=init_timeout_s, console="off", x_disable_stats=True, silent=True)
         try:
             self.wandb_run = wandb.init(mode=mode, settings=wandb.Settings(**settings), **kwargs)
@@ -161,8 +178,11 @@ class Reporter:
     def wandb_info(self) -> dict:
         if self.wandb_run is None:
             return {}
-        info = {"wandb/run_id": self.wandb_run.id, "wandb/run_dir": os.path.dirname(self.wandb_run.dir),
-                "wandb/group": self.wandb_run.group}
+        info = {
+            "wandb/run_id": self.wandb_run.id,
+            "wandb/run_dir": os.path.dirname(self.wandb_run.dir),
+            "wandb/group": self.wandb_run.group,
+        }
         if self.previous_run_id is not None:
             info["wandb/previous_run_id"] = self.previous_run_id
         return info
@@ -170,8 +190,10 @@ class Reporter:
     def _wandb_log(self, rec: dict) -> None:
         """One strict-JSON record (``strict_record``) into the W&B history at its ``step``: numbers only
         (``null`` for a non-finite value, strings, lists and the ``nonfinite`` map are left out)."""
-        self.wandb_run.log({k: v for k, v in rec.items() if k != "step" and v is not None
-                            and not isinstance(v, (str, list, dict))}, step=int(rec["step"]))
+        self.wandb_run.log(
+            {k: v for k, v in rec.items() if k != "step" and v is not None and not isinstance(v, (str, list, dict))},
+            step=int(rec["step"]),
+        )
 
     # ---- records ---------------------------------------------------------------------------------
     # checkpoints: a resumed run continues metrics.jsonl
@@ -207,8 +229,9 @@ class Reporter:
         tmp.write_text("".join(json.dumps(rec, sort_keys=True) + "\n" for rec in kept))
         os.replace(tmp, target)
         if self.wandb_run is not None:
-            self.wandb_run.config.update({"resumed": {"previous_wandb_run_id": self.previous_run_id, "step": step}},
-                                         allow_val_change=True)
+            self.wandb_run.config.update(
+                {"resumed": {"previous_wandb_run_id": self.previous_run_id, "step": step}}, allow_val_change=True
+            )
             for rec in kept:
                 self._wandb_log(rec)
         return len(kept)

@@ -25,11 +25,32 @@ from typing import Any, Optional
 
 from core.errors import ConfigError
 
-ALLOWED = ("train.steps", "train.epochs", "train.log_every", "train.eval_every", "train.eval_batch",
-           "train.sync_every", "train.sync_strict", "train.max_in_flight", "train.debug_dump_indices",
-           "train.transfer_guard", "train.grad_norm_every", "checkpoint.", "wandb.", "profile.", "mesh.",
-           "runtime.", "parallel.name", "parallel.min_shard_bytes", "xla.", "hardware.", "distributed.",
-           "data.cache_dir", "data.data_dir", "data.prefetch")
+ALLOWED = (
+    "train.steps",
+    "train.epochs",
+    "train.log_every",
+    "train.eval_every",
+    "train.eval_batch",
+    "train.sync_every",
+    "train.sync_strict",
+    "train.max_in_flight",
+    "train.debug_dump_indices",
+    "train.transfer_guard",
+    "train.grad_norm_every",
+    "checkpoint.",
+    "wandb.",
+    "profile.",
+    "mesh.",
+    "runtime.",
+    "parallel.name",
+    "parallel.min_shard_bytes",
+    "xla.",
+    "hardware.",
+    "distributed.",
+    "data.cache_dir",
+    "data.data_dir",
+    "data.prefetch",
+)
 BATCH_KEYS = ("train.global_batch", "train.per_device_batch")
 # Nodes whose keys depend on the chosen option (conf/schema.py OPTION_SCHEMAS); checkpoints saved before hold
 # every option's keys.
@@ -43,8 +64,9 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def resume_conflicts(saved_cfg: dict, cfg_dict: dict, saved_global_batch: Optional[int],
-                     global_batch: int) -> list[str]:
+def resume_conflicts(
+    saved_cfg: dict, cfg_dict: dict, saved_global_batch: Optional[int], global_batch: int
+) -> list[str]:
     """``key: saved -> now`` for every difference the rule above refuses (empty: the resume is allowed).
 
     Args:
@@ -63,8 +85,11 @@ def resume_conflicts(saved_cfg: dict, cfg_dict: dict, saved_global_batch: Option
         if key in BATCH_KEYS and saved_global_batch is not None and saved_global_batch == global_batch:
             continue
         out.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}")
-    if saved_global_batch is not None and saved_global_batch != global_batch and not any(
-            c.startswith(BATCH_KEYS) for c in out):
+    if (
+        saved_global_batch is not None
+        and saved_global_batch != global_batch
+        and not any(c.startswith(BATCH_KEYS) for c in out)
+    ):
         out.append(f"global batch: {saved_global_batch} -> {global_batch}")
     return out
 
@@ -72,8 +97,10 @@ def resume_conflicts(saved_cfg: dict, cfg_dict: dict, saved_global_batch: Option
 def refusal(step_dir: Path, conflicts: list[str], limit: int = 4) -> str:
     """The one-line error for refused changes."""
     shown = "; ".join(conflicts[:limit]) + (f"; ... {len(conflicts) - limit} more" if len(conflicts) > limit else "")
-    return (f"checkpoint {step_dir} was trained with other settings ({shown}); to resume it set them back, "
-            f"otherwise give this run its own checkpoint.dir (the checkpoint is kept as it is)")
+    return (
+        f"checkpoint {step_dir} was trained with other settings ({shown}); to resume it set them back, "
+        f"otherwise give this run its own checkpoint.dir (the checkpoint is kept as it is)"
+    )
 
 
 def candidate_step_dir(ckpt_plan) -> Optional[Path]:

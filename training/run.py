@@ -23,11 +23,25 @@ from training import checkpoint
 from training.build import Experiment
 from training.console_lines import startup_line
 from training.distributed import process_layout
-from training.hooks import (CheckpointHook, Evaluation, FinalEvaluation, Hook, LoopState, ProfilerHook, SyncCheck,
-                            WindowLog, flush_window)  # noqa: F401  (flush_window re-exported)
+from training.hooks import (
+    CheckpointHook,
+    Evaluation,
+    FinalEvaluation,
+    Hook,
+    LoopState,
+    ProfilerHook,
+    SyncCheck,
+    WindowLog,
+    flush_window,  # noqa: F401
+)  # noqa: F401  (flush_window re-exported)
 from training.loop import in_flight_bound, train_loop
-from training.prepare import (Finished, Prepared, batches_need_index, describe,  # noqa: F401  (re-exported)
-                              prepare)
+from training.prepare import (
+    Finished,
+    Prepared,
+    batches_need_index,  # noqa: F401
+    describe,  # noqa: F401  (re-exported)
+    prepare,
+)
 from training.report import Reporter, console, resolve_wandb_mode
 from training.resume_policy import history_values
 from training.signals import StopOnSignal
@@ -76,18 +90,37 @@ def start_reporting(prep: Prepared, reporter: Reporter) -> None:
     """Starts W&B (resuming the saved run's id) and writes the step-0 record, or continues the saved run's
     ``metrics.jsonl`` history when resuming."""
     cfg, info, restored, n = prep.cfg, prep.info, prep.restored, prep.exp.mode.num_devices
-    wandb_cfg = {**as_dict(cfg), "process_count": jax.process_count(),
-                 "process_layout": process_layout(),  # devices of every process
-                 "resolved": {k: v for k, v in info.items() if not isinstance(v, list)}}
-    reporter.start_wandb(resolve_wandb_mode(cfg.wandb.mode), cfg.wandb.project, cfg.wandb.entity, wandb_group(cfg),
-                         job_type=f"{cfg.parallel.name}-{cfg.precision.name}",
-                         tags=list(cfg.wandb.tags) + [cfg.parallel.name, cfg.precision.name, f"devices={n}"],
-                         config=wandb_cfg, init_timeout_s=cfg.wandb.init_timeout_s,
-                         previous_run_id=None if restored is None else restored.metadata.get("wandb_run_id"))
+    wandb_cfg = {
+        **as_dict(cfg),
+        "process_count": jax.process_count(),
+        "process_layout": process_layout(),  # devices of every process
+        "resolved": {k: v for k, v in info.items() if not isinstance(v, list)},
+    }
+    reporter.start_wandb(
+        resolve_wandb_mode(cfg.wandb.mode),
+        cfg.wandb.project,
+        cfg.wandb.entity,
+        wandb_group(cfg),
+        job_type=f"{cfg.parallel.name}-{cfg.precision.name}",
+        tags=list(cfg.wandb.tags) + [cfg.parallel.name, cfg.precision.name, f"devices={n}"],
+        config=wandb_cfg,
+        init_timeout_s=cfg.wandb.init_timeout_s,
+        previous_run_id=None if restored is None else restored.metadata.get("wandb_run_id"),
+    )
     if restored is None:
         reporter.start_metrics()  # a restart without a checkpoint: the earlier history is set aside, not repeated
-        reporter.log([{"step": 0, **{k: v for k, v in info.items() if k.startswith(("comm/", "mem/", "perf/"))
-                                     and not isinstance(v, list)}}])
+        reporter.log(
+            [
+                {
+                    "step": 0,
+                    **{
+                        k: v
+                        for k, v in info.items()
+                        if k.startswith(("comm/", "mem/", "perf/")) and not isinstance(v, list)
+                    },
+                }
+            ]
+        )
     else:  # metrics.jsonl continues the saved run's history (records after the checkpoint dropped)
         previous = restored.metadata.get("run_dir")
         reporter.continue_metrics(Path(previous) / "metrics.jsonl" if previous else None, prep.start, prep.n_steps)
@@ -98,25 +131,56 @@ def make_hooks(prep: Prepared, reporter: Reporter, bar, stats: WindowStats, targ
     """The hooks of a run, in the order they act at a step (``training.hooks``)."""
     cfg, exp, n_steps, p = prep.cfg, prep.exp, prep.n_steps, prep.plan
     evaluate_params = lambda params: evaluate(exp, params, prep.eval_set)  # noqa: E731
-    profiler = Profiler(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps,
-                        prep.run_dir / "profile", p.devices[0].platform,
-                        hlo_text=prep.compiled.as_text() if cfg.profile.enabled else None,
-                        num_devices=exp.mode.num_devices)
-    ckpts = checkpoint.RunCheckpoints(prep.ckpt_plan, cfg_dict=as_dict(cfg), mode=exp.mode, mesh_shape=p.mesh_shape,
-                                      global_batch=p.global_batch, steps_per_epoch=prep.source.steps_per_epoch,
-                                      n_steps=n_steps, run_dir=prep.run_dir,
-                                      restored_step=None if prep.restored is None else prep.restored.step)
-    saving = CheckpointHook(ckpts, StopOnSignal().install(), n_steps, prep.ckpt_plan.directory,
-                            wandb_run_id=lambda: reporter.wandb_info.get("wandb/run_id"))
-    window = WindowLog(exp.mode, exp.updater, reporter, bar, every=cfg.train.log_every, n_steps=n_steps,
-                       global_batch=p.global_batch, info=prep.info, peak_flops_per_s=prep.peak_flops_per_s,
-                       saving=saving, stats=stats)
+    profiler = Profiler(
+        cfg.profile.enabled,
+        cfg.profile.start_step,
+        cfg.profile.num_steps,
+        prep.run_dir / "profile",
+        p.devices[0].platform,
+        hlo_text=prep.compiled.as_text() if cfg.profile.enabled else None,
+        num_devices=exp.mode.num_devices,
+    )
+    ckpts = checkpoint.RunCheckpoints(
+        prep.ckpt_plan,
+        cfg_dict=as_dict(cfg),
+        mode=exp.mode,
+        mesh_shape=p.mesh_shape,
+        global_batch=p.global_batch,
+        steps_per_epoch=prep.source.steps_per_epoch,
+        n_steps=n_steps,
+        run_dir=prep.run_dir,
+        restored_step=None if prep.restored is None else prep.restored.step,
+    )
+    saving = CheckpointHook(
+        ckpts,
+        StopOnSignal().install(),
+        n_steps,
+        prep.ckpt_plan.directory,
+        wandb_run_id=lambda: reporter.wandb_info.get("wandb/run_id"),
+    )
+    window = WindowLog(
+        exp.mode,
+        exp.updater,
+        reporter,
+        bar,
+        every=cfg.train.log_every,
+        n_steps=n_steps,
+        global_batch=p.global_batch,
+        info=prep.info,
+        peak_flops_per_s=prep.peak_flops_per_s,
+        saving=saving,
+        stats=stats,
+    )
     # the checkpoint hook acts last: a non-finite loss (window log) or non-finite final metrics (final
     # evaluation) stop the run before a save
-    hooks: list[Hook] = [ProfilerHook(profiler),
-                         SyncCheck(exp.mode, cfg.train.sync_every, n_steps, cfg.train.sync_strict),
-                         Evaluation(evaluate_params, cfg.train.eval_every, n_steps, target),
-                         window, FinalEvaluation(evaluate_params, n_steps, reporter, target, profiler), saving]
+    hooks: list[Hook] = [
+        ProfilerHook(profiler),
+        SyncCheck(exp.mode, cfg.train.sync_every, n_steps, cfg.train.sync_strict),
+        Evaluation(evaluate_params, cfg.train.eval_every, n_steps, target),
+        window,
+        FinalEvaluation(evaluate_params, n_steps, reporter, target, profiler),
+        saving,
+    ]
     return hooks
 
 
@@ -132,34 +196,73 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
         loop.last.update(history_values(run_dir / "metrics.jsonl", prep.start))
     stats = WindowStats(prep.plan.global_batch, prep.exp.mode.num_devices)
     target = TargetTracker(cfg.train.target_accuracy)
-    log.info("%s", startup_line(prep.info, accum_steps=cfg.train.accum_steps, model=cfg.model.name,
-                                param_count=prep.param_count(), dataset=cfg.data.name))
+    log.info(
+        "%s",
+        startup_line(
+            prep.info,
+            accum_steps=cfg.train.accum_steps,
+            model=cfg.model.name,
+            param_count=prep.param_count(),
+            dataset=cfg.data.name,
+        ),
+    )
     with logging_redirect_tqdm():  # log lines above the bar, never glued to it
-        bar = tqdm(total=prep.n_steps, initial=prep.start, disable=not reporter.enabled, desc="train",
-                   unit="step", dynamic_ncols=True, mininterval=1.0)
+        bar = tqdm(
+            total=prep.n_steps,
+            initial=prep.start,
+            disable=not reporter.enabled,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+            mininterval=1.0,
+        )
         hooks = make_hooks(prep, reporter, bar, stats, target)
-        loop = train_loop(prep.compiled, loop, prep.first, prep.batches, start=prep.start, n_steps=prep.n_steps,
-                          hooks=hooks, bound=in_flight_bound(prep.exp.mode.num_devices, cfg.train.max_in_flight),
-                          transfer_guard=cfg.train.transfer_guard, bar=bar)
+        loop = train_loop(
+            prep.compiled,
+            loop,
+            prep.first,
+            prep.batches,
+            start=prep.start,
+            n_steps=prep.n_steps,
+            hooks=hooks,
+            bound=in_flight_bound(prep.exp.mode.num_devices, cfg.train.max_in_flight),
+            transfer_guard=cfg.train.transfer_guard,
+            bar=bar,
+        )
     if loop.final is None:  # resumed at the last step: no step ran, so its final evaluation runs now
         next(h for h in hooks if isinstance(h, FinalEvaluation)).run(loop, prep.n_steps)
     return finish(prep, loop, hooks, stats, target)
 
 
-def finish(prep: Prepared, loop: LoopState, hooks: list[Hook], stats: WindowStats,
-           target: TargetTracker) -> dict[str, Any]:
+def finish(
+    prep: Prepared, loop: LoopState, hooks: list[Hook], stats: WindowStats, target: TargetTracker
+) -> dict[str, Any]:
     """The run's summary: static figures, the last training record, the final evaluation, the hooks'
     summaries (profile, checkpoints), steady-state throughput, time to target and the job's wall clock."""
     extra: dict[str, Any] = {}
     for hook in hooks:
         extra.update(hook.summary())
     step_times = [elapsed_s / steps for steps, elapsed_s in loop.windows]
-    summary = {**prep.info, **{k: v for k, v in loop.last.items() if k != "step"}, **loop.final, **extra,
-               "status": "ok", "perf/step_time_s_median": statistics.median(step_times) if step_times
-               else loop.last.get("perf/step_time_s_median")}
-    summary.update({**stats.summary(prep.info.get("comm/time_model_s"),
-                                    prep.info.get("perf/flops_per_step_per_device"), prep.peak_flops_per_s),
-                    **target.summary()})
+    summary = {
+        **prep.info,
+        **{k: v for k, v in loop.last.items() if k != "step"},
+        **loop.final,
+        **extra,
+        "status": "ok",
+        "perf/step_time_s_median": statistics.median(step_times)
+        if step_times
+        else loop.last.get("perf/step_time_s_median"),
+    }
+    summary.update(
+        {
+            **stats.summary(
+                prep.info.get("comm/time_model_s"),
+                prep.info.get("perf/flops_per_step_per_device"),
+                prep.peak_flops_per_s,
+            ),
+            **target.summary(),
+        }
+    )
     if stats.warning():
         console(stats.warning())
     explain_ratio(summary)

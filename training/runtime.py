@@ -25,8 +25,11 @@ def setup_runtime(cfg: Config) -> Startup:
 
     if backend_started():
         if cfg.xla.flags:
-            log.warning("xla=%s flags not applied: the JAX backend of this process is already running "
-                        "(use hydra/launcher=submitit_local for a fresh process per job)", cfg.xla.name)
+            log.warning(
+                "xla=%s flags not applied: the JAX backend of this process is already running "
+                "(use hydra/launcher=submitit_local for a fresh process per job)",
+                cfg.xla.name,
+            )
     else:
         from training.validate import xla_flags_error
 
@@ -39,7 +42,8 @@ def setup_runtime(cfg: Config) -> Startup:
     if r.compilation_cache_min_compile_time_s >= 0 and r.compilation_cache_min_entry_bytes >= 0:  # else: plan()
         from training.compile_cache import configure_compilation_cache
 
-        configure_compilation_cache(r.compilation_cache_dir, r.compilation_cache_min_compile_time_s,
-                                    r.compilation_cache_min_entry_bytes)
+        configure_compilation_cache(
+            r.compilation_cache_dir, r.compilation_cache_min_compile_time_s, r.compilation_cache_min_entry_bytes
+        )
     # join a multi-process job before anything queries the devices; a no-op when already done
     return initialize(cfg.distributed)

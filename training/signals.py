@@ -65,4 +65,3 @@ class StopOnSignal:
 
     def __exit__(self, *exc) -> None:
         self.uninstall()
-

@@ -48,17 +48,23 @@ def check_wandb(wandb_cfg, extra_tags: Sequence[str] = ()) -> None:
         if not 1 <= len(tag) <= WANDB_TAG_MAX_CHARS:
             key = f"wandb.tags[{i}]" if i < len(wandb_cfg.tags) else "a tag this run adds"
             shown = tag if len(tag) <= 24 else tag[:20] + "..."
-            raise ConfigError(f"{key}={shown!r} is {len(tag)} characters; W&B tags must have 1 to "
-                              f"{WANDB_TAG_MAX_CHARS} characters: shorten it")
+            raise ConfigError(
+                f"{key}={shown!r} is {len(tag)} characters; W&B tags must have 1 to "
+                f"{WANDB_TAG_MAX_CHARS} characters: shorten it"
+            )
     project = wandb_cfg.project
     if not project or len(project) > WANDB_NAME_MAX_CHARS or any(c in project for c in WANDB_PROJECT_BAD_CHARS):
-        raise ConfigError(f"wandb.project={project!r} must have 1 to {WANDB_NAME_MAX_CHARS} characters and none "
-                          f"of {' '.join(WANDB_PROJECT_BAD_CHARS)}")
+        raise ConfigError(
+            f"wandb.project={project!r} must have 1 to {WANDB_NAME_MAX_CHARS} characters and none "
+            f"of {' '.join(WANDB_PROJECT_BAD_CHARS)}"
+        )
     for key in ("group", "name"):
         value = getattr(wandb_cfg, key, None)
         if value is not None and not 1 <= len(str(value)) <= WANDB_NAME_MAX_CHARS:
-            raise ConfigError(f"wandb.{key}={str(value)[:24]!r}... has {len(str(value))} characters; W&B allows "
-                              f"1 to {WANDB_NAME_MAX_CHARS} (or null)")
+            raise ConfigError(
+                f"wandb.{key}={str(value)[:24]!r}... has {len(str(value))} characters; W&B allows "
+                f"1 to {WANDB_NAME_MAX_CHARS} (or null)"
+            )
     notes = getattr(wandb_cfg, "notes", None)
     if notes is not None and not isinstance(notes, str):
         raise ConfigError(f"wandb.notes={notes!r} must be a string (or null)")
@@ -81,8 +87,9 @@ def _xla_flags_error(flags: tuple) -> Optional[str]:
         return f"xla.flags {bad} are not of the form --name or --name=value"
     env = {**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"}
     try:
-        probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env, capture_output=True,
-                               text=True, timeout=120)
+        probe = subprocess.run(
+            [sys.executable, "-c", "import jax; jax.devices()"], env=env, capture_output=True, text=True, timeout=120
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None  # the probe could not run: XLA itself reports bad flags when the backend starts
     unknown = re.findall(r"Unknown flags? in XLA_FLAGS: (.*)", probe.stderr)
@@ -120,8 +127,10 @@ def check_path(key: str, path) -> None:
         return
     found = sorted({c for c in str(path) if c in GLOB_CHARS})
     if found:
-        raise ConfigError(f"{key}={str(path)!r} contains {' '.join(found)}: orbax and TFDS read these folders "
-                          f"with glob patterns, where they are wildcards; choose a path without {' '.join(found)}")
+        raise ConfigError(
+            f"{key}={str(path)!r} contains {' '.join(found)}: orbax and TFDS read these folders "
+            f"with glob patterns, where they are wildcards; choose a path without {' '.join(found)}"
+        )
 
 
 def check_library_settings(cfg, extra_tags: Sequence[str] = ()) -> None:

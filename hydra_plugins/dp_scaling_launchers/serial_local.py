@@ -61,7 +61,7 @@ class SerialLocalLauncher(LocalLauncher):
         k = self.array_parallelism
         results: List[JobReturn] = []
         for start in range(0, len(job_overrides), k):
-            chunk = list(job_overrides[start:start + k])
+            chunk = list(job_overrides[start : start + k])
             if len(job_overrides) > k:
                 first, last = initial_job_idx + start, initial_job_idx + start + len(chunk) - 1
                 which = f"job #{first}" if first == last else f"jobs #{first}-#{last}"

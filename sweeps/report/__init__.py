@@ -13,5 +13,14 @@ from sweeps.report.cli import main, write_report
 from sweeps.report.collect import ReportError, collect, job_record, load_summaries
 from sweeps.report.wandb_log import infer_group
 
-__all__ = ["COLUMNS", "ReportError", "aggregate", "collect", "infer_group", "job_record", "load_summaries", "main",
-           "write_report"]
+__all__ = [
+    "COLUMNS",
+    "ReportError",
+    "aggregate",
+    "collect",
+    "infer_group",
+    "job_record",
+    "load_summaries",
+    "main",
+    "write_report",
+]

@@ -35,19 +35,64 @@ BOOTSTRAP_SEED = 0
 
 # Configuration fields (with ``overrides``); ``devices`` is left out of the series key.
 # ``config`` (a column) lists the overrides that differ between configurations of the sweep.
-CONFIG_FIELDS = ("parallel", "precision", "accum_steps", "scaling", "grad_reduce_dtype", "grad_compression",
-                 "global_batch", "per_device_batch", "devices", "overrides")
+CONFIG_FIELDS = (
+    "parallel",
+    "precision",
+    "accum_steps",
+    "scaling",
+    "grad_reduce_dtype",
+    "grad_compression",
+    "global_batch",
+    "per_device_batch",
+    "devices",
+    "overrides",
+)
 
 # scaling.csv columns, in order (raw values: bytes in bytes, throughput in examples/s, times in s).
 COLUMNS = [
-    "devices", "parallel", "precision", "accum_steps", "scaling", "global_batch", "per_device_batch",
-    "grad_reduce_dtype", "grad_compression", "config", "repeats", "failed", "interval",
-    "examples_per_s", "examples_per_s_ci_low", "examples_per_s_ci_high", "examples_per_s_per_device",
-    "step_time_s", "speedup", "speedup_ci_low", "speedup_ci_high", "efficiency", "efficiency_ci_low",
-    "efficiency_ci_high", "windows_measured_min", "few_windows", "eval_accuracy", "eval_accuracy_min",
-    "eval_accuracy_max", "target_accuracy", "time_to_target_s", "steps_to_target", "target_reached",
-    "comm_payload_bytes", "comm_payload_bytes_lowered", "comm_ring_bytes", "comm_ratio", "comm_ratio_source",
-    "state_bytes_per_device", "temp_bytes_per_device", "wall_s", "status", "jobs",
+    "devices",
+    "parallel",
+    "precision",
+    "accum_steps",
+    "scaling",
+    "global_batch",
+    "per_device_batch",
+    "grad_reduce_dtype",
+    "grad_compression",
+    "config",
+    "repeats",
+    "failed",
+    "interval",
+    "examples_per_s",
+    "examples_per_s_ci_low",
+    "examples_per_s_ci_high",
+    "examples_per_s_per_device",
+    "step_time_s",
+    "speedup",
+    "speedup_ci_low",
+    "speedup_ci_high",
+    "efficiency",
+    "efficiency_ci_low",
+    "efficiency_ci_high",
+    "windows_measured_min",
+    "few_windows",
+    "eval_accuracy",
+    "eval_accuracy_min",
+    "eval_accuracy_max",
+    "target_accuracy",
+    "time_to_target_s",
+    "steps_to_target",
+    "target_reached",
+    "comm_payload_bytes",
+    "comm_payload_bytes_lowered",
+    "comm_ring_bytes",
+    "comm_ratio",
+    "comm_ratio_source",
+    "state_bytes_per_device",
+    "temp_bytes_per_device",
+    "wall_s",
+    "status",
+    "jobs",
 ]
 
 
@@ -61,8 +106,16 @@ def series_key(row: dict) -> tuple:
     batch field that follows the device count (global batch under weak scaling, per-device under strong)."""
     weak = row.get("scaling") == "weak"
     batch = ("per-device", row.get("per_device_batch")) if weak else ("global", row.get("global_batch"))
-    return (row.get("parallel"), row.get("precision"), row.get("accum_steps"), row.get("scaling"),
-            row.get("grad_reduce_dtype"), row.get("grad_compression"), tuple(row.get("overrides") or ()), batch)
+    return (
+        row.get("parallel"),
+        row.get("precision"),
+        row.get("accum_steps"),
+        row.get("scaling"),
+        row.get("grad_reduce_dtype"),
+        row.get("grad_compression"),
+        tuple(row.get("overrides") or ()),
+        batch,
+    )
 
 
 def _rng() -> np.random.Generator:
@@ -145,36 +198,50 @@ def aggregate(records: list[dict]) -> list[dict[str, Any]]:
         accs = [r["eval_accuracy"] for r in ok if r["eval_accuracy"] is not None]
         target = _same([r["target_accuracy"] for r in ok])
         failed = [r for r in recs if not r["ok"]]
-        row.update({
-            "repeats": len(ok), "failed": len(failed), "interval": kind,
-            "examples_per_s": med, "examples_per_s_ci_low": low, "examples_per_s_ci_high": high,
-            "examples_per_s_per_device": med / row["devices"] if med is not None and row["devices"] else None,
-            "step_time_s": _median_or_none([r["step_time_s"] for r in ok]),
-            "windows_measured_min": min(windows) if windows else None,
-            "few_windows": sum(bool(r["few_windows"]) for r in ok),
-            "eval_accuracy": float(statistics.median(accs)) if accs else None,
-            "eval_accuracy_min": min(accs) if accs else None, "eval_accuracy_max": max(accs) if accs else None,
-            "target_accuracy": target,
-            "time_to_target_s": _median_censored([r["time_to_target_s"] for r in ok]) if target else None,
-            "steps_to_target": _median_censored([r["steps_to_target"] for r in ok]) if target else None,
-            "target_reached": (f"{sum(r['steps_to_target'] is not None for r in ok)}/{len(ok)}"
-                               if target else None),
-            "comm_payload_bytes": _same([r["comm_payload_bytes"] for r in ok]),
-            "comm_payload_bytes_lowered": _same([r["comm_payload_bytes_lowered"] for r in ok]),
-            "comm_ring_bytes": _same([r["comm_ring_bytes"] for r in ok]),
-            "comm_ratio": _median_or_none([r["comm_ratio"] for r in ok]),
-            "comm_ratio_source": _same([r["comm_ratio_source"] for r in ok]),
-            "state_bytes_per_device": _same([r["state_bytes_per_device"] for r in ok]),
-            "temp_bytes_per_device": _same([r["temp_bytes_per_device"] for r in ok]),
-            "wall_s": _median_or_none([r["wall_s"] for r in ok]),
-            "status": "ok" if not failed else (failed[0]["status"] if not ok else
-                                               f"ok ({len(failed)} failed: {failed[0]['status']})"),
-            "jobs": " ".join(str(r["job"]) for r in recs),
-            "speedup": None, "speedup_ci_low": None, "speedup_ci_high": None,
-            "efficiency": None, "efficiency_ci_low": None, "efficiency_ci_high": None,
-            "_values": eps, "_platform": _same([r["platform"] for r in recs]),
-            "_device_kind": _same([r["device_kind"] for r in recs]),
-        })
+        row.update(
+            {
+                "repeats": len(ok),
+                "failed": len(failed),
+                "interval": kind,
+                "examples_per_s": med,
+                "examples_per_s_ci_low": low,
+                "examples_per_s_ci_high": high,
+                "examples_per_s_per_device": med / row["devices"] if med is not None and row["devices"] else None,
+                "step_time_s": _median_or_none([r["step_time_s"] for r in ok]),
+                "windows_measured_min": min(windows) if windows else None,
+                "few_windows": sum(bool(r["few_windows"]) for r in ok),
+                "eval_accuracy": float(statistics.median(accs)) if accs else None,
+                "eval_accuracy_min": min(accs) if accs else None,
+                "eval_accuracy_max": max(accs) if accs else None,
+                "target_accuracy": target,
+                "time_to_target_s": _median_censored([r["time_to_target_s"] for r in ok]) if target else None,
+                "steps_to_target": _median_censored([r["steps_to_target"] for r in ok]) if target else None,
+                "target_reached": (
+                    f"{sum(r['steps_to_target'] is not None for r in ok)}/{len(ok)}" if target else None
+                ),
+                "comm_payload_bytes": _same([r["comm_payload_bytes"] for r in ok]),
+                "comm_payload_bytes_lowered": _same([r["comm_payload_bytes_lowered"] for r in ok]),
+                "comm_ring_bytes": _same([r["comm_ring_bytes"] for r in ok]),
+                "comm_ratio": _median_or_none([r["comm_ratio"] for r in ok]),
+                "comm_ratio_source": _same([r["comm_ratio_source"] for r in ok]),
+                "state_bytes_per_device": _same([r["state_bytes_per_device"] for r in ok]),
+                "temp_bytes_per_device": _same([r["temp_bytes_per_device"] for r in ok]),
+                "wall_s": _median_or_none([r["wall_s"] for r in ok]),
+                "status": "ok"
+                if not failed
+                else (failed[0]["status"] if not ok else f"ok ({len(failed)} failed: {failed[0]['status']})"),
+                "jobs": " ".join(str(r["job"]) for r in recs),
+                "speedup": None,
+                "speedup_ci_low": None,
+                "speedup_ci_high": None,
+                "efficiency": None,
+                "efficiency_ci_low": None,
+                "efficiency_ci_high": None,
+                "_values": eps,
+                "_platform": _same([r["platform"] for r in recs]),
+                "_device_kind": _same([r["device_kind"] for r in recs]),
+            }
+        )
         row["_series"] = series_key(row)
         rows.append(row)
     common = set.intersection(*(set(r["overrides"] or ()) for r in rows)) if rows else set()
@@ -191,8 +258,12 @@ def aggregate(records: list[dict]) -> list[dict[str, Any]]:
         row["efficiency"] = row["speedup"] / n
         if row["speedup_ci_low"] is not None:
             row["efficiency_ci_low"], row["efficiency_ci_high"] = row["speedup_ci_low"] / n, row["speedup_ci_high"] / n
-    rows.sort(key=lambda r: tuple(_sort_part(x) for x in r["_series"][:6]) + (
-        tuple(r["_series"][6]), _sort_part(r["_series"][7][1]), _sort_part(r["devices"])))
+    rows.sort(
+        key=lambda r: (
+            tuple(_sort_part(x) for x in r["_series"][:6])
+            + (tuple(r["_series"][6]), _sort_part(r["_series"][7][1]), _sort_part(r["devices"]))
+        )
+    )
     return rows
 
 
@@ -205,12 +276,16 @@ def series_labels(rows: list[dict]) -> tuple[dict[tuple, str], str]:
 
     def parts(k):
         mode, precision, accum, scaling, reduce_dtype, compression, overrides, (kind, batch) = k
-        return [("mode", str(mode) if mode is not None else "?"), ("precision", precision or ""),
-                ("accum", f"accum={accum}" if accum is not None else ""), ("scaling", scaling or ""),
-                ("batch", "" if batch is None else (f"b={batch}/device" if kind == "per-device" else f"B={batch}")),
-                ("reduce", f"reduce={reduce_dtype}" if reduce_dtype else ""),
-                ("compression", f"compression={compression}" if compression else ""),
-                ("overrides", " ".join(overrides))]
+        return [
+            ("mode", str(mode) if mode is not None else "?"),
+            ("precision", precision or ""),
+            ("accum", f"accum={accum}" if accum is not None else ""),
+            ("scaling", scaling or ""),
+            ("batch", "" if batch is None else (f"b={batch}/device" if kind == "per-device" else f"B={batch}")),
+            ("reduce", f"reduce={reduce_dtype}" if reduce_dtype else ""),
+            ("compression", f"compression={compression}" if compression else ""),
+            ("overrides", " ".join(overrides)),
+        ]
 
     table = {k: parts(k) for k in keys}
     names = [n for n, _ in table[keys[0]]]
@@ -223,6 +298,7 @@ def series_labels(rows: list[dict]) -> tuple[dict[tuple, str], str]:
 def recipe_rows(rows: list[dict]) -> dict[str, list[dict]]:
     """Rows grouped by recipe for plots against the global batch: every configuration field but the batch
     (and ``train.global_batch`` overrides), one device count at a time. {label: rows sorted by batch}."""
+
     def recipe(row):
         overrides = tuple(o for o in row["overrides"] if not o.startswith(("train.global_batch=",)))
         return (row["parallel"], row["precision"], row["accum_steps"], row["devices"], overrides)
@@ -237,8 +313,10 @@ def recipe_rows(rows: list[dict]) -> dict[str, list[dict]]:
     varying = [i for i in range(5) if len({k[i] for k in keys}) > 1]
     out = {}
     for k in keys:
-        label = " ".join((" ".join(k[i]) if i == 4 else f"{('', '', 'accum=', 'devices=')[i]}{k[i]}")
-                         for i in varying) or "all"
+        label = (
+            " ".join((" ".join(k[i]) if i == 4 else f"{('', '', 'accum=', 'devices=')[i]}{k[i]}") for i in varying)
+            or "all"
+        )
         out[label] = sorted(groups[k], key=lambda r: r["global_batch"] or 0)
     return out
 
@@ -253,5 +331,7 @@ def few_windows_note(rows: list[dict]) -> str | None:
     flagged = [r for r in rows if r["few_windows"]]
     if not flagged:
         return None
-    return (f"{len(flagged)} configuration(s) have repeats with fewer than {MIN_WINDOWS} measured logging "
-            f"windows (marked *): raise train.steps or lower train.log_every")
+    return (
+        f"{len(flagged)} configuration(s) have repeats with fewer than {MIN_WINDOWS} measured logging "
+        f"windows (marked *): raise train.steps or lower train.log_every"
+    )

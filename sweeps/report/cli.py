@@ -12,9 +12,15 @@ from sweeps.report.plots import make_figures, save
 from sweeps.report.tables import JOB_COLUMNS, job_rows, write_csv, write_markdown
 
 
-def write_report(folder, out_dir=None, use_wandb: bool = False, group: str | None = None,
-                 project: str | None = None, entity: str | None = None,
-                 projection_rows: list[dict] | None = None) -> dict[str, Path]:
+def write_report(
+    folder,
+    out_dir=None,
+    use_wandb: bool = False,
+    group: str | None = None,
+    project: str | None = None,
+    entity: str | None = None,
+    projection_rows: list[dict] | None = None,
+) -> dict[str, Path]:
     """Builds the scaling report of the multirun ``folder`` into ``out_dir`` (default ``folder``):
     ``scaling.csv`` (one row per configuration, repeats aggregated), ``jobs.csv`` (one row per job),
     ``scaling.md`` and one PNG per figure of ``plots.make_figures``; with ``use_wandb`` also a W&B run.
@@ -32,12 +38,20 @@ def write_report(folder, out_dir=None, use_wandb: bool = False, group: str | Non
     records = [job_record(s) for s in summaries]
     rows = aggregate(records)
     out.mkdir(parents=True, exist_ok=True)
-    paths: dict[str, Path] = {"csv": write_csv(rows, out / "scaling.csv"),
-                              "jobs_csv": write_csv(job_rows(records), out / "jobs.csv", JOB_COLUMNS)}
+    paths: dict[str, Path] = {
+        "csv": write_csv(rows, out / "scaling.csv"),
+        "jobs_csv": write_csv(job_rows(records), out / "jobs.csv", JOB_COLUMNS),
+    }
     figures = make_figures(rows, projection_rows)
     plots = {name: save(fig, out / f"{name}.png") for name, fig in figures.items()}
-    paths["md"] = write_markdown(rows, out / "scaling.md", source=str(folder), plots=[p.name for p in plots.values()],
-                                 n_jobs=len(records), n_failed=sum(not r["ok"] for r in records))
+    paths["md"] = write_markdown(
+        rows,
+        out / "scaling.md",
+        source=str(folder),
+        plots=[p.name for p in plots.values()],
+        n_jobs=len(records),
+        n_failed=sum(not r["ok"] for r in records),
+    )
     paths.update(plots)
     if use_wandb:
         from sweeps.report.wandb_log import log_to_wandb
@@ -46,8 +60,9 @@ def write_report(folder, out_dir=None, use_wandb: bool = False, group: str | Non
             info = log_to_wandb(rows, plots, summaries, folder, group=group, project=project, entity=entity)
         except Exception as exc:
             first = (str(exc).strip().splitlines() or [""])[0]
-            raise ReportError(f"report written to {out}, but W&B logging failed: {type(exc).__name__}: {first}") \
-                from exc
+            raise ReportError(
+                f"report written to {out}, but W&B logging failed: {type(exc).__name__}: {first}"
+            ) from exc
         paths["wandb_sync_file"] = info["wandb_sync_file"]
     return paths
 
@@ -63,31 +78,54 @@ def read_projection(path) -> list[dict]:
     try:
         with open(path, newline="") as f:
             rows = list(csv.DictReader(f))
-        return [{"label": r.get("config") or "projection", "devices": int(r["devices"]),
-                 "examples_per_s": float(r["examples_per_s"])} for r in rows]
+        return [
+            {
+                "label": r.get("config") or "projection",
+                "devices": int(r["devices"]),
+                "examples_per_s": float(r["examples_per_s"]),
+            }
+            for r in rows
+        ]
     except (OSError, KeyError, ValueError) as exc:
-        raise ReportError(f"--projection {path}: not a projection.csv of sweeps.project ({type(exc).__name__}: "
-                          f"{exc}); write one with `python -m sweeps.project ... --out DIR`") from None
+        raise ReportError(
+            f"--projection {path}: not a projection.csv of sweeps.project ({type(exc).__name__}: "
+            f"{exc}); write one with `python -m sweeps.project ... --out DIR`"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line; returns the exit status (2 with one ``error:`` line on bad input)."""
-    parser = argparse.ArgumentParser(prog="python -m sweeps.report",
-                                     description="Scaling table (CSV + Markdown) and plots from a Hydra multirun.")
+    parser = argparse.ArgumentParser(
+        prog="python -m sweeps.report", description="Scaling table (CSV + Markdown) and plots from a Hydra multirun."
+    )
     parser.add_argument("folder", help="multirun folder (searched recursively for summary.json)")
     parser.add_argument("--out", default=None, help="output folder (default: the multirun folder)")
-    parser.add_argument("--wandb", action="store_true",
-                        help="also log a job_type=scaling_report run into the jobs' W&B group (honours WANDB_MODE)")
+    parser.add_argument(
+        "--wandb",
+        action="store_true",
+        help="also log a job_type=scaling_report run into the jobs' W&B group (honours WANDB_MODE)",
+    )
     parser.add_argument("--group", default=None, help="W&B group (default: summaries' wandb/group, else the folder)")
     parser.add_argument("--project", default=None, help="W&B project (default: summaries', else WANDB_PROJECT)")
     parser.add_argument("--entity", default=None, help="W&B entity (default: summaries', else WANDB_ENTITY)")
-    parser.add_argument("--projection", default=None, metavar="PROJECTION_CSV",
-                        help="projection.csv of `python -m sweeps.project`: dotted lines on the throughput plot")
+    parser.add_argument(
+        "--projection",
+        default=None,
+        metavar="PROJECTION_CSV",
+        help="projection.csv of `python -m sweeps.project`: dotted lines on the throughput plot",
+    )
     args = parser.parse_args(argv)
     try:
         projection = read_projection(args.projection) if args.projection else None
-        paths = write_report(args.folder, args.out, use_wandb=args.wandb, group=args.group,
-                             project=args.project, entity=args.entity, projection_rows=projection)
+        paths = write_report(
+            args.folder,
+            args.out,
+            use_wandb=args.wandb,
+            group=args.group,
+            project=args.project,
+            entity=args.entity,
+            projection_rows=projection,
+        )
     except ReportError as exc:
         print(f"sweeps.report: error: {exc}", file=sys.stderr)
         return 2

@@ -18,9 +18,19 @@ from typing import Any
 SUMMARY_NAME = "summary.json"
 OVERRIDES_PATH = Path(".hydra") / "overrides.yaml"
 # Overrides already represented by a record field (or that only name a repeat): not part of ``overrides``.
-FIELD_OVERRIDES = ("train.seed", "mesh.devices", "parallel", "precision", "train.accum_steps",
-                   "train.global_batch", "train.per_device_batch", "parallel.grad_reduce_dtype",
-                   "parallel.grad_compression", "hydra", "wandb")
+FIELD_OVERRIDES = (
+    "train.seed",
+    "mesh.devices",
+    "parallel",
+    "precision",
+    "train.accum_steps",
+    "train.global_batch",
+    "train.per_device_batch",
+    "parallel.grad_reduce_dtype",
+    "parallel.grad_compression",
+    "hydra",
+    "wandb",
+)
 MIN_WINDOWS = 5  # measure.throughput.MIN_WINDOWS (not imported: the report stays free of the training code)
 
 
@@ -30,10 +40,7 @@ class ReportError(Exception):
 
 def _natural_key(path: Path) -> tuple:
     """Sort ``multirun/10/summary.json`` after ``multirun/9/summary.json``."""
-    return tuple(
-        (0, int(part), "") if part.isdigit() else (1, 0, part)
-        for part in path.parts
-    )
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in path.parts)
 
 
 def _parse_scalar(text: str) -> Any:
@@ -140,7 +147,6 @@ def load_summaries(folder, exclude: Iterable = ()) -> list[dict]:
     return out
 
 
-
 def _num(value: Any) -> float | int | None:
     """Return ``value`` if it is a finite real number (not bool), else None."""
     if isinstance(value, bool) or value is None:
@@ -244,19 +250,26 @@ def job_record(summary: dict) -> dict[str, Any]:
         source = "measured" if ratio is not None else None
     windows = _int(summary.get("perf/windows_measured"))
     record = {
-        "parallel": _text(summary.get("parallel")), "precision": _text(summary.get("precision")),
-        "accum_steps": _int(summary.get("train/accum_steps")), "scaling": _text(summary.get("train/scaling")),
-        "global_batch": global_batch, "per_device_batch": per_device, "devices": devices,
+        "parallel": _text(summary.get("parallel")),
+        "precision": _text(summary.get("precision")),
+        "accum_steps": _int(summary.get("train/accum_steps")),
+        "scaling": _text(summary.get("train/scaling")),
+        "global_batch": global_batch,
+        "per_device_batch": per_device,
+        "devices": devices,
         "grad_reduce_dtype": _text(summary.get("parallel/grad_reduce_dtype")),
         "grad_compression": _text(summary.get("parallel/grad_compression")),
         "overrides": _extra_overrides(summary.get("_overrides", [])),
         "seed": _int(summary.get("train/seed")),
-        "examples_per_s": eps, "examples_per_s_p25": _num(summary.get("perf/examples_per_s_p25")),
+        "examples_per_s": eps,
+        "examples_per_s_p25": _num(summary.get("perf/examples_per_s_p25")),
         "examples_per_s_p75": _num(summary.get("perf/examples_per_s_p75")),
         "examples_per_s_last_window": _num(summary.get("perf/examples_per_s_last_window")),
-        "step_time_s": step_time, "windows_measured": windows,
+        "step_time_s": step_time,
+        "windows_measured": windows,
         "few_windows": windows is not None and windows < MIN_WINDOWS,
-        "wall_s": _num(summary.get("perf/wall_s")), "startup_s": _num(summary.get("perf/startup_s")),
+        "wall_s": _num(summary.get("perf/wall_s")),
+        "startup_s": _num(summary.get("perf/startup_s")),
         "eval_accuracy": _num(summary.get("eval/accuracy")),
         "target_accuracy": _num(summary.get("train/target_accuracy")),
         "steps_to_target": _int(summary.get("train/steps_to_target")),
@@ -264,12 +277,17 @@ def job_record(summary: dict) -> dict[str, Any]:
         "comm_payload_bytes": _num(summary.get("comm/payload_bytes_per_step")),
         "comm_payload_bytes_lowered": _num(summary.get("comm/payload_bytes_per_step_lowered")),
         "comm_ring_bytes": _num(summary.get("comm/bytes_per_step")),
-        "comm_ratio": ratio, "comm_ratio_source": source,
+        "comm_ratio": ratio,
+        "comm_ratio_source": source,
         "link_bytes_per_s": _num(summary.get("hardware/link_bytes_per_s")),
         "state_bytes_per_device": _num(summary.get("mem/state_bytes_per_device")),
         "temp_bytes_per_device": _num(summary.get("mem/temp_bytes_per_device")),
-        "platform": _text(summary.get("platform")), "device_kind": _text(summary.get("device_kind")),
-        "ok": ok, "status": status, "job": _text(summary.get("_job")), "job_dir": summary.get("_job_dir"),
+        "platform": _text(summary.get("platform")),
+        "device_kind": _text(summary.get("device_kind")),
+        "ok": ok,
+        "status": status,
+        "job": _text(summary.get("_job")),
+        "job_dir": summary.get("_job_dir"),
     }
     if not ok:
         for key in MEASURED:
@@ -278,10 +296,26 @@ def job_record(summary: dict) -> dict[str, Any]:
     return record
 
 
-MEASURED = ("examples_per_s", "examples_per_s_p25", "examples_per_s_p75", "examples_per_s_last_window",
-            "step_time_s", "windows_measured", "wall_s", "startup_s", "eval_accuracy", "steps_to_target",
-            "time_to_target_s", "comm_payload_bytes", "comm_payload_bytes_lowered", "comm_ring_bytes", "comm_ratio",
-            "comm_ratio_source", "state_bytes_per_device", "temp_bytes_per_device")
+MEASURED = (
+    "examples_per_s",
+    "examples_per_s_p25",
+    "examples_per_s_p75",
+    "examples_per_s_last_window",
+    "step_time_s",
+    "windows_measured",
+    "wall_s",
+    "startup_s",
+    "eval_accuracy",
+    "steps_to_target",
+    "time_to_target_s",
+    "comm_payload_bytes",
+    "comm_payload_bytes_lowered",
+    "comm_ring_bytes",
+    "comm_ratio",
+    "comm_ratio_source",
+    "state_bytes_per_device",
+    "temp_bytes_per_device",
+)
 
 
 def collect(folder, exclude: Iterable = ()) -> list[dict[str, Any]]:

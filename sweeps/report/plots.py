@@ -20,8 +20,10 @@ from matplotlib.lines import Line2D
 from sweeps.report.aggregate import is_cpu, recipe_rows, series_labels
 
 CPU_SUBTITLE = "timings from simulated CPU devices on one host: they do not predict accelerator performance"
-NO_LINK_SENTENCE = ("Comm ratio needs a link bandwidth: set hardware.link_bytes_per_s "
-                    "(bytes/s per direction, e.g. 450e9 for NVLink H100/H200).")
+NO_LINK_SENTENCE = (
+    "Comm ratio needs a link bandwidth: set hardware.link_bytes_per_s "
+    "(bytes/s per direction, e.g. 450e9 for NVLink H100/H200)."
+)
 NO_TARGET_SENTENCE = "No time to target: set train.target_accuracy (and train.eval_every) in the sweep."
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", "-.", ":")
@@ -34,9 +36,14 @@ def series_style(i: int) -> dict:
     import matplotlib
 
     colors = matplotlib.colormaps["tab10"].colors
-    return dict(color=colors[i % len(colors)], marker=MARKERS[i % len(MARKERS)],
-                linestyle=LINESTYLES[i % len(LINESTYLES)], markersize=max(4.0, 9.0 - 1.5 * (i % 4)),
-                markerfacecolor="none", markeredgewidth=1.4)
+    return dict(
+        color=colors[i % len(colors)],
+        marker=MARKERS[i % len(MARKERS)],
+        linestyle=LINESTYLES[i % len(LINESTYLES)],
+        markersize=max(4.0, 9.0 - 1.5 * (i % 4)),
+        markerfacecolor="none",
+        markeredgewidth=1.4,
+    )
 
 
 def _series(rows: list[dict]) -> list[tuple[str, dict, list[dict]]]:
@@ -44,8 +51,9 @@ def _series(rows: list[dict]) -> list[tuple[str, dict, list[dict]]]:
     labels, _ = series_labels(rows)
     out = []
     for i, key in enumerate(labels):
-        members = sorted((r for r in rows if r["_series"] == key and r["repeats"] and r["devices"]),
-                         key=lambda r: r["devices"])
+        members = sorted(
+            (r for r in rows if r["_series"] == key and r["repeats"] and r["devices"]), key=lambda r: r["devices"]
+        )
         if members:
             out.append((labels[key], series_style(i), members))
     return out
@@ -64,8 +72,10 @@ def _log2_x(ax, rows: list[dict]) -> None:
 
 def _errorbar(ax, xs, ys, lows, highs, label, style):
     """One error-bar container (asymmetric bars from the interval; none where it is unknown)."""
-    yerr = [[y - lo if lo is not None else 0.0 for y, lo in zip(ys, lows)],
-            [hi - y if hi is not None else 0.0 for y, hi in zip(ys, highs)]]
+    yerr = [
+        [y - lo if lo is not None else 0.0 for y, lo in zip(ys, lows)],
+        [hi - y if hi is not None else 0.0 for y, hi in zip(ys, highs)],
+    ]
     return ax.errorbar(xs, ys, yerr=yerr, label=label, capsize=3, **style)
 
 
@@ -86,14 +96,27 @@ def plot_throughput(ax, rows: list[dict], projection_rows: list[dict] | None = N
         pts = [r for r in members if r["examples_per_s"] is not None]
         if not pts:
             continue
-        handles.append(_errorbar(ax, [r["devices"] for r in pts], [r["examples_per_s"] for r in pts],
-                                 [r["examples_per_s_ci_low"] for r in pts],
-                                 [r["examples_per_s_ci_high"] for r in pts], label, style))
+        handles.append(
+            _errorbar(
+                ax,
+                [r["devices"] for r in pts],
+                [r["examples_per_s"] for r in pts],
+                [r["examples_per_s_ci_low"] for r in pts],
+                [r["examples_per_s_ci_high"] for r in pts],
+                label,
+                style,
+            )
+        )
         base = next((r for r in pts if r["devices"] == 1), None)
         if base is not None and len(pts) > 1:
             xs = [r["devices"] for r in pts]
-            ax.plot(xs, [base["examples_per_s"] * d for d in xs], label="_nolegend_", gid="ideal",
-                    **{**IDEAL_STYLE, "color": style["color"]})
+            ax.plot(
+                xs,
+                [base["examples_per_s"] * d for d in xs],
+                label="_nolegend_",
+                gid="ideal",
+                **{**IDEAL_STYLE, "color": style["color"]},
+            )
             ideal_drawn = True
     if ideal_drawn:
         handles.append(Line2D([], [], label="ideal (linear from the 1-device median)", **IDEAL_STYLE))
@@ -102,8 +125,14 @@ def plot_throughput(ax, rows: list[dict], projection_rows: list[dict] | None = N
         by_label.setdefault(str(p["label"]), []).append(p)
     for i, (label, pts) in enumerate(by_label.items()):
         pts = sorted(pts, key=lambda p: p["devices"])
-        (line,) = ax.plot([p["devices"] for p in pts], [p["examples_per_s"] for p in pts], linestyle=(0, (1, 2)),
-                          linewidth=2, color=series_style(i)["color"], label=f"projection: {label}")
+        (line,) = ax.plot(
+            [p["devices"] for p in pts],
+            [p["examples_per_s"] for p in pts],
+            linestyle=(0, (1, 2)),
+            linewidth=2,
+            color=series_style(i)["color"],
+            label=f"projection: {label}",
+        )
         handles.append(line)
     _log2_x(ax, list(rows) + list(projection_rows or []))  # the projection may reach past the measured counts
     ax.set_yscale("log")
@@ -117,9 +146,17 @@ def plot_speedup(ax, rows: list[dict]) -> list:
     for label, style, members in _series(rows):
         pts = [r for r in members if r["speedup"] is not None]
         if pts:
-            handles.append(_errorbar(ax, [r["devices"] for r in pts], [r["speedup"] for r in pts],
-                                     [r["speedup_ci_low"] for r in pts], [r["speedup_ci_high"] for r in pts],
-                                     label, style))
+            handles.append(
+                _errorbar(
+                    ax,
+                    [r["devices"] for r in pts],
+                    [r["speedup"] for r in pts],
+                    [r["speedup_ci_low"] for r in pts],
+                    [r["speedup_ci_high"] for r in pts],
+                    label,
+                    style,
+                )
+            )
     devices = sorted({r["devices"] for r in rows if r["devices"]})
     if devices:
         (line,) = ax.plot(devices, devices, label="ideal (y = x)", **IDEAL_STYLE)
@@ -136,9 +173,17 @@ def plot_efficiency(ax, rows: list[dict]) -> list:
     for label, style, members in _series(rows):
         pts = [r for r in members if r["efficiency"] is not None]
         if pts:
-            handles.append(_errorbar(ax, [r["devices"] for r in pts], [r["efficiency"] for r in pts],
-                                     [r["efficiency_ci_low"] for r in pts],
-                                     [r["efficiency_ci_high"] for r in pts], label, style))
+            handles.append(
+                _errorbar(
+                    ax,
+                    [r["devices"] for r in pts],
+                    [r["efficiency"] for r in pts],
+                    [r["efficiency_ci_low"] for r in pts],
+                    [r["efficiency_ci_high"] for r in pts],
+                    label,
+                    style,
+                )
+            )
     handles.append(ax.axhline(1.0, label="ideal (1.0)", **IDEAL_STYLE))
     _log2_x(ax, rows)
     ax.set_ylim(0.0, 1.1)
@@ -192,8 +237,9 @@ def plot_time_to_target(ax, rows: list[dict]) -> list:
     for label, style, members in _series(rows):
         pts = [r for r in members if r["time_to_target_s"] is not None]
         if pts:
-            handles.append(ax.plot([r["devices"] for r in pts], [r["time_to_target_s"] for r in pts],
-                                   label=label, **style)[0])
+            handles.append(
+                ax.plot([r["devices"] for r in pts], [r["time_to_target_s"] for r in pts], label=label, **style)[0]
+            )
     if not handles:
         _message(ax, NO_TARGET_SENTENCE)
         return handles
@@ -210,9 +256,17 @@ def plot_vs_batch(axes, rows: list[dict]) -> list:
         style = series_style(i)
         pts = [r for r in members if r["eval_accuracy"] is not None]
         if pts:
-            handles.append(_errorbar(axes[0], [r["global_batch"] for r in pts], [r["eval_accuracy"] for r in pts],
-                                     [r["eval_accuracy_min"] for r in pts], [r["eval_accuracy_max"] for r in pts],
-                                     label, style))
+            handles.append(
+                _errorbar(
+                    axes[0],
+                    [r["global_batch"] for r in pts],
+                    [r["eval_accuracy"] for r in pts],
+                    [r["eval_accuracy_min"] for r in pts],
+                    [r["eval_accuracy_max"] for r in pts],
+                    label,
+                    style,
+                )
+            )
         pts = [r for r in members if r["time_to_target_s"] is not None]
         if pts:
             axes[1].plot([r["global_batch"] for r in pts], [r["time_to_target_s"] for r in pts], **style)
@@ -248,8 +302,14 @@ def _legend(fig, ax, handles, outside: bool = False, below: bool = False) -> Non
     if not handles:
         return
     if len(handles) > MAX_LEGEND:
-        ax.text(0.01, 0.99, f"{len(handles)} series: too many for a legend (see scaling.csv)", va="top",
-                fontsize=8, transform=ax.transAxes)
+        ax.text(
+            0.01,
+            0.99,
+            f"{len(handles)} series: too many for a legend (see scaling.csv)",
+            va="top",
+            fontsize=8,
+            transform=ax.transAxes,
+        )
         return
     if below:
         fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8)

@@ -16,10 +16,29 @@ CPU_WARNING = (
     "to target) do NOT predict accelerator (GPU/TPU) performance. Byte counts (communication payload, ring-model "
     "bytes) and memory per device are still meaningful."
 )
-JOB_COLUMNS = ["job", "status", "devices", "parallel", "precision", "accum_steps", "scaling", "global_batch",
-               "seed", "config", "examples_per_s", "examples_per_s_p25", "examples_per_s_p75",
-               "examples_per_s_last_window", "windows_measured", "few_windows", "wall_s", "startup_s",
-               "eval_accuracy", "steps_to_target", "time_to_target_s"]
+JOB_COLUMNS = [
+    "job",
+    "status",
+    "devices",
+    "parallel",
+    "precision",
+    "accum_steps",
+    "scaling",
+    "global_batch",
+    "seed",
+    "config",
+    "examples_per_s",
+    "examples_per_s_p25",
+    "examples_per_s_p75",
+    "examples_per_s_last_window",
+    "windows_measured",
+    "few_windows",
+    "wall_s",
+    "startup_s",
+    "eval_accuracy",
+    "steps_to_target",
+    "time_to_target_s",
+]
 
 
 def csv_value(value: Any) -> str:
@@ -86,39 +105,77 @@ def platform_header(rows: list[dict]) -> tuple[list[str], list[str]]:
     return platforms, kinds
 
 
-def write_markdown(rows: list[dict], path, source: str = "", plots: Iterable[str] = (),
-                   n_jobs: int = 0, n_failed: int = 0) -> Path:
+def write_markdown(
+    rows: list[dict], path, source: str = "", plots: Iterable[str] = (), n_jobs: int = 0, n_failed: int = 0
+) -> Path:
     """The report as Markdown: header (platforms, device kinds, CPU warning), the table with intervals (the
     ``interval`` column says which), notes, then the plots."""
     platforms, kinds = platform_header(rows)
     lines = ["# Scaling report", ""]
     if source:
         lines.append(f"Source: `{source}`  ")
-    lines += [f"Jobs: {n_jobs - n_failed} ok, {n_failed} failed; {len(rows)} configuration(s)  ",
-              f"Platform(s): {', '.join(platforms) or 'unknown'}  ",
-              f"Device kind(s): {', '.join(kinds) or 'unknown'}", ""]
+    lines += [
+        f"Jobs: {n_jobs - n_failed} ok, {n_failed} failed; {len(rows)} configuration(s)  ",
+        f"Platform(s): {', '.join(platforms) or 'unknown'}  ",
+        f"Device kind(s): {', '.join(kinds) or 'unknown'}",
+        "",
+    ]
     if is_cpu(rows):
         lines += [f"> {CPU_WARNING}", ""]
-    header = ["mode", "precision", "accum", "scaling", "devices", "global batch", "config", "repeats",
-              "interval", "examples/s [interval]", "speedup [interval]", "efficiency", "eval accuracy",
-              "time to target (s)", "steps to target", "comm payload/step", "comm ring bytes/step/device",
-              "comm ratio", "state/device", "status"]
+    header = [
+        "mode",
+        "precision",
+        "accum",
+        "scaling",
+        "devices",
+        "global batch",
+        "config",
+        "repeats",
+        "interval",
+        "examples/s [interval]",
+        "speedup [interval]",
+        "efficiency",
+        "eval accuracy",
+        "time to target (s)",
+        "steps to target",
+        "comm payload/step",
+        "comm ring bytes/step/device",
+        "comm ratio",
+        "state/device",
+        "status",
+    ]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         eps = _with_interval(r, "examples_per_s", "{:.4g}") + (" *" if r["few_windows"] else "")
-        cells = [r["parallel"] or "", r["precision"] or "", _num(r["accum_steps"], "{}"), r["scaling"] or "",
-                 _num(r["devices"], "{}"), _num(r["global_batch"], "{}"), r["config"], str(r["repeats"]),
-                 r["interval"], eps, _with_interval(r, "speedup"), _num(r["efficiency"]),
-                 _num(r["eval_accuracy"], "{:.4f}"), _num(r["time_to_target_s"]),
-                 _num(r["steps_to_target"], "{:.0f}") + (f" ({r['target_reached']})" if r["target_reached"] else ""),
-                 format_bytes(r["comm_payload_bytes"]), format_bytes(r["comm_ring_bytes"]),
-                 _num(r["comm_ratio"]) + (f" ({r['comm_ratio_source']})" if r["comm_ratio_source"] else ""),
-                 format_bytes(r["state_bytes_per_device"]), r["status"]]
+        cells = [
+            r["parallel"] or "",
+            r["precision"] or "",
+            _num(r["accum_steps"], "{}"),
+            r["scaling"] or "",
+            _num(r["devices"], "{}"),
+            _num(r["global_batch"], "{}"),
+            r["config"],
+            str(r["repeats"]),
+            r["interval"],
+            eps,
+            _with_interval(r, "speedup"),
+            _num(r["efficiency"]),
+            _num(r["eval_accuracy"], "{:.4f}"),
+            _num(r["time_to_target_s"]),
+            _num(r["steps_to_target"], "{:.0f}") + (f" ({r['target_reached']})" if r["target_reached"] else ""),
+            format_bytes(r["comm_payload_bytes"]),
+            format_bytes(r["comm_ring_bytes"]),
+            _num(r["comm_ratio"]) + (f" ({r['comm_ratio_source']})" if r["comm_ratio_source"] else ""),
+            format_bytes(r["state_bytes_per_device"]),
+            r["status"],
+        ]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     lines.append("")
-    lines.append("examples/s: median over repeats (jobs differing only in train.seed) of each job's median over "
-                 "its logging windows (the first window after compilation excluded); interval: bootstrap95 = 95% "
-                 "percentile-bootstrap interval of that median (>= 5 repeats), min-max = range of the repeats.")
+    lines.append(
+        "examples/s: median over repeats (jobs differing only in train.seed) of each job's median over "
+        "its logging windows (the first window after compilation excluded); interval: bootstrap95 = 95% "
+        "percentile-bootstrap interval of that median (>= 5 repeats), min-max = range of the repeats."
+    )
     note = few_windows_note(rows)
     if note:
         lines += ["", f"**{note}.**"]

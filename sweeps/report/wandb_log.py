@@ -26,9 +26,15 @@ def _metric_name(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=+-]+", "_", label).strip("_") or "series"
 
 
-def log_to_wandb(rows: list[dict], plots: dict[str, Path], summaries: list[dict], folder,
-                 group: str | None = None, project: str | None = None,
-                 entity: str | None = None) -> dict[str, Any]:
+def log_to_wandb(
+    rows: list[dict],
+    plots: dict[str, Path],
+    summaries: list[dict],
+    folder,
+    group: str | None = None,
+    project: str | None = None,
+    entity: str | None = None,
+) -> dict[str, Any]:
     """Logs ``scaling_table`` (``wandb.Table`` of ``COLUMNS``, intervals included), the PNGs as
     ``plots/<name>`` and, per device count (x axis ``scaling/devices``), ``scaling/<metric>/<series>`` for
     examples/s (with ``_ci_low``/``_ci_high``), speedup and efficiency. WANDB_MODE (e.g. ``offline``),
@@ -43,11 +49,21 @@ def log_to_wandb(rows: list[dict], plots: dict[str, Path], summaries: list[dict]
     entity = entity or _most_common(summaries, "wandb/entity") or os.environ.get("WANDB_ENTITY")
     platforms, kinds = platform_header(rows)
     run = wandb.init(
-        project=project, entity=entity, group=group, job_type="scaling_report", name=f"scaling-report-{group}",
-        config={"multirun_folder": str(Path(folder).resolve()), "n_jobs": len(summaries),
-                "n_configurations": len(rows), "platforms": platforms, "device_kinds": kinds},
-        settings=wandb.Settings(x_disable_stats=True, x_disable_machine_info=True, save_code=False,
-                                disable_git=True, console="off"),
+        project=project,
+        entity=entity,
+        group=group,
+        job_type="scaling_report",
+        name=f"scaling-report-{group}",
+        config={
+            "multirun_folder": str(Path(folder).resolve()),
+            "n_jobs": len(summaries),
+            "n_configurations": len(rows),
+            "platforms": platforms,
+            "device_kinds": kinds,
+        },
+        settings=wandb.Settings(
+            x_disable_stats=True, x_disable_machine_info=True, save_code=False, disable_git=True, console="off"
+        ),
     )
     try:
         run.define_metric("scaling/devices")
@@ -58,23 +74,38 @@ def log_to_wandb(rows: list[dict], plots: dict[str, Path], summaries: list[dict]
             if not row["repeats"] or not row["devices"]:
                 continue
             name = _metric_name(labels[row["_series"]])
-            for key in ("examples_per_s", "examples_per_s_ci_low", "examples_per_s_ci_high", "speedup",
-                        "efficiency", "time_to_target_s"):
+            for key in (
+                "examples_per_s",
+                "examples_per_s_ci_low",
+                "examples_per_s_ci_high",
+                "speedup",
+                "efficiency",
+                "time_to_target_s",
+            ):
                 if row[key] is not None:
                     by_devices[row["devices"]][f"scaling/{key}/{name}"] = row[key]
         for devices in sorted(by_devices):
             run.log({"scaling/devices": devices, **by_devices[devices]})
-        table = wandb.Table(columns=COLUMNS, data=[[csv_value(row.get(c)) if isinstance(row.get(c), tuple)
-                                                    else row.get(c) for c in COLUMNS] for row in rows],
-                            allow_mixed_types=True)
+        table = wandb.Table(
+            columns=COLUMNS,
+            data=[
+                [csv_value(row.get(c)) if isinstance(row.get(c), tuple) else row.get(c) for c in COLUMNS]
+                for row in rows
+            ],
+            allow_mixed_types=True,
+        )
         payload: dict[str, Any] = {"scaling_table": table}
         for name, path in plots.items():
             payload[f"plots/{name}"] = wandb.Image(str(path), caption=name)
         run.log(payload)
         run.summary["scaling/n_jobs"] = len(summaries)
         run.summary["scaling/n_configurations"] = len(rows)
-        info = {"wandb_run_id": run.id, "wandb_group": group, "wandb_sync_file": Path(run.settings.sync_file),
-                "wandb_url": getattr(run, "url", None)}
+        info = {
+            "wandb_run_id": run.id,
+            "wandb_group": group,
+            "wandb_sync_file": Path(run.settings.sync_file),
+            "wandb_url": getattr(run, "url", None),
+        }
     finally:
         run.finish()
     return info
