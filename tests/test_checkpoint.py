@@ -410,7 +410,7 @@ def test_truncated_checkpoint_is_skipped_with_warning(tmp_path, capsys):
     assert f"warning: resuming from the previous checkpoint {ckpt / '10'} (step 10)" in err
     assert (ckpt / "20.corrupt").is_dir() and checkpoint.complete_steps(ckpt) == [10]
     got = {
-        checkpoint._name(p): np.asarray(x)
+        checkpoint.store._name(p): np.asarray(x)
         for p, x in jax.tree_util.tree_flatten_with_path(fresh.mode.state_to_host(restored.state))[0]
     }
     assert_bitwise_equal(got, saved10)

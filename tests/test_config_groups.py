@@ -157,7 +157,7 @@ def test_from_dict_is_strict_unless_lenient():
 
 
 def test_resume_policy_ignores_keys_only_the_old_union_schema_had():
-    from training.resume_policy import resume_conflicts
+    from training.checkpoint import resume_conflicts
 
     new = schema.as_dict(schema.from_dict({"model": {"name": "cnn"}}))
     old = {

@@ -236,7 +236,7 @@ def test_special_characters_in_checkpoint_dir_work_end_to_end(tmp_path):
 # ---- resuming with changed settings ----------------------------------------------------------------------------
 def test_resume_conflicts_rule():
     from conf.schema import as_dict
-    from training.resume_policy import resume_conflicts
+    from training.checkpoint import resume_conflicts
     from utils import make_cfg
 
     saved = as_dict(make_cfg())

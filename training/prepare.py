@@ -33,7 +33,6 @@ from measure.rates import comm_time_model_s
 from training import checkpoint
 from training.build import Experiment, Plan, build, plan
 from training.distributed import dump_batch_indices
-from training.resume_policy import check_resume_settings, finished_summary
 from training.validate import check_run_folder
 
 log = logging.getLogger(__name__)
@@ -157,9 +156,11 @@ def restore(cfg: Config, p: Plan, exp: Experiment, ckpt_plan, n_steps: int, step
 
     Raises:
       ConfigError: the checkpoint was trained with settings a resume refuses (checked on its metadata before
-        anything is restored: ``training.resume_policy``), or it is past this run's last step.
+        anything is restored: ``training.checkpoint.policy``), or it is past this run's last step.
     """
-    check_resume_settings(ckpt_plan, as_dict(cfg), p.global_batch)  # refused changes: one line, nothing moved
+    checkpoint.check_resume_settings(
+        ckpt_plan, as_dict(cfg), p.global_batch
+    )  # refused changes: one line, nothing moved
     restored = checkpoint.resume(ckpt_plan, exp.mode, exp.state)
     if restored is None:
         return None, 0, None
@@ -168,7 +169,9 @@ def restore(cfg: Config, p: Plan, exp: Experiment, ckpt_plan, n_steps: int, step
             f"checkpoint {restored.path} is at step {restored.step}, past this run's "
             f"{n_steps} steps; raise train.steps/train.epochs or set checkpoint.resume=never"
         )
-    finished = finished_summary(restored.metadata.get("run_dir"), n_steps) if restored.step == n_steps else None
+    finished = (
+        checkpoint.finished_summary(restored.metadata.get("run_dir"), n_steps) if restored.step == n_steps else None
+    )
     if finished is not None:  # a rerun of a finished run: its summary, no training, no W&B
         return restored, restored.step, finished
     exp.state = restored.state

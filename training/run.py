@@ -43,7 +43,6 @@ from training.prepare import (
     prepare,
 )
 from training.report import Reporter, console, resolve_wandb_mode
-from training.resume_policy import history_values
 from training.signals import StopOnSignal
 
 log = logging.getLogger(__name__)
@@ -193,7 +192,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     start_reporting(prep, reporter)
     loop = LoopState(state=prep.exp.state, clock=clock)
     if prep.restored is not None:  # the summary's training values also when this run trains no step
-        loop.last.update(history_values(run_dir / "metrics.jsonl", prep.start))
+        loop.last.update(checkpoint.history_values(run_dir / "metrics.jsonl", prep.start))
     stats = WindowStats(prep.plan.global_batch, prep.exp.mode.num_devices)
     target = TargetTracker(cfg.train.target_accuracy)
     log.info(

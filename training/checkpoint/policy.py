@@ -1,6 +1,8 @@
-"""What a run may change when it resumes another run's checkpoint, and what a finished run reports again.
+"""The resume policy: what a run may change when it resumes another run's checkpoint, what it warns about,
+and what a finished run reports again. Pure functions of configs, metadata and run files.
 
-Rule (``resume_conflicts``, a pure function of the two resolved configs):
+Rule (``resume_conflicts``; ``training.checkpoint.resuming.check_resume_settings`` applies it to the metadata of
+the step a run would resume, before anything is restored):
 
 - Allowed: keys that only extend or re-place the run: ``train.steps``/``train.epochs``, logging, evaluation,
   sync-check and in-flight settings, the checkpoint period/keep/folder, W&B, profiling, device count and mesh
@@ -23,7 +25,6 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional
 
-from core.errors import ConfigError
 
 ALLOWED = (
     "train.steps",
@@ -103,40 +104,38 @@ def refusal(step_dir: Path, conflicts: list[str], limit: int = 4) -> str:
     )
 
 
-def candidate_step_dir(ckpt_plan) -> Optional[Path]:
-    """The step folder ``checkpoint.resume`` will try first (newest finished step whose metadata reads), or
-    None (no checkpoint, resume=never, checkpoints disabled)."""
-    from training import checkpoint
+# ---- what a resumed run warns about ----------------------------------------------------------------------
+def data_order_warnings(saved: dict, *, global_batch: int, seed: int, steps_per_epoch: int, data: str) -> list[str]:
+    """Why the resumed data order differs from the saved run's (empty: it is the same)."""
+    cfg = saved.get("config", {})
+    out = []
+    checks = (
+        ("train.global_batch", saved.get("global_batch"), global_batch),
+        ("train.seed", cfg.get("train", {}).get("seed"), seed),
+        ("steps per epoch", saved.get("steps_per_epoch"), steps_per_epoch),
+        ("data.name", cfg.get("data", {}).get("name"), data),
+    )
+    for key, old, new in checks:
+        if old is not None and old != new:
+            out.append(
+                f"{key} is {new} but the checkpoint was trained with {old}: the data order after the "
+                f"restored step is not the one the saved run would have seen"
+            )
+    return out
 
-    if ckpt_plan.directory is None or ckpt_plan.resume == "never":
-        return None
-    where = ckpt_plan.directory if ckpt_plan.resume == "auto" else ckpt_plan.resume_path
-    if checkpoint.is_step_dir(where):
-        return Path(where)
-    for step in reversed(checkpoint.complete_steps(where)):
-        try:
-            checkpoint.read_metadata(Path(where) / str(step))
-            return Path(where) / str(step)
-        except (OSError, ValueError):
-            continue
-    return None
+
+IGNORED_CHANGES = ("checkpoint.", "wandb.", "profile.", "data.cache_dir", "data.data_dir", "distributed.")
 
 
-def check_resume_settings(ckpt_plan, cfg_dict: dict, global_batch: int) -> None:
-    """Raises ConfigError (one line) when the checkpoint this run would resume was trained with refused
-    settings; call before restoring (nothing is read but the JSON metadata)."""
-    from training import checkpoint
-
-    step_dir = candidate_step_dir(ckpt_plan)
-    if step_dir is None:
-        return
-    try:
-        meta = checkpoint.read_metadata(step_dir)
-    except (OSError, ValueError):
-        return  # unreadable: checkpoint.resume reports it (one line) or skips to an older step
-    conflicts = resume_conflicts(meta.get("config", {}), cfg_dict, meta.get("global_batch"), global_batch)
-    if conflicts:
-        raise ConfigError(refusal(step_dir, conflicts))
+def config_changes(saved_cfg: dict, cfg_dict: dict, limit: int = 6) -> list[str]:
+    """``key: saved -> now`` for every config value that differs from the checkpoint's (where to save, W&B,
+    profiling and data paths are left out), at most ``limit`` of them: a resumed run with another device count
+    or mode is legitimate, a checkpoint.dir shared by the jobs of a sweep is a mistake; the user sees which."""
+    old, new = _flat(saved_cfg), _flat(cfg_dict)
+    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and not k.startswith(IGNORED_CHANGES))
+    return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys[:limit]] + (
+        [f"... {len(keys) - limit} more"] if len(keys) > limit else []
+    )
 
 
 # ---- a run restored at its final step ---------------------------------------------------------------------

@@ -1,0 +1,75 @@
+"""Checkpoints (orbax): periodic, final and preemption saves; exact resume; restore onto another device count,
+mesh or parallel mode; never a non-finite checkpoint. One module per reason to change:
+
+- ``plan``: the validated ``checkpoint.*`` settings of a run (``prepare`` -> ``CheckpointPlan``: where, how
+  often, how many, what to resume).
+- ``store``: the step folders on disk and orbax (``Saver``, ``restore_step``, ``read_arrays``,
+  ``read_metadata``, ``complete_steps``, ``unfinished_saves``, moving a corrupt folder aside); the run's
+  parallel mode says how its state is saved and restored, nothing here asks which mode runs.
+- ``policy``: what a resumed run may change, what it warns about, what a finished run reports again (pure
+  functions of configs, metadata and run files).
+- ``resuming``: which checkpoint a run continues from, whether the policy allows it, and restoring it.
+- ``run_checkpoints``: ``RunCheckpoints``, the training loop's view (when to save, metadata, summary).
+
+The names below are the package's interface (``from training import checkpoint``; ``checkpoint.resume(...)``).
+"""
+
+from training.checkpoint.plan import RESUME_MODES, CheckpointPlan, default_directory, prepare
+from training.checkpoint.policy import (
+    config_changes,
+    data_order_warnings,
+    finished_summary,
+    history_values,
+    refusal,
+    resume_conflicts,
+)
+from training.checkpoint.resuming import candidate_step_dir, check_resume_settings, resume, warn
+from training.checkpoint.run_checkpoints import RunCheckpoints
+from training.checkpoint.store import (
+    META,
+    STATE,
+    TMP_SUFFIX,
+    NonFiniteError,
+    Restored,
+    Saver,
+    complete_steps,
+    finite_flags,
+    is_step_dir,
+    metadata,
+    read_arrays,
+    read_metadata,
+    restore_step,
+    unfinished_saves,
+)
+
+__all__ = [
+    "META",
+    "RESUME_MODES",
+    "STATE",
+    "TMP_SUFFIX",
+    "CheckpointPlan",
+    "NonFiniteError",
+    "Restored",
+    "RunCheckpoints",
+    "Saver",
+    "candidate_step_dir",
+    "check_resume_settings",
+    "complete_steps",
+    "config_changes",
+    "data_order_warnings",
+    "default_directory",
+    "finished_summary",
+    "finite_flags",
+    "history_values",
+    "is_step_dir",
+    "metadata",
+    "prepare",
+    "read_arrays",
+    "read_metadata",
+    "refusal",
+    "resume",
+    "resume_conflicts",
+    "restore_step",
+    "unfinished_saves",
+    "warn",
+]

@@ -1,0 +1,114 @@
+"""The checkpoint plan of one run: where it saves, how often, how many it keeps and what it resumes.
+
+``prepare`` validates ``checkpoint.*`` before anything is loaded, built or logged (it only looks at folders;
+nothing is read or written). Errors: ``core.errors.ConfigError``, one line naming the value and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Optional
+
+from conf.schema import CheckpointConfig
+from core.errors import ConfigError
+from training.checkpoint.store import META, STATE, any_step_dirs, complete_steps, is_step_dir
+
+RESUME_MODES = ("auto", "never")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointPlan:
+    """Validated ``checkpoint.*`` settings of one run.
+
+    directory: absolute folder the run saves into (None: checkpointing disabled).
+    every: ``checkpoint.every`` as given (None: once per epoch; 0: only at the end / on a signal).
+    keep: checkpoints kept (orbax ``max_to_keep``).
+    resume: 'auto' | 'never' | 'path'.
+    resume_path: absolute path for resume='path' (a checkpoint folder or one ``<step>`` folder in it).
+    """
+
+    directory: Optional[Path]
+    every: Optional[int]
+    keep: int
+    resume: str
+    resume_path: Optional[Path]
+
+    def every_steps(self, steps_per_epoch: int) -> int:
+        """Steps between periodic saves (0: none)."""
+        return steps_per_epoch if self.every is None else self.every
+
+    def saves_at(self, done: int, n_steps: int, steps_per_epoch: int) -> bool:
+        """Whether the state after ``done`` optimizer steps is saved (periodic, or the last step)."""
+        if self.directory is None:
+            return False
+        every = self.every_steps(steps_per_epoch)
+        return done == n_steps or (every > 0 and done % every == 0)
+
+
+def default_directory(run_dir: Path, process_count: int, environ=os.environ) -> Path:
+    """``checkpoint.dir`` when it is null.
+
+    One process: ``<run folder>/checkpoints``. Several processes: every process has its own (timestamped) run
+    folder, so only a folder derived from ``SLURM_JOB_ID`` (``./checkpoints/slurm-<id>``, the same on every
+    host and across ``scontrol requeue``) is shared.
+
+    Raises:
+      ConfigError: several processes and no SLURM job id.
+    """
+    if process_count == 1:
+        return Path(run_dir) / "checkpoints"
+    job = environ.get("SLURM_JOB_ID")
+    if job:
+        return Path("checkpoints") / f"slurm-{job}"
+    raise ConfigError(
+        f"checkpoint.dir=null with {process_count} processes: each process would save into its own "
+        f"run folder; set checkpoint.dir to one folder every process can reach (shared file system "
+        f"or bucket), or checkpoint.enabled=false"
+    )
+
+
+def prepare(cfg: CheckpointConfig, run_dir: Path, process_count: int = 1) -> CheckpointPlan:
+    """Validates ``checkpoint.*`` before anything is loaded, built or logged.
+
+    Raises:
+      ConfigError (one line): ``every`` < 0, ``keep`` < 1, several processes without a shared folder, or
+      ``resume`` a path that does not exist or holds no checkpoint.
+    """
+    if cfg.every is not None and cfg.every < 0:
+        raise ConfigError(f"checkpoint.every={cfg.every} must be >= 0 (0: only at the end; null: every epoch)")
+    if cfg.keep < 1:
+        raise ConfigError(f"checkpoint.keep={cfg.keep} must be >= 1")
+    resume, resume_path = cfg.resume, None
+    if resume not in RESUME_MODES:
+        resume_path = Path(resume).expanduser().absolute()
+        if not resume_path.exists():
+            raise ConfigError(
+                f"checkpoint.resume={cfg.resume} does not exist; give a checkpoint folder (or one "
+                f"<step> folder in it), auto (the newest in checkpoint.dir) or never"
+            )
+        if not is_step_dir(resume_path) and not complete_steps(resume_path) and not any_step_dirs(resume_path):
+            raise ConfigError(
+                f"checkpoint.resume={cfg.resume} holds no checkpoint (no <step> folder with "
+                f"{STATE}/ and {META}/); give a checkpoint folder, auto or never"
+            )
+        resume = "path"
+    if not cfg.enabled:
+        if resume == "path":
+            raise ConfigError(
+                f"checkpoint.resume={cfg.resume} with checkpoint.enabled=false; enable checkpoints to resume"
+            )
+        return CheckpointPlan(directory=None, every=cfg.every, keep=cfg.keep, resume="never", resume_path=None)
+    directory = Path(cfg.dir).expanduser() if cfg.dir else default_directory(run_dir, process_count)
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"checkpoint.dir={directory} is a file; give a folder")
+    if resume == "never" and complete_steps(directory):
+        raise ConfigError(
+            f"checkpoint.resume=never but checkpoint.dir={directory} already holds checkpoints "
+            f"(steps {complete_steps(directory)}); use another checkpoint.dir, or "
+            f"checkpoint.resume=auto to continue from the newest"
+        )
+    return CheckpointPlan(
+        directory=directory.absolute(), every=cfg.every, keep=cfg.keep, resume=resume, resume_path=resume_path
+    )

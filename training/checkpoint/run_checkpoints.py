@@ -1,0 +1,95 @@
+"""A run's checkpoints as the training loop sees them (``training.hooks.CheckpointHook``): when to save, the
+metadata saved with each state, where the last one went, and the summary's ``checkpoint/*`` values."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Optional
+
+import jax
+
+from training.checkpoint.plan import CheckpointPlan
+from training.checkpoint.store import Saver, metadata
+
+log = logging.getLogger("training.checkpoint")  # one logger for the package: the log lines name it as before
+
+
+class RunCheckpoints:
+    """Saving for one run of ``training.run``: when to save, the metadata, and where the last one went.
+
+    Args:
+      plan: from ``prepare``.
+      cfg_dict: the resolved config (``conf.schema.as_dict``).
+      mode: the run's parallel mode (its placed state is saved in host form).
+      mesh_shape, global_batch, steps_per_epoch, n_steps: the run's numbers.
+      run_dir: the run folder (recorded, so a resumed run finds the saved run's metrics.jsonl).
+      restored_step: the step this run resumed from (None: started fresh).
+    """
+
+    def __init__(
+        self,
+        plan: CheckpointPlan,
+        *,
+        cfg_dict: dict,
+        mode,
+        mesh_shape,
+        global_batch: int,
+        steps_per_epoch: int,
+        n_steps: int,
+        run_dir: Path,
+        restored_step: Optional[int] = None,
+    ):
+        self.plan, self.cfg_dict, self.mode = plan, cfg_dict, mode
+        self.mesh_shape, self.global_batch, self.steps_per_epoch = list(mesh_shape), global_batch, steps_per_epoch
+        self.n_steps, self.run_dir = n_steps, Path(run_dir)
+        self.saver = Saver(plan.directory, plan.keep) if plan.directory is not None else None
+        self.last_path: Optional[Path] = None
+        if self.saver is not None and restored_step is not None and plan.resume_path is None:
+            self.saver.last_step, self.last_path = restored_step, self.saver.step_dir(restored_step)
+
+    @property
+    def enabled(self) -> bool:
+        return self.saver is not None
+
+    def saves_at(self, done: int) -> bool:
+        return self.plan.saves_at(done, self.n_steps, self.steps_per_epoch)
+
+    def save(self, state, done: int, wandb_run_id: Optional[str], reason: str) -> Optional[Path]:
+        """Saves the state after ``done`` steps (asynchronously); None when disabled or already saved.
+
+        Raises:
+          NonFiniteError: the state is not finite (nothing written).
+        """
+        if self.saver is None or self.saver.last_step == done:
+            return self.last_path if self.saver is not None and self.saver.last_step == done else None
+        meta = metadata(
+            step=done,
+            steps_per_epoch=self.steps_per_epoch,
+            global_batch=self.global_batch,
+            cfg_dict=self.cfg_dict,
+            mode_name=self.mode.name,
+            mesh_shape=self.mesh_shape,
+            num_devices=self.mode.num_devices,
+            process_count=jax.process_count(),
+            wandb_run_id=wandb_run_id,
+            run_dir=self.run_dir,
+            reason=reason,
+        )
+        self.last_path = self.saver.save(state, done, meta, self.mode)
+        log.info("checkpoint of step %d -> %s (%s)", done, self.last_path, reason)
+        return self.last_path
+
+    def close(self) -> None:
+        """Waits until every save is on disk (also after an error: the last good checkpoint stays whole)."""
+        if self.saver is not None:
+            self.saver.close()
+
+    def summary(self) -> dict:
+        if self.saver is None:
+            return {}
+        return {
+            "checkpoint/dir": str(self.plan.directory),
+            "checkpoint/last_step": self.saver.last_step,
+            "checkpoint/last_path": str(self.last_path) if self.last_path else None,
+        }

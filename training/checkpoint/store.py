@@ -1,0 +1,321 @@
+"""The checkpoint store (orbax ``CheckpointManager``): the step folders on disk, saving a state (never a
+non-finite one), reading one back onto any device count, mesh or parallel mode, moving a broken one aside.
+
+On disk, one folder per optimizer step under ``checkpoint.dir`` (null: ``<run folder>/checkpoints``)::
+
+    <dir>/<step>/state/      the host-form ``TrainState`` (step int32 [], float32 params, optimizer state,
+                             loss-scale state) as OCDBT/zarr arrays; every process writes its own shards
+    <dir>/<step>/meta/metadata   JSON: step, epoch, position in the data order, mode, mesh shape, device and
+                             process counts, the resolved config, the W&B run id, the run folder (``metadata``)
+    <dir>/<step>.orbax-checkpoint-tmp   a save in progress; orbax renames it to ``<step>`` once every file
+                             and ``commit_success.txt`` are written, so a crash never leaves a half ``<step>``
+    <dir>/<step>.corrupt     a step folder found unreadable on resume, moved aside (orbax ignores the name)
+
+"Host form" is the state every layout shares: no leading device axis. The run's parallel mode says how its
+placed state is written (``state_for_save``), what it is restored into (``host_abstract``,
+``restore_target``) and how it is placed again (``from_restored``); nothing here asks which mode runs.
+Shardings are never read back from a checkpoint: the NEW run's mode gives them, so a state saved under fsdp
+on 8 devices restores onto 1 or 2 devices, another mesh or mode.
+
+Saves are asynchronous (orbax copies the arrays to host memory in ``save`` and writes them in a background
+thread; the donated device buffers can be reused at once). The data order is a pure function of
+(``train.seed``, step) (``data.pipeline``), as is every per-example random key (``core.step``), so the
+step alone fixes where a resumed run continues; epoch and position are recorded for people.
+
+Errors: ``core.errors.ConfigError`` (a checkpoint that does not fit this run's model/optimizer) and
+``NonFiniteError`` (parameters or optimizer state not finite: nothing is written). One line each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import jax
+import numpy as np
+
+from core.errors import ConfigError
+from parallel.base import host_finite_flags
+
+STATE, META = "state", "meta"
+TMP_SUFFIX = ".orbax-checkpoint-tmp"
+
+
+class NonFiniteError(RuntimeError):
+    """The state to save holds NaN/inf; nothing was written (``training.run`` reports it as a TrainingError)."""
+
+
+class _OrbaxInfoFilter(logging.Filter):
+    """Drops orbax's INFO chatter (dozens of lines per save, through absl) from the run's log; keeps warnings."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or "orbax" not in record.pathname
+
+
+def _ocp():
+    import orbax.checkpoint as ocp  # imported lazily: orbax pulls in tensorstore (~1 s)
+
+    absl_logger = logging.getLogger("absl")
+    if not any(isinstance(f, _OrbaxInfoFilter) for f in absl_logger.filters):
+        absl_logger.addFilter(_OrbaxInfoFilter())
+    return ocp
+
+
+def _handlers() -> dict:
+    """The two items of a step: the state (PyTree of arrays) and the JSON metadata."""
+    ocp = _ocp()
+    return {STATE: ocp.StandardCheckpointHandler(), META: ocp.JsonCheckpointHandler()}
+
+
+# ---- what is on disk ---------------------------------------------------------------------------------------
+def is_step_dir(path: Path) -> bool:
+    """Whether ``path`` is one finished step folder (a name of digits holding ``state/`` and ``meta/``)."""
+    path = Path(path)
+    return path.name.isdigit() and (path / STATE).is_dir() and (path / META).is_dir()
+
+
+def any_step_dirs(directory: Path) -> bool:
+    """Whether ``directory`` holds any step folder, finished or not (``<step>``, ``<step>.orbax-checkpoint-tmp``)."""
+    return Path(directory).is_dir() and any(
+        p.name.isdigit() or p.name.endswith(TMP_SUFFIX) for p in Path(directory).iterdir()
+    )
+
+
+def complete_steps(directory: Path) -> list[int]:
+    """Steps of the finished (renamed, not ``*.orbax-checkpoint-tmp``) step folders of ``directory``, ascending."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def unfinished_saves(directory: Path) -> list[Path]:
+    """Folders of saves that never finished (the process died while orbax was writing them)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if p.name.endswith(TMP_SUFFIX))
+
+
+def read_metadata(step_dir: Path) -> dict:
+    """The JSON metadata of one step folder. Raises OSError/ValueError when it is missing or broken."""
+    return json.loads((Path(step_dir) / META / "metadata").read_text())
+
+
+def _name(path) -> str:
+    return ".".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def _leaf_specs(tree) -> dict[str, tuple[tuple, str]]:
+    """``{'params.hidden.kernel.value': ((784, 256), 'float32'), ...}`` (orbax's own leaf names)."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {_name(p): (tuple(x.shape), str(np.dtype(x.dtype))) for p, x in leaves}
+
+
+def finite_flags(state, mode) -> tuple[bool, bool]:
+    """(params all finite, optimizer state all finite) of a host-form state or of ``mode``'s placed state."""
+    if isinstance(jax.tree.leaves(state.params)[0], np.ndarray):
+        return host_finite_flags(state.params, state.opt_state)
+    return mode.finite_flags(state)
+
+
+# ---- saving -----------------------------------------------------------------------------------------------
+class Saver:
+    """Writes checkpoints of one run into ``directory`` (all processes call every method).
+
+    Args:
+      directory: the checkpoint folder (created).
+      keep: newest checkpoints kept; older ones are deleted by orbax after a successful save.
+      async_save: write in a background thread (``save`` returns after the device-to-host copy).
+    """
+
+    def __init__(self, directory: Path, keep: int, async_save: bool = True):
+        ocp = _ocp()
+        self.directory = Path(directory)
+        self.last_step: Optional[int] = None  # newest step saved (or restored) in this folder by this run
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True, enable_async_checkpointing=async_save, cleanup_tmp_directories=True
+        )
+        self.manager = ocp.CheckpointManager(self.directory, item_handlers=_handlers(), options=options)
+
+    def step_dir(self, step: int) -> Path:
+        return self.directory / str(step)
+
+    def save(self, state, step: int, metadata: dict, mode) -> Path:
+        """Saves the placed ``state`` (of ``mode``) as step ``step``; returns the step folder.
+
+        Raises:
+          NonFiniteError: params or optimizer state hold NaN/inf; nothing is written and the previous
+            checkpoints stay as they are.
+        """
+        params_ok, opt_ok = finite_flags(state, mode)
+        if not (params_ok and opt_ok):
+            what = "parameters" if not params_ok else "optimizer state"
+            prev = (
+                f"the last good checkpoint is {self.step_dir(self.last_step)} (step {self.last_step})"
+                if self.last_step is not None
+                else "no earlier checkpoint of this run exists"
+            )
+            raise NonFiniteError(
+                f"{what} are not finite after step {step}: no checkpoint written; {prev}; lower "
+                f"optim.lr, enable optim.clip_grad_norm, or, under bf16/fp16, use precision=fp32"
+            )
+        ocp = _ocp()
+        to_save = mode.state_for_save(state)
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(**{STATE: ocp.args.StandardSave(to_save), META: ocp.args.JsonSave(metadata)}),
+            force=True,
+        )
+        self.last_step = step
+        return self.step_dir(step)
+
+    def wait(self) -> None:
+        """Blocks until every started save is on disk."""
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Waits for pending saves and releases orbax's threads (also after an error)."""
+        try:
+            self.manager.wait_until_finished()
+        finally:
+            self.manager.close()
+
+
+def metadata(
+    *,
+    step: int,
+    steps_per_epoch: int,
+    global_batch: int,
+    cfg_dict: dict,
+    mode_name: str,
+    mesh_shape,
+    num_devices: int,
+    process_count: int,
+    wandb_run_id: Optional[str],
+    run_dir: Path,
+    reason: str,
+) -> dict:
+    """The JSON saved with a state. ``epoch``/``position``: step = epoch * steps_per_epoch + position."""
+    epoch, position = divmod(step, steps_per_epoch)
+    return {
+        "step": step,
+        "epoch": epoch,
+        "position": position,
+        "steps_per_epoch": steps_per_epoch,
+        "examples_seen": step * global_batch,
+        "global_batch": global_batch,
+        "mode": mode_name,
+        "mesh_shape": list(mesh_shape),
+        "device_count": num_devices,
+        "process_count": process_count,
+        "wandb_run_id": wandb_run_id,
+        "run_dir": str(run_dir),
+        "reason": reason,
+        "jax_version": jax.__version__,
+        "saved_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "config": cfg_dict,
+    }
+
+
+# ---- restoring --------------------------------------------------------------------------------------------
+def read_arrays(step_dir: Path) -> dict[str, np.ndarray]:
+    """Every array of one step folder as host numpy, keyed by orbax's leaf names
+    (``params.hidden.kernel.value``, ``opt_state.0.mu...``, ``step``, ``loss_scale.scale``): for inspection and
+    tests, independent of any mode or device count."""
+    ocp = _ocp()
+    step_dir = Path(step_dir).absolute()
+    with ocp.CheckpointManager(
+        step_dir.parent, item_handlers=_handlers(), options=ocp.CheckpointManagerOptions(create=False)
+    ) as manager:
+        step = int(step_dir.name)
+        tree = manager.item_metadata(step)[STATE].tree
+        target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), tree)
+        out = manager.restore(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target)}))[STATE]
+    return {_name(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(out)[0]}
+
+
+@dataclasses.dataclass
+class Restored:
+    """A restored checkpoint: the placed state, its step, its folder and its metadata."""
+
+    state: Any
+    step: int
+    path: Path
+    metadata: dict
+
+
+def restore_step(step_dir: Path, mode, placed_state) -> Restored:
+    """Restores one step folder onto ``mode``'s layout (``placed_state`` gives structure and shardings).
+
+    The target is ``mode.restore_target`` of the host-form abstract state (``mode.host_abstract``): the new
+    mode's shardings, or host numpy for a mode that places it afterwards (``mode.from_restored``).
+
+    Raises:
+      ConfigError: the checkpoint's arrays (names, shapes, dtypes) differ from this run's state (another
+        model or optimizer).
+      Exception: anything orbax/tensorstore raises for a truncated or corrupt folder.
+    """
+    ocp = _ocp()
+    step_dir = Path(step_dir).absolute()
+    abstract = mode.host_abstract(placed_state)
+    with ocp.CheckpointManager(
+        step_dir.parent, item_handlers=_handlers(), options=ocp.CheckpointManagerOptions(create=False)
+    ) as manager:
+        step = int(step_dir.name)
+        saved = manager.item_metadata(step)[STATE]
+        if saved is None:
+            raise FileNotFoundError(f"{step_dir / STATE} is missing")
+        # the int8 residual's shape depends on the device count; it is read as saved (host numpy)
+        # and adapted below (kept, or reset to zero with a warning), so it is left out of the comparison.
+        saved_residual = saved.tree.get("grad_residual") if isinstance(saved.tree, dict) else None
+        residual_target = mode.feedback.restore_target(saved_residual)
+        have, want = (
+            {k: v for k, v in _leaf_specs(t).items() if not k.startswith("grad_residual.")}
+            for t in (saved.tree, abstract.replace(grad_residual=None))
+        )
+        if have != want and any(k.startswith("params.") and k.endswith(".value") for k in have):
+            raise ConfigError(
+                f"checkpoint {step_dir} was written by an earlier version of this repository "
+                f"(parameters saved as nnx.State leaves '<name>.value', before commit d3cd98a made "
+                f"them plain dicts); evaluate or resume it with that version, or set "
+                f"checkpoint.resume=never / another checkpoint.dir"
+            )
+        if have != want:
+            diff = sorted(set(have.items()) ^ set(want.items()))[0][0]
+            raise ConfigError(
+                f"checkpoint {step_dir} does not fit this run: {diff} is {have.get(diff, 'absent')} "
+                f"there but {want.get(diff, 'absent')} here; resume with the checkpoint's model and "
+                f"optimizer settings, or set checkpoint.resume=never / another checkpoint.dir"
+            )
+        target = mode.restore_target(abstract).replace(grad_residual=residual_target)
+        out = manager.restore(
+            step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target), META: ocp.args.JsonRestore()})
+        )
+    state, meta = out[STATE], dict(out[META])
+    # keep the residual when saved for this device count, else zeros (warning); None when unused
+    residual = None
+    if placed_state.grad_residual is not None:
+        residual = mode.feedback.adapt(state.grad_residual, abstract.params)
+    state, saved_step = mode.from_restored(state, abstract, residual)
+    if saved_step != step or meta.get("step") != step:
+        raise ValueError(f"{step_dir} holds step {saved_step} (metadata: {meta.get('step')}), not {step}")
+    return Restored(state=state, step=step, path=step_dir, metadata=meta)
+
+
+def move_aside(step_dir: Path) -> Path:
+    """Renames a broken step folder to ``<step>.corrupt[-k]`` (kept for inspection, invisible to orbax)."""
+    target = step_dir.with_name(step_dir.name + ".corrupt")
+    k = 1
+    while target.exists():
+        target, k = step_dir.with_name(f"{step_dir.name}.corrupt-{k}"), k + 1
+    if jax.process_index() == 0:
+        os.replace(step_dir, target)
+    if jax.process_count() > 1:
+        _ocp().multihost.sync_global_processes(f"checkpoint_move_aside_{step_dir.name}")
+    return target
