@@ -5,6 +5,9 @@
 lint:
 	ruff check .
 	ruff format --check .
+	$(MAKE) --no-print-directory typecheck
+typecheck:
+	mypy
 format:
 	ruff format .
 	ruff check --fix .
