@@ -12,7 +12,6 @@ format:
 	ruff format .
 	ruff check --fix .
 test-unit:
-	python -m pytest -q -p no:cacheprovider tests/test_config.py tests/test_throughput.py tests/test_report.py tests/test_project.py tests/test_comm.py \
-		tests/test_layers.py tests/test_loop.py
+	python -m pytest -q -p no:cacheprovider -m "unit and not slow"
 test:
 	python -m pytest -q -m "not slow"
