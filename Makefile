@@ -1,5 +1,5 @@
 # make lint: ruff check + ruff format --check (make format rewrites); make typecheck: mypy on core/ and parallel/
-# make test-unit: the quick tier to run while editing (in-process unit tests, no subprocesses)
+# make test-unit: the quick tier to run while editing: tests marked `unit` (in-process; tests/conftest.py fails one that starts a process)
 # make test: exactly what CI runs (the README's test command).
 .PHONY: lint format typecheck test test-unit
 lint:
