@@ -1,4 +1,4 @@
-# make lint: ruff check + ruff format --check (make format rewrites); make typecheck: mypy on core/ and parallel/
+# make lint: ruff check + ruff format --check + make typecheck (make format rewrites); make typecheck: mypy on core/, parallel/, measure/
 # make test-unit: the quick tier to run while editing: tests marked `unit` (in-process; tests/conftest.py fails one that starts a process)
 # make test: exactly what CI runs (the README's test command).
 .PHONY: lint format typecheck test test-unit
