@@ -81,7 +81,7 @@ def load_test_split(cfg):
         return synthetic_eval(d.image_shape, d.num_classes, d.eval_size, cfg.train.seed)
     if not d.tfds_name:
         raise ConfigError(f"data={d.name} has no data.tfds_name; set it")
-    return load_tfds_split(d.tfds_name, "test", d.data_dir, d.cache_dir)
+    return load_tfds_split(d.tfds_name, "test", d.data_dir, d.cache_dir, download=d.download)
 
 
 def compose_eval_config(saved_cfg: dict, overrides: Sequence[str] = ()):
@@ -189,8 +189,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "overrides", nargs="*", help="config overrides as for train.py, e.g. mesh.devices=1 parallel=pmap"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a line")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # --json before, between or after the overrides
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from training.console_lines import quiet_known_noise
+
+    quiet_known_noise()  # as train.py: the TPU probe, TFDS's OpenCV notice and its look for unprepared data
 
     from core.errors import ConfigError, DataError
 
