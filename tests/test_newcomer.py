@@ -186,3 +186,40 @@ def test_evaluate_missing_dataset_is_one_line_on_stderr(tmp_path):
         "(NotImplementedError); point TFDS_DATA_DIR (or data.data_dir) at a prepared copy, set "
         "data.download=true, or run with data=synthetic"
     ]
+
+
+# ---- a finite but exploded loss: one warning line, the run still succeeds ---------------------------------------
+def test_exploded_final_loss_warns_above_ten_uniform_guesses():
+    from training.outcome import exploded_final
+
+    assert exploded_final({"train/loss": 0.35}, {"eval/loss": 0.33}, 10) is None
+    assert exploded_final({"train/loss": 11.1}, {"eval/loss": 9.0}, 10) is None  # Adam lr 1: high, recovering
+    assert exploded_final({}, {"eval/loss": 23.0}, 10) is None  # 23.0 < 10 x ln 10 = 23.03
+    assert exploded_final({"train/loss": float("inf")}, {}, 10) is None  # non-finite: nonfinite_final fails it
+    assert exploded_final({"train/loss": 261.0}, {"eval/loss": 2.0}, 10) == (
+        "warning: the loss exploded: final train/loss=261 is above 10 x ln(10) = 23 (a uniform guess scores "
+        "ln(10)); lower optim.lr or enable optim.clip_grad_norm"
+    )
+    assert exploded_final({"train/loss": 7.865e32}, {"eval/loss": 6.908e32}, 100) == (
+        "warning: the loss exploded: final train/loss=7.865e+32 and eval/loss=6.908e+32 are above 10 x ln(100) = "
+        "46.1 (a uniform guess scores ln(100)); lower optim.lr or enable optim.clip_grad_norm"
+    )
+
+
+def test_huge_lr_run_warns_once_and_still_succeeds(tmp_path):
+    import json
+
+    from utils import run_train
+
+    run_dir = tmp_path / "run"
+    proc = run_train(
+        run_dir, "data=synthetic", "train.steps=10", "optim.lr=1e30", "wandb.mode=disabled", "checkpoint.enabled=false"
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (line,) = [ln for ln in proc.stderr.splitlines() if "loss exploded" in ln]
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["status"] == "ok" and s["train/loss"] > 1e30
+    assert line == (
+        f"warning: the loss exploded: final train/loss={s['train/loss']:.4g} and eval/loss={s['eval/loss']:.4g} "
+        "are above 10 x ln(10) = 23 (a uniform guess scores ln(10)); lower optim.lr or enable optim.clip_grad_norm"
+    )

@@ -35,6 +35,7 @@ from training.hooks import (
     flush_window,  # noqa: F401
 )  # noqa: F401  (flush_window re-exported)
 from training.loop import in_flight_bound, train_loop
+from training.outcome import exploded_final
 from training.prepare import (
     Finished,
     Prepared,
@@ -265,6 +266,9 @@ def finish(
     )
     if stats.warning():
         console(stats.warning())
+    exploded = exploded_final(loop.last, loop.final, prep.cfg.data.num_classes)
+    if exploded:
+        console(exploded)
     explain_ratio(summary)
     peak = peak_bytes_per_device()
     if peak is not None:
