@@ -223,3 +223,46 @@ def test_huge_lr_run_warns_once_and_still_succeeds(tmp_path):
         f"warning: the loss exploded: final train/loss={s['train/loss']:.4g} and eval/loss={s['eval/loss']:.4g} "
         "are above 10 x ln(10) = 23 (a uniform guess scores ln(10)); lower optim.lr or enable optim.clip_grad_norm"
     )
+
+
+# ---- killed after its final checkpoint, before summary.json: the restart reports the run's own windows ----------
+def test_history_windows_from_metrics(tmp_path):
+    import json
+
+    from training.resume_policy import history_windows
+
+    path = tmp_path / "metrics.jsonl"
+    records = [
+        {"step": 1, "train/loss": 2.3},
+        {"step": 10, "perf/step_time_s": 0.5},
+        {"step": 20, "perf/step_time_s": 0.25},
+        {"step": 25, "perf/step_time_s": 0.2},  # a shorter last window
+        {"step": 30, "perf/step_time_s": 0.1},  # after the checkpoint: not part of the history
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\nnot json\n")
+    assert history_windows(path, 25) == [(5.0, 10), (2.5, 10), (1.0, 5)]
+    assert history_windows(tmp_path / "missing.jsonl", 25) == []
+
+
+def test_restart_after_the_final_save_reports_the_runs_windows_and_no_nan(tmp_path):
+    import json
+
+    from utils import run_train
+
+    run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    args = ["data=synthetic", "train.steps=60", "train.log_every=10", f"checkpoint.dir={ckpt}", "wandb.mode=disabled"]
+    proc = run_train(run_dir, *args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    first = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").unlink()  # what SIGKILL between the final save and the summary leaves
+    proc = run_train(run_dir, *args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "nan" not in proc.stdout + proc.stderr and "only 0 logging window" not in proc.stderr
+    again = json.loads((run_dir / "summary.json").read_text())
+    assert again["perf/windows_measured"] == first["perf/windows_measured"] == 5
+    assert again["perf/examples_per_s_median"] == pytest.approx(first["perf/examples_per_s_median"], rel=1e-9)
+    assert again["perf/examples_per_s_p25"] == pytest.approx(first["perf/examples_per_s_p25"], rel=1e-9)
+    assert again["train/loss"] == first["train/loss"] and again["eval/accuracy"] == first["eval/accuracy"]
+    records = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "train/loss" in r] == list(range(1, 61))  # every step exactly once
+    assert [r["step"] for r in records if "eval/loss" in r] == [60]  # one final evaluation

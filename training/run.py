@@ -44,7 +44,7 @@ from training.prepare import (
     prepare,
 )
 from training.report import Reporter, console, resolve_wandb_mode
-from training.resume_policy import history_values
+from training.resume_policy import history_values, history_windows
 from training.signals import StopOnSignal
 
 log = logging.getLogger(__name__)
@@ -196,6 +196,9 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     if prep.restored is not None:  # the summary's training values also when this run trains no step
         loop.last.update(history_values(run_dir / "metrics.jsonl", prep.start))
     stats = WindowStats(prep.plan.global_batch, prep.exp.mode.num_devices)
+    if prep.restored is not None and prep.start >= prep.n_steps:  # no step runs here (killed after its final
+        for elapsed_s, steps in history_windows(run_dir / "metrics.jsonl", prep.start):  # save): the run's windows
+            stats.add(elapsed_s, steps)
     target = TargetTracker(cfg.train.target_accuracy)
     log.info(
         "%s",
