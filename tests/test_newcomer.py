@@ -266,3 +266,30 @@ def test_restart_after_the_final_save_reports_the_runs_windows_and_no_nan(tmp_pa
     records = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "train/loss" in r] == list(range(1, 61))  # every step exactly once
     assert [r["step"] for r in records if "eval/loss" in r] == [60]  # one final evaluation
+
+
+# ---- evaluate with another model than the checkpoint's: one line naming it, not an internal tree path ---------
+def test_evaluate_refuses_another_model_by_name(tmp_path):
+    import evaluate
+    from core.errors import ConfigError
+    from utils import run_train
+
+    ckpt = tmp_path / "ckpt"
+    proc = run_train(
+        tmp_path / "run", "data=synthetic", "train.steps=2", f"checkpoint.dir={ckpt}", "wandb.mode=disabled"
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for overrides, change in [
+        (["model=cnn"], "model.name: 'mlp' -> 'cnn'"),
+        (["model.hidden=128"], "model.hidden: 256 -> 128"),
+        (["data.image_shape=[32,32,3]"], "data.image_shape: [28, 28, 1] -> [32, 32, 3]"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            evaluate.evaluate_checkpoint(ckpt, overrides)
+        assert str(e.value) == (
+            f"checkpoint {ckpt}/2 holds a model trained with other settings ({change}); evaluate it with its own: "
+            "leave out these overrides"
+        )
+    saved = {"model": {"name": "mlp", "hidden": 256, "activation": "tanh", "dropout": 0.0, "init_std": 0.01}}
+    cfg = evaluate.compose_eval_config(saved, ["model.dropout=0.5", "mesh.devices=2"])
+    assert evaluate.model_changes(saved, cfg) == []  # dropout is off in evaluation; the device count is free
