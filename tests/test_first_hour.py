@@ -329,8 +329,13 @@ def test_killed_before_first_checkpoint_then_finished_then_rerun(tmp_path):
     assert finish(start_train(run, ckpt, *extra)) == 0
     s = summary(run)
     last_train = [r for r in records if "train/loss" in r][-1]
-    for key in ("train/loss", "train/accuracy", "optim/lr", "perf/examples_per_s", "sync/max_replica_divergence"):
+    for key in ("train/loss", "train/accuracy", "optim/lr", "sync/max_replica_divergence"):
         assert s[key] == last_train[key], key
+    # throughput: the run's own windows (metrics.jsonl), as its first summary had them: median, not last window
+    assert s["perf/examples_per_s_last_window"] == pytest.approx(last_train["perf/examples_per_s"], rel=1e-9)
+    for key in ("perf/examples_per_s", "perf/examples_per_s_p25", "perf/examples_per_s_p75"):
+        assert s[key] == pytest.approx(first[key], rel=1e-9), key
+    assert s["perf/windows_measured"] == first["perf/windows_measured"]
     assert s["eval/accuracy"] == first["eval/accuracy"]
     records = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "train/loss" in r] == list(range(1, 61))
