@@ -1,10 +1,10 @@
 """Collectives of one compiled optimizer step, and the ring model of the bytes they send.
 
-The parsers that list them live beside this module: ``measure.hlo_text`` (compiled module) and
-``measure.stablehlo`` (lowered module).
+The parsers that list them live beside this module: ``measure.hlo_text`` (compiled module, HLO text) and
+``measure.stablehlo`` (lowered module, walked in its MLIR form).
 
 Given the text of a compiled XLA module (``jitted.lower(...).compile().as_text()``,
-HLO text) or of a lowered module (``jitted.lower(...).as_text()``, StableHLO MLIR),
+HLO text) or a lowered module (``jitted.lower(...).compiler_ir("stablehlo")``, StableHLO MLIR),
 list every cross-device collective together with its logical payload, its
 replica-group size and whether it sits inside a loop, and turn that list into a
 flat metrics dict for logging.

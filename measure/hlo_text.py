@@ -12,10 +12,42 @@ import re
 from typing import Iterator
 
 from measure.collectives import Array, Collective, all_devices, dtype_label, parse_dim, permute_group_size
-from measure.text_scan import blank_strings, match_close, skip_whitespace
 
 _ARRAY_RE = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]")
 _COMMENT_RE = re.compile(r"/\*.*?\*/", re.DOTALL)
+_STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"')
+_WS_RE = re.compile(r"\s*")
+
+
+def skip_whitespace(text: str, i: int) -> int:
+    """The index of the first non-whitespace character of ``text`` at or after ``i`` (``len(text)`` if none)."""
+    m = _WS_RE.match(text, i)
+    return m.end() if m else i  # r"\s*" matches (possibly empty) at every position: m is never None
+
+
+def blank_strings(text: str) -> str:
+    """Replace every string literal by ``""`` (metadata may contain anything)."""
+    return _STRING_RE.sub('""', text)
+
+
+def match_close(text: str, i: int) -> int:
+    """Index of the bracket closing the one at ``text[i]``; string literals are skipped and only ``()[]{}``
+    are tracked (``<>`` cannot be, because of ``->``). Raises ValueError when there is none."""
+    depth = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == '"':
+            m = _STRING_RE.match(text, i)
+            i = m.end() if m else len(text)
+            continue
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    raise ValueError(f"unbalanced bracket at offset {i} near {text[i : i + 40]!r}")
 
 
 def _parse_shape(s: str, i: int = 0) -> tuple[Array | list, int]:

@@ -4,8 +4,9 @@ Fixtures in tests/fixtures/hlo/:
   real_*   captured from jax 0.10.2 on 8 simulated CPU devices
            (``.hlo``: ``jit(f).lower(x).compile().as_text()``,
            ``.mlir``: ``jit(f).lower(x).as_text()``);
-  hand_*   hand-written in XLA's text syntax for forms XLA:CPU never prints
-           (async start/done pairs, iota groups, nested loops, no-ops).
+  hand_*   hand-written for forms XLA:CPU never prints (``.hlo``: async start/done pairs, iota groups, nested
+           loops, no-ops; ``.mlir``: valid MLIR in generic op syntax with an mhlo op, a generic-form while,
+           calls, a splat self-permute).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import pathlib
 
 import pytest
+from jax.extend.mlir import ir
 
 from measure.collectives import KINDS, Collective, comm_metrics
 from measure.hlo_text import parse_hlo_collectives
@@ -276,12 +278,12 @@ ENTRY %e (a: f32[3,5], b: s32[7], c: pred[4], d: f8e4m3fn[10]) -> (f32[3,5], s32
 # --------------------------------------------------------------------------
 
 
-def test_stablehlo_generic_while_calls_pretty_form_and_mhlo():
+def test_stablehlo_generic_while_calls_and_mhlo():
     cs = parse_stablehlo_collectives(_read("hand_stablehlo.mlir"))
     got = [(c.name, c.kind, c.payload_bytes, c.group_size, c.in_loop, c.dtype) for c in cs]
     assert got == [
-        ("main/%0", "all-gather", 64 * 8 * 4, 4, False, "f32"),  # pretty form, output
-        ("main/%2", "all-reduce", 64 * 2, 4, True, "bf16"),  # empty groups -> 4
+        ("main/%0", "all-gather", 64 * 8 * 4, 4, False, "f32"),  # output size
+        ("main/%3", "all-reduce", 64 * 2, 4, True, "bf16"),  # empty groups -> 4
         ("helper/%0", "collective-permute", 64 * 2, 4, True, "bf16"),  # called from body
         ("helper/%1", "reduce-scatter", 64 * 2, 2, True, "bf16"),  # mhlo, input size
         ("helper/%2", "all-gather", 64 * 2, 2, True, "bf16"),
@@ -294,10 +296,53 @@ def test_stablehlo_empty_groups_need_device_count():
     text = _read("hand_stablehlo.mlir").replace(
         "attributes {mhlo.num_partitions = 4 : i32, mhlo.num_replicas = 1 : i32} ", ""
     )
-    with pytest.raises(ValueError, match="main/%2"):
+    with pytest.raises(ValueError, match="main/%3"):
         parse_stablehlo_collectives(text)
     cs = _by_name(parse_stablehlo_collectives(text, num_devices=2))
-    assert cs["main/%2"].group_size == 2
+    assert cs["main/%3"].group_size == 2
+
+
+def test_stablehlo_text_must_be_valid_mlir():
+    # collectives have no custom assembly form: the generic form is the only one MLIR prints or parses
+    text = _read("hand_stablehlo.mlir").replace('"stablehlo.all_gather"(%arg0)', "stablehlo.all_gather(%arg0)")
+    with pytest.raises(ir.MLIRError, match="has no custom assembly form"):
+        parse_stablehlo_collectives(text)
+
+
+def test_stablehlo_variadic_all_reduce():
+    text = """module @m attributes {mhlo.num_partitions = 2 : i32} {
+  func.func public @main(%arg0: tensor<3x5xf32>, %arg1: tensor<7xf32>) -> (tensor<3x5xf32>, tensor<7xf32>) {
+    %0:2 = "stablehlo.all_reduce"(%arg0, %arg1) <{replica_groups = dense<> : tensor<0x0xi64>}> ({
+    ^bb0(%x: tensor<f32>, %y: tensor<f32>):
+      %s = stablehlo.add %x, %y : tensor<f32>
+      stablehlo.return %s : tensor<f32>
+    }) : (tensor<3x5xf32>, tensor<7xf32>) -> (tensor<3x5xf32>, tensor<7xf32>)
+    return %0#0, %0#1 : tensor<3x5xf32>, tensor<7xf32>
+  }
+}"""
+    (c,) = parse_stablehlo_collectives(text)
+    assert (c.name, c.kind, c.payload_bytes, c.group_size, c.dtype) == (
+        "main/%0",
+        "all-reduce",
+        15 * 4 + 7 * 4,
+        2,
+        "f32,s32",
+    )
+
+
+def test_stablehlo_dynamic_dimension_cannot_be_sized():
+    text = """module @m attributes {mhlo.num_partitions = 2 : i32} {
+  func.func public @main(%arg0: tensor<?x4xf32>) -> tensor<?x4xf32> {
+    %0 = "stablehlo.all_reduce"(%arg0) <{replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>}> ({
+    ^bb0(%x: tensor<f32>, %y: tensor<f32>):
+      %s = stablehlo.add %x, %y : tensor<f32>
+      stablehlo.return %s : tensor<f32>
+    }) : (tensor<?x4xf32>) -> tensor<?x4xf32>
+    return %0 : tensor<?x4xf32>
+  }
+}"""
+    with pytest.raises(ValueError, match=r"cannot size dynamic tensor tensor<\?x4xf32>"):
+        parse_stablehlo_collectives(text)
 
 
 # --------------------------------------------------------------------------
@@ -331,14 +376,14 @@ def test_live_psum_f32(mesh8):
     (c,) = parse_hlo_collectives(lowered.compile().as_text())
     assert (c.kind, c.payload_bytes, c.group_size, c.dtype) == ("all-reduce", 802816, 8, "f32")
     assert c.ring_bytes == pytest.approx(2 * 7 / 8 * 802816)
-    assert lowered_payload_bytes(lowered.as_text()) == 802816
+    assert lowered_payload_bytes(lowered.compiler_ir("stablehlo")) == 802816
 
 
 def test_live_psum_bf16_lowered_vs_compiled(mesh8):
     import jax.numpy as jnp
 
     lowered = _shard_map_psum(mesh8, jnp.bfloat16)
-    (low,) = parse_stablehlo_collectives(lowered.as_text())
+    (low,) = parse_stablehlo_collectives(lowered.compiler_ir("stablehlo"))
     (comp,) = parse_hlo_collectives(lowered.compile().as_text())
     assert (low.dtype, low.payload_bytes) == ("bf16", 401408)
     assert (comp.dtype, comp.payload_bytes) == ("f32", 802816)  # XLA:CPU promotes bf16
@@ -364,7 +409,7 @@ def test_live_dp_gradient_all_reduce(mesh8):
     assert {c.kind for c in cs} == {"all-reduce"} and all(c.group_size == 8 for c in cs)
     assert m["comm/payload_bytes_per_step"] == (784 * 256 + 256) * 4
     assert m["comm/bytes_per_step"] == pytest.approx(2 * 7 / 8 * (784 * 256 + 256) * 4)
-    assert parse_stablehlo_collectives(lowered.as_text()) == []  # GSPMD adds them later
+    assert parse_stablehlo_collectives(lowered.compiler_ir("stablehlo")) == []  # GSPMD adds them later
 
 
 def test_live_scan_psum_in_loop(mesh8):
@@ -378,6 +423,39 @@ def test_live_scan_psum_in_loop(mesh8):
     g = jax.shard_map(f, mesh=mesh8, in_specs=P("d"), out_specs=P("d"), check_vma=False)
     lowered = jax.jit(g).lower(jnp.ones((8 * 16, 4), jnp.float32))
     (compiled,) = parse_hlo_collectives(lowered.compile().as_text())
-    (low,) = parse_stablehlo_collectives(lowered.as_text())
+    (low,) = parse_stablehlo_collectives(lowered.compiler_ir("stablehlo"))
     for c in (compiled, low):
         assert (c.kind, c.payload_bytes, c.group_size, c.in_loop) == ("all-reduce", 16 * 4 * 4, 8, True)
+
+
+def test_live_module_and_its_text_agree(mesh8):
+    """The walk over ``compiler_ir("stablehlo")`` and over its printed text (parsed again) list the same
+    collectives, SSA names included: pmap, a loop, a tuple psum over two dtypes, all-to-all, psum_scatter."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    def sm(f, out=P("d")):
+        return jax.jit(jax.shard_map(f, mesh=mesh8, in_specs=P("d"), out_specs=out, check_vma=False))
+
+    x = jnp.ones((8 * 16, 4), jnp.float32)
+    ring = [(i, (i + 1) % 8) for i in range(8)]
+    lowered = {
+        "pmap": jax.pmap(lambda a: jax.lax.psum(a, "i"), axis_name="i").lower(jnp.ones((8, 16, 4))),
+        "fori": sm(lambda a: jax.lax.fori_loop(0, 3, lambda i, c: jax.lax.ppermute(c, "d", ring), a)).lower(x),
+        "tuple": sm(lambda a: jax.lax.psum((a, a.astype(jnp.int32)), "d"), P()).lower(x),
+        "a2a": sm(lambda a: jax.lax.all_to_all(a, "d", 0, 0, tiled=True)).lower(x),
+        "scatter": sm(lambda a: jax.lax.psum_scatter(a, "d", tiled=True)).lower(x),
+    }
+    got = {}
+    for key, low in lowered.items():
+        from_module = parse_stablehlo_collectives(low.compiler_ir("stablehlo"))
+        assert parse_stablehlo_collectives(low.as_text()) == from_module, key
+        got[key] = [(c.kind, c.payload_bytes, c.group_size, c.in_loop, c.dtype) for c in from_module]
+    assert got == {
+        "pmap": [("all-reduce", 256, 8, False, "f32")],
+        "fori": [("collective-permute", 256, 8, True, "f32")],
+        "tuple": [("all-reduce", 256, 8, False, "f32"), ("all-reduce", 256, 8, False, "s32")],  # one per leaf
+        "a2a": [("all-to-all", 256, 8, False, "f32")],
+        "scatter": [("reduce-scatter", 256, 8, False, "f32")],
+    }
