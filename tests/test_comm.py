@@ -321,13 +321,9 @@ def test_stablehlo_variadic_all_reduce():
   }
 }"""
     (c,) = parse_stablehlo_collectives(text)
-    assert (c.name, c.kind, c.payload_bytes, c.group_size, c.dtype) == (
-        "main/%0",
-        "all-reduce",
-        15 * 4 + 7 * 4,
-        2,
-        "f32,s32",
-    )
+    # results %0#0, %0#1: named %0; the payload is both operands
+    assert (c.name, c.kind, c.payload_bytes, c.group_size, c.dtype) == ("main/%0", "all-reduce", 88, 2, "f32")
+    assert c.payload_bytes == (15 + 7) * 4
 
 
 def test_stablehlo_dynamic_dimension_cannot_be_sized():

@@ -93,6 +93,8 @@ def test_data_parallel_bytes_exact(mode, accum_steps):
     payload = PARAM_BYTES + METRIC_SUM_BYTES  # 814128
     assert m["comm/payload_bytes_per_step"] == payload
     assert m["comm/bytes_per_step"] == 2 * 7 / 8 * payload  # 1424724.0
+    # the walk over the lowered module: pmap's and shard_map's psums are there; GSPMD adds jit_sharding's later
+    assert m["comm/payload_bytes_per_step_lowered"] == (0 if mode == "jit_sharding" else payload)
     assert payload_by_kind(collectives) == {"all-reduce": payload}
     assert all(c.group_size == 8 for c in collectives)
     assert m["comm/in_loop_count"] == 0
@@ -113,6 +115,9 @@ def test_fsdp_bytes_exact(accum_steps, grad_norm_every):
     assert by_kind == {"all-gather": SHARDED_BYTES, "reduce-scatter": SHARDED_BYTES, "all-reduce": all_reduce}
     assert m["comm/count/all-gather"] == m["comm/count/reduce-scatter"] == N_SHARDED_LEAVES
     assert m["comm/payload_bytes_per_step"] == 2 * SHARDED_BYTES + all_reduce  # 1628208 (1628220)
+    # the walk over the lowered module: the explicit gathers, scatters and 48 B of all-reduce (1628208); the
+    # norm's partial sums over sharded gradients are added by GSPMD at compile time
+    assert m["comm/payload_bytes_per_step_lowered"] == 2 * SHARDED_BYTES + REPLICATED_BYTES + METRIC_SUM_BYTES
     assert m["comm/bytes_per_step"] == 7 / 8 * 2 * SHARDED_BYTES + 2 * 7 / 8 * all_reduce  # 1424724.0 (1424745.0)
     assert m["comm/in_loop_count"] == 0  # K=4: gathered once before, reduced once after the microbatch loop
 
