@@ -9,6 +9,7 @@ collectives only at compile time, so a lowered module shows only the explicit on
 from __future__ import annotations
 
 import re
+from typing import Iterable, Sequence, cast
 
 from jax.extend.mlir import ir
 from jax.interpreters import mlir as jax_mlir
@@ -45,7 +46,7 @@ def _dtype(element_type: ir.Type) -> str:
     return elem.lower()
 
 
-def _arrays(values) -> list[Array]:
+def _arrays(values: Iterable[ir.Value]) -> list[Array]:
     """The tensors among ``values`` (tokens carry no bytes); a dynamic dimension raises ValueError."""
     out = []
     for value in values:
@@ -65,9 +66,10 @@ def _group_size(op: ir.Operation, kind: str, name: str, num_devices: int | None,
     if kind == "collective-permute":
         if "source_target_pairs" not in attrs:
             return 0
-        vals = list(attrs["source_target_pairs"])
+        # a sequence of ints at run time (a splat expands to every element); the type stub omits __getitem__
+        vals = list(cast(Sequence[int], ir.DenseIntElementsAttr(attrs["source_target_pairs"])))
         return permute_group_size(list(zip(vals[::2], vals[1::2])))
-    shape = attrs["replica_groups"].type.shape if "replica_groups" in attrs else []
+    shape = ir.ShapedType(attrs["replica_groups"].type).shape if "replica_groups" in attrs else []
     if len(shape) == 2 and shape[0] * shape[1] > 0:
         return shape[1]
     return all_devices(num_devices, counts, name)
@@ -95,25 +97,25 @@ def parse_stablehlo_collectives(module: ir.Module | str, num_devices: int | None
     """
     module = _as_module(module)
     attrs = module.operation.attributes
-    counts = [attrs[k].value for k in ("mhlo.num_partitions", "mhlo.num_replicas") if k in attrs]
+    counts = [ir.IntegerAttr(attrs[k]).value for k in ("mhlo.num_partitions", "mhlo.num_replicas") if k in attrs]
     found: list[tuple[str, ir.Operation, bool]] = []  # (function, op, inside a while of that function)
     calls: list[tuple[str, str, bool]] = []  # (caller, callee, inside a while of the caller)
 
     def walk(op: ir.Operation, func: str, in_loop: bool) -> None:
         for region in op.regions:
             for block in region.blocks:
-                for inner in block.operations:
-                    inner = inner.operation
+                for view in block.operations:
+                    inner = view.operation
                     if inner.name in _OPS:
                         found.append((func, inner, in_loop))
                     elif inner.name == "func.call":
-                        calls.append((func, inner.attributes["callee"].value, in_loop))
+                        calls.append((func, ir.FlatSymbolRefAttr(inner.attributes["callee"]).value, in_loop))
                     walk(inner, func, in_loop or inner.name in _WHILE_OPS)
 
-    for op in module.body.operations:
-        op = op.operation
-        func = op.attributes["sym_name"].value if op.name == "func.func" else "module"
-        walk(op, func, False)
+    for view in module.body.operations:
+        top = view.operation
+        func = ir.StringAttr(top.attributes["sym_name"]).value if top.name == "func.func" else "module"
+        walk(top, func, False)
     looped: set[str] = set()  # functions called, directly or through others, from inside a while
     while new := {callee for caller, callee, in_loop in calls if in_loop or caller in looped} - looped:
         looped |= new
