@@ -1,15 +1,17 @@
-# make lint: ruff check + ruff format --check (make format rewrites); make typecheck: mypy on core/ and parallel/
-# make test-unit: the quick tier to run while editing (in-process unit tests, no subprocesses)
+# make lint: ruff check + ruff format --check + make typecheck (make format rewrites); make typecheck: mypy on core/, parallel/, measure/
+# make test-unit: the quick tier to run while editing: tests marked `unit` (in-process; tests/conftest.py fails one that starts a process)
 # make test: exactly what CI runs (the README's test command).
 .PHONY: lint format typecheck test test-unit
 lint:
 	ruff check .
 	ruff format --check .
+	$(MAKE) --no-print-directory typecheck
+typecheck:
+	mypy
 format:
 	ruff format .
 	ruff check --fix .
 test-unit:
-	python -m pytest -q -p no:cacheprovider tests/test_config.py tests/test_throughput.py tests/test_report.py tests/test_project.py tests/test_comm.py \
-		tests/test_layers.py tests/test_loop.py
+	python -m pytest -q -p no:cacheprovider -m "unit and not slow"
 test:
 	python -m pytest -q -m "not slow"

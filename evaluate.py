@@ -81,7 +81,7 @@ def load_test_split(cfg):
         return synthetic_eval(d.image_shape, d.num_classes, d.eval_size, cfg.train.seed)
     if not d.tfds_name:
         raise ConfigError(f"data={d.name} has no data.tfds_name; set it")
-    return load_tfds_split(d.tfds_name, "test", d.data_dir, d.cache_dir)
+    return load_tfds_split(d.tfds_name, "test", d.data_dir, d.cache_dir, download=d.download)
 
 
 def compose_eval_config(saved_cfg: dict, overrides: Sequence[str] = ()):
@@ -156,6 +156,32 @@ def compose_eval_config(saved_cfg: dict, overrides: Sequence[str] = ()):
         GlobalHydra.instance().clear()
 
 
+# Keys that fix what the saved parameters compute (their shapes or the function): an evaluation cannot change
+# them. ``model.dropout`` (off in evaluation) and ``model.init_std`` (initialisation only) may differ.
+MODEL_KEYS_EXEMPT = ("dropout", "init_std")
+DATA_SHAPE_KEYS = ("image_shape", "num_classes")
+
+
+def model_changes(saved_cfg: dict, cfg) -> list[str]:
+    """``key: saved -> now`` for every ``model.*`` key (but ``MODEL_KEYS_EXEMPT``) and ``data.image_shape`` /
+    ``data.num_classes`` where the evaluation's typed config ``cfg`` differs from the checkpoint's saved config
+    (keys the saved config lacks are not compared); another ``model.name`` alone when the model differs."""
+    from conf.schema import as_dict
+
+    now = as_dict(cfg)
+    saved_model = saved_cfg.get("model", {})
+    if "name" in saved_model and saved_model["name"] != now["model"]["name"]:  # another model: its name says it
+        return [f"model.name: {saved_model['name']!r} -> {now['model']['name']!r}"]
+    pairs = [("model", k) for k in saved_model if k not in MODEL_KEYS_EXEMPT]
+    pairs += [("data", k) for k in DATA_SHAPE_KEYS if k in saved_cfg.get("data", {})]
+    out = []
+    for group, key in pairs:
+        old, new = saved_cfg[group][key], now.get(group, {}).get(key)
+        if old != new:
+            out.append(f"{group}.{key}: {old!r} -> {new!r}")
+    return out
+
+
 def evaluate_checkpoint(path: Path, overrides: Sequence[str] = ()) -> dict:
     """Restores the checkpoint at ``path`` onto this process's devices and evaluates it on the test split.
 
@@ -172,6 +198,12 @@ def evaluate_checkpoint(path: Path, overrides: Sequence[str] = ()) -> dict:
     except (OSError, ValueError) as e:
         raise ConfigError(f"checkpoint {step_dir} has no readable metadata ({e})") from None
     cfg = compose_eval_config(saved.get("config", {}), overrides)
+    changed = model_changes(saved.get("config", {}), cfg)
+    if changed:
+        raise ConfigError(
+            f"checkpoint {step_dir} holds a model trained with other settings ({'; '.join(changed)}); "
+            f"evaluate it with its own: leave out these overrides"
+        )
     # simulated CPU devices / XLA flags, before the backend starts; a bad jax.distributed setting: one line
     setup_runtime(cfg).raise_error()
 
@@ -193,8 +225,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "overrides", nargs="*", help="config overrides as for train.py, e.g. mesh.devices=1 parallel=pmap"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a line")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # --json before, between or after the overrides
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from training.console_lines import quiet_known_noise
+
+    quiet_known_noise()  # as train.py: the TPU probe, TFDS's OpenCV notice and its look for unprepared data
 
     from core.errors import ConfigError, DataError
 

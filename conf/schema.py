@@ -604,6 +604,21 @@ def _first_line(text: str) -> str:
     return next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
 
 
+# Characters Hydra's override grammar reads as syntax (or cannot lex) in an unquoted value: a path holding one
+# must be quoted inside the shell's quotes ('key="a b"').
+_NEEDS_QUOTES = re.compile(r"[\s()\[\]{}=,'\"#%:$\\]|[^\x00-\x7f]")
+
+
+def _quote_hint(override: str) -> str:
+    """``; quote the value: 'key="value"'`` for an unquoted override value Hydra cannot parse because of a
+    space, a bracket or another character of its grammar (also any non-ASCII letter); else ``""`` (also for
+    a value that starts as a list or dict: a typo there is not a quoting matter)."""
+    key, sep, value = str(override).partition("=")
+    if not sep or not value or value[0] in "'\"[{" or '"' in value or not _NEEDS_QUOTES.search(value):
+        return ""
+    return f"; quote the value for Hydra inside the shell's quotes: '{key}=\"{value}\"'"
+
+
 # Groups whose options only set existing keys: an unlisted value can be given through the key itself.
 GROUP_KEYS = {"accum": "train.accum_steps", "mesh": "mesh.devices / mesh.shape"}
 
@@ -627,7 +642,7 @@ def one_line(e: BaseException) -> str:
         other = f" (or set {key} directly)" if key else ""
         return f"{group}={value} is not an option of group {group}; choose one of {', '.join(options)}{other}{hint}"
     if isinstance(e, OverrideParseException):
-        return f"cannot parse the override {e.override!r}: {_first_line(str(e))}"
+        return f"cannot parse the override {e.override!r}: {_first_line(str(e))}{_quote_hint(e.override)}"
     cause = e.__cause__ if isinstance(e, ConfigCompositionException) else e
     text = str(e)
     if isinstance(e, ConfigCompositionException) and "Ambiguous value for argument" in text:

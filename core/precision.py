@@ -7,6 +7,8 @@ scale (never below 1); after ``growth_interval`` consecutive finite steps double
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Self
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -22,6 +24,10 @@ class LossScaleState:
     scale: jax.Array
     good_steps: jax.Array
     skipped: jax.Array
+
+    if TYPE_CHECKING:  # flax.struct.dataclass adds replace() at run time; declared here for the type checker
+
+        def replace(self, **updates: Any) -> Self: ...
 
 
 def init_loss_scale(mode: str, init_scale: float) -> LossScaleState:

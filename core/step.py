@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Self
 
 import jax
 import jax.numpy as jnp
@@ -58,6 +58,10 @@ class TrainState:
     opt_state: Any
     loss_scale: LossScaleState
     grad_residual: Any = None  # int8 error feedback (parallel.compress.init_residual)
+
+    if TYPE_CHECKING:  # flax.struct.dataclass adds replace() at run time; declared here for the type checker
+
+        def replace(self, **updates: Any) -> Self: ...
 
 
 def create_state(params, tx: optax.GradientTransformation, loss_scale: LossScaleState) -> TrainState:
@@ -112,6 +116,7 @@ class LocalGrads:
         keys = example_keys_B if self.use_example_keys else None
         image = batch["image"]
         if self.augment is not None:
+            assert example_keys_B is not None  # needs_keys holds whenever augment is set
             image = augment_images(image, example_keys_B, self.augment)
 
         def loss_fn(p):
@@ -216,6 +221,7 @@ class Updater:
         params = optax.apply_updates(state.params, updates)
         loss_scale = state.loss_scale
         if scaling:  # skip a non-finite step: params and optimizer state unchanged
+            assert grad_norm is not None  # loss scaling forces grad_norm_period 1: the norm of every step
             finite = jnp.isfinite(grad_norm)
             keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
             params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)

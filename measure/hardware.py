@@ -18,7 +18,7 @@ imports neither JAX nor Hydra.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from omegaconf import OmegaConf
 
@@ -57,7 +57,7 @@ def load_profile(name: str, profile_dir: Path = PROFILE_DIR) -> dict[str, Any]:
     raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     out: dict[str, Any] = {"name": name, "source": "", "device_kinds": []}
     out.update({key: None for key in NUMERIC_FIELDS})
-    out.update(raw or {})
+    out.update(cast(dict[str, Any], raw) or {})  # a profile file is a mapping
     return out
 
 

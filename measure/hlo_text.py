@@ -12,25 +12,24 @@ import re
 from typing import Iterator
 
 from measure.collectives import Array, Collective, all_devices, dtype_label, parse_dim, permute_group_size
-from measure.text_scan import blank_strings, match_close
+from measure.text_scan import blank_strings, match_close, skip_whitespace
 
 _ARRAY_RE = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]")
-_WS_RE = re.compile(r"\s*")
 _COMMENT_RE = re.compile(r"/\*.*?\*/", re.DOTALL)
 
 
 def _parse_shape(s: str, i: int = 0) -> tuple[Array | list, int]:
     """Parse an HLO shape starting at ``s[i]``; returns (shape, end index)."""
-    i = _WS_RE.match(s, i).end()
+    i = skip_whitespace(s, i)
     if s.startswith("(", i):
         elems: list = []
-        i = _WS_RE.match(s, i + 1).end()
+        i = skip_whitespace(s, i + 1)
         if s.startswith(")", i):
             return elems, i + 1
         while True:
             elem, i = _parse_shape(s, i)
             elems.append(elem)
-            i = _WS_RE.match(s, i).end()
+            i = skip_whitespace(s, i)
             if s.startswith(",", i):
                 i += 1
             elif s.startswith(")", i):

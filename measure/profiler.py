@@ -82,7 +82,8 @@ def collective_kind(name: str, known: Optional[Mapping[str, str]] = None) -> Opt
 
 def _union_us(intervals: list[tuple[float, float]]) -> float:
     """Total length of the union of ``[start, end)`` intervals (microseconds)."""
-    total, cur_start, cur_end = 0.0, None, None
+    total, cur_start = 0.0, 0.0
+    cur_end: Optional[float] = None
     for start, end in sorted(intervals):
         if cur_end is None or start > cur_end:
             if cur_end is not None:

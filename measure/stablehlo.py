@@ -9,9 +9,8 @@ from __future__ import annotations
 import re
 
 from measure.collectives import Array, Collective, all_devices, dtype_label, parse_dim, permute_group_size
-from measure.text_scan import blank_strings_keep_len, match_close, statement_end
+from measure.text_scan import blank_strings_keep_len, match_close, skip_whitespace, statement_end
 
-_WS_RE = re.compile(r"\s*")
 _MLIR_OPS: dict[str, str] = {
     "all_reduce": "all-reduce",
     "all_gather": "all-gather",
@@ -99,11 +98,11 @@ def _mlir_while_span(text: str, m: re.Match) -> tuple[int, int]:
             raise ValueError("stablehlo.while: 'cond' region without 'do' region")
         return m.start(), match_close(text, body.end() - 1)
     # Generic form: `"stablehlo.while"(...) [attrs] ({cond}, {body}) : ...`.
-    i = _WS_RE.match(text, args_end + 1).end()
+    i = skip_whitespace(text, args_end + 1)
     if text.startswith("<{", i):
-        i = _WS_RE.match(text, match_close(text, i + 1) + 2).end()
+        i = skip_whitespace(text, match_close(text, i + 1) + 2)
     elif text.startswith("{", i):
-        i = _WS_RE.match(text, match_close(text, i) + 1).end()
+        i = skip_whitespace(text, match_close(text, i) + 1)
     if not text.startswith("(", i):
         raise ValueError(f"stablehlo.while without regions near {text[m.start() : m.start() + 80]!r}")
     return m.start(), match_close(text, i)

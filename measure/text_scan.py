@@ -7,6 +7,13 @@ from __future__ import annotations
 import re
 
 STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"')
+_WS_RE = re.compile(r"\s*")
+
+
+def skip_whitespace(text: str, i: int) -> int:
+    """The index of the first non-whitespace character of ``text`` at or after ``i`` (``len(text)`` if none)."""
+    m = _WS_RE.match(text, i)
+    return m.end() if m else i  # r"\s*" matches (possibly empty) at every position: m is never None
 
 
 def blank_strings(text: str) -> str:

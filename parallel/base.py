@@ -171,8 +171,10 @@ class ParallelMode(abc.ABC):
 
     def finite_flags(self, state: TrainState) -> tuple[bool, bool]:
         """(params all finite, optimizer state all finite) of the placed state (one small device op)."""
-        flags = _finite_flags(state.params, state.opt_state)
-        return tuple(bool(np.asarray(f.addressable_data(0))) for f in flags)
+        params_ok, opt_ok = (
+            bool(np.asarray(f.addressable_data(0))) for f in _finite_flags(state.params, state.opt_state)
+        )
+        return params_ok, opt_ok
 
     # ---- the step --------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -253,7 +255,8 @@ def host_finite_flags(params, opt_state) -> tuple[bool, bool]:
         np.asarray(jax.device_get(x.addressable_shards[0].data)) if isinstance(x, jax.Array) else np.asarray(x)
     )
     host = jax.tree.map(first, (params, opt_state))
-    return tuple(
+    params_ok, opt_ok = (
         bool(all(np.all(np.isfinite(x)) for x in jax.tree.leaves(t) if np.issubdtype(x.dtype, np.inexact)))
         for t in host
     )
+    return params_ok, opt_ok

@@ -1,8 +1,10 @@
 """Test set-up: 8 simulated CPU devices, forced before jax is first imported; shared fixtures."""
 
+import _posixsubprocess
 import atexit
 import os
 import shutil
+import subprocess
 import tempfile
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
@@ -24,6 +26,48 @@ SHARED_TFDS = os.path.join(os.path.dirname(REPO), "shared", "tensorflow_datasets
 
 def pytest_configure(config):
     assert len(jax.devices()) == 8, "tests need 8 simulated CPU devices (set before jax is imported)"
+
+
+class UnitTestStartedProcess(RuntimeError):
+    """Raised when a test marked ``unit`` (the ``make test-unit`` tier) starts a process."""
+
+
+# Every way a Python process starts another: subprocess through its own reference to
+# _posixsubprocess.fork_exec (or os.posix_spawn), multiprocessing's spawn/forkserver through
+# _posixsubprocess.fork_exec, its fork through os.fork; os.system directly.
+_PROCESS_STARTERS = [
+    (subprocess, "_fork_exec"),
+    (_posixsubprocess, "fork_exec"),
+    (os, "fork"),
+    (os, "forkpty"),
+    (os, "system"),
+    (os, "posix_spawn"),
+    (os, "posix_spawnp"),
+]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test marked ``unit`` runs (setup, call and teardown, module fixtures it first needs included) with
+    every process starter replaced by one that raises :class:`UnitTestStartedProcess`: the quick tier's
+    "in-process, no subprocesses" holds by construction, not by review."""
+    if item.get_closest_marker("unit") is None:
+        return (yield)
+
+    def refuse(*args, **kwargs):
+        raise UnitTestStartedProcess(
+            f"{item.nodeid} is marked `unit` (make test-unit: in-process only) but started a process; "
+            "drop its `unit` marker or test the code in-process"
+        )
+
+    saved = [(mod, name, getattr(mod, name)) for mod, name in _PROCESS_STARTERS if hasattr(mod, name)]
+    for mod, name, _ in saved:
+        setattr(mod, name, refuse)
+    try:
+        return (yield)
+    finally:
+        for mod, name, original in saved:
+            setattr(mod, name, original)
 
 
 @pytest.fixture

@@ -75,6 +75,7 @@ def test_k4_reduces_each_gradient_once_outside_the_loop(mode):
         assert sum(c.payload_bytes for c in reduce_kinds) == param_bytes + 8
 
 
+@pytest.mark.unit
 def test_global_batch_must_divide_by_k_times_devices():
     from parallel import ConfigError
     from training.build import plan

@@ -300,6 +300,7 @@ def test_restore_rejects_another_model(tmp_path):
         checkpoint.restore_step(step_dir, other.mode, other.state)
 
 
+@pytest.mark.unit
 def test_checkpoint_of_the_nnx_state_format_names_its_version(tmp_path):
     """Checkpoints written before the parameters became plain dicts hold '<name>.value' leaves."""
     cfg = make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 2}})
@@ -357,6 +358,7 @@ def test_nan_params_are_never_saved(tmp_path, capsys, monkeypatch):
     np.testing.assert_array_equal(np.asarray(host.params["hidden"]["kernel"]), arrays["params.hidden.kernel"])
 
 
+@pytest.mark.unit
 def test_nan_guard_in_saver(tmp_path):
     exp = build(plan(make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 4}, "parallel": {"name": "pmap"}})))
     saver = checkpoint.Saver(tmp_path / "ckpt", keep=3)
@@ -375,6 +377,7 @@ def test_nan_guard_in_saver(tmp_path):
 
 
 # tensorstore's pending reads of the broken folder complete on orbax's closed event loop: harmless noise.
+@pytest.mark.unit
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_truncated_checkpoint_is_skipped_with_warning(tmp_path, capsys):
     cfg = make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 2}, "parallel": {"name": "fsdp"}})
@@ -417,6 +420,7 @@ def test_truncated_checkpoint_is_skipped_with_warning(tmp_path, capsys):
 
 
 # ---- settings ---------------------------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_settings_are_validated(tmp_path):
     with pytest.raises(ConfigError, match=r"^checkpoint\.every=-1 must be >= 0"):
         checkpoint.prepare(CheckpointConfig(every=-1), tmp_path)
@@ -468,6 +472,7 @@ def test_evaluate_matches_the_runs_final_eval(tmp_path):
 
 
 # ---- metrics.jsonl continuation, data-order warnings ---------------------------------------------------------
+@pytest.mark.unit
 def test_metrics_continue_without_repeats_or_gaps(tmp_path):
     from training.report import Reporter
 
@@ -500,6 +505,7 @@ def test_metrics_continue_without_repeats_or_gaps(tmp_path):
     assert Reporter(fin).continue_metrics(None, 5, 5) == 1
 
 
+@pytest.mark.unit
 def test_data_order_warnings():
     saved = {"global_batch": 256, "steps_per_epoch": 234, "config": {"train": {"seed": 0}, "data": {"name": "mnist"}}}
     same = dict(global_batch=256, seed=0, steps_per_epoch=234, data="mnist")
@@ -512,6 +518,7 @@ def test_data_order_warnings():
     ]
 
 
+@pytest.mark.unit
 def test_config_changes_are_listed():
     saved = as_dict(make_cfg())
     now = as_dict(

@@ -18,6 +18,8 @@ from measure.collectives import KINDS, Collective, comm_metrics
 from measure.hlo_text import parse_hlo_collectives
 from measure.stablehlo import lowered_payload_bytes, parse_stablehlo_collectives
 
+pytestmark = pytest.mark.unit  # all in-process and quick: make test-unit runs them
+
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hlo"
 
 F32_784x256 = 784 * 256 * 4  # 802816 bytes

@@ -40,6 +40,7 @@ def entries(folder: Path) -> set[str]:
     return {p.name for p in folder.iterdir() if p.name.endswith("-cache")} if folder.exists() else set()
 
 
+@pytest.mark.unit
 def test_default_folder_follows_the_environment_and_null_turns_it_off():
     register()
     with initialize_config_dir(config_dir=os.path.join(REPO, "conf"), version_base="1.3"):
@@ -58,6 +59,7 @@ def test_default_folder_follows_the_environment_and_null_turns_it_off():
     assert home_default == os.path.join(cache_home, "dp_scaling", "jax_compilation_cache")
 
 
+@pytest.mark.unit
 def test_keys_set_jax_config_and_null_disables(tmp_path, restore_cache_config):
     folder = configure_compilation_cache(str(tmp_path / "c"), 0.25, 128)
     assert folder == str(tmp_path / "c")
@@ -72,6 +74,7 @@ def test_keys_set_jax_config_and_null_disables(tmp_path, restore_cache_config):
         cache_settings("x", -1, 0)
 
 
+@pytest.mark.unit
 def test_second_compile_is_read_from_the_cache(tmp_path, restore_cache_config):
     hits = []
     jax.monitoring.register_event_listener(lambda event, **_: hits.append(event))

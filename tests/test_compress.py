@@ -73,6 +73,7 @@ SCALES = 4 * L_LEAVES  # one float32 scale per array, pmax-ed
 INT8_PAYLOAD = 2 * PADDED + SCALES + METRICS_BYTES  # all-to-all + all-gather (int8) + scales + metric sums
 
 
+@pytest.mark.unit
 def test_bytes_implicit_reduction():
     m = step_comm()
     # jit_sharding's own reduction is inserted by GSPMD at compile time: invisible in the lowered module.
@@ -80,6 +81,7 @@ def test_bytes_implicit_reduction():
     assert m["comm/payload_bytes_per_step"] == F32_PAYLOAD == 814128
 
 
+@pytest.mark.unit
 def test_bytes_float32_explicit():
     m = step_comm(grad_reduce_dtype="float32")
     # explicit shard_map psum: lowered payload = the param bytes (+ the metric sums), one all-reduce.
@@ -89,6 +91,7 @@ def test_bytes_float32_explicit():
     assert m["comm/count/all-reduce"] == 1
 
 
+@pytest.mark.unit
 def test_bytes_bfloat16_halves_lowered():
     m = step_comm(grad_reduce_dtype="bfloat16")
     # the lowered gradient payload halves; XLA:CPU promotes the bf16 all-reduce to float32 when compiling, so
@@ -158,6 +161,7 @@ def _zeros(shape):
     return jax.tree.map(jnp.asarray, init_residual({"a": np.zeros(shape, np.float32)}, N))
 
 
+@pytest.mark.unit
 def test_no_overflow_8_devices_holding_100():
     x = jnp.full((N, 5), 100.0, jnp.float32)  # 8 x 127 = 1016 would wrap around in an int8 sum
     mean, _, scales = _int8_fn(False)(x, _zeros((5,)))
@@ -171,6 +175,7 @@ def test_no_overflow_8_devices_holding_100():
     assert int(wrap(jnp.full((N, 1), 127, jnp.int8))[0]) == (8 * 127 + 128) % 256 - 128 == -8
 
 
+@pytest.mark.unit
 def test_int8_mean_within_one_step_without_feedback():
     rng = np.random.default_rng(1)
     x = rng.normal(size=(N, 1001)).astype(np.float32) * rng.uniform(0.1, 10, size=(N, 1)).astype(np.float32)
@@ -181,6 +186,7 @@ def test_int8_mean_within_one_step_without_feedback():
     assert err.max() <= s * (1 + 1e-5)  # s/2 (phase 1, averaged) + s/2 (re-quantisation)
 
 
+@pytest.mark.unit
 def test_error_feedback_sum_of_10_gradients():
     """sum_t transmitted_t = sum_t mean_t - mean_d(worker residual_T) - server residual_T, so the error of the
     sum is within one quantisation step s_T of the last step; without feedback it grows with t."""
@@ -208,6 +214,7 @@ def test_error_feedback_sum_of_10_gradients():
     assert abs(sent_plain[1] - true[1]) > 2.5 * s_last > err[1]
 
 
+@pytest.mark.unit
 def test_nonfinite_step_returns_nan_and_keeps_residual():
     fn = _int8_fn(True)
     res = jax.tree.map(lambda v: v + 0.25, _zeros((16,)))
@@ -246,6 +253,7 @@ def test_int8_training_matches_reference_and_residual_is_per_device(mode):
     assert exp.mode.replica_divergence((exp.state.params, exp.state.opt_state)) == 0.0
 
 
+@pytest.mark.unit
 def test_adapt_residual_resets_on_other_device_count(caplog):
     params = {"w": np.zeros((10, 3), np.float32), "b": np.zeros(3, np.float32)}  # 33 elements
     saved = {k: v + 1.0 for k, v in init_residual(params, 8).items()}  # worker [8, 40], server [8, 5]
@@ -262,6 +270,7 @@ def test_adapt_residual_resets_on_other_device_count(caplog):
 # ---------------------------------------------------------------------------------------------------------
 # validation
 # ---------------------------------------------------------------------------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "parallel,expected",
     [
@@ -283,6 +292,7 @@ def test_bad_options_are_config_errors(parallel, expected):
     assert str(e.value) == expected
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "parallel,expected",
     [

@@ -17,6 +17,7 @@ def _typed(*overrides: str):
         return to_typed(compose(config_name="config", overrides=list(overrides)))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "override, message",
     [
@@ -41,6 +42,7 @@ def test_unknown_key_is_one_line(override, message):
     assert str(e.value) == message
 
 
+@pytest.mark.unit
 def test_known_keys_pass():
     cfg = _typed("optim.lr=0.5", "train.steps=3", "+sweep=precision")
     assert (cfg.optim.lr, cfg.train.steps) == (0.5, 3)

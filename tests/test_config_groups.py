@@ -61,6 +61,7 @@ def _error(*overrides: str) -> str:
 
 
 # ---- one schema per model and per parallel mode ---------------------------------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "option, expected",
     [
@@ -74,6 +75,7 @@ def test_each_model_has_its_own_keys_with_schema_defaults(option, expected):
     assert _typed(f"model={option}").model == expected
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "option, expected",
     [
@@ -85,6 +87,7 @@ def test_each_mode_has_its_own_keys(option, expected):
     assert _typed(f"parallel={option}").parallel == expected
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "overrides, message",
     [
@@ -140,6 +143,7 @@ def test_model_keys_reach_the_model_builder():
     assert model.__class__.__name__ == "CNN"
 
 
+@pytest.mark.unit
 def test_from_dict_is_strict_unless_lenient():
     old_cnn = {
         "name": "cnn",
@@ -162,6 +166,7 @@ def test_from_dict_is_strict_unless_lenient():
         schema.from_dict({"model": {"name": "cnx"}})
 
 
+@pytest.mark.unit
 def test_resume_policy_ignores_keys_only_the_old_union_schema_had():
     from training.checkpoint import resume_conflicts
 
@@ -406,6 +411,7 @@ def test_a_wrong_choice_lists_the_choices(override, message):
     assert _error(override) == message
 
 
+@pytest.mark.unit
 def test_enum_values_are_plain_strings_in_code_yaml_and_saved_config():
     cfg = _compose("precision=fp16", "optim=sgd", "optim.schedule=cosine", "optim.decay_steps=10")
     assert "compute_dtype: float16\n" in OmegaConf.to_yaml(cfg) and "loss_scale: dynamic\n" in OmegaConf.to_yaml(cfg)
@@ -423,6 +429,7 @@ def test_enum_values_are_plain_strings_in_code_yaml_and_saved_config():
     assert json.loads(json.dumps(schema.as_dict(typed)))["precision"]["loss_scale"] == "dynamic"
 
 
+@pytest.mark.unit
 def test_enums_match_the_libraries_choices():
     from models.mlp import ACTIVATIONS
     from parallel.compress import COMPRESSIONS
@@ -449,6 +456,7 @@ def test_enums_match_the_libraries_choices():
 
 
 # ---- recipes under conf/experiment ----------------------------------------------------------------------------
+@pytest.mark.unit
 def test_cnn_recipe_is_an_experiment_and_model_cnn_is_only_the_model():
     recipe = _typed("+experiment=cnn_mnist")
     assert recipe.model == CNNConfig(width=16, dropout=0.0)
@@ -487,6 +495,7 @@ def test_cnn_recipe_is_an_experiment_and_model_cnn_is_only_the_model():
     )
 
 
+@pytest.mark.unit
 def test_model_options_hold_no_values_the_schema_does_not():
     """conf/model/*.yaml and conf/parallel/*.yaml only pick their schema: the defaults live in conf/schema.py."""
     for group in ("model", "parallel"):
@@ -495,11 +504,13 @@ def test_model_options_hold_no_values_the_schema_does_not():
 
 
 # ---- accum= and mesh= groups --------------------------------------------------------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 def test_accum_group_sets_accum_steps(k):
     assert _typed(f"accum={k}").train.accum_steps == k
 
 
+@pytest.mark.unit
 def test_accum_key_wins_and_other_counts_go_through_the_key():
     assert _typed().train.accum_steps == 1
     assert _typed("accum=4", "train.accum_steps=3").train.accum_steps == 3
@@ -509,12 +520,14 @@ def test_accum_key_wins_and_other_counts_go_through_the_key():
     )
 
 
+@pytest.mark.unit
 def test_quote_numeric_options():
     assert quote_numeric_options(
         ["accum=4", "-m", "accum=1,2,4,8", "+accum=2", "train.steps=5", "mesh=data", "accum=x"], CONF
     ) == ["accum='4'", "-m", "accum='1','2','4','8'", "+accum='2'", "train.steps=5", "mesh=data", "accum=x"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "option, devices, shape",
     [
@@ -529,11 +542,13 @@ def test_mesh_presets(option, devices, shape):
     assert (mesh.devices, mesh.shape) == (devices, shape)
 
 
+@pytest.mark.unit
 def test_mesh_keys_override_the_preset():
     mesh = _typed("mesh=fsdp", "mesh.devices=4").mesh
     assert (mesh.devices, mesh.shape) == (4, [1, -1])
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "overrides, result",
     [
@@ -600,6 +615,7 @@ def test_sweep_presets_compose_every_value():
 
 
 # ---- Hydra's multi-line errors become one line --------------------------------------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "overrides, message",
     [
@@ -647,6 +663,7 @@ def test_composition_errors_are_one_line(overrides, message):
     assert _error(*overrides) == message
 
 
+@pytest.mark.unit
 def test_every_message_is_one_line():
     cases = [
         ["model=cnn", "model.hidden=1"],

@@ -39,6 +39,7 @@ def _find(panels, y):
     return hits[0]
 
 
+@pytest.mark.unit
 def test_workspace_spec_panels_and_group_filter():
     workspace = build_workspace_spec("my-entity", "my-project", "sweep-42")
     assert isinstance(workspace, ws.Workspace)
@@ -89,11 +90,13 @@ def test_workspace_spec_panels_and_group_filter():
     assert workspace.runset_settings.filters == "Metric(\"Group\") == 'sweep-42'"
 
 
+@pytest.mark.unit
 def test_group_with_quote_is_rejected():
     with pytest.raises(ValueError, match="quotes"):
         build_workspace_spec("e", "p", "it's")
 
 
+@pytest.mark.unit
 def test_workspace_objects_use_expected_metric_keys():
     workspace = build_workspace_spec("e", "p", "g", groupby="parallel.name")
     panels = [p for s in workspace.sections for p in s.panels]
@@ -155,6 +158,7 @@ def _fake_multirun(root: Path) -> Path:
     return root
 
 
+@pytest.mark.unit
 def test_read_multirun_groups_by_configuration_not_seed(tmp_path):
     from sweeps.dashboard import read_multirun
 

@@ -28,6 +28,7 @@ def cache_dir(tmp_path_factory):
     return os.path.expanduser("~/.cache/dp_scaling")
 
 
+@pytest.mark.unit
 def test_one_epoch_visits_59904_distinct_examples_and_repeats_with_the_seed():
     ds = HostDataset(np.zeros((60000, 1, 1, 1), np.uint8), np.zeros(60000, np.int32))
     src = TrainSource(ds, 256, seed=0)
@@ -42,6 +43,7 @@ def test_one_epoch_visits_59904_distinct_examples_and_repeats_with_the_seed():
     assert not np.array_equal(epoch0[:256], other_seed.global_indices(0))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("processes", [1, 2, 4, 8])
 def test_process_slices_make_up_the_global_batch(processes):
     ds = random_dataset(4096)
@@ -53,6 +55,7 @@ def test_process_slices_make_up_the_global_batch(processes):
         assert np.array_equal(np.concatenate(parts), src.global_indices(step))  # contiguous, in order
 
 
+@pytest.mark.unit
 def test_eval_batch_is_padded_to_a_multiple_of_the_devices():
     assert eval_batch_size(999, 8, 1) == 1000
     assert eval_batch_size(1000, 8, 1) == 1000
@@ -85,6 +88,7 @@ def test_evaluation_is_exact_for_any_batch_and_device_count(mode, trained_host_s
         assert abs(r["eval/loss"] - ref["eval/loss"]) <= 1e-6, key
 
 
+@pytest.mark.unit
 def test_missing_dataset_is_one_line_with_the_ways_out(tmp_path):
     with pytest.raises(DataError) as err:
         load_tfds_split("mnist", "train", str(tmp_path / "nowhere"), str(tmp_path / "cache"))
@@ -93,6 +97,7 @@ def test_missing_dataset_is_one_line_with_the_ways_out(tmp_path):
     assert "TFDS_DATA_DIR" in msg and "data=synthetic" in msg
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(not SHARED_TFDS.exists(), reason="needs the prepared MNIST copy in ../shared")
 def test_decoded_arrays_are_cached(tmp_path):
     first = load_tfds_split("mnist", "test", str(SHARED_TFDS), str(tmp_path))

@@ -104,6 +104,7 @@ def _records(run_dir) -> list[dict]:
 # ---- TFDS datasets: configs -----------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_dataset_options_compose_with_their_shapes():
     import os
 
@@ -136,6 +137,7 @@ def test_dataset_options_compose_with_their_shapes():
 # ---- TFDS datasets: real prepared files ------------------------------------------------------------------
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", list(FAKE))
 def test_prepared_split_reads_back_exactly_then_from_the_cache(name, prepared, tmp_path, monkeypatch):
     data_dir, data = prepared[name]
@@ -189,6 +191,7 @@ def test_whole_pipeline_on_prepared_files(name, prepared, tmp_path):
     ]
 
 
+@pytest.mark.unit
 def test_wrong_image_shape_or_classes_is_one_line(prepared, tmp_path):
     data_dir, _ = prepared["cifar10"]
     with pytest.raises(ConfigError, match=r"data.image_shape=\[28, 28, 1\].*\[32, 32, 3\]"):
@@ -216,6 +219,7 @@ def test_wrong_image_shape_or_classes_is_one_line(prepared, tmp_path):
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["cifar10", "fashion_mnist"])
 def test_missing_dataset_names_the_ways_out(name, tmp_path):
     with pytest.raises(DataError) as err:
@@ -355,6 +359,7 @@ def test_synthetic_32x32x3_trains_every_model(model, tmp_path):
     assert abs(correct - round(correct)) < 1e-9
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "dotted,needles",
     [
@@ -426,6 +431,7 @@ def test_augmentation_depends_only_on_seed_step_and_example_index():
     assert (a != c).any(axis=(1, 2, 3)).sum() >= 12 and (a != d).any(axis=(1, 2, 3)).sum() >= 12
 
 
+@pytest.mark.unit
 def test_negative_crop_padding_is_a_config_error():
     assert augment_spec(False, 4, True) is None
     with pytest.raises(ConfigError, match=r"data.crop_padding=-1"):
@@ -470,6 +476,7 @@ def test_augmented_training_is_independent_of_device_count(mode, accum):
     assert max_abs_diff(state.params, ref_state.params) <= 1e-6
 
 
+@pytest.mark.unit
 def test_augmentation_changes_training_but_not_evaluation():
     from data.pipeline import make_eval_set
     from training.run import evaluate

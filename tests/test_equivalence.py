@@ -33,6 +33,7 @@ def test_mode_matches_single_device(mode, devices, shape, opt):
     assert_matches_reference(run_steps(cfg, DATA, STEPS), reference(opt), TOL[opt], devices, STEPS)
 
 
+@pytest.mark.unit
 def test_losses_actually_change():
     """Guards the test above against comparing two runs that do nothing."""
     losses, state, _, init = reference("sgd")

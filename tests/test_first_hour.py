@@ -44,6 +44,7 @@ def test_diverged_run_fails_with_one_line(tmp_path):
     assert not (run_dir / "checkpoints" / "1").exists()
 
 
+@pytest.mark.unit
 def test_strict_record_writes_null_and_lists_the_keys():
     import numpy as np
 
@@ -61,6 +62,7 @@ def test_strict_record_writes_null_and_lists_the_keys():
     assert strict_record({"step": 1, "c": 1.0}) == {"step": 1, "c": 1.0}
 
 
+@pytest.mark.unit
 def test_nonfinite_final_names_every_key():
     from training.outcome import nonfinite_final
 
@@ -100,6 +102,7 @@ def test_sweep_with_a_failed_job_exits_nonzero(tmp_path, launcher):
     assert summary(tmp_path / "sweep" / "1")["status"] == "ok"
 
 
+@pytest.mark.unit
 def test_job_outcomes_counts_a_job_without_summary(tmp_path):
     from training.sweep_summary import failure_report, job_outcomes
 
@@ -115,6 +118,7 @@ def test_job_outcomes_counts_a_job_without_summary(tmp_path):
 
 
 # ---- evaluate takes train.py's override syntax ----------------------------------------------------------------
+@pytest.mark.unit
 def test_evaluate_overrides_compose_like_train():
     from conf.schema import as_dict
     from evaluate import compose_eval_config
@@ -234,6 +238,7 @@ def test_special_characters_in_checkpoint_dir_work_end_to_end(tmp_path):
 
 
 # ---- resuming with changed settings ----------------------------------------------------------------------------
+@pytest.mark.unit
 def test_resume_conflicts_rule():
     from conf.schema import as_dict
     from training.checkpoint import resume_conflicts
@@ -324,8 +329,13 @@ def test_killed_before_first_checkpoint_then_finished_then_rerun(tmp_path):
     assert finish(start_train(run, ckpt, *extra)) == 0
     s = summary(run)
     last_train = [r for r in records if "train/loss" in r][-1]
-    for key in ("train/loss", "train/accuracy", "optim/lr", "perf/examples_per_s", "sync/max_replica_divergence"):
+    for key in ("train/loss", "train/accuracy", "optim/lr", "sync/max_replica_divergence"):
         assert s[key] == last_train[key], key
+    # throughput: the run's own windows (metrics.jsonl), as its first summary had them: median, not last window
+    assert s["perf/examples_per_s_last_window"] == pytest.approx(last_train["perf/examples_per_s"], rel=1e-9)
+    for key in ("perf/examples_per_s", "perf/examples_per_s_p25", "perf/examples_per_s_p75"):
+        assert s[key] == pytest.approx(first[key], rel=1e-9), key
+    assert s["perf/windows_measured"] == first["perf/windows_measured"]
     assert s["eval/accuracy"] == first["eval/accuracy"]
     records = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "train/loss" in r] == list(range(1, 61))
@@ -350,6 +360,7 @@ def test_killed_before_first_checkpoint_then_finished_then_rerun(tmp_path):
 
 
 # ---- relative paths under hydra.job.chdir=true -----------------------------------------------------------------
+@pytest.mark.unit
 def test_absolute_paths_against_the_launch_folder(tmp_path):
     from training.paths import absolute_paths
     from utils import make_cfg
@@ -432,6 +443,7 @@ def test_mnist_is_prepared_from_raw_files_without_tensorflow(tmp_path):
     ]
 
 
+@pytest.mark.unit
 def test_missing_dataset_without_network_or_download_is_one_line(tmp_path, monkeypatch):
     import socket
 
@@ -475,6 +487,7 @@ def test_startup_line_and_one_train_log_line_per_window(tmp_path):
     assert proc.stderr.count("wandb sync") == 0  # W&B disabled: no offline message
 
 
+@pytest.mark.unit
 def test_launch_local_leaves_out_gloo_connection_lines(tmp_path):
     import importlib.util
 

@@ -1,12 +1,18 @@
-"""The layers import one way (core <- parallel, data, measure <- training), with no import circle, and the
-private JAX APIs behind ``core.compat`` resolve on the pinned JAX."""
+"""The layers import one way (core <- parallel, data, measure <- training), with no import circle, the
+private JAX APIs behind ``core.compat`` resolve on the pinned JAX, and the quick tier starts no process."""
 
 from __future__ import annotations
 
 import ast
+import multiprocessing
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+pytestmark = pytest.mark.unit  # all in-process and quick: make test-unit runs them
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("core", "parallel", "data", "measure", "training", "models", "conf", "sweeps")
@@ -152,3 +158,20 @@ def test_private_jax_imports_only_in_compat():
         if any(m.startswith("jax._src") for m in imported_modules(p))
     )
     assert users == ["core/compat.py"]
+
+
+def test_a_unit_test_cannot_start_a_process(tmp_path):
+    """The ``unit`` marker's promise (``make test-unit`` starts no process) is enforced by tests/conftest.py:
+    every way to start one raises while a ``unit`` test runs, and nothing was started."""
+    from conftest import UnitTestStartedProcess
+
+    marker = tmp_path / "started"
+    script = f"open({str(marker)!r}, 'w').close()"
+    with pytest.raises(UnitTestStartedProcess, match="test_a_unit_test_cannot_start_a_process is marked `unit`"):
+        subprocess.run([sys.executable, "-c", script], check=True)
+    with pytest.raises(UnitTestStartedProcess):
+        os.system(f"touch {marker}")
+    for method in ("fork", "spawn", "forkserver"):
+        with pytest.raises(UnitTestStartedProcess):
+            multiprocessing.get_context(method).Process(target=print).start()
+    assert not marker.exists()

@@ -16,6 +16,8 @@ from measure.throughput import TargetTracker
 from training.hooks import FinalEvaluation, Hook, LoopState
 from training.loop import in_flight_bound, run_hooks, train_loop
 
+pytestmark = pytest.mark.unit  # all in-process and quick: make test-unit runs them
+
 REPO = Path(__file__).resolve().parents[1]
 
 

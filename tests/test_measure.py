@@ -75,6 +75,7 @@ def scalar_leaf_bytes(state) -> int:
     return sum(np.dtype(x.dtype).itemsize for x in jax.tree.leaves(state) if np.ndim(x) == 0)
 
 
+@pytest.mark.unit
 def test_mlp_sizes():
     exp = built("fsdp")
     params = exp.mode.state_to_host(exp.state).params
@@ -98,6 +99,7 @@ def test_data_parallel_bytes_exact(mode, accum_steps):
     assert m["comm/count/all-gather"] == m["comm/count/reduce-scatter"] == m["comm/count/all-to-all"] == 0
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("accum_steps,grad_norm_every", [(1, None), (4, None), (1, 1)])
 def test_fsdp_bytes_exact(accum_steps, grad_norm_every):
     """fsdp [1,8]: all-gather and reduce-scatter of the sharded arrays; all-reduce of the replicated bias and
@@ -115,6 +117,7 @@ def test_fsdp_bytes_exact(accum_steps, grad_norm_every):
     assert m["comm/in_loop_count"] == 0  # K=4: gathered once before, reduced once after the microbatch loop
 
 
+@pytest.mark.unit
 def test_state_bytes_per_device_exact():
     """params + Adam mu + nu: fsdp holds 1/8 of the sharded arrays and all of the replicated ones."""
     exp = built("fsdp")
@@ -134,6 +137,7 @@ def _x(name, ts, dur, **args):
     return {"ph": "X", "pid": 1, "tid": 1, "ts": ts, "dur": dur, "name": name, "args": args}
 
 
+@pytest.mark.unit
 def test_collective_time_cpu_layout():
     """CPU backend: ops carry device_ordinal; overlapping collective intervals count once; other modules,
     host events and no-op collectives (not in the step's list) are ignored."""
@@ -168,6 +172,7 @@ def test_collective_time_cpu_layout():
     assert collective_time_from_events(noop, "jit_train_step", {"psum.3": "all-reduce"})["collective_events"] == 0
 
 
+@pytest.mark.unit
 def test_collective_time_gpu_layout():
     """GPU/TPU: one process per device; NCCL kernels count; host processes are ignored; valid off CPU."""
     meta = [
@@ -202,6 +207,7 @@ def _run(tmp_path, **dotted):
         reporter.close()
 
 
+@pytest.mark.unit
 def test_profile_window_on_cpu(tmp_path):
     """A real trace of steps 3-5 (jit_sharding, 8 devices): one gradient all-reduce per step and device."""
     s = _run(
@@ -227,6 +233,7 @@ def test_profile_window_on_cpu(tmp_path):
     assert records[-1]["comm/ratio_measured"] == s["comm/ratio_measured"]
 
 
+@pytest.mark.unit
 def test_profile_window_must_fit(tmp_path):
     """A window past the last step is one clear line, raised before anything is written."""
     from parallel import ConfigError
@@ -239,6 +246,7 @@ def test_profile_window_must_fit(tmp_path):
 # ---- no implicit transfers in the loop -------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_transfer_guard_catches_implicit_transfers():
     """The control: under "disallow" an implicit host->device transfer into a jitted step raises."""
     f = jax.jit(lambda x: x + 1)

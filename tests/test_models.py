@@ -65,6 +65,7 @@ def test_output_shape_dtype_finite(name, shape):
     assert out.shape == (2, NUM_CLASSES) and out.dtype == jnp.float16
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", list(SMALL))
 def test_state_is_only_params(name):
     model = models.build_model(name, (28, 28, 1), NUM_CLASSES, seed=0, dropout=0.1, **SMALL[name])
@@ -74,6 +75,7 @@ def test_state_is_only_params(name):
     assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", list(SMALL))
 def test_seed_determines_params(name):
     a, b, c = (models.build_model(name, (28, 28, 1), NUM_CLASSES, seed=s, **SMALL[name]) for s in (3, 3, 4))
@@ -82,6 +84,7 @@ def test_seed_determines_params(name):
     assert any(not np.array_equal(x, y) for x, y in zip(pa, pc, strict=True) if np.any(x != 0))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", list(SMALL))
 def test_examples_independent_of_batch(name):
     """No batch statistics: an example's logits do not depend on the rest of its batch."""
@@ -113,6 +116,7 @@ def test_per_example_dropout(name):
     assert not np.allclose(det[0], out1[0])
 
 
+@pytest.mark.unit
 def test_resnet_accepts_dropout_keys():
     params, apply = _apply("resnet", (28, 28, 1))
     out = jax.eval_shape(
@@ -126,11 +130,13 @@ def _abstract_model(name, shape, **kw):
     return nnx.eval_shape(lambda: models.build_model(name, shape, 10, seed=0, **kw))
 
 
+@pytest.mark.unit
 def test_mlp_param_count():
     model = _abstract_model("mlp", (28, 28, 1), hidden=256)
     assert param_count(model) == 784 * 256 + 256 + 256 * 10 + 10 == 203530
 
 
+@pytest.mark.unit
 def test_cnn_param_count_default_width():
     model = _abstract_model("cnn", (28, 28, 1), width=32)
     conv1 = 3 * 3 * 1 * 32 + 32
@@ -141,6 +147,7 @@ def test_cnn_param_count_default_width():
     assert param_count(model) == conv1 + conv2 + dense + out == 1_199_882
 
 
+@pytest.mark.unit
 def test_resnet_layout():
     model = _model("resnet", (32, 32, 3))
     assert len(model.blocks) == 8
@@ -149,16 +156,19 @@ def test_resnet_layout():
     assert model.stem.kernel_size == (3, 3) and model.stem.strides in (1, (1, 1))
 
 
+@pytest.mark.unit
 def test_vit_rejects_bad_patch():
     with pytest.raises(ValueError, match=r"(?s)(?=.*\b5\b)(?=.*\b28\b)"):
         models.build_model("vit", (28, 28, 1), 10, seed=0, width=16, depth=1, patch=5, heads=2)
 
 
+@pytest.mark.unit
 def test_vit_rejects_width_not_divisible_by_heads():
     with pytest.raises(ValueError, match="heads"):
         models.build_model("vit", (28, 28, 1), 10, seed=0, width=10, depth=1, patch=4, heads=4)
 
 
+@pytest.mark.unit
 def test_flops_per_example_mlp():
     model = _abstract_model("mlp", (28, 28, 1), hidden=256)  # only shapes are needed
     flops = flops_per_example(model, (28, 28, 1))
@@ -168,6 +178,7 @@ def test_flops_per_example_mlp():
     assert matmul <= flops <= 1.1 * matmul
 
 
+@pytest.mark.unit
 def test_flat_initialisers_match_stock():
     """The flat-drawn initialisers (fast to compile on CPU) give bitwise the stock initialisers' values."""
     from models.cnn import HE_NORMAL_FAN_OUT, LECUN_NORMAL, XAVIER_UNIFORM, normal

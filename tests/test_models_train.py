@@ -114,6 +114,7 @@ def test_cnn_mode_matches_single_device(mode, opt):
     assert_matches_reference(run, _eq_reference_run(opt), TOL[opt], 8, EQ_STEPS)
 
 
+@pytest.mark.unit
 def test_cnn_equivalence_reference_actually_trains():
     """Guards the test above against comparing two runs that do nothing."""
     losses, state, _, init = _eq_reference_run("sgd")

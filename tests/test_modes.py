@@ -42,6 +42,7 @@ def test_gradient_scale_matches_one_device(mode):
     assert norm(g8) / norm(g1) == pytest.approx(1.0, abs=1e-5)
 
 
+@pytest.mark.unit
 def test_pmean_of_a_replicated_gradient_under_check_vma_is_n_times_too_big():
     """Documents the pitfall our shard_map mode avoids (DESIGN.md): grad w.r.t. a replicated input is psum-ed."""
     from jax.sharding import Mesh, PartitionSpec as P
@@ -60,6 +61,7 @@ def test_pmean_of_a_replicated_gradient_under_check_vma_is_n_times_too_big():
     np.testing.assert_allclose(g, 8 * jnp.mean(x, axis=0))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("mode", ["jit_sharding", "pmap", "fsdp"])
 def test_sync_check_catches_a_perturbed_replica(mode):
     cfg = make_cfg({"mesh": {"shape": [2, 4]}} if mode == "fsdp" else {}, parallel__name=mode)
@@ -74,6 +76,7 @@ def test_sync_check_catches_a_perturbed_replica(mode):
     assert exp.mode.replica_divergence([bad]) == pytest.approx(0.25)
 
 
+@pytest.mark.unit
 def test_mesh_shape_rules():
     assert resolve_mesh_shape(None, (-1, 1), 8, "jit_sharding") == (8, 1)
     assert resolve_mesh_shape(None, (1, -1), 8, "fsdp") == (1, 8)
@@ -85,6 +88,7 @@ def test_mesh_shape_rules():
         plan(make_cfg({"mesh": {"shape": [2, 4]}}))
 
 
+@pytest.mark.unit
 def test_fsdp_sharding_rule():
     assert shard_dim((784, 256), 4, 8, 0) == 0  # largest dimension divisible by 8
     assert shard_dim((256, 10), 4, 8, 0) == 0
@@ -94,6 +98,7 @@ def test_fsdp_sharding_rule():
     assert shard_dim((6, 16), 4, 8, 0) == 1
 
 
+@pytest.mark.unit
 def test_fsdp_state_bytes_per_device():
     exp = build(plan(make_cfg(parallel__name="fsdp")))
     sharded, replicated = exp.mode.sharded_and_replicated_bytes(exp.state.params)

@@ -112,6 +112,7 @@ def no_cluster(monkeypatch):
     return monkeypatch
 
 
+@pytest.mark.unit
 def test_enabled_rules(no_cluster):
     assert distributed.detect_cluster() is None
     assert not distributed.wanted(DistributedConfig())
@@ -129,6 +130,7 @@ def test_enabled_rules(no_cluster):
     assert not distributed.wanted(DistributedConfig(), distributed.detect_cluster())  # one task: single process
 
 
+@pytest.mark.unit
 def test_resolve_from_slurm_environment(no_cluster):
     for k, v in SLURM_ENV.items():
         no_cluster.setenv(k, v)
@@ -150,6 +152,7 @@ def test_resolve_from_slurm_environment(no_cluster):
     assert (explicit.coordinator, explicit.process_id, explicit.num_processes) == ("node001:1234", 0, 8)
 
 
+@pytest.mark.unit
 def test_resolve_errors_are_one_line(no_cluster):
     def error(**kw) -> str:
         with pytest.raises(distributed.DistributedError) as e:
@@ -174,6 +177,7 @@ def test_resolve_errors_are_one_line(no_cluster):
     )
 
 
+@pytest.mark.unit
 def test_route_logging_writes_own_prefixed_file(tmp_path):
     root = logging.getLogger()
     saved = (list(root.handlers), root.level)
@@ -200,6 +204,7 @@ def test_route_logging_writes_own_prefixed_file(tmp_path):
     assert (tmp_path / "console.txt").read_text() == "[process 3] careful\n"  # console: warnings only
 
 
+@pytest.mark.unit
 def test_local_rows_follow_the_global_order():
     mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
     index = np.arange(64, dtype=np.int32)
@@ -211,6 +216,7 @@ def test_local_rows_follow_the_global_order():
     np.testing.assert_array_equal(distributed.local_rows(replicated), index)
 
 
+@pytest.mark.unit
 def test_launcher_command_lines():
     cmds = launch_local.commands(2, ["parallel=fsdp", "hydra.run.dir=ignored"], "/runs/a", 4321, 4, 20)
     common = [
@@ -236,6 +242,7 @@ def test_launcher_command_lines():
     ]
 
 
+@pytest.mark.unit
 @pytest.mark.filterwarnings(r"ignore:(?s).*validated against ConfigStore schema")  # Hydra's note on the name
 def test_submitit_slurm_preset():
     from hydra import compose, initialize_config_dir

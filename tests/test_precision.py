@@ -31,6 +31,7 @@ def test_master_params_and_optimizer_state_stay_float32(mode, precision):
     assert all(np.asarray(x).dtype == np.float32 for x in float_leaves)
 
 
+@pytest.mark.unit
 def test_bf16_tracks_fp32():
     l32, _, _, _ = run_steps(make_cfg(), DATA, 10)
     l16, _, _, _ = run_steps(make_cfg(precision__name="bf16", precision__compute_dtype="bfloat16"), DATA, 10)
@@ -38,6 +39,7 @@ def test_bf16_tracks_fp32():
     assert np.max(np.abs(l32 - l16)) > 0  # really computed in bf16
 
 
+@pytest.mark.unit
 def test_fp16_infinite_gradient_is_skipped_and_scale_halves():
     cfg = make_cfg(precision__name="fp16", precision__compute_dtype="float16", precision__loss_scale="dynamic")
     _, _, exp, _ = run_steps(cfg, DATA, 0)
@@ -69,6 +71,7 @@ def test_fp16_infinite_gradient_is_skipped_and_scale_halves():
     assert int(state.step) == 10
 
 
+@pytest.mark.unit
 def test_dynamic_loss_scale_rules():
     s = init_loss_scale("dynamic", 2.0**15)
     s = update_loss_scale(s, jnp.array(False), "dynamic", 3)
@@ -83,6 +86,7 @@ def test_dynamic_loss_scale_rules():
     assert float(init_loss_scale("none", 2.0**15).scale) == 1.0
 
 
+@pytest.mark.unit
 def test_linear_lr_scaling_with_warmup():
     cfg = make_cfg(optim__lr_scaling="linear", train__global_batch=1024, optim__warmup_steps=2)
     _, _, exp, _ = run_steps(cfg, random_dataset(4096), 0)
@@ -98,6 +102,7 @@ def test_linear_lr_scaling_with_warmup():
     np.testing.assert_allclose([r["optim/lr"] for r in records], [0.0, peak / 2, peak, peak], rtol=1e-6)
 
 
+@pytest.mark.unit
 def test_cosine_schedule_uses_decay_steps():
     from core.optim import make_schedule
 
@@ -120,6 +125,7 @@ def test_dropout_is_independent_of_device_count_and_reproducible():
     assert np.max(np.abs(l8 - l0)) > 1e-4  # dropout really changes the run
 
 
+@pytest.mark.unit
 def test_identical_images_get_different_masks():
     from models import build_model
 
@@ -132,6 +138,7 @@ def test_identical_images_get_different_masks():
     np.testing.assert_array_equal(same[0], same[1])
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("mode", MODES)
 def test_gradient_reductions_are_float32_under_fp16(mode):
     """XLA:CPU keeps f16 collectives as f16 (it only promotes bf16), so fp16 shows the reduction dtype."""

@@ -45,6 +45,7 @@ def _csv(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.unit
 def test_acceptance_command(tmp_path, capsys):
     """The issue's first acceptance command: S = 1e8 B; 8 devices: 2*7/8*1e8/1e11; 16: + 2*1/2*1.25e7/1e10."""
     rc = cli.main(
@@ -84,6 +85,7 @@ def test_acceptance_command(tmp_path, capsys):
     assert (tmp_path / "projection.png").stat().st_size > 10_000
 
 
+@pytest.mark.unit
 def test_fsdp_formula_equals_all_reduce_bandwidth():
     """All-gather and reduce-scatter each (g-1)/g*S/B_intra + (m-1)/m*(S/g)/B_inter; together = one all-reduce."""
     s = 1e8
@@ -98,6 +100,7 @@ def test_fsdp_formula_equals_all_reduce_bandwidth():
     assert rows[3]["nodes"] == 8
 
 
+@pytest.mark.unit
 def test_latency_term():
     """a * (2(g-1) + 2(m-1)) per all-reduce, a * ((g-1) + (m-1)) per all-gather / reduce-scatter."""
     hw = Hardware("lat", 8, 100e9, 10e9, latency_s=1e-5)
@@ -112,6 +115,7 @@ def test_latency_term():
     assert collective_time_s("all-reduce", 1e8, 16, HW, "ring") == pytest.approx(2 * 15 / 16 * 1e8 / 80e9)
 
 
+@pytest.mark.unit
 def test_overlap():
     """exposed = max(0, comm - overlap * compute); step = compute + exposed."""
     ar = collectives_for("allreduce", 25_000_000, 4)
@@ -125,6 +129,7 @@ def test_overlap():
         project(ar, 0.1, 32, [12], HW)
 
 
+@pytest.mark.unit
 def test_profiles_and_device_kind_lookup():
     assert {"a100_sxm", "h100_sxm", "h200_sxm", "tpu_v5e", "cpu", "none", "custom", "auto"} <= set(profile_names())
     h100 = load_profile("h100_sxm")
@@ -230,6 +235,7 @@ def _hydra_hardware(name: str) -> dict:
     return OmegaConf.to_container(cfg.hardware, resolve=True)
 
 
+@pytest.mark.unit
 def test_run_folder_projection_matches_compiled_payload(tmp_path):
     """train with hardware=h100_sxm records comm/ratio_model from the profile; sweeps.project on that run folder
     uses the compiled step's collectives: its payload at 8 devices is the run's comm/payload_bytes_per_step."""
@@ -294,6 +300,7 @@ def test_payload_formula_against_compiled_step_at_2_4_8(tmp_path, parallel):
     assert comm[2] == pytest.approx(comm[8], rel=1e-12) and comm[4] == pytest.approx(comm[8], rel=1e-12)
 
 
+@pytest.mark.unit
 def test_overlay_projection_draws_rows():
     import matplotlib
 
@@ -309,6 +316,7 @@ def test_overlay_projection_draws_rows():
     plt.close(fig)
 
 
+@pytest.mark.unit
 def test_sweep_folder_summaries(tmp_path):
     """A sweep folder: one configuration per (mode, precision, model, batch...), the job with the most devices;
     collectives inside the accumulation loop count accum_steps times; failed jobs are skipped."""
@@ -368,6 +376,7 @@ def test_sweep_folder_summaries(tmp_path):
     assert float(rows[1]["examples_per_s"]) == pytest.approx(16 * 32 / (0.1 + one), rel=1e-12)
 
 
+@pytest.mark.unit
 def test_published_comparison_table_matches_readme():
     """The README's published-vs-projected table is what benchmarks/projection_vs_published.py computes."""
     from benchmarks.projection_vs_published import rows
@@ -392,6 +401,7 @@ def test_published_comparison_table_matches_readme():
         assert line in readme
 
 
+@pytest.mark.unit
 def test_report_draws_projection_from_csv(tmp_path):
     """`sweeps.report --projection projection.csv`: the CSV's rows reach the throughput plot, one line per config."""
     from sweeps.report.cli import read_projection

@@ -146,6 +146,7 @@ def legend_texts(ax_or_fig) -> list[str]:
 # ---- table ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_repeats_aggregate_to_one_row_with_min_max_interval(tmp_path):
     """3 seeds per configuration: one row each, the median of the jobs' medians, min-max interval."""
     root = make_sweep(tmp_path / "multirun" / "12-00-00")
@@ -205,6 +206,7 @@ def test_repeats_aggregate_to_one_row_with_min_max_interval(tmp_path):
         assert_png(paths[name])
 
 
+@pytest.mark.unit
 def test_five_repeats_use_a_bootstrap_interval():
     values = [100.0, 90.0, 130.0, 110.0, 95.0]
     med, low, high, kind = median_interval(values)
@@ -215,6 +217,7 @@ def test_five_repeats_use_a_bootstrap_interval():
     assert median_interval([]) == (None, None, None, "none")
 
 
+@pytest.mark.unit
 def test_failed_repeat_and_failed_configuration(tmp_path):
     root = make_sweep(tmp_path / "mr", fail=("fsdp", 4, 2))
     write_job(root, 99, {"status": "failed", "error": "boom"}, ["mesh.devices=16", "parallel=fsdp"])
@@ -227,6 +230,7 @@ def test_failed_repeat_and_failed_configuration(tmp_path):
     assert (r["repeats"], r["examples_per_s"], r["speedup"], r["status"]) == ("0", "", "", "failed: boom")
 
 
+@pytest.mark.unit
 def test_missing_one_device_configuration_leaves_speedup_blank(tmp_path):
     root = tmp_path / "mr"
     for i, d in enumerate((2, 4)):
@@ -235,6 +239,7 @@ def test_missing_one_device_configuration_leaves_speedup_blank(tmp_path):
     assert [r["speedup"] for r in rows] == [None, None] and [r["efficiency"] for r in rows] == [None, None]
 
 
+@pytest.mark.unit
 def test_weak_and_strong_scaling_are_separate_series():
     summaries = []
     for d, eps in ((1, 100.0), (2, 150.0), (4, 200.0)):
@@ -251,6 +256,7 @@ def test_weak_and_strong_scaling_are_separate_series():
     assert got[("weak", 2)] == (1.9, 0.95) and got[("weak", 4)] == (3.5, 0.875)
 
 
+@pytest.mark.unit
 def test_other_overrides_split_configurations_and_seed_does_not(tmp_path):
     """Jobs differing only in train.seed are repeats; any other override makes another configuration."""
     root = tmp_path / "mr"
@@ -271,6 +277,7 @@ def test_other_overrides_split_configurations_and_seed_does_not(tmp_path):
     ]
 
 
+@pytest.mark.unit
 def test_few_windows_are_flagged(tmp_path):
     root = make_sweep(tmp_path / "mr", seeds=(0,), **{"perf/windows_measured": 2})
     paths = write_report(root)
@@ -281,6 +288,7 @@ def test_few_windows_are_flagged(tmp_path):
     assert md.count(" * |") == 8
 
 
+@pytest.mark.unit
 def test_time_to_target_median_counts_never_reached_as_infinite():
     base = {"train/target_accuracy": 0.9}
     jobs = [
@@ -294,6 +302,7 @@ def test_time_to_target_median_counts_never_reached_as_infinite():
     assert (row["steps_to_target"], row["time_to_target_s"], row["target_reached"]) == (None, None, "1/3")
 
 
+@pytest.mark.unit
 def test_gpu_platform_has_no_cpu_warning(tmp_path):
     root = tmp_path / "mr"
     for i, d in enumerate((1, 2)):
@@ -310,6 +319,7 @@ def test_gpu_platform_has_no_cpu_warning(tmp_path):
     assert CPU_SUBTITLE not in figs["throughput"]._suptitle.get_text()
 
 
+@pytest.mark.unit
 def test_load_summaries_skips_output_and_wandb_dirs(tmp_path):
     root = make_sweep(tmp_path / "mr", seeds=(0,))
     stray = root / "0" / "wandb" / "offline-run-x" / "files"
@@ -326,6 +336,7 @@ def test_load_summaries_skips_output_and_wandb_dirs(tmp_path):
 # ---- figures ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_throughput_figure_log_log_error_bars_ideal_and_projection(tmp_path):
     rows = rows_of(make_sweep(tmp_path / "mr"))
     fig = make_figures(rows)["throughput"]
@@ -348,6 +359,7 @@ def test_throughput_figure_log_log_error_bars_ideal_and_projection(tmp_path):
     assert legend_texts(projected)[-1] == "projection: ring model" and len(projected.containers) == 2
 
 
+@pytest.mark.unit
 def test_speedup_and_efficiency_figures(tmp_path):
     figs = make_figures(rows_of(make_sweep(tmp_path / "mr")))
     (ax,) = figs["speedup"].axes
@@ -362,6 +374,7 @@ def test_speedup_and_efficiency_figures(tmp_path):
     assert list(ax.containers[1].lines[0].get_ydata()) == pytest.approx([1.0, 0.9, 0.75, 0.5])
 
 
+@pytest.mark.unit
 def test_comm_figure_distinct_styles_and_link_sentence(tmp_path):
     rows = rows_of(make_sweep(tmp_path / "mr", seeds=(0,), **{"comm/ratio_model": None}))
     fig = make_figures(rows)["comm"]
@@ -378,6 +391,7 @@ def test_comm_figure_distinct_styles_and_link_sentence(tmp_path):
     assert len(with_link.get_lines()) == 2 and not with_link.texts
 
 
+@pytest.mark.unit
 def test_memory_and_time_to_target_figures(tmp_path):
     figs = make_figures(rows_of(make_sweep(tmp_path / "mr", seeds=(0,))))
     (ax,) = figs["memory"].axes
@@ -391,6 +405,7 @@ def test_memory_and_time_to_target_figures(tmp_path):
     assert len(ax.get_lines()) == 2 and list(ax.get_lines()[0].get_ydata()) == [5.0] * 4
 
 
+@pytest.mark.unit
 def test_batch_figure_per_recipe(tmp_path):
     root = tmp_path / "mr"
     job = 0
@@ -425,6 +440,7 @@ def test_batch_figure_per_recipe(tmp_path):
 # ---- CLI and W&B ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_infer_group(tmp_path):
     assert report.infer_group([{"wandb/group": "g-1"}, {}], tmp_path / "x") == "g-1"
     assert report.infer_group([{}], tmp_path / "sweep-42") == "sweep-42"

@@ -93,6 +93,7 @@ def test_killed_during_a_save_then_restarted_keeps_one_wandb_history(tmp_path, w
     assert wb["summary"]["hardware/profile"] == "cpu" and wb["config"]["resolved"]["hardware/profile"] == "cpu"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "hardware,kind,want",
     [

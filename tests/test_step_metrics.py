@@ -17,6 +17,8 @@ from data.pipeline import TrainSource
 from training.build import build, plan
 from utils import make_cfg, random_dataset
 
+pytestmark = pytest.mark.unit  # all in-process and quick: make test-unit runs them
+
 DATA = random_dataset(1024)
 LR = 0.1
 

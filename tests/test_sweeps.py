@@ -42,6 +42,7 @@ def overrides_of(job: Path) -> dict[str, str]:
 # ---- strong / weak scaling -------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("devices", [1, 2, 4, 8])
 def test_weak_scaling_derives_global_batch(devices):
     p = plan(make_cfg(mesh__devices=devices, train__per_device_batch=32))
@@ -50,10 +51,12 @@ def test_weak_scaling_derives_global_batch(devices):
     assert (p.global_batch, p.per_device_batch, p.scaling) == (256, 256 // devices, "strong")
 
 
+@pytest.mark.unit
 def test_schema_global_batch_default_is_null():
     assert make_cfg().train.global_batch is None and make_cfg().train.per_device_batch is None
 
 
+@pytest.mark.unit
 def test_setting_both_batches_is_one_clear_error():
     with pytest.raises(
         ConfigError,
@@ -81,6 +84,7 @@ PRESETS = {
 }
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_sweep_presets_compose(name):
     """``+sweep=<name>`` sets hydra.sweeper.params (3 seeds: repeats), enough steps for 6 measured logging
@@ -97,6 +101,7 @@ def test_sweep_presets_compose(name):
     assert cfg.hydra.sweep.dir.startswith(f"multirun/{name}/")
 
 
+@pytest.mark.unit
 def test_large_batch_preset_composes_epoch_based_lengths():
     """+sweep=large_batch: batch x lr scaling x warmup x optimizer x seeds; eval every epoch, warmup in epochs."""
     from hydra import compose, initialize_config_dir

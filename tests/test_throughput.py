@@ -22,6 +22,7 @@ from measure.throughput import (
 )
 
 
+@pytest.mark.unit
 def test_window_stats_drop_the_first_window_and_take_medians():
     stats = WindowStats(global_batch=100, num_devices=4)
     # window seconds for 10 steps: the first (warm-up) is slow and must not count
@@ -41,6 +42,7 @@ def test_window_stats_drop_the_first_window_and_take_medians():
     assert with_model["comm/ratio_model"] == 0.5 and with_model["perf/mfu"] == pytest.approx(0.2)
 
 
+@pytest.mark.unit
 def test_window_stats_warn_below_five_windows_and_fall_back_to_the_warmup_window():
     stats = WindowStats(global_batch=64, num_devices=1)
     stats.add(2.0, 4)
@@ -57,6 +59,7 @@ def test_window_stats_warn_below_five_windows_and_fall_back_to_the_warmup_window
     assert WindowStats(1, 1).summary() == {}
 
 
+@pytest.mark.unit
 def test_quantile_is_linear_interpolation():
     assert quantile([4.0, 1.0, 3.0, 2.0], 0.25) == 1.75 and quantile([5.0], 0.75) == 5.0
     import numpy as np
@@ -65,6 +68,7 @@ def test_quantile_is_linear_interpolation():
     assert quantile(values, 0.25) == pytest.approx(np.percentile(values, 25))
 
 
+@pytest.mark.unit
 def test_target_tracker_records_the_first_evaluation_at_or_above_target():
     t = TargetTracker(0.9)
     assert not t.observe(100, 0.85, 1.0) and t.observe(200, 0.9, 2.5) and not t.observe(300, 0.95, 4.0)
@@ -75,6 +79,7 @@ def test_target_tracker_records_the_first_evaluation_at_or_above_target():
     assert TargetTracker(None).summary() == {} and not TargetTracker(None).observe(1, 1.0, 1.0)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "value,ok", [(None, True), (0.5, True), (1.0, True), (0.0, False), (1.5, False), (-0.1, False)]
 )
@@ -85,6 +90,7 @@ def test_target_accuracy_range(value, ok):
         assert error == f"train.target_accuracy={value} must be in (0, 1] (a fraction of correct answers) or null"
 
 
+@pytest.mark.unit
 def test_job_clock_from_process_start():
     start = process_start_epoch_s()
     assert 0 < time.time() - start < 3600  # this test process started before now

@@ -56,19 +56,25 @@ def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None
     reporter.summary(summary)
     reporter.close(exit_code=0)
     log.info(
-        "eval/accuracy=%.4f eval/loss=%.4f examples/s=%.0f (median of %s windows, p25-p75 %.0f-%.0f) "
-        "wall=%.1fs startup=%.1fs; outputs in %s",
+        "eval/accuracy=%.4f eval/loss=%.4f examples/s=%s (median of %s windows, p25-p75 %s-%s) wall=%s "
+        "startup=%s; outputs in %s",
         summary["eval/accuracy"],
         summary["eval/loss"],
-        summary.get("perf/examples_per_s", float("nan")),
+        _figure(summary.get("perf/examples_per_s"), ".0f"),
         summary.get("perf/windows_measured", 0),
-        summary.get("perf/examples_per_s_p25", float("nan")),
-        summary.get("perf/examples_per_s_p75", float("nan")),
-        summary.get("perf/wall_s", float("nan")),
-        summary.get("perf/startup_s", float("nan")),
+        _figure(summary.get("perf/examples_per_s_p25"), ".0f"),
+        _figure(summary.get("perf/examples_per_s_p75"), ".0f"),
+        _figure(summary.get("perf/wall_s"), ".1f", "s"),
+        _figure(summary.get("perf/startup_s"), ".1f", "s"),
         run_dir,
     )
     return True
+
+
+def _figure(value, spec: str, unit: str = "") -> str:
+    """``value`` formatted with ``spec``, or ``n/a`` when the run has no such figure (e.g. ``perf/startup_s`` of a
+    run resumed at its final step, which dispatched no step): the end line never prints ``nan``."""
+    return format(value, spec) + unit if isinstance(value, (int, float)) and value == value else "n/a"
 
 
 def keeps_summary(path: Path) -> bool:

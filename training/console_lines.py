@@ -11,6 +11,9 @@ KNOWN_NOISE = (
     ("jax._src.xla_bridge", "Unable to initialize backend 'tpu'"),
     # TFDS decodes PNGs with Pillow when OpenCV is absent; the decode happens once (then cached), so speed is moot
     ("absl", "OpenCV is not installed"),
+    # TFDS looking for a dataset that is not prepared (also for a folder that does not exist); data/sources.py
+    # then prepares it or stops with one line that says where it looked and what to do
+    ("absl", "has no dataset_info.json"),
 )
 
 

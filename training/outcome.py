@@ -29,3 +29,31 @@ def nonfinite_final(last_train: dict, final_eval: dict) -> Optional[str]:
         f"the run diverged: final {which} is not finite; lower optim.lr, enable optim.clip_grad_norm, "
         f"or, under bf16/fp16, use precision=fp32"
     )
+
+
+# A final loss this many times the loss of a uniform guess (ln C) has exploded (see ``exploded_final``).
+EXPLODED_LOSS_FACTOR = 10.0
+
+
+def exploded_final(last_train: dict, final_eval: dict, num_classes: int) -> Optional[str]:
+    """One-line warning when a final loss is finite but has exploded, else None.
+
+    The reference is the cross-entropy of a uniform guess over ``num_classes`` classes, ln C (2.303 for 10
+    classes; an initialised classifier starts near it, and a healthy run ends below it). A final
+    ``train/loss`` or ``eval/loss`` above ``EXPLODED_LOSS_FACTOR`` x ln C is reported: measured on MNIST
+    (MLP, 100 steps) the final window's loss was 0.2-0.8 for Adam lr 1e-3..1e-1 and SGD lr 0.1, 3-11 for
+    Adam lr 1 / SGD lr 1 (recovering), and 261 to 1e6 for Adam lr >= 10 / SGD lr >= 10 (accuracy 0.13-0.77);
+    ``optim.lr=1e30`` ends at 1e32. A warning, not a failure: the numbers are finite and the accuracy may
+    still be usable.
+    """
+    limit = EXPLODED_LOSS_FACTOR * math.log(num_classes)
+    values = {**{k: last_train.get(k) for k in ("train/loss",)}, **{k: final_eval.get(k) for k in ("eval/loss",)}}
+    high = {k: v for k, v in values.items() if isinstance(v, (int, float)) and math.isfinite(v) and v > limit}
+    if not high:
+        return None
+    which = " and ".join(f"{k}={v:.4g}" for k, v in sorted(high.items(), reverse=True))
+    return (
+        f"warning: the loss exploded: final {which} {'are' if len(high) > 1 else 'is'} above "
+        f"{EXPLODED_LOSS_FACTOR:g} x ln({num_classes}) = "
+        f"{limit:.3g} (a uniform guess scores ln({num_classes})); lower optim.lr or enable optim.clip_grad_norm"
+    )

@@ -35,6 +35,7 @@ from training.hooks import (
     flush_window,  # noqa: F401
 )  # noqa: F401  (flush_window re-exported)
 from training.loop import in_flight_bound, train_loop
+from training.outcome import exploded_final
 from training.prepare import (
     Finished,
     Prepared,
@@ -194,6 +195,11 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     if prep.restored is not None:  # the summary's training values also when this run trains no step
         loop.last.update(checkpoint.history_values(run_dir / "metrics.jsonl", prep.start))
     stats = WindowStats(prep.plan.global_batch, prep.exp.mode.num_devices)
+    if prep.restored is not None and prep.start >= prep.n_steps:  # no step runs here (killed after its final
+        for elapsed_s, steps in checkpoint.history_windows(
+            run_dir / "metrics.jsonl", prep.start
+        ):  # save): the run's windows
+            stats.add(elapsed_s, steps)
     target = TargetTracker(cfg.train.target_accuracy)
     log.info(
         "%s",
@@ -264,6 +270,9 @@ def finish(
     )
     if stats.warning():
         console(stats.warning())
+    exploded = exploded_final(loop.last, loop.final, prep.cfg.data.num_classes)
+    if exploded:
+        console(exploded)
     explain_ratio(summary)
     peak = peak_bytes_per_device()
     if peak is not None:

@@ -27,6 +27,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -48,9 +49,10 @@ def check_wandb(wandb_cfg, extra_tags: Sequence[str] = ()) -> None:
         if not 1 <= len(tag) <= WANDB_TAG_MAX_CHARS:
             key = f"wandb.tags[{i}]" if i < len(wandb_cfg.tags) else "a tag this run adds"
             shown = tag if len(tag) <= 24 else tag[:20] + "..."
+            fix = "shorten it" if tag else "remove it or write one"
             raise ConfigError(
                 f"{key}={shown!r} is {len(tag)} characters; W&B tags must have 1 to "
-                f"{WANDB_TAG_MAX_CHARS} characters: shorten it"
+                f"{WANDB_TAG_MAX_CHARS} characters: {fix}"
             )
     project = wandb_cfg.project
     if not project or len(project) > WANDB_NAME_MAX_CHARS or any(c in project for c in WANDB_PROJECT_BAD_CHARS):
@@ -149,7 +151,33 @@ def check_library_settings(cfg, extra_tags: Sequence[str] = ()) -> None:
         check_tfds_name(cfg.data.tfds_name, cfg.data.data_dir)
 
 
+def check_writable_folder(key: str, path) -> None:
+    """``path`` can be created (or is) a folder this process can write into. Raises ConfigError (one line).
+
+    The nearest existing folder of ``path`` is probed by creating and removing an empty temporary folder in
+    it (permission bits alone do not tell: root ignores them, and /proc or a read-only mount refuse anyway),
+    so nothing is left behind; orbax would otherwise fail at the first save, after training, with a traceback.
+    """
+    path = Path(path).expanduser().absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        where = "is a file" if existing == path else f"is inside {existing}, which is a file"
+        raise ConfigError(f"{key}={path} {where}; give a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-probe-", dir=existing))
+    except OSError as e:
+        raise ConfigError(
+            f"{key}={path} cannot be written ({e.strerror or type(e).__name__} in {existing}); choose a folder "
+            f"you can write to"
+        ) from None
+
+
 def check_run_folder(run_dir: Path, checkpoint_cfg) -> None:
-    """The run folder holds the checkpoints when ``checkpoint.dir`` is null: no glob characters then."""
+    """The run folder holds the checkpoints when ``checkpoint.dir`` is null: no glob characters then. The
+    checkpoint folder (``checkpoint.dir``, else the run folder's ``checkpoints/``) must be writable
+    (``check_writable_folder``). Raises ConfigError (one line)."""
     if checkpoint_cfg.enabled and not checkpoint_cfg.dir:
         check_path("the run folder (hydra.run.dir / hydra.sweep.dir)", Path(run_dir) / "checkpoints")
+    if checkpoint_cfg.enabled:
+        key = "checkpoint.dir" if checkpoint_cfg.dir else "the run folder (hydra.run.dir / hydra.sweep.dir)"
+        check_writable_folder(key, checkpoint_cfg.dir or Path(run_dir) / "checkpoints")

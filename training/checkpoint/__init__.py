@@ -20,6 +20,7 @@ from training.checkpoint.policy import (
     data_order_warnings,
     finished_summary,
     history_values,
+    history_windows,
     refusal,
     resume_conflicts,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "finished_summary",
     "finite_flags",
     "history_values",
+    "history_windows",
     "is_step_dir",
     "metadata",
     "prepare",

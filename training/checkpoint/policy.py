@@ -167,6 +167,29 @@ def history_values(metrics_path: Path, up_to_step: int) -> dict[str, Any]:
     return out
 
 
+def history_windows(metrics_path: Path, up_to_step: int) -> list[tuple[float, int]]:
+    """The logging windows of ``metrics_path``'s records with ``step`` <= ``up_to_step``, as ``(elapsed_s,
+    steps)`` for ``measure.throughput.WindowStats.add``: each record with ``perf/step_time_s`` ends a window of
+    (its step - the previous window's step) steps. Empty when the file is missing or holds no window."""
+    out: list[tuple[float, int]] = []
+    previous = 0
+    try:
+        lines = Path(metrics_path).read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        step, step_time_s = int(rec.get("step", -1)), rec.get("perf/step_time_s")
+        if step > up_to_step or step_time_s is None or step <= previous:
+            continue
+        out.append((step_time_s * (step - previous), step - previous))
+        previous = step
+    return out
+
+
 def finished_summary(saved_run_dir: Optional[str], step: int) -> Optional[dict]:
     """The saved run's ``summary.json`` when that run finished successfully at ``step`` (a rerun of a finished
     run reports it again instead of training 0 steps), else None."""
