@@ -186,6 +186,7 @@ SGD_KEYS = "lr, schedule, warmup_steps, decay_steps, lr_scaling, base_batch, cli
 SHARED = {"schedule": "constant", "warmup_steps": 0, "decay_steps": 0, "lr_scaling": "none", "base_batch": 256}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "overrides, expected",
     [
@@ -205,16 +206,26 @@ def test_each_optimizer_has_its_own_keys_with_schema_defaults(overrides, expecte
     assert (optim.name, optim.clip_grad_norm, optim.base_batch) == (expected.name, None, 256)
 
 
+@pytest.mark.unit
 def test_optimizer_values_in_the_saved_config_are_the_options_values():
     """.hydra/config.yaml holds the same values as when optim was one union, less the other optimizer's keys."""
     saved = {o: OmegaConf.to_container(_compose(f"optim={o}").optim, enum_to_str=True) for o in ("adam", "sgd")}
     assert saved == {
-        "adam": {"name": "adam", "lr": 1e-3, **SHARED, "clip_grad_norm": None, "b1": 0.9, "b2": 0.999, "eps": 1e-8,
-                 "weight_decay": 0.0},
+        "adam": {
+            "name": "adam",
+            "lr": 1e-3,
+            **SHARED,
+            "clip_grad_norm": None,
+            "b1": 0.9,
+            "b2": 0.999,
+            "eps": 1e-8,
+            "weight_decay": 0.0,
+        },
         "sgd": {"name": "sgd", "lr": 0.1, **SHARED, "clip_grad_norm": None, "momentum": 0.0},
-    }  # fmt: skip
+    }
 
 
+@pytest.mark.unit
 def test_optim_options_only_pick_their_schema():
     """conf/optim/<optimizer>.yaml holds no value (defaults: conf/schema.py); sgd_momentum is SGD + momentum 0.9."""
     found = {}
@@ -228,6 +239,7 @@ def test_optim_options_only_pick_their_schema():
     assert set(schema.OPTIM_SCHEMAS) == {"adam", "sgd"} == {m.value for m in schema.OptimizerName}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "overrides, message",
     [
@@ -265,6 +277,7 @@ def test_a_key_the_optimizer_lacks_is_one_line(overrides, message):
     assert _error(*overrides) == message
 
 
+@pytest.mark.unit
 def test_optimizer_keys_reach_optax():
     """The chosen optimizer's own keys are the keyword arguments of make_optimizer (exact updates)."""
     import jax.numpy as jnp
@@ -286,6 +299,7 @@ def test_optimizer_keys_reach_optax():
     assert update.tolist() == pytest.approx([-1e-4, -1e-4], rel=1e-6)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "overrides, message",
     [
@@ -316,6 +330,7 @@ OLD_UNION_SGD = {  # optim as checkpoints saved it when it was one union of ever
 }
 
 
+@pytest.mark.unit
 def test_old_union_optimizer_config_is_refused_strictly_and_read_leniently():
     with pytest.raises(ConfigInputError) as e:
         schema.from_dict({"optim": OLD_UNION_SGD})
@@ -323,6 +338,7 @@ def test_old_union_optimizer_config_is_refused_strictly_and_read_leniently():
     assert schema.from_dict({"optim": OLD_UNION_SGD}, lenient=True).optim == SGDConfig(lr=0.1, momentum=0.9)
 
 
+@pytest.mark.unit
 def test_resume_policy_ignores_optimizer_keys_only_the_old_union_had():
     from training.checkpoint import resume_conflicts
 
