@@ -89,10 +89,10 @@ def compose_eval_config(saved_cfg: dict, overrides: Sequence[str] = ()):
     overrides in ``train.py``'s syntax (Hydra's compose API on ``conf/``: group options such as
     ``parallel=pmap`` replace that whole group, dotted keys such as ``mesh.devices=1`` one value).
 
-    The overrides are composed on the checkpoint's model (``model=<saved name>``) and ``parallel=jit_sharding``
-    unless they choose others, so ``model.*`` keys are checked against the checkpoint's model. Keys of the saved
-    ``model``/``parallel`` that their schema lacks (checkpoints saved when these nodes held every option's keys)
-    are dropped.
+    The overrides are composed on the checkpoint's model and optimizer (``model=<saved name>``,
+    ``optim=<saved name>``) and ``parallel=jit_sharding`` unless they choose others, so ``model.*`` keys are
+    checked against the checkpoint's model. Keys of the saved ``model``/``parallel``/``optim`` that their schema
+    lacks (checkpoints saved when these nodes held every option's keys) are dropped.
 
     Raises:
       ConfigError: an override Hydra cannot parse or compose (unknown group option, unknown key, a key the model
@@ -104,7 +104,7 @@ def compose_eval_config(saved_cfg: dict, overrides: Sequence[str] = ()):
     from omegaconf import OmegaConf
 
     from conf.schema import (
-        MODEL_SCHEMAS,
+        OPTION_SCHEMAS,
         ConfigInputError,
         check_known_keys,
         check_option_names,
@@ -128,8 +128,12 @@ def compose_eval_config(saved_cfg: dict, overrides: Sequence[str] = ()):
             if o.is_delete():
                 raise ConfigError(f"{o.input_line}: evaluate cannot delete keys; give a value instead")
         chosen = {o.key_or_group for o in parsed}
-        saved_model = (saved_cfg.get("model") or {}).get("name", "mlp")
-        base = [f"model={saved_model}"] if "model" not in chosen and saved_model in MODEL_SCHEMAS else []
+        base = []
+        for group in ("model", "optim"):  # the checkpoint's model and optimizer
+            schemas, default = OPTION_SCHEMAS[group]
+            saved = (saved_cfg.get(group) or {}).get("name", default)
+            if group not in chosen and saved in schemas:
+                base.append(f"{group}={saved}")
         base += [] if "parallel" in chosen else ["parallel=jit_sharding"]
         GlobalHydra.instance().clear()
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):

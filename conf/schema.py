@@ -5,10 +5,12 @@ The schema is registered in Hydra's ConfigStore as ``base_config`` and is the fi
 typed node: a misspelt key or a value of the wrong type fails at start, and ``one_line`` turns Hydra's and
 OmegaConf's messages into one line.
 
-One schema per model and per parallel mode: ``conf/model/<name>.yaml`` starts with
-``defaults: [/schema/model/<name>@_here_]`` (``MODEL_SCHEMAS``, registered under the group ``schema/model``), so
-``model=cnn model.hidden=512`` fails (``hidden`` is an MLP key) instead of being ignored. The base node types
-(``ModelConfig``, ``ParallelConfig``) hold only ``name``; OmegaConf merges a subclass into them.
+One schema per model, per parallel mode and per optimizer (``OPTION_SCHEMAS``): ``conf/model/<name>.yaml`` starts
+with ``defaults: [/schema/model/<name>@_here_]`` (``MODEL_SCHEMAS``, registered under the group ``schema/model``;
+likewise ``conf/parallel/``, ``conf/optim/``), so ``model=cnn model.hidden=512`` fails (``hidden`` is an MLP key)
+and ``optim=sgd optim.b1=0.8`` fails (``b1`` is an Adam key) instead of being ignored. The base node types
+(``ModelConfig``, ``ParallelConfig``, ``OptimConfig``) hold ``name`` and the keys every option shares; OmegaConf
+merges a subclass into them.
 
 Fixed choices are ``StrEnum`` fields: a wrong value lists the choices; YAML and saved configs hold plain
 strings; ``to_typed`` hands plain strings to the code (a ``StrEnum`` member equals its string anyway).
@@ -220,11 +222,6 @@ class ViTConfig(ModelConfig):
 
 
 MODEL_SCHEMAS: dict[str, type] = {"mlp": MLPConfig, "cnn": CNNConfig, "resnet": ResNetConfig, "vit": ViTConfig}
-# group -> (option name -> schema, default option): the nodes whose keys depend on the chosen option.
-OPTION_SCHEMAS: dict[str, tuple[dict[str, type], str]] = {
-    "model": (MODEL_SCHEMAS, "mlp"),
-    "parallel": (PARALLEL_SCHEMAS, "jit_sharding"),
-}
 
 
 def model_kwargs(model: ModelConfig) -> dict[str, Any]:
@@ -258,23 +255,64 @@ class DataConfig:
     prefetch: int = 2
 
 
+# ---- optimizers: one schema each ------------------------------------------------------------------------------
 @dataclass
 class OptimConfig:
-    """Optimizer and learning-rate schedule (optax)."""
+    """Optimizer and learning-rate schedule (optax); a node of one of ``OPTIM_SCHEMAS`` (``optim=<name>``).
+
+    The keys every optimizer has live here; each optimizer's schema adds its own (``optimizer_kwargs``).
+    ``schedule``: constant | cosine (decays to 0 over ``decay_steps`` after ``warmup_steps``, its own key, never
+    derived); ``lr_scaling``: none | linear (lr * global_batch / base_batch); ``clip_grad_norm``: null = off.
+    """
+
+    name: OptimizerName = MISSING
+    lr: float = MISSING
+    schedule: Schedule = Schedule.constant
+    warmup_steps: int = 0
+    decay_steps: int = 0
+    lr_scaling: LrScaling = LrScaling.none
+    base_batch: int = 256
+    clip_grad_norm: Optional[float] = None
+
+
+@dataclass
+class AdamConfig(OptimConfig):
+    """Adam (Kingma and Ba 2015), ``optax.adam``; ``weight_decay`` > 0: AdamW, decoupled weight decay (Loshchilov
+    and Hutter 2019), ``optax.adamw``."""
 
     name: OptimizerName = OptimizerName.adam
     lr: float = 1e-3
-    momentum: float = 0.0
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
     weight_decay: float = 0.0
-    schedule: Schedule = Schedule.constant
-    warmup_steps: int = 0
-    decay_steps: int = 0  # cosine: steps over which lr decays to 0 (after warmup); its own key, never derived
-    lr_scaling: LrScaling = LrScaling.none  # linear: lr * global_batch / base_batch
-    base_batch: int = 256
-    clip_grad_norm: Optional[float] = None
+
+
+@dataclass
+class SGDConfig(OptimConfig):
+    """Stochastic gradient descent, ``optax.sgd``; ``momentum`` > 0: heavy-ball momentum (0: none)."""
+
+    name: OptimizerName = OptimizerName.sgd
+    lr: float = 0.1
+    momentum: float = 0.0
+
+
+OPTIM_SCHEMAS: dict[str, type] = {"adam": AdamConfig, "sgd": SGDConfig}
+
+
+def optimizer_kwargs(optim: OptimConfig) -> dict[str, Any]:
+    """The optimizer's own hyper-parameters (the fields its schema adds to ``OptimConfig``) as keyword arguments
+    of ``core.optim.make_optimizer``: e.g. ``{"momentum": 0.0}`` for SGD."""
+    shared = set(_keys(OptimConfig))
+    return {f.name: getattr(optim, f.name) for f in dataclasses.fields(optim) if f.name not in shared}
+
+
+# group -> (option name -> schema, default option): the nodes whose keys depend on the chosen option.
+OPTION_SCHEMAS: dict[str, tuple[dict[str, type], str]] = {
+    "model": (MODEL_SCHEMAS, "mlp"),
+    "parallel": (PARALLEL_SCHEMAS, "jit_sharding"),
+    "optim": (OPTIM_SCHEMAS, "adam"),
+}
 
 
 @dataclass
@@ -419,7 +457,7 @@ class XlaConfig:
 
 @dataclass
 class Config:
-    # Typed by the chosen option (conf/model/<name>.yaml -> MODEL_SCHEMAS[name], likewise parallel).
+    # Typed by the chosen option (conf/model/<name>.yaml -> MODEL_SCHEMAS[name], likewise parallel and optim).
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -438,8 +476,8 @@ class Config:
 
 def register() -> None:
     """Registers the schema in Hydra's ConfigStore (idempotent): ``base_config`` and, under the groups
-    ``schema/model`` and ``schema/parallel``, one node per option (the first default of each
-    ``conf/model/<name>.yaml`` / ``conf/parallel/<name>.yaml``)."""
+    ``schema/model``, ``schema/parallel`` and ``schema/optim``, one node per option (the first default of each
+    ``conf/<group>/<name>.yaml`` of these groups)."""
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     for group, (schemas, _) in OPTION_SCHEMAS.items():
@@ -476,8 +514,8 @@ def _option_of(schema: Optional[type]) -> Optional[tuple[str, str]]:
 def unknown_key_message(key: str, schema: Optional[type], more: str = "") -> str:
     """One line for ``key`` (dotted) missing from the dataclass ``schema`` of its parent node.
 
-    Under ``model``/``parallel`` it names the chosen option and the keys it has, and the options the key belongs
-    to; elsewhere a "did you mean" hint, else the parent's keys. ``more`` is appended after the key."""
+    Under ``model``/``parallel``/``optim`` it names the chosen option and the keys it has, and the options the key
+    belongs to; elsewhere a "did you mean" hint, else the parent's keys. ``more`` is appended after the key."""
     parent, _, leaf = key.rpartition(".")
     known = _keys(schema) if dataclasses.is_dataclass(schema) else []
     option = _option_of(schema)
@@ -534,7 +572,7 @@ def check_known_keys(cfg: DictConfig) -> None:
 
 
 def check_option_names(cfg: DictConfig) -> None:
-    """``model.name`` / ``parallel.name`` must be the chosen option's: the option picks the schema, so
+    """``model.name`` / ``parallel.name`` / ``optim.name`` must be the chosen option's: the option picks the schema, so
     ``model.name=cnn`` on ``model=mlp`` would build a CNN from MLP settings. Raises ConfigInputError."""
     for group, (schemas, _) in OPTION_SCHEMAS.items():
         node = cfg.get(group)
@@ -700,11 +738,12 @@ def to_typed(cfg: DictConfig) -> Config:
 
 def from_dict(data: Mapping[str, Any], *, lenient: bool = False) -> Config:
     """A typed ``Config`` from a nested plain dict (e.g. a checkpoint's saved config); schema defaults fill
-    every absent key. ``model``/``parallel`` take the schema of their ``name`` (default mlp / jit_sharding).
+    every absent key. ``model``/``parallel``/``optim`` take the schema of their ``name`` (default mlp /
+    jit_sharding / adam).
 
     Args:
-      lenient: drop the keys of ``model``/``parallel`` that the option's schema lacks instead of refusing them
-        (configs saved when these nodes were one union of every option's keys).
+      lenient: drop the keys of ``model``/``parallel``/``optim`` that the option's schema lacks instead of refusing
+        them (configs saved when these nodes were one union of every option's keys).
     Raises:
       ConfigInputError / UnknownKeyError: one line naming the key.
     """

@@ -252,7 +252,7 @@ def _step(exp, state, dataset, step):
 def test_reshard_fsdp8_to_2_1_and_pmap4(tmp_path, optim, tol):
     dataset = random_dataset(2048)
     base = {
-        "optim": {"name": optim, "lr": 0.1 if optim == "sgd" else 1e-3, "momentum": 0.9},
+        "optim": {"name": "sgd", "lr": 0.1, "momentum": 0.9} if optim == "sgd" else {"name": "adam", "lr": 1e-3},
         "train": {"global_batch": 64},
     }
     cfg8 = make_cfg({**base, "parallel": {"name": "fsdp"}, "mesh": {"devices": 8, "shape": [1, 8]}})

@@ -23,9 +23,8 @@ def _typed(*overrides: str):
     [
         (
             "+optim.learning_rate=0.5",
-            "unknown config key optim.learning_rate; known keys of optim: name, lr, "
-            "momentum, b1, b2, eps, weight_decay, schedule, warmup_steps, decay_steps, "
-            "lr_scaling, base_batch, clip_grad_norm",
+            "unknown config key optim.learning_rate for optim=adam; optim=adam has: lr, schedule, warmup_steps, "
+            "decay_steps, lr_scaling, base_batch, clip_grad_norm, b1, b2, eps, weight_decay",
         ),
         ("+train.stepz=3", "unknown config key train.stepz; did you mean train.steps?"),
         ("+model.hiden=3", "unknown config key model.hiden for model=mlp; did you mean model.hidden?"),
@@ -54,9 +53,8 @@ def test_train_py_stops_at_start(tmp_path):
     assert r.returncode == 1
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert lines == [
-        "train.py: unknown config key optim.learning_rate; known keys of optim: name, lr, momentum, "
-        "b1, b2, eps, weight_decay, schedule, warmup_steps, decay_steps, lr_scaling, base_batch, "
-        "clip_grad_norm"
+        "train.py: unknown config key optim.learning_rate for optim=adam; optim=adam has: lr, schedule, "
+        "warmup_steps, decay_steps, lr_scaling, base_batch, clip_grad_norm, b1, b2, eps, weight_decay"
     ]
     # nothing but Hydra's .hydra/ and log, and a failed summary naming the key
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {

@@ -1,4 +1,4 @@
-"""The config says more: one schema per model and mode, Enum choices, conf/experiment/ recipes, the accum= and
+"""The config says more: one schema per model, mode and optimizer, Enum choices, conf/experiment/ recipes, the accum= and
 mesh= groups, and one-line errors for everything Hydra composes (in-process compose + two train.py runs)."""
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ from omegaconf import OmegaConf
 
 from conf import schema
 from conf.schema import (
+    AdamConfig,
     CNNConfig,
     ConfigInputError,
     FsdpConfig,
     JitShardingConfig,
     MLPConfig,
     ResNetConfig,
+    SGDConfig,
     ViTConfig,
     is_composition_error,
     one_line,
@@ -32,10 +34,14 @@ from utils import REPO, run_train
 CONF = REPO / "conf"
 
 
-def _compose(*overrides: str):
+def _compose(*overrides: str, return_hydra_config: bool = False):
     register()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=quote_numeric_options(list(overrides), CONF))
+        return compose(
+            config_name="config",
+            overrides=quote_numeric_options(list(overrides), CONF),
+            return_hydra_config=return_hydra_config,
+        )
 
 
 def _typed(*overrides: str):
@@ -172,6 +178,214 @@ def test_resume_policy_ignores_keys_only_the_old_union_schema_had():
     }
     assert resume_conflicts(old, new, 256, 256) == []
     assert resume_conflicts({**old, "model": {**old["model"], "width": 32}}, new, 256, 256) == ["model.width: 32 -> 16"]
+
+
+# ---- one schema per optimizer -------------------------------------------------------------------------------
+ADAM_KEYS = "lr, schedule, warmup_steps, decay_steps, lr_scaling, base_batch, clip_grad_norm, b1, b2, eps, weight_decay"
+SGD_KEYS = "lr, schedule, warmup_steps, decay_steps, lr_scaling, base_batch, clip_grad_norm, momentum"
+SHARED = {"schedule": "constant", "warmup_steps": 0, "decay_steps": 0, "lr_scaling": "none", "base_batch": 256}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ([], AdamConfig(lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0)),
+        (["optim=sgd"], SGDConfig(lr=0.1, momentum=0.0)),
+        (["optim=sgd_momentum"], SGDConfig(lr=0.1, momentum=0.9)),
+        (["optim=sgd", "optim.momentum=0.8", "optim.lr=0.05"], SGDConfig(lr=0.05, momentum=0.8)),
+        (
+            ["optim=adam", "optim.b1=0.8", "optim.weight_decay=1e-4", "optim.schedule=cosine", "optim.decay_steps=9"],
+            AdamConfig(lr=1e-3, b1=0.8, b2=0.999, eps=1e-8, weight_decay=1e-4, schedule="cosine", decay_steps=9),
+        ),
+    ],
+)
+def test_each_optimizer_has_its_own_keys_with_schema_defaults(overrides, expected):
+    optim = _typed(*overrides).optim
+    assert type(optim) is type(expected) and optim == expected
+    assert (optim.name, optim.clip_grad_norm, optim.base_batch) == (expected.name, None, 256)
+
+
+@pytest.mark.unit
+def test_optimizer_values_in_the_saved_config_are_the_options_values():
+    """.hydra/config.yaml holds the same values as when optim was one union, less the other optimizer's keys."""
+    saved = {o: OmegaConf.to_container(_compose(f"optim={o}").optim, enum_to_str=True) for o in ("adam", "sgd")}
+    assert saved == {
+        "adam": {
+            "name": "adam",
+            "lr": 1e-3,
+            **SHARED,
+            "clip_grad_norm": None,
+            "b1": 0.9,
+            "b2": 0.999,
+            "eps": 1e-8,
+            "weight_decay": 0.0,
+        },
+        "sgd": {"name": "sgd", "lr": 0.1, **SHARED, "clip_grad_norm": None, "momentum": 0.0},
+    }
+
+
+@pytest.mark.unit
+def test_optim_options_only_pick_their_schema():
+    """conf/optim/<optimizer>.yaml holds no value (defaults: conf/schema.py); sgd_momentum is SGD + momentum 0.9."""
+    found = {}
+    for path in sorted((CONF / "optim").glob("*.yaml")):
+        found[path.stem] = yaml.safe_load(path.read_text())
+    assert found == {
+        "adam": {"defaults": ["/schema/optim/adam@_here_", "_self_"]},
+        "sgd": {"defaults": ["/schema/optim/sgd@_here_", "_self_"]},
+        "sgd_momentum": {"defaults": ["/schema/optim/sgd@_here_", "_self_"], "momentum": 0.9},
+    }
+    assert set(schema.OPTIM_SCHEMAS) == {"adam", "sgd"} == {m.value for m in schema.OptimizerName}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["optim=sgd", "optim.b1=0.8"],
+            f"optim.b1 does not apply to optim=sgd (only to optim=adam); optim=sgd has: {SGD_KEYS}",
+        ),
+        (
+            ["optim=sgd", "+optim.weight_decay=1e-4"],
+            f"optim.weight_decay does not apply to optim=sgd (only to optim=adam); optim=sgd has: {SGD_KEYS}",
+        ),
+        (
+            ["optim=sgd_momentum", "optim.eps=1e-6"],
+            f"optim.eps does not apply to optim=sgd (only to optim=adam); optim=sgd has: {SGD_KEYS}",
+        ),
+        (
+            ["optim=adam", "optim.momentum=0.9"],
+            f"optim.momentum does not apply to optim=adam (only to optim=sgd); optim=adam has: {ADAM_KEYS}",
+        ),
+        (
+            ["optim=sgd", "optim.momentun=0.9"],
+            "unknown config key optim.momentun for optim=sgd; did you mean optim.momentum?",
+        ),
+        (
+            ["optim=sgd", "optim.name=adam"],
+            "optim.name=adam does not match the chosen option optim=sgd; choose the optim with optim=adam",
+        ),
+        (
+            ["optim=sgdm"],
+            "optim=sgdm is not an option of group optim; choose one of adam, sgd, sgd_momentum; did you mean optim=sgd?",
+        ),
+    ],
+)
+def test_a_key_the_optimizer_lacks_is_one_line(overrides, message):
+    assert _error(*overrides) == message
+
+
+@pytest.mark.unit
+def test_optimizer_keys_reach_optax():
+    """The chosen optimizer's own keys are the keyword arguments of make_optimizer (exact updates)."""
+    import jax.numpy as jnp
+
+    from training.build import _optimizer
+
+    sgd = _typed("optim=sgd", "optim.momentum=0.9", "optim.lr=0.5")
+    adam = _typed("optim.weight_decay=0.1")
+    assert schema.optimizer_kwargs(sgd.optim) == {"momentum": 0.9}
+    assert schema.optimizer_kwargs(adam.optim) == {"b1": 0.9, "b2": 0.999, "eps": 1e-8, "weight_decay": 0.1}
+    tx, _ = _optimizer(sgd, 0.5)
+    params, grad = jnp.ones(2), jnp.full(2, 2.0)
+    state = tx.init(params)
+    first, state = tx.update(grad, state, params)
+    second, _ = tx.update(grad, state, params)  # heavy ball: -lr (g + 0.9 g)
+    assert first.tolist() == [-1.0, -1.0] and second.tolist() == pytest.approx([-1.9, -1.9], rel=1e-6)
+    tx, _ = _optimizer(adam, 1e-3)
+    update, _ = tx.update(jnp.zeros(2), tx.init(params), params)  # AdamW, zero gradient: -lr * wd * param
+    assert update.tolist() == pytest.approx([-1e-4, -1e-4], rel=1e-6)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["optim=sgd", "optim.momentum=1.0"], "optim.momentum=1.0 is out of range; it must be in [0, 1)"),
+        (["optim.b2=1.0"], "optim.b2=1.0 is out of range; it must be in [0, 1)"),
+        (["optim.eps=0"], "optim.eps=0.0 is out of range; it must be a finite value > 0"),
+    ],
+)
+def test_optimizer_ranges_are_checked_for_the_chosen_optimizer(overrides, message):
+    from parallel import ConfigError
+    from training.build import plan
+
+    with pytest.raises(ConfigError) as e:
+        plan(_typed("data=synthetic", "train.steps=10", *overrides))
+    assert str(e.value) == message
+
+
+OLD_UNION_SGD = {  # optim as checkpoints saved it when it was one union of every optimizer's keys
+    "name": "sgd",
+    "lr": 0.1,
+    "momentum": 0.9,
+    "b1": 0.9,
+    "b2": 0.999,
+    "eps": 1e-8,
+    "weight_decay": 0.0,
+    **SHARED,
+    "clip_grad_norm": None,
+}
+
+
+@pytest.mark.unit
+def test_old_union_optimizer_config_is_refused_strictly_and_read_leniently():
+    with pytest.raises(ConfigInputError) as e:
+        schema.from_dict({"optim": OLD_UNION_SGD})
+    assert str(e.value) == f"optim.b1 does not apply to optim=sgd (only to optim=adam); optim=sgd has: {SGD_KEYS}"
+    assert schema.from_dict({"optim": OLD_UNION_SGD}, lenient=True).optim == SGDConfig(lr=0.1, momentum=0.9)
+
+
+@pytest.mark.unit
+def test_resume_policy_ignores_optimizer_keys_only_the_old_union_had():
+    from training.checkpoint import resume_conflicts
+
+    new = schema.as_dict(schema.from_dict({"optim": {"name": "sgd", "momentum": 0.9}}))
+    old = {**new, "optim": OLD_UNION_SGD}
+    assert resume_conflicts(old, new, 256, 256) == []
+    assert resume_conflicts({**old, "optim": {**OLD_UNION_SGD, "momentum": 0.5}}, new, 256, 256) == [
+        "optim.momentum: 0.5 -> 0.9"
+    ]
+    adam = schema.as_dict(schema.from_dict({}))  # another optimizer is another experiment
+    assert resume_conflicts(old, adam, 256, 256) == ["optim.lr: 0.1 -> 0.001", "optim.name: 'sgd' -> 'adam'"]
+
+
+def test_train_py_resumes_and_evaluates_a_checkpoint_saved_with_the_union_optimizer(tmp_path):
+    """A checkpoint whose metadata holds the old union's optim keys resumes (train.py) and evaluates."""
+    ckpt = tmp_path / "ck"
+    common = [
+        "data=synthetic",
+        "optim=sgd_momentum",
+        "wandb.mode=disabled",
+        "mesh.devices=1",
+        "runtime.cpu_devices=1",
+        "checkpoint.every=2",
+        f"checkpoint.dir={ckpt}",
+    ]
+    proc = run_train(tmp_path / "run1", *common, "train.steps=2", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    meta_path = ckpt / "2" / "meta" / "metadata"
+    meta = json.loads(meta_path.read_text())
+    assert meta["config"]["optim"] == {
+        k: v for k, v in OLD_UNION_SGD.items() if k not in ("b1", "b2", "eps", "weight_decay")
+    }
+    meta["config"]["optim"] = OLD_UNION_SGD
+    meta_path.write_text(json.dumps(meta))
+    out = subprocess.run(
+        [sys.executable, "-m", "evaluate", "--json", str(ckpt / "2"), "runtime.cpu_devices=1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout)["step"] == 2
+    proc = run_train(tmp_path / "run2", *common, "train.steps=4", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "run2" / "summary.json").read_text())
+    assert (summary["status"], summary["checkpoint/resumed_step"], summary["checkpoint/last_step"]) == ("ok", 2, 4)
 
 
 # ---- Enum fields -------------------------------------------------------------------------------------------
@@ -404,11 +618,15 @@ def test_sweep_presets_compose_every_value():
         first = {k: str(v).split(",")[0] for k, v in params.items()}
         for key, values in params.items():
             for value in str(values).split(","):
-                composed = _compose(f"+sweep={path.stem}", *(f"{k}={v}" for k, v in {**first, key: value}.items()))
+                overrides = [f"+sweep={path.stem}", *(f"{k}={v}" for k, v in {**first, key: value}.items())]
+                composed = _compose(*overrides)
                 to_typed(composed)
                 if key.startswith("+"):  # an added group (+warmup): it sets other keys
                     continue
-                got = composed[key].name if "." not in key else OmegaConf.select(composed, key)
+                if "." in key:
+                    got = OmegaConf.select(composed, key)
+                else:  # a group: the option chosen (optim=sgd_momentum is SGD, optim.name=sgd)
+                    got = _compose(*overrides, return_hydra_config=True).hydra.runtime.choices[key]
                 assert str(got).replace("None", "null") == value, (path.stem, key, value)
 
 
@@ -419,9 +637,8 @@ def test_sweep_presets_compose_every_value():
     [
         (
             ["optim.learning_rate=0.5"],
-            "unknown config key optim.learning_rate; known keys of optim: name, lr, momentum, "
-            "b1, b2, eps, weight_decay, schedule, warmup_steps, decay_steps, lr_scaling, "
-            "base_batch, clip_grad_norm",
+            "unknown config key optim.learning_rate for optim=adam; optim=adam has: lr, schedule, warmup_steps, "
+            "decay_steps, lr_scaling, base_batch, clip_grad_norm, b1, b2, eps, weight_decay",
         ),
         (["train.stepz=3"], "unknown config key train.stepz; did you mean train.steps?"),
         (["paralel=pmap"], "unknown config key paralel; did you mean parallel?"),

@@ -112,14 +112,15 @@ def test_large_batch_preset_composes_epoch_based_lengths():
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["+sweep=large_batch"], return_hydra_config=True)
         assert dict(cfg.hydra.sweeper.params) == {
-            "optim": "sgd,adam",
+            "optim": "sgd_momentum,adam",
             "train.global_batch": "256,512,1024,2048,4096,8192",
             "optim.lr_scaling": "none,linear",
             "+warmup": "none,epochs2",
             "train.seed": "0,1,2",
         }
         job = compose(
-            "config", overrides=["+sweep=large_batch", "optim=sgd", "train.global_batch=8192", "+warmup=epochs2"]
+            "config",
+            overrides=["+sweep=large_batch", "optim=sgd_momentum", "train.global_batch=8192", "+warmup=epochs2"],
         )
     assert (job.train.eval_every, job.train.log_every, job.optim.warmup_steps) == (7, 3, 14)  # 60000 // 8192 = 7
     assert (job.optim.name, job.optim.momentum, job.mesh.devices, job.train.target_accuracy) == ("sgd", 0.9, 1, 0.97)

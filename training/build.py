@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from conf.schema import Config, model_kwargs
+from conf.schema import Config, model_kwargs, optimizer_kwargs
 from core.errors import ConfigError
 from core.optim import effective_lr, make_optimizer, make_schedule
 from core.precision import LOSS_SCALING_MODES, init_loss_scale
@@ -208,11 +208,7 @@ def check_numbers(cfg: Config) -> None:
             o.clip_grad_norm is None or (math.isfinite(o.clip_grad_norm) and o.clip_grad_norm > 0),
             "null (off) or a finite value > 0",
         ),
-        ("optim.momentum", o.momentum, 0 <= o.momentum < 1, "in [0, 1)"),
-        ("optim.b1", o.b1, 0 <= o.b1 < 1, "in [0, 1)"),
-        ("optim.b2", o.b2, 0 <= o.b2 < 1, "in [0, 1)"),
-        ("optim.eps", o.eps, math.isfinite(o.eps) and o.eps > 0, "a finite value > 0"),
-        ("optim.weight_decay", o.weight_decay, math.isfinite(o.weight_decay) and o.weight_decay >= 0, ">= 0"),
+        *_optimizer_checks(o),
         ("optim.warmup_steps", o.warmup_steps, o.warmup_steps >= 0, ">= 0"),
         ("optim.base_batch", o.base_batch, o.base_batch > 0, "> 0"),
         (
@@ -263,6 +259,25 @@ def check_numbers(cfg: Config) -> None:
             raise ConfigError(f"{key}={value} is out of range; it must be {allowed}")
 
 
+# The optimizers' own keys (conf/schema.py OPTIM_SCHEMAS): (key, in range, allowed range).
+_OPTIMIZER_RANGES = (
+    ("momentum", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("b1", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("b2", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("eps", lambda v: math.isfinite(v) and v > 0, "a finite value > 0"),
+    ("weight_decay", lambda v: math.isfinite(v) and v >= 0, ">= 0"),
+)
+
+
+def _optimizer_checks(o) -> list[tuple[str, Any, bool, str]]:
+    """``check_numbers`` entries for the keys the chosen optimizer has."""
+    return [
+        (f"optim.{k}", getattr(o, k), ok(getattr(o, k)), allowed)
+        for k, ok, allowed in _OPTIMIZER_RANGES
+        if hasattr(o, k)
+    ]
+
+
 def _model(cfg: Config):
     m = cfg.model
     return build_model(
@@ -277,14 +292,7 @@ def _optimizer(cfg: Config, peak_lr: float):
     # every step; the schedule function still gives the logged optim/lr.
     constant = o.schedule == "constant" and o.warmup_steps <= 0
     tx = make_optimizer(
-        o.name,
-        peak_lr if constant else schedule,
-        momentum=o.momentum,
-        b1=o.b1,
-        b2=o.b2,
-        eps=o.eps,
-        weight_decay=o.weight_decay,
-        clip_grad_norm=o.clip_grad_norm,
+        o.name, peak_lr if constant else schedule, clip_grad_norm=o.clip_grad_norm, **optimizer_kwargs(o)
     )
     return tx, schedule
 

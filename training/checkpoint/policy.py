@@ -55,7 +55,7 @@ ALLOWED = (
 BATCH_KEYS = ("train.global_batch", "train.per_device_batch")
 # Nodes whose keys depend on the chosen option (conf/schema.py OPTION_SCHEMAS); checkpoints saved before hold
 # every option's keys.
-OPTION_NODES = ("model.", "parallel.")
+OPTION_NODES = ("model.", "parallel.", "optim.")
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -82,7 +82,7 @@ def resume_conflicts(
         if old.get(key) == new.get(key) or key.startswith(ALLOWED):
             continue
         if key not in new and key.startswith(OPTION_NODES):
-            continue  # a key of the union schema that this run's model / mode does not have (so never used)
+            continue  # a key of the union schema that this run's model / mode / optimizer lacks (so never used)
         if key in BATCH_KEYS and saved_global_batch is not None and saved_global_batch == global_batch:
             continue
         out.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}")
