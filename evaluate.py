@@ -163,16 +163,22 @@ DATA_SHAPE_KEYS = ("image_shape", "num_classes")
 
 
 def model_changes(saved_cfg: dict, cfg) -> list[str]:
-    """``key: saved -> now`` for every ``model.*`` key (but ``MODEL_KEYS_EXEMPT``) and ``data.image_shape`` /
+    """``key: saved -> now`` for every ``model.*`` key (but ``MODEL_KEYS_EXEMPT``), every ``optim.*`` key both
+    configs have (the restored state holds the optimizer's state) and ``data.image_shape`` /
     ``data.num_classes`` where the evaluation's typed config ``cfg`` differs from the checkpoint's saved config
-    (keys the saved config lacks are not compared); another ``model.name`` alone when the model differs."""
+    (keys the saved config lacks are not compared); another ``model.name`` (or ``optim.name``) alone when it
+    differs."""
     from conf.schema import as_dict
 
     now = as_dict(cfg)
     saved_model = saved_cfg.get("model", {})
     if "name" in saved_model and saved_model["name"] != now["model"]["name"]:  # another model: its name says it
         return [f"model.name: {saved_model['name']!r} -> {now['model']['name']!r}"]
+    saved_optim, now_optim = saved_cfg.get("optim", {}), now.get("optim", {})
+    if "name" in saved_optim and saved_optim["name"] != now_optim.get("name"):  # another optimizer state
+        return [f"optim.name: {saved_optim['name']!r} -> {now_optim.get('name')!r}"]
     pairs = [("model", k) for k in saved_model if k not in MODEL_KEYS_EXEMPT]
+    pairs += [("optim", k) for k in saved_optim if k in now_optim]  # the optimizer state's structure
     pairs += [("data", k) for k in DATA_SHAPE_KEYS if k in saved_cfg.get("data", {})]
     out = []
     for group, key in pairs:

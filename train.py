@@ -65,6 +65,13 @@ def main(cfg: DictConfig) -> None:
         sys.exit(1)  # in a sweep the failure is recorded in the job's summary.json and the sweep goes on
 
 
+def multirun_flag_first(argv: list[str]) -> list[str]:
+    """``argv`` with ``-m``/``--multirun`` moved before the overrides: Hydra's argument parser refuses the flag
+    after an override (``python train.py data=synthetic -m accum=1,2`` would print its usage and exit 2)."""
+    flags = [a for a in argv if a in ("-m", "--multirun")]
+    return flags + [a for a in argv if a not in ("-m", "--multirun")]
+
+
 def cli(argv: list[str]) -> None:
     """Runs ``main`` on the command line ``argv``; composition errors become one line and exit code 1.
 
@@ -73,7 +80,7 @@ def cli(argv: list[str]) -> None:
     and rewords the error with ``conf.schema.one_line``. ``accum=4`` is passed as ``accum='4'``: Hydra reads an
     unquoted number as an integer and refuses it as a group option.
     """
-    sys.argv = [sys.argv[0], *quote_numeric_options(argv, CONF_DIR)]
+    sys.argv = [sys.argv[0], *quote_numeric_options(multirun_flag_first(argv), CONF_DIR)]
     if _RAISE_FLAG not in os.environ:
         os.environ[_RAISE_FLAG] = os.environ[_RAISE_MARK] = "1"
     try:

@@ -283,6 +283,8 @@ def test_evaluate_refuses_another_model_by_name(tmp_path):
         (["model=cnn"], "model.name: 'mlp' -> 'cnn'"),
         (["model.hidden=128"], "model.hidden: 256 -> 128"),
         (["data.image_shape=[32,32,3]"], "data.image_shape: [28, 28, 1] -> [32, 32, 3]"),
+        (["optim=sgd"], "optim.name: 'adam' -> 'sgd'"),  # another optimizer's state: named, not a tree path
+        (["optim.b1=0.8"], "optim.b1: 0.9 -> 0.8"),
     ]:
         with pytest.raises(ConfigError) as e:
             evaluate.evaluate_checkpoint(ckpt, overrides)
@@ -293,3 +295,40 @@ def test_evaluate_refuses_another_model_by_name(tmp_path):
     saved = {"model": {"name": "mlp", "hidden": 256, "activation": "tanh", "dropout": 0.0, "init_std": 0.01}}
     cfg = evaluate.compose_eval_config(saved, ["model.dropout=0.5", "mesh.devices=2"])
     assert evaluate.model_changes(saved, cfg) == []  # dropout is off in evaluation; the device count is free
+
+
+# ---- -m after an override; a compilation cache folder that cannot be written ---------------------------------
+@pytest.mark.unit
+def test_multirun_flag_moves_before_the_overrides():
+    import train
+
+    assert train.multirun_flag_first(["data=synthetic", "-m", "accum=1,2"]) == ["-m", "data=synthetic", "accum=1,2"]
+    assert train.multirun_flag_first(["a=1", "--multirun"]) == ["--multirun", "a=1"]
+    assert train.multirun_flag_first(["a=1", "b=2"]) == ["a=1", "b=2"]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("where", ["file", "inside_file", "proc"])
+def test_unwritable_compilation_cache_is_turned_off_with_one_warning(tmp_path, caplog, where):
+    import jax
+
+    from training.compile_cache import configure_compilation_cache
+
+    (tmp_path / "f").write_text("x")
+    folder = {"file": tmp_path / "f", "inside_file": tmp_path / "f" / "sub", "proc": Path("/proc/nope")}[where]
+    saved = {n: getattr(jax.config, n) for n in ("jax_enable_compilation_cache", "jax_compilation_cache_dir")}
+    try:
+        with caplog.at_level(logging.WARNING, logger="training.compile_cache"):
+            assert configure_compilation_cache(str(folder)) is None
+        assert jax.config.jax_enable_compilation_cache is False
+        [record] = [r for r in caplog.records if r.name == "training.compile_cache"]
+        message = record.getMessage()
+        assert message.startswith(f"runtime.compilation_cache_dir={folder} ")
+        assert message.endswith("the compilation cache is off for this run (or set runtime.compilation_cache_dir=null)")
+        assert "\n" not in message
+    finally:
+        from jax.experimental.compilation_cache import compilation_cache
+
+        compilation_cache.reset_cache()
+        for name, value in saved.items():
+            jax.config.update(name, value)

@@ -61,7 +61,8 @@ def configure_compilation_cache(
     Settings that differ from the process's current ones reset JAX's cache object first (public
     ``jax.experimental.compilation_cache.reset_cache``), so the jobs of a sweep that share one process
     each get their own settings; unchanged settings leave it as it is. The folder is created on the first
-    write, by JAX.
+    write, by JAX. A folder that cannot be written (a file, /proc, a read-only mount) turns the cache off with
+    one warning line naming the key (a cache is an optimisation: the run goes on, as it would without one).
 
     Raises:
       ValueError: a negative threshold.
@@ -69,12 +70,28 @@ def configure_compilation_cache(
     import jax
     from jax.experimental.compilation_cache import compilation_cache
 
+    if cache_dir:
+        cache_dir = _writable_or_none(cache_dir)
     wanted = cache_settings(cache_dir, min_compile_time_s, min_entry_bytes)
     current = {name: getattr(jax.config, name) for name in wanted}
     if current != wanted:
+        logging.getLogger("jax._src.compilation_cache").setLevel(logging.WARNING)  # "Resetting cache at ..."
         compilation_cache.reset_cache()
         for name, value in wanted.items():
             jax.config.update(name, value)
     folder = wanted.get("jax_compilation_cache_dir")
     log.debug("JAX persistent compilation cache: %s", folder or "off")
     return folder
+
+
+def _writable_or_none(cache_dir: str) -> Optional[str]:
+    """``cache_dir`` if it is (or can be created as) a writable folder, else None after one warning line."""
+    from core.errors import ConfigError
+    from training.validate import check_writable_folder
+
+    try:
+        check_writable_folder("runtime.compilation_cache_dir", os.path.expanduser(str(cache_dir)))
+    except ConfigError as e:
+        log.warning("%s: the compilation cache is off for this run (or set runtime.compilation_cache_dir=null)", e)
+        return None
+    return cache_dir
