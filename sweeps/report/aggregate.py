@@ -245,8 +245,11 @@ def aggregate(records: list[dict]) -> list[dict[str, Any]]:
         row["_series"] = series_key(row)
         rows.append(row)
     common = set.intersection(*(set(r["overrides"] or ()) for r in rows)) if rows else set()
+    # fields without a column of their own, named in the config column where they differ between configurations
+    named = [f for f in ("grad_reduce_dtype", "grad_compression") if len({r.get(f) for r in rows}) > 1]
     for row in rows:  # the config column names what distinguishes a configuration, not the sweep's constants
-        row["config"] = " ".join(o for o in row["overrides"] or () if o not in common)
+        fields = [f"{f}={row.get(f) or 'none'}" for f in named]
+        row["config"] = " ".join(fields + [o for o in row["overrides"] or () if o not in common])
     baselines = {r["_series"]: r for r in rows if r["devices"] == 1 and r["examples_per_s"]}
     for row in rows:
         base = baselines.get(row["_series"])

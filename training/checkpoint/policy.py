@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 
 ALLOWED = (
@@ -142,23 +142,29 @@ def config_changes(saved_cfg: dict, cfg_dict: dict, limit: int = 6) -> list[str]
 SUMMARY_PREFIXES = ("train/", "optim/", "perf/", "sync/", "mesh/", "loss_scale/", "comm/", "mem/")
 
 
+def _records(metrics_path: Path, up_to_step: int) -> Iterator[dict[str, Any]]:
+    """The readable JSON records of ``metrics_path`` with ``step`` <= ``up_to_step``, in file order; none when
+    the file is missing (a line cut short by a kill is skipped)."""
+    try:
+        lines = Path(metrics_path).read_text().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if int(rec.get("step", -1)) <= up_to_step:
+            yield rec
+
+
 def history_values(metrics_path: Path, up_to_step: int) -> dict[str, Any]:
     """The last value of every training key (``train/``, ``optim/``, ``perf/``, ``sync/`` ...) in the records of
     ``metrics_path`` with ``step`` <= ``up_to_step``, plus ``perf/step_time_s_median`` over its logging windows;
     empty when the file is missing. Non-finite values (written as null) are skipped."""
     out: dict[str, Any] = {}
     step_times = []
-    try:
-        lines = Path(metrics_path).read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if int(rec.get("step", -1)) > up_to_step:
-            continue
+    for rec in _records(metrics_path, up_to_step):
         out.update({k: v for k, v in rec.items() if k.startswith(SUMMARY_PREFIXES) and v is not None})
         if rec.get("perf/step_time_s") is not None:
             step_times.append(rec["perf/step_time_s"])
@@ -173,17 +179,9 @@ def history_windows(metrics_path: Path, up_to_step: int) -> list[tuple[float, in
     (its step - the previous window's step) steps. Empty when the file is missing or holds no window."""
     out: list[tuple[float, int]] = []
     previous = 0
-    try:
-        lines = Path(metrics_path).read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for rec in _records(metrics_path, up_to_step):
         step, step_time_s = int(rec.get("step", -1)), rec.get("perf/step_time_s")
-        if step > up_to_step or step_time_s is None or step <= previous:
+        if step_time_s is None or step <= previous:
             continue
         out.append((step_time_s * (step - previous), step - previous))
         previous = step
