@@ -20,3 +20,9 @@ class TrainingError(RuntimeError):
 
 
 USER_ERRORS = (ConfigError, DataError, TrainingError)
+
+
+def first_line(error: BaseException, limit: int = 200) -> str:
+    """The first line of ``str(error)`` (its type name when the message is empty), cut at ``limit`` characters:
+    a library's multi-line message reduced to what fits in a one-line error."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:limit]

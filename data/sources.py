@@ -16,7 +16,7 @@ from typing import Optional
 
 import numpy as np
 
-from core.errors import DataError
+from core.errors import DataError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def prepare_tfds(tfds_name: str, data_dir: Optional[str], probe_timeout_s: float
     except DataError:
         raise
     except Exception as e:
-        line = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        line = first_line(e, 300)
         raise DataError(
             f"dataset {tfds_name!r} could not be downloaded and prepared in "
             f"{data_dir or '~/tensorflow_datasets'} ({type(e).__name__}: {line}); point TFDS_DATA_DIR "

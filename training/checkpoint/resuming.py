@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Optional
 
-from core.errors import ConfigError
+from core.errors import ConfigError, first_line
 from training.checkpoint.plan import CheckpointPlan
 from training.checkpoint.policy import refusal, resume_conflicts
 from training.checkpoint.store import (
@@ -83,7 +83,7 @@ def _newest_readable(directory: Path, mode, placed_state) -> Optional[Restored]:
         except ConfigError:
             raise
         except Exception as e:  # truncated / corrupt: tensorstore, orbax and OS errors all land here
-            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            reason = first_line(e, 200)
             warn(f"skipping checkpoint {step_dir}: it is incomplete or corrupt ({type(e).__name__}: {reason})")
             broken.append(step_dir)
     if broken and restored is not None:  # kept in place when nothing restores: the user decides
@@ -123,7 +123,7 @@ def resume(plan: CheckpointPlan, mode, placed_state) -> Optional[Restored]:
             except ConfigError:
                 raise
             except Exception as e:
-                reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+                reason = first_line(e, 200)
                 raise ConfigError(
                     f"checkpoint.resume={path} cannot be read ({type(e).__name__}: {reason}); give "
                     f"another step folder or its parent folder (the newest readable step)"
