@@ -15,6 +15,22 @@ Exit code: 0 when every process succeeded, else the first failing process's code
 one process fails, the others get ``--grace-s`` seconds to finish on their own (they usually fail the same
 way) and are then terminated, so the launcher never waits for JAX's heartbeat timeout.
 
+Signals (what SLURM, a cloud preemption or Ctrl-C send): SIGTERM or SIGINT to the launcher is forwarded to
+every process as SIGTERM. JAX's preemption service in each process catches it, the processes agree on one
+step, every one finishes it, saves a checkpoint there and exits with ``error: stopped by SIGTERM
+(preemption, all processes) after step S of N; checkpoint saved in ...`` (exit code 1, which the launcher
+returns); the same command continues from that checkpoint. Processes still running ``--stop-grace-s``
+seconds after the signal are killed; a second Ctrl-C kills them at once. The processes run in their own
+session, so a Ctrl-C in the terminal reaches them only through the launcher. When the launcher itself is
+killed (``kill -9``, an out-of-memory kill), the kernel kills its processes too (``PR_SET_PDEATHSIG``, Linux):
+none is left behind waiting for its peers.
+
+``--port P`` that is already in use stops at once with one line naming it (JAX would crash process 0 after
+its timeout instead); without ``--port`` the OS picks a free one.
+
+Output: process 0's lines pass unchanged; every line of process i > 0 (Python logging, JAX's C++ log,
+tracebacks) starts with ``[process i]``, and keeps its level name.
+
 With ``--cpu-devices K`` each process simulates K CPU devices (``runtime.cpu_devices=K``); on a GPU machine
 leave it out and give each process its GPUs yourself (e.g. CUDA_VISIBLE_DEVICES) or use SLURM.
 """
@@ -22,10 +38,11 @@ leave it out and give each process its GPUs yourself (e.g. CUDA_VISIBLE_DEVICES)
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import os
-import signal
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -34,6 +51,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from training.ports import port_in_use, port_taken_line  # noqa: E402  (standard library only)
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -70,9 +91,10 @@ GLOO_CONNECTED = re.compile(
 )
 
 
-def forward_filtered(src, dst, counter: list) -> None:
+def forward_filtered(src, dst, counter: list, label: bytes = b"") -> None:
     """Copies ``src`` (a child's stdout or stderr) to ``dst`` as it comes (``\r`` and ``\n`` end a piece, so
-    progress bars stay live), leaving out gloo's per-rank connection lines; ``counter[0]`` counts them."""
+    progress bars stay live), leaving out gloo's per-rank connection lines; ``counter[0]`` counts them.
+    ``label`` (e.g. ``b"[process 1] "``) starts every line that does not start with it already."""
     pending = b""
     while True:
         chunk = os.read(src.fileno(), 65536)
@@ -87,11 +109,35 @@ def forward_filtered(src, dst, counter: list) -> None:
                 piece = GLOO_CONNECTED.sub(b"", piece)
                 if not piece.strip():
                     continue
-            dst.write(piece)
+            dst.write(_labelled(piece, label))
         dst.flush()
     if pending:
-        dst.write(pending)
+        dst.write(_labelled(pending, label))
         dst.flush()
+
+
+def _labelled(piece: bytes, label: bytes) -> bytes:
+    """``piece`` (one line, or a ``\r``-ended progress piece) with ``label`` in front unless it has it already."""
+    if not label or piece.startswith(label) or not piece.strip():
+        return piece
+    return label + piece
+
+
+def die_with_parent(parent_pid: int):
+    """A ``preexec_fn`` for ``subprocess.Popen``: the child gets SIGKILL when the launcher dies (Linux
+    ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing is set). If the launcher already died between fork and
+    exec, the child kills itself at once."""
+
+    def preexec() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # not Linux
+            return
+        if os.getppid() != parent_pid:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
 
 
 def stop(procs: list[subprocess.Popen], grace_s: float) -> None:
@@ -110,6 +156,40 @@ def stop(procs: list[subprocess.Popen], grace_s: float) -> None:
             time.sleep(0.2)
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def forward(procs: list[subprocess.Popen], sig: int) -> None:
+    """Sends ``sig`` to every process still running (only our children)."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                p.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+
+def on_stop_signal(procs: list[subprocess.Popen], received: list[int], grace_s: float):
+    """The launcher's SIGTERM/SIGINT handler: the first signal is forwarded to every process as SIGTERM (JAX's
+    preemption service there agrees on the step at which all of them save and stop) with one line on stderr;
+    later ones are only recorded (a second SIGINT makes the main loop kill the processes)."""
+
+    def handler(signum, frame) -> None:
+        received.append(signum)
+        if len(received) > 1:
+            return
+        forward(procs, signal.SIGTERM)
+        name = signal.Signals(signum).name
+        os.write(
+            2,
+            f"launch_local: {name} received; forwarded as SIGTERM to the {len(procs)} processes: they stop at "
+            f"the same step and save a checkpoint (killed if still running after {grace_s:g} s"
+            f"{'; Ctrl-C again kills them now' if signum == signal.SIGINT else ''})\n".encode(),
+        )
+
+    return handler
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -125,6 +205,12 @@ def main(argv: list[str] | None = None) -> int:
         default=30.0,
         help="after one process fails, seconds the others get before they are terminated",
     )
+    ap.add_argument(
+        "--stop-grace-s",
+        type=float,
+        default=120.0,
+        help="after SIGTERM/SIGINT, seconds the processes get to save and exit before they are killed",
+    )
     ap.add_argument("overrides", nargs="*", help="Hydra overrides passed to every process")
     args = ap.parse_args(argv)
     if args.num_processes < 1:
@@ -136,6 +222,14 @@ def main(argv: list[str] | None = None) -> int:
         if given
         else str(Path("outputs") / now.strftime("%Y-%m-%d") / f"{now.strftime('%H-%M-%S')}-{args.num_processes}proc")
     )
+    if args.port is not None and port_in_use(args.port):
+        print(
+            "launch_local: "
+            + port_taken_line(args.port, "choose another with --port P, or leave --port out to get a free one"),
+            file=sys.stderr,
+            flush=True,
+        )
+        return 2
     port = args.port or free_port()
     cmds = commands(args.num_processes, args.overrides, run_dir, port, args.cpu_devices, args.timeout_s)
     print(
@@ -145,28 +239,61 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
         flush=True,
     )
-    procs = [subprocess.Popen(c, cwd=os.getcwd(), stdout=subprocess.PIPE, stderr=subprocess.PIPE) for c in cmds]
+    procs: list[subprocess.Popen] = []
+    received: list[int] = []  # stop signals received, in order
+    previous = {sig: signal.signal(sig, on_stop_signal(procs, received, args.stop_grace_s)) for sig in STOP_SIGNALS}
+    try:
+        for c in cmds:
+            procs.append(
+                subprocess.Popen(
+                    c,
+                    cwd=os.getcwd(),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,  # a terminal's Ctrl-C reaches them through the launcher only
+                    preexec_fn=die_with_parent(os.getpid()),
+                )
+            )
+            if received:  # a signal while starting: the rest are not started
+                forward(procs, signal.SIGTERM)
+                break
+    except BaseException:
+        for p in procs:
+            p.kill()
+        raise
     gloo_lines = [0]
     readers = [
-        threading.Thread(target=forward_filtered, args=(src, dst, gloo_lines), daemon=True)
-        for p in procs
+        threading.Thread(
+            target=forward_filtered, args=(src, dst, gloo_lines, f"[process {i}] ".encode() if i else b""), daemon=True
+        )
+        for i, p in enumerate(procs)
         for src, dst in ((p.stdout, sys.stdout.buffer), (p.stderr, sys.stderr.buffer))
     ]
     for r in readers:
         r.start()
     try:
+        stop_deadline = None
         while any(p.poll() is None for p in procs):
-            if any(p.returncode not in (None, 0) for p in procs):
+            if received:
+                stop_deadline = stop_deadline or time.monotonic() + args.stop_grace_s
+                if any(p.returncode is not None and p.returncode < 0 for p in procs):
+                    # one died of the signal (it came before JAX's handler was installed): the others cannot
+                    # agree with it on a step any more
+                    stop_deadline = min(stop_deadline, time.monotonic() + 10.0)
+                if time.monotonic() > stop_deadline or len(received) > 1 and received[-1] == signal.SIGINT:
+                    forward(procs, signal.SIGKILL)
+                    break
+            elif any(p.returncode not in (None, 0) for p in procs):
                 stop(procs, args.grace_s)
                 break
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        stop(procs, 0.0)
+            time.sleep(0.1)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
             p.wait()
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
     for r in readers:
         r.join(timeout=5.0)
     if gloo_lines[0]:

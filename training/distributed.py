@@ -16,7 +16,10 @@ initialization_timeout=timeout_s)``; CPU collectives across processes use gloo. 
 JAX's runtime aborts the process (SIGABRT, exit code 134) about ``timeout_s`` seconds later: it never hangs.
 A second call in the same process (Hydra's basic launcher runs a sweep's jobs in one process) is a no-op.
 
-Bad settings (a malformed coordinator, a process id out of range, nothing to detect) are not raised here:
+Process 0 first checks that the coordinator's port is free on its machine (``training.ports``): a taken port
+is one line naming it, not a crash of JAX's runtime after the timeout.
+
+Bad settings (a malformed coordinator, a process id out of range, nothing to detect, a taken port) are not raised here:
 ``initialize`` returns a ``Startup`` whose ``error`` ``training.app`` raises, so it is reported like every
 other bad input (``error: ...`` on stderr, ``summary.json`` with ``status: failed``, exit 1).
 
@@ -40,6 +43,7 @@ from typing import Any, Iterator, Optional
 from conf.schema import DistributedConfig
 from core import compat
 from core.errors import ConfigError
+from training.ports import port_in_use, port_taken_line
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +214,15 @@ def initialize(cfg: DistributedConfig) -> Startup:
                 "the JAX backend started before jax.distributed.initialize (something queried "
                 "the devices first); run train.py in a fresh process per job (a sweep needs "
                 "hydra/launcher=submitit_local or submitit_slurm)"
+            )
+        port = int(s.coordinator.rpartition(":")[2])
+        if s.process_id == 0 and port_in_use(port):  # process 0 serves the coordinator on every address
+            raise DistributedError(
+                port_taken_line(
+                    port,
+                    f"choose another with distributed.coordinator={s.coordinator.rpartition(':')[0]}:<free port> "
+                    f"on every process (scripts/launch_local.py picks a free one when --port is left out)",
+                )
             )
     except DistributedError as e:
         return Startup(error=str(e))
