@@ -19,15 +19,73 @@ should be one that all processes see (a shared file system), or each node compil
 
 The cache is trusted code: a folder that others can write lets them run code in your process (JAX's
 warning); keep it private.
+
+A damaged entry (a truncated file after a full disk or a killed write) is not an error for JAX: it compiles
+the program again and warns, one multi-line ``UserWarning`` per program, every run (the entry is not
+rewritten). Such warnings become ONE log line per run naming the folder and how to rebuild it
+(``CacheWarnings``); the run itself is unaffected.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import warnings
 from typing import Optional
 
 log = logging.getLogger(__name__)
+
+# jax/_src/compiler.py: warnings.warn(f"Error reading persistent compilation cache entry for '{name}': {error}")
+CACHE_ENTRY_WARNING = re.compile(r"Error (reading|writing) persistent compilation cache entry for '([^']*)': (.*)")
+
+
+class CacheWarnings:
+    """Turns JAX's per-entry cache warnings into one log line per run (``install`` wraps ``warnings.showwarning``,
+    once per process; other warnings pass to the previous hook unchanged).
+
+    ``count``: cache warnings since the last ``reset`` (the first one is logged, the rest only counted).
+    """
+
+    folder: Optional[str] = None
+    count = 0
+
+    @classmethod
+    def reset(cls, folder: Optional[str]) -> None:
+        """A new run with cache ``folder``: its first damaged entry is reported again."""
+        cls.folder, cls.count = folder, 0
+
+    @classmethod
+    def line(cls, message: str) -> Optional[str]:
+        """The one line for a JAX cache warning ``message`` (None: not a cache warning)."""
+        m = CACHE_ENTRY_WARNING.match(message)
+        if m is None:
+            return None
+        verb, program, error = m.groups()
+        first_error = error.splitlines()[0] if error else "unknown error"
+        return (
+            f"persistent compilation cache {cls.folder or ''}: error {verb} an entry ({program}: {first_error}); "
+            f"such programs are compiled again (results unaffected); delete the folder to rebuild it, or set "
+            f"runtime.compilation_cache_dir=null (said once per run)"
+        )
+
+    @classmethod
+    def install(cls) -> None:
+        """Wraps ``warnings.showwarning`` (no-op when already wrapped)."""
+        previous = warnings.showwarning
+        if getattr(previous, "_compile_cache_hook", False):
+            return
+
+        def showwarning(message, category, filename, lineno, file=None, line=None):
+            text = cls.line(str(message))
+            if text is None:
+                return previous(message, category, filename, lineno, file, line)
+            cls.count += 1
+            if cls.count == 1:
+                log.warning("%s", text)
+
+        showwarning._compile_cache_hook = True  # type: ignore[attr-defined]
+        warnings.showwarning = showwarning
 
 
 def cache_settings(cache_dir: Optional[str], min_compile_time_s: float, min_entry_bytes: int) -> dict:
@@ -80,6 +138,8 @@ def configure_compilation_cache(
         for name, value in wanted.items():
             jax.config.update(name, value)
     folder = wanted.get("jax_compilation_cache_dir")
+    CacheWarnings.reset(folder)
+    CacheWarnings.install()
     log.debug("JAX persistent compilation cache: %s", folder or "off")
     return folder
 

@@ -302,14 +302,22 @@ class Reporter:
 def console(line: str) -> None:
     """One line on stderr (errors, warnings a user must see even with logging redirected).
 
-    Processes other than 0 of a multi-process job send it to their own log instead (``[process i]`` prefix,
-    ``<job>_process<i>.log``; see ``training.distributed.route_logging``): process 0 owns the console.
+    Processes other than 0 of a multi-process job log it instead (``[process i]`` prefix, ``<job>_process<i>.log``,
+    warnings and errors also on their console; see ``training.distributed.route_logging``): process 0 owns the
+    console. The level follows the line: ``error: ...`` ERROR, ``warning: ...`` WARNING, anything else INFO.
     """
     # distributed
     from training.distributed import settings
 
     s = settings()
     if s is not None and s.process_id > 0:
-        log.error("%s", line)
+        level = (
+            logging.ERROR
+            if line.startswith("error")
+            else logging.WARNING
+            if line.startswith("warning")
+            else logging.INFO
+        )
+        log.log(level, "%s", line)
         return
     print(line, file=sys.stderr, flush=True)

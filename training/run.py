@@ -5,6 +5,7 @@ checkpoint), summarise."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import statistics
 from pathlib import Path
@@ -211,7 +212,9 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
             dataset=cfg.data.name,
         ),
     )
-    with logging_redirect_tqdm():  # log lines above the bar, never glued to it
+    # log lines above the bar, never glued to it; processes > 0 have no bar (and the redirect would drop their
+    # console handler's WARNING level)
+    with logging_redirect_tqdm() if reporter.enabled else contextlib.nullcontext():
         bar = tqdm(
             total=prep.n_steps,
             initial=prep.start,
