@@ -26,6 +26,8 @@ from conf.schema import ConfigInputError, is_composition_error, one_line, quote_
 from training.console_lines import quiet_known_noise
 from training.paths import absolute_paths
 from training.runtime import setup_runtime
+from training.signals import sweep_stopped
+from training.sweep_summary import NOT_STARTED
 
 register()
 log = logging.getLogger("train")
@@ -46,6 +48,11 @@ def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     quiet_known_noise()  # the TPU probe and TFDS's OpenCV notice (README "Output")
+    if sweep_stopped():  # the sweep received SIGTERM/SIGINT: no new job starts (training/sweep_summary.py)
+        from training.report import write_json
+
+        write_json(run_dir / "summary.json", {"status": "skipped", "error": NOT_STARTED + sweep_stopped()})
+        return
     try:
         typed = absolute_paths(to_typed(cfg), Path(hydra.utils.get_original_cwd()))  # hydra.job.chdir=true safe
     except ConfigInputError as e:  # e.g. +optim.learning_rate=0.5: stop at start with one line

@@ -5,6 +5,10 @@ the launching process after every job has returned, for the basic launcher (jobs
 ``hydra/launcher=submitit_local`` (jobs in their own processes) alike, so the count is taken from the job
 folders on disk: each job writes ``summary.json`` with ``status`` ok or failed (``training.app``); a job
 folder without one died before it could write it (killed, out of memory, a crash of the interpreter).
+
+SIGTERM or SIGINT during a sweep (``training.signals.SweepStop``, installed at the sweep's start): the running
+job saves a checkpoint and stops, no later job starts (``train.py`` writes ``status: skipped`` for it), and the
+end prints which jobs finished, stopped or never started and how to resume, and exits 1.
 """
 
 from __future__ import annotations
@@ -17,6 +21,11 @@ from typing import Any, Optional
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+
+from training.signals import SweepStop
+
+# summary.json "error" of a job that never started because its sweep received a signal (then the signal's name)
+NOT_STARTED = "not started: the sweep was stopped by "
 
 
 def job_outcomes(sweep_dir: Path, since_s: Optional[float] = None) -> list[tuple[Path, Optional[str]]]:
@@ -57,18 +66,58 @@ def failure_report(outcomes: list[tuple[Path, Optional[str]]]) -> list[str]:
     return [f"{len(failed)} of {len(outcomes)} jobs failed"] + [f"  {job}: {err}" for job, err in failed]
 
 
+def stop_report(
+    outcomes: list[tuple[Path, Optional[str]]], signal_name: str, not_submitted: int, sweep_dir: Path
+) -> list[str]:
+    """The lines printed at the end of a sweep stopped by ``signal_name``: how many jobs finished, stopped
+    (saved a checkpoint), never started (``not_submitted`` more that have no folder) or failed, each job's
+    folder and state, and the command that resumes the sweep."""
+    groups: dict[str, list[Path]] = {"finished": [], "stopped": [], "never started": [], "failed": []}
+    for job, err in outcomes:
+        if err is None:
+            groups["finished"].append(job)
+        elif err.startswith("stopped by"):
+            groups["stopped"].append(job)
+        elif err.startswith(NOT_STARTED):
+            groups["never started"].append(job)
+        else:
+            groups["failed"].append(job)
+    counts = {k: len(v) for k, v in groups.items()}
+    counts["never started"] += not_submitted
+    total = sum(counts.values())
+    head = ", ".join(f"{n} {k}" for k, n in counts.items() if n or k != "failed")
+    lines = [f"sweep stopped by {signal_name}: {head} (of {total} jobs)"]
+    lines += [f"  {job}: {state}" for state, jobs in groups.items() for job in jobs]
+    lines.append(
+        f"resume with the same command and hydra.sweep.dir={sweep_dir} (finished jobs are not run again, "
+        f"stopped ones continue from their checkpoint)"
+    )
+    return lines
+
+
 class SweepSummary(Callback):
-    """Prints ``k of n jobs failed`` with each failed job's folder and error, and exits with code 1 when k > 0."""
+    """Prints ``k of n jobs failed`` with each failed job's folder and error, and exits with code 1 when k > 0.
+
+    Also stops the sweep on SIGTERM/SIGINT (``SweepStop``) and then prints ``stop_report`` and exits 1.
+    """
 
     def __init__(self) -> None:
         self.start_s: Optional[float] = None
+        self.stop: Optional[SweepStop] = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.start_s = time.time()
+        self.stop = SweepStop().install()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         outcomes = job_outcomes(sweep_dir, self.start_s)
+        stop, self.stop = self.stop, None
+        if stop is not None:
+            stop.uninstall()
+            if stop.signal_name is not None:
+                print("\n".join(stop_report(outcomes, stop.signal_name, stop.not_submitted, sweep_dir)), file=sys.stderr)
+                sys.exit(1)
         lines = failure_report(outcomes)
         if not lines:
             print(f"all {len(outcomes)} jobs of the sweep in {sweep_dir} succeeded", file=sys.stderr, flush=True)

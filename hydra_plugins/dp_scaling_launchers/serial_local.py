@@ -5,6 +5,11 @@ Slurm launcher has): it starts every job of a sweep at once, and on a small mach
 other's timings. This launcher submits the sweep in chunks of ``array_parallelism`` jobs and waits for each chunk;
 every job is still a fresh process (``python -m submitit.core._submit``), so JAX's device count is set per job.
 
+SIGTERM or SIGINT to the sweep (``training.signals.SweepStop``): the signal is forwarded as SIGTERM to the
+running job processes (a job in its training loop saves a checkpoint and stops; submitit's own handler ignores
+SIGTERM in a job that is still starting, which then runs to its end) and no further chunk is submitted (those
+jobs are counted as never started in the sweep's end report).
+
 Configured by ``conf/hydra/launcher/submitit_local.yaml``. The other keys are those of ``LocalQueueConf``
 (``timeout_min``, ``cpus_per_task``, ``tasks_per_node``, ``submitit_folder`` ...). Hydra only instantiates
 launcher classes from the ``hydra_plugins`` namespace, hence this package at the repository root.
@@ -21,6 +26,7 @@ with Hydra's singleton state.
 
 import logging
 import os
+import signal
 from pathlib import Path
 from typing import Any, List, Sequence
 
@@ -58,9 +64,18 @@ class SerialLocalLauncher(LocalLauncher):
         paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if str(REPO) not in paths:
             os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *paths])
+        from training.signals import sweep  # the repository is importable from here on
+
         k = self.array_parallelism
         results: List[JobReturn] = []
+        stop = sweep()
+        if stop is not None:
+            stop.on_signal.append(lambda signum: forward_to_jobs(signal.SIGTERM))
         for start in range(0, len(job_overrides), k):
+            if stop is not None and stop.signal_name is not None:
+                stop.not_submitted += len(job_overrides) - start
+                log.warning("submitit_local: %d job(s) not started (%s)", len(job_overrides) - start, stop.signal_name)
+                break
             chunk = list(job_overrides[start : start + k])
             if len(job_overrides) > k:
                 first, last = initial_job_idx + start, initial_job_idx + start + len(chunk) - 1
@@ -68,6 +83,44 @@ class SerialLocalLauncher(LocalLauncher):
                 log.info("submitit_local: %s of %d (array_parallelism=%d)", which, len(job_overrides), k)
             results.extend(super().launch(chunk, initial_job_idx + start))
         return results
+
+
+def descendants(pid: int) -> List[int]:
+    """Process ids of ``pid``'s children, their children and so on, from ``/proc`` (Linux; elsewhere [])."""
+    found: List[int] = []
+    todo = [pid]
+    while todo:
+        for children in Path(f"/proc/{todo.pop()}/task").glob("*/children"):
+            try:
+                kids = [int(p) for p in children.read_text().split()]
+            except OSError:
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+def job_processes() -> List[int]:
+    """Process ids of this process's descendants that run a submitit job (``python -m submitit.core._submit``,
+    started by submitit's ``submitit.local._local`` controller)."""
+    pids = descendants(os.getpid())
+    jobs = []
+    for pid in pids:
+        try:
+            if b"submitit.core._submit" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                jobs.append(pid)
+        except OSError:  # it ended meanwhile
+            continue
+    return jobs
+
+
+def forward_to_jobs(sig: int) -> None:
+    """Sends ``sig`` to every running submitit job process started by this process."""
+    for pid in job_processes():
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 @dataclass
