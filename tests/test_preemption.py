@@ -1,0 +1,372 @@
+"""Preemption and launcher faults (scripts/launch_local.py, training/signals.py, training/ports.py,
+training/sweep_summary.py, training/compile_cache.py): every process stops together, saves once, says why, and
+none is left behind.
+
+The multi-process tests start real ``train.py`` processes (2 processes x 2 simulated CPU devices, synthetic
+data, the MLP); every test has a bounded run time and checks that no process it started is still running.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from utils import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+import launch_local  # noqa: E402
+
+from hydra_plugins.dp_scaling_launchers.serial_local import descendants  # noqa: E402
+from training import ports, sweep_summary  # noqa: E402
+
+CLUSTER_VARS = ("SLURM_", "OMPI_", "PMI_", "JAX_COORDINATOR", "JAX_NUM_CPU_DEVICES", "JAX_PROCESS", "TPU_")
+SMALL = ["data=synthetic", "optim=sgd", "train.global_batch=64", "train.log_every=10", "wandb.mode=disabled"]
+
+
+def env_for(tmp: Path) -> dict:
+    """The test's environment: no cluster variables, no W&B account, unbuffered output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(CLUSTER_VARS)}
+    env.pop("WANDB_API_KEY", None)
+    env.update(WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
+    return env
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def wait_for(predicate, timeout_s: float, what: str, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            tail = log.read_text()[-3000:] if log is not None and log.exists() else ""
+            raise AssertionError(f"{what} not within {timeout_s} s\n{tail}")
+        time.sleep(0.2)
+
+
+def logged_step(run_dir: Path) -> int:
+    """The last step in process 0's metrics.jsonl (0 before the first window)."""
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return 0
+    return max([json.loads(line)["step"] for line in lines if line.strip()] or [0])
+
+
+def ended(proc: subprocess.Popen, timeout_s: float, log: Path) -> int:
+    """``proc``'s exit code; kills it (and fails) when it runs past ``timeout_s``."""
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        for pid in descendants(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"{proc.args} still running after {timeout_s} s:\n{log.read_text()[-3000:]}")
+
+
+def assert_none_left(pids: list[int]) -> None:
+    wait_for(lambda: not [p for p in pids if alive(p)], 10.0, f"the end of processes {pids}")
+
+
+def start_launcher(tmp: Path, run_dir: Path, steps: int, log: Path) -> subprocess.Popen:
+    cmd = [
+        sys.executable,
+        str(REPO / "scripts" / "launch_local.py"),
+        "-n",
+        "2",
+        "--cpu-devices",
+        "2",
+        "--timeout-s",
+        "60",
+        "--",
+        *SMALL,
+        f"train.steps={steps}",
+        "checkpoint.every=0",
+        f"hydra.run.dir={run_dir}",
+    ]
+    return subprocess.Popen(cmd, cwd=REPO, env=env_for(tmp), stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+
+def train_children(proc: subprocess.Popen) -> list[int]:
+    return [p for p in descendants(proc.pid) if b"train.py" in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+# ---- 2: SIGTERM to the launcher ----------------------------------------------------------------------------
+@pytest.mark.parametrize("resume", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_sigterm_to_launcher_stops_every_process_at_one_step(tmp_path, resume):
+    """SIGTERM to the launcher reaches both processes; they stop after the same step S, save ONE checkpoint
+    (at S), both say ``stopped by SIGTERM ... checkpoint saved``, exit 1; the same command continues from S."""
+    run_dir, log, steps = tmp_path / "run", tmp_path / "launch.log", 2000
+    proc = start_launcher(tmp_path, run_dir, steps, log)
+    wait_for(lambda: logged_step(run_dir) >= 10 or proc.poll() is not None, 150, "step 10", log)
+    children = train_children(proc)
+    assert len(children) == 2, children
+    proc.send_signal(signal.SIGTERM)
+    assert ended(proc, 90, log) == 1
+    assert_none_left(children)
+    out = log.read_text()
+    stops = re.findall(
+        r"^(\[process 1\] .*\[ERROR\] - )?error: stopped by SIGTERM \(preemption, all processes\) after step "
+        r"(\d+) of 2000; checkpoint saved in (\S+);",
+        out,
+        re.M,
+    )
+    assert len(stops) == 2 and {s[0] != "" for s in stops} == {True, False}, out[-3000:]
+    (stop_step,) = {int(s[1]) for s in stops}  # one step for both processes
+    assert 10 <= stop_step < steps
+    assert {s[2] for s in stops} == {str(run_dir / "checkpoints" / str(stop_step))}
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [str(stop_step)]  # saved once
+    assert "launch_local: SIGTERM received; forwarded as SIGTERM to the 2 processes" in out
+    assert "launch_local: exit codes process 0: 1, process 1: 1" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"].startswith("stopped by SIGTERM")
+    # process 1's console: warnings and errors only, every line labelled (also JAX's C++ log)
+    mine = [line for line in out.splitlines() if "[process 1]" in line]
+    assert mine and not [line for line in mine if "][INFO] - " in line]
+    assert re.search(r"^\[process 1\] W\d{4} .*preemption_notifier", out, re.M)
+    if not resume:
+        return
+    # the same command continues from the saved step to the end
+    log2 = tmp_path / "resume.log"
+    proc = start_launcher(tmp_path, run_dir, steps, log2)
+    assert ended(proc, 300, log2) == 0, log2.read_text()[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["checkpoint/resumed_step"], summary["train/steps"]) == ("ok", stop_step, steps)
+
+
+# ---- 1: kill -9 of the launcher ------------------------------------------------------------------------------
+@pytest.mark.slow  # ~25 s: two processes start and train
+def test_killed_launcher_takes_its_processes_with_it(tmp_path):
+    run_dir, log = tmp_path / "run", tmp_path / "launch.log"
+    proc = start_launcher(tmp_path, run_dir, 100_000, log)
+    wait_for(lambda: logged_step(run_dir) >= 10 or proc.poll() is not None, 150, "step 10", log)
+    children = train_children(proc)
+    assert len(children) == 2 and all(alive(p) for p in children), children
+    proc.kill()
+    proc.wait(timeout=10)
+    assert_none_left(children)  # PR_SET_PDEATHSIG: killed with their launcher, not hanging on their peers
+
+
+# ---- 3: the coordinator port is taken ----------------------------------------------------------------------
+@pytest.fixture
+def taken_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+@pytest.mark.unit
+def test_port_in_use(taken_port):
+    assert ports.port_in_use(taken_port)
+    assert not ports.port_in_use(launch_local.free_port())
+
+
+def test_launcher_port_in_use_is_one_line(tmp_path, taken_port):
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "scripts/launch_local.py", "-n", "2", "--port", str(taken_port), "--", *SMALL],
+        cwd=REPO,
+        env=env_for(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and time.monotonic() - t0 < 30
+    assert r.stderr.splitlines() == [
+        f"launch_local: coordinator port {taken_port} is already in use on this machine (another program or an "
+        f"earlier run listens there); choose another with --port P, or leave --port out to get a free one"
+    ]
+    assert not list(Path(tmp_path).glob("**/summary.json"))  # no process was started
+
+
+def test_coordinator_port_in_use_given_by_hand(tmp_path, taken_port):
+    """Process 0 with a taken ``distributed.coordinator`` port: one line at start, not a crash after the timeout."""
+    run_dir = tmp_path / "run"
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            *SMALL,
+            f"hydra.run.dir={run_dir}",
+            "runtime.cpu_devices=1",
+            f"distributed.coordinator=127.0.0.1:{taken_port}",
+            "distributed.num_processes=2",
+            "distributed.process_id=0",
+            "distributed.timeout_s=60",
+        ],
+        cwd=REPO,
+        env=env_for(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    msg = (
+        f"coordinator port {taken_port} is already in use on this machine (another program or an earlier run "
+        f"listens there); choose another with distributed.coordinator=127.0.0.1:<free port> on every process "
+        f"(scripts/launch_local.py picks a free one when --port is left out)"
+    )
+    assert r.returncode == 1 and time.monotonic() - t0 < 60  # not JAX's 60 s initialisation timeout
+    assert [line for line in r.stderr.splitlines() if line.startswith("error:")] == [f"error: {msg}"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["error"]) == ("failed", msg)
+
+
+# ---- 4: a sweep receives SIGTERM / SIGINT ------------------------------------------------------------------
+@pytest.mark.unit
+def test_stop_report_lines(tmp_path):
+    outcomes = [
+        (tmp_path / "0", None),
+        (tmp_path / "1", "stopped by SIGTERM after step 30 of 400; checkpoint saved in x"),
+        (tmp_path / "2", sweep_summary.NOT_STARTED + "SIGTERM"),
+        (tmp_path / "3", "non-finite loss"),
+    ]
+    assert sweep_summary.stop_report(outcomes, "SIGTERM", 2, tmp_path) == [
+        "sweep stopped by SIGTERM: 1 finished, 1 stopped, 3 never started, 1 failed (of 6 jobs)",
+        f"  {tmp_path / '0'}: finished",
+        f"  {tmp_path / '1'}: stopped",
+        f"  {tmp_path / '2'}: never started",
+        f"  {tmp_path / '3'}: failed",
+        f"resume with the same command and hydra.sweep.dir={tmp_path} (finished jobs are not run again, stopped "
+        f"ones continue from their checkpoint)",
+    ]
+
+
+@pytest.mark.slow  # ~60 s: a job stopped, then the sweep resumed (two jobs)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sweep_stops_on_signal_and_resumes(tmp_path, sig):
+    sweep_dir, log, steps = tmp_path / "sweep", tmp_path / "sweep.log", 400
+    cmd = [
+        sys.executable,
+        "train.py",
+        "-m",
+        *SMALL,
+        f"train.steps={steps}",
+        "checkpoint.every=0",
+        "train.seed=1,2",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    env = env_for(tmp_path)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    wait_for(lambda: logged_step(sweep_dir / "0") >= 10 or proc.poll() is not None, 150, "step 10", log)
+    children = descendants(proc.pid)
+    proc.send_signal(sig)
+    assert ended(proc, 90, log) == 1
+    assert_none_left(children)
+    out = log.read_text()
+    name = signal.Signals(sig).name
+    stop_step = int(re.search(rf"error: stopped by {name} after step (\d+) of {steps}", out)[1])
+    assert sorted(p.name for p in (sweep_dir / "0" / "checkpoints").iterdir()) == [str(stop_step)]
+    assert f"sweep stopped by {name}: 0 finished, 1 stopped, 1 never started (of 2 jobs)" in out
+    assert f"  {sweep_dir / '1'}: never started" in out
+    assert not (sweep_dir / "1" / "checkpoints").exists()  # job 1 never started training
+    # the same command resumes: job 0 from its checkpoint, job 1 from the start
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    first, second = (json.loads((sweep_dir / j / "summary.json").read_text()) for j in ("0", "1"))
+    assert (first["status"], first["checkpoint/resumed_step"], first["train/steps"]) == ("ok", stop_step, steps)
+    assert (second["status"], second["train/steps"]) == ("ok", steps) and "checkpoint/resumed_step" not in second
+
+
+# ---- 5: process i > 0 keeps its lines' levels ----------------------------------------------------------------
+@pytest.mark.unit
+def test_console_of_process_1_keeps_the_level(monkeypatch, caplog):
+    from training import distributed, report
+
+    settings = distributed.Settings("h:1", 2, 1, 60, "config")
+    monkeypatch.setattr(distributed, "_settings", settings)
+    with caplog.at_level(logging.INFO, logger="training.report"):
+        report.console("warning: only 1 logging window(s) measured")
+        report.console("error: stopped by SIGTERM")
+        report.console("already complete at step 20")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "warning: only 1 logging window(s) measured"),
+        ("ERROR", "error: stopped by SIGTERM"),
+        ("INFO", "already complete at step 20"),
+    ]
+
+
+@pytest.mark.unit
+def test_launcher_labels_every_line_of_process_1(tmp_path):
+    src = tmp_path / "src"
+    src.write_bytes(
+        b"W1202 02:05:05.269882 5207 preemption_notifier.cc:90] SIGTERM caught\n"
+        b"[process 1] [2026-12-02 02:05:05][absl][WARNING] - already labelled\n"
+        b"Traceback (most recent call last):\n  File x\n\n"
+    )
+    out, counter = tmp_path / "out", [0]
+    with open(src, "rb") as s, open(out, "wb") as d:
+        launch_local.forward_filtered(s, d, counter, b"[process 1] ")
+    assert out.read_bytes() == (
+        b"[process 1] W1202 02:05:05.269882 5207 preemption_notifier.cc:90] SIGTERM caught\n"
+        b"[process 1] [2026-12-02 02:05:05][absl][WARNING] - already labelled\n"
+        b"[process 1] Traceback (most recent call last):\n[process 1]   File x\n\n"
+    )
+
+
+# ---- 6: a damaged compilation cache entry ------------------------------------------------------------------
+def test_damaged_compilation_cache_is_one_line(tmp_path):
+    cache = tmp_path / "cache"
+    cmd = [sys.executable, "train.py", *SMALL, "train.steps=4", f"runtime.compilation_cache_dir={cache}"]
+    env = env_for(tmp_path)
+    r = subprocess.run(cmd + [f"hydra.run.dir={tmp_path / 'a'}"], cwd=REPO, env=env, capture_output=True, timeout=300)
+    assert r.returncode == 0
+    entries = list(cache.glob("*-cache"))
+    assert entries
+    for entry in entries:  # truncated, as after a full disk
+        entry.write_bytes(entry.read_bytes()[:100])
+    r = subprocess.run(
+        cmd + [f"hydra.run.dir={tmp_path / 'b'}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0
+    assert "UserWarning" not in r.stderr and "warnings.warn" not in r.stderr
+    lines = [line for line in (r.stdout + r.stderr).splitlines() if "persistent compilation cache" in line]
+    assert len(lines) == 1, lines
+    assert re.search(
+        rf"\[WARNING\] - persistent compilation cache {re.escape(str(cache))}: error reading an entry \(jit_\w+: "
+        r".*\); such programs are compiled again \(results unaffected\); delete the folder to rebuild it",
+        lines[0],
+    )
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert summary["status"] == "ok"
+
+
+@pytest.mark.unit
+def test_cache_warnings_hook_passes_other_warnings(caplog):
+    import warnings
+
+    from training.compile_cache import CacheWarnings
+
+    assert CacheWarnings.line("some other warning") is None
+    CacheWarnings.reset("/c")
+    seen = []
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING, logger="training.compile_cache"):
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, *args, **kwargs: seen.append(str(message))
+        CacheWarnings.install()
+        for i in range(3):
+            warnings.warn(f"Error reading persistent compilation cache entry for 'jit_f{i}': error: truncated")
+        warnings.warn("an unrelated warning")
+    assert CacheWarnings.count == 3 and seen == ["an unrelated warning"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "persistent compilation cache /c: error reading an entry (jit_f0: error: truncated); such programs are "
+        "compiled again (results unaffected); delete the folder to rebuild it, or set "
+        "runtime.compilation_cache_dir=null (said once per run)"
+    ]
