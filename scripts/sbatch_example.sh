@@ -19,15 +19,24 @@
 #SBATCH --time=01:00:00
 #SBATCH --partition=gpu
 #SBATCH --output=slurm-%j.out        # all tasks; srun --label prefixes each line with its task id
+#SBATCH --signal=TERM@120            # SIGTERM to every task 120 s before the time limit (below)
 
 set -euo pipefail
 cd "${SLURM_SUBMIT_DIR:-.}"
 
 # One run folder and one checkpoint folder for all tasks (orbax writes every process's shards into ONE folder).
-RUN_DIR="outputs/slurm-${SLURM_JOB_ID}"
+RUN_DIR="${RUN_DIR:-outputs/slurm-${SLURM_JOB_ID}}"
 export RUN_DIR
 # Optional: a fixed coordinator port (default: derived from the job id by JAX).
 # export JAX_COORDINATOR_PORT=12345
+
+# Preemption, scancel and the time limit (--signal above) send SIGTERM to every task; srun passes it on and
+# `exec` makes python the task itself. JAX's preemption service in each process catches it, the processes agree
+# on one step, all save a checkpoint there and exit 1 with "stopped by SIGTERM (preemption, all processes)
+# after step S of N; checkpoint saved in ...". SLURM kills what still runs KillWait seconds later (often 30 s).
+# Resubmitting the same command continues from the checkpoint (RUN_DIR below is per job: to continue another
+# job's run, set RUN_DIR to its folder, e.g. sbatch --export=ALL,RUN_DIR=outputs/slurm-<old job id> ...).
+# --kill-on-bad-exit=1: a task that dies without saving ends the others instead of leaving them waiting.
 
 # Task 0 writes .hydra/, train.log, summary.json, metrics.jsonl and W&B; task i > 0 only train_process<i>.log
 # (hydra.output_subdir=null keeps it from rewriting .hydra/).

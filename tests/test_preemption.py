@@ -108,11 +108,12 @@ def train_children(proc: subprocess.Popen) -> list[int]:
 
 
 # ---- 2: SIGTERM to the launcher ----------------------------------------------------------------------------
-@pytest.mark.parametrize("resume", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("resume", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["stop", "resume"])
 def test_sigterm_to_launcher_stops_every_process_at_one_step(tmp_path, resume):
     """SIGTERM to the launcher reaches both processes; they stop after the same step S, save ONE checkpoint
     (at S), both say ``stopped by SIGTERM ... checkpoint saved``, exit 1; the same command continues from S."""
-    run_dir, log, steps = tmp_path / "run", tmp_path / "launch.log", 2000
+    run_dir, log = tmp_path / "run", tmp_path / "launch.log"
+    steps = 600 if resume else 2000  # the signal comes at step ~10-20; the resumed run trains the rest
     proc = start_launcher(tmp_path, run_dir, steps, log)
     wait_for(lambda: logged_step(run_dir) >= 10 or proc.poll() is not None, 150, "step 10", log)
     children = train_children(proc)
@@ -123,7 +124,7 @@ def test_sigterm_to_launcher_stops_every_process_at_one_step(tmp_path, resume):
     out = log.read_text()
     stops = re.findall(
         r"^(\[process 1\] .*\[ERROR\] - )?error: stopped by SIGTERM \(preemption, all processes\) after step "
-        r"(\d+) of 2000; checkpoint saved in (\S+);",
+        rf"(\d+) of {steps}; checkpoint saved in (\S+);",
         out,
         re.M,
     )
@@ -250,7 +251,7 @@ def test_stop_report_lines(tmp_path):
 
 
 @pytest.mark.slow  # ~60 s: a job stopped, then the sweep resumed (two jobs)
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_sweep_stops_on_signal_and_resumes(tmp_path, sig):
     sweep_dir, log, steps = tmp_path / "sweep", tmp_path / "sweep.log", 400
     cmd = [
@@ -370,3 +371,29 @@ def test_cache_warnings_hook_passes_other_warnings(caplog):
         "compiled again (results unaffected); delete the folder to rebuild it, or set "
         "runtime.compilation_cache_dir=null (said once per run)"
     ]
+
+
+# ---- SLURM: the time limit and preemption send SIGTERM to every task ---------------------------------------
+@pytest.mark.unit
+@pytest.mark.filterwarnings(r"ignore:(?s).*validated against ConfigStore schema")  # Hydra's note on the name
+def test_slurm_paths_send_sigterm_before_the_time_limit(tmp_path):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    from conf.schema import register
+
+    register()
+    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["hydra/launcher=submitit_slurm"], return_hydra_config=True)
+    launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+    assert launcher["additional_parameters"] == {"signal": "TERM@120"}
+    sbatch = _make_sbatch_string(
+        command="python x.py",
+        folder=str(tmp_path),
+        signal_delay_s=launcher["signal_delay_s"],
+        additional_parameters=launcher["additional_parameters"],
+    )
+    assert [line for line in sbatch.splitlines() if "--signal" in line] == ["#SBATCH --signal=TERM@120"]
+    script = (REPO / "scripts" / "sbatch_example.sh").read_text()
+    assert "#SBATCH --signal=TERM@120" in script and "exec python train.py" in script
