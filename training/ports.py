@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import socket
-from typing import Optional
 
 
 def port_in_use(port: int) -> bool:

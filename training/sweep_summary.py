@@ -116,7 +116,9 @@ class SweepSummary(Callback):
         if stop is not None:
             stop.uninstall()
             if stop.signal_name is not None:
-                print("\n".join(stop_report(outcomes, stop.signal_name, stop.not_submitted, sweep_dir)), file=sys.stderr)
+                print(
+                    "\n".join(stop_report(outcomes, stop.signal_name, stop.not_submitted, sweep_dir)), file=sys.stderr
+                )
                 sys.exit(1)
         lines = failure_report(outcomes)
         if not lines:
