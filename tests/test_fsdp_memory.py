@@ -87,8 +87,8 @@ def test_fsdp_state_is_created_sharded():
     mem = compiled.memory_analysis()
     # the init program's outputs per device are the shards only (1/8 of the state + the tiny replicated leaves);
     # its temporaries still draw each random parameter whole (see the README, "FSDP": not yet partitioned)
-    assert mem.output_size_in_bytes == state_bytes_per_device(state)
-    assert mem.output_size_in_bytes <= total / 8 + 3 * replicated + 64
+    # (XLA counts the output tuple's table of buffer pointers too: 8 B per leaf + alignment, under 4 KiB)
+    assert 0 <= mem.output_size_in_bytes - state_bytes_per_device(state) < 4096
 
 
 @pytest.mark.unit
