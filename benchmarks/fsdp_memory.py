@@ -17,8 +17,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def step_memory(mode: str, devices: int, *, width: int, depth: int, global_batch: int, precision: str = "fp32",
-                accum_steps: int = 1) -> dict[str, int]:
+def step_memory(
+    mode: str, devices: int, *, width: int, depth: int, global_batch: int, precision: str = "fp32", accum_steps: int = 1
+) -> dict[str, int]:
     """``{"argument_bytes", "temp_bytes", "peak_bytes"}`` per device of the compiled train step of a ViT
     (``model=vit``, MNIST-shaped synthetic data) under ``mode`` on the first ``devices`` devices."""
     from conf.schema import from_dict
