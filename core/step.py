@@ -94,6 +94,11 @@ class LocalGrads:
       use_example_keys: whether the model needs per-example keys (dropout > 0).
       augment: ``core.augment.AugmentSpec`` (random crop/flip of the uint8 training images, on the
         device, each example keyed by (seed, step, global example index)), or None (no augmentation).
+      materialize: None (the model is ``nnx.merge(graphdef, params cast to compute_dtype)``), or a function
+        ``(graphdef, params, compute_dtype) -> nnx.Module`` that builds the model from params in another form
+        (FSDP: parameter shards, gathered layer by layer where they are used; ``parallel.fsdp``).
+      unroll: unroll the microbatch loop (``lax.scan(unroll=True)``): collectives inside a microbatch then
+        appear once per microbatch in the compiled step, outside any loop (FSDP's per-microbatch gathers).
     """
 
     graphdef: Any
@@ -102,11 +107,18 @@ class LocalGrads:
     seed: int
     use_example_keys: bool
     augment: Optional[AugmentSpec] = None
+    materialize: Optional[Callable[[Any, Any, Any], Any]] = None
+    unroll: bool = False
+
+    def model(self, params):
+        """The ``nnx.Module`` computing in ``compute_dtype`` from ``params`` (see ``materialize``)."""
+        if self.materialize is not None:
+            return self.materialize(self.graphdef, params, self.compute_dtype)
+        return nnx.merge(self.graphdef, jax.tree.map(lambda p: p.astype(self.compute_dtype), params))
 
     def logits(self, params, image, keys=None) -> jax.Array:
         """float32 logits ``[B, classes]`` computed in ``compute_dtype``."""
-        cast = jax.tree.map(lambda p: p.astype(self.compute_dtype), params)
-        model = nnx.merge(self.graphdef, cast)
+        model = self.model(params)
         return model(to_float_image(image, self.compute_dtype), keys).astype(jnp.float32)
 
     def _micro(self, params, batch, step, scale):
@@ -151,7 +163,7 @@ class LocalGrads:
             out = self._micro(params, mb, step, scale)
             return jax.tree.map(jnp.add, carry, out), None
 
-        sums, _ = jax.lax.scan(body, first, jax.tree.map(lambda x: x[1:], micro))
+        sums, _ = jax.lax.scan(body, first, jax.tree.map(lambda x: x[1:], micro), unroll=self.unroll)
         return sums
 
     def eval_sums(self, params, batch) -> Metrics:

@@ -94,6 +94,18 @@ def compiled_step_metrics(lowered, compiled, num_devices: int) -> dict[str, Any]
     return out
 
 
+def compiled_peak_bytes(compiled) -> dict[str, int]:
+    """Memory per device of a compiled program, from ``compiled.memory_analysis()``: ``argument_bytes``
+    (inputs: the state and the batch), ``temp_bytes`` (temporaries) and their sum ``peak_bytes``, the most
+    the program needs at once (outputs alias donated arguments). Raises ValueError when the backend gives no
+    memory analysis."""
+    mem = compiled.memory_analysis()
+    if mem is None:
+        raise ValueError("this backend gives no memory analysis of a compiled program")
+    args, temp = int(mem.argument_size_in_bytes), int(mem.temp_size_in_bytes)
+    return {"argument_bytes": args, "temp_bytes": temp, "peak_bytes": args + temp}
+
+
 def state_bytes_per_device(state) -> int:
     """Bytes of the state (params + optimizer state + scalars) resident on the first device of the mesh."""
     total = 0

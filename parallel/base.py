@@ -124,6 +124,22 @@ class ParallelMode(abc.ABC):
             shardings = shardings.replace(grad_residual=self.feedback.shardings(abstract_state.grad_residual))
         return shardings
 
+    def init_state(self, init_fn: Callable[[], TrainState]) -> TrainState:
+        """The placed initial state: ``init_fn`` (pure, no arguments, returns the canonical ``TrainState``) run
+        under ``jax.jit`` with this mode's ``state_shardings`` as ``out_shardings``, so each device creates only
+        its own shards and no device ever holds an array it does not keep (under fsdp: never the whole model).
+        The values do not depend on the shardings (threefry in its partitionable mode: each random bit depends
+        only on the key and the element's index), so every mode and device count starts from the same state.
+        With ``grad_compression=int8`` the state also carries this mode's zero error-feedback residual."""
+        state = jax.jit(init_fn, out_shardings=self.state_shardings(jax.eval_shape(init_fn)))()
+        if self.grad_compression == "int8":
+            state = state.replace(grad_residual=self.place_residual(self.feedback.init(state.params)))
+        return state
+
+    def place_residual(self, residual):
+        """The host error-feedback residual placed one row per device."""
+        return jax.device_put(residual, self.feedback.shardings(residual))
+
     def place_state(self, host_state: TrainState) -> TrainState:
         """Host (or single-device) state -> device state with ``state_shardings``."""
         return jax.device_put(host_state, self.state_shardings(host_state))

@@ -1,13 +1,32 @@
-"""FSDP (ZeRO-3 style, Rajbhandari et al. 2020; PyTorch FSDP): parameters and optimizer state sharded.
+"""FSDP (ZeRO-3 style, Rajbhandari et al. 2020; PyTorch FSDP): parameters and optimizer state sharded, each
+layer's weights gathered where they are used and freed after.
 
-Every array is split along one dimension that the ``fsdp`` axis size divides (the largest such dimension);
-arrays that no dimension fits, or smaller than ``parallel.min_shard_bytes``, stay replicated. Inside
-``shard_map`` each device all-gathers the weights it needs (in the compute dtype, once per optimizer step,
-before the microbatch loop), computes its local gradient sums, and then:
+Sharding: every array is split along one dimension that the ``fsdp`` axis size divides (the largest such
+dimension); arrays that no dimension fits, or smaller than ``parallel.min_shard_bytes``, stay replicated. The
+state is created directly in that layout (``training.build``), so no device ever holds the whole model.
 
-* sharded arrays: ``psum_scatter`` (reduce-scatter) over ``fsdp`` (XLA:CPU never creates a reduce-scatter by
-  itself, so it is written explicitly), then ``psum`` over ``data`` (hybrid sharding on a 2-D mesh);
-* replicated arrays and the metric sums: ``psum`` (all-reduce) over every axis.
+The step runs inside ``shard_map``; the model is built from the parameter SHARDS (``gathered_model``):
+
+* every sharded leaf is gathered by ``gather_leaf``, a ``custom_vjp``: all-gather over ``fsdp`` in the compute
+  dtype in the forward pass (bf16 under ``precision=bf16``: half the bytes), and in the backward pass a
+  ``psum_scatter`` (reduce-scatter; XLA:CPU never creates one by itself) of the cotangent in
+  ``parallel.grad_reduce_dtype`` (float32 when null). So each device's gradient is a SHARD as soon as it is
+  produced; no full-size gradient lives through the backward pass;
+* the layers in a Python list of modules (``nnx.List``, e.g. a transformer's blocks) are each wrapped in
+  ``jax.checkpoint`` with their gather inside: a block's weights are gathered just before it runs and freed
+  after, and gathered again in the backward pass (recomputed, not kept as residuals). The other leaves
+  (embeddings, head, norms outside the list) are gathered once per microbatch and kept for the backward pass;
+* with ``accum_steps`` K > 1 the gathers and reduce-scatters happen per microbatch (the microbatch loop is
+  unrolled, so each is a separate collective of the compiled step): K times the bytes of K = 1, but the
+  accumulated gradient is a shard. One big batch equals K microbatches up to float32 summation order;
+* after the backward pass: ``psum`` over ``data`` of the sharded gradient sums (hybrid sharding on a 2-D
+  mesh), ``psum`` over every axis of the replicated leaves' gradients and the metric sums.
+
+Bytes per optimizer step (payload S of ``comm/payload_bytes_per_step``), with ``c`` the compute itemsize / 4
+and ``r`` the reduce itemsize / 4, S_list the float32 bytes of the sharded leaves inside block lists and
+S_rest those of the other sharded leaves:
+all-gather = K * c * (2 * S_list + S_rest); reduce-scatter = K * r * (S_list + S_rest); all-reduce = the
+replicated leaves' bytes + the 8 B of metric sums (and the ``data``-axis psum when that axis has > 1 device).
 
 The optimizer update runs outside ``shard_map`` on the sharded gradients, params and optimizer state
 (elementwise, so each device updates only its shard; the global gradient norm is one scalar all-reduce).
@@ -15,16 +34,22 @@ The optimizer update runs outside ``shard_map`` on the sharded gradients, params
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from parallel.base import BATCH_AXES, ParallelMode, pcast_varying, reduce_dtype
 from core.step import global_mean
+from parallel.base import BATCH_AXES, ParallelMode, pcast_varying, reduce_dtype
 
 FSDP = "fsdp"
+REPLICATED = -1  # the dimension code of a replicated leaf
 
 
 def shard_dim(shape, itemsize: int, fsdp_size: int, min_shard_bytes: int):
@@ -43,6 +68,154 @@ def spec_for(shape, dim) -> P:
     return P() if dim is None else P(*([None] * dim + [FSDP]))
 
 
+def gather_leaf(x: jax.Array, dim: int, compute_dtype, reduce_dtype_) -> jax.Array:
+    """Inside ``shard_map``: the full array of shard ``x`` (all-gather over ``fsdp`` along ``dim``), in
+    ``compute_dtype``; its gradient is the reduce-scatter of the cotangent in ``reduce_dtype_``, back in
+    ``x``'s dtype. ``dim == REPLICATED``: ``x`` only cast (the gradient stays local)."""
+    if dim == REPLICATED:
+        return x.astype(compute_dtype)
+    return _gather(dim, jnp.dtype(compute_dtype), jnp.dtype(reduce_dtype_), x)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _gather(dim, compute_dtype, reduce_dtype_, x):
+    return jax.lax.all_gather(x.astype(compute_dtype), FSDP, axis=dim, tiled=True)
+
+
+def _gather_fwd(dim, compute_dtype, reduce_dtype_, x):
+    return _gather(dim, compute_dtype, reduce_dtype_, x), jnp.zeros((0,), x.dtype)  # residual: x's dtype only
+
+
+def _gather_bwd(dim, compute_dtype, reduce_dtype_, res, g):
+    g = jax.lax.psum_scatter(g.astype(reduce_dtype_), FSDP, scatter_dimension=dim, tiled=True)
+    return (g.astype(res.dtype),)
+
+
+_gather.defvjp(_gather_fwd, _gather_bwd)
+
+
+def block_lists(tree, path=()) -> list[tuple]:
+    """Paths (tuples of keys) of the nodes of a pure-dict param tree that hold a list of layers: a dict whose
+    keys are the integers 0..L-1 (how ``nnx.to_pure_dict`` writes an ``nnx.List`` of modules), each a dict."""
+    if not isinstance(tree, dict):
+        return []
+    if tree and all(isinstance(k, int) for k in tree) and all(isinstance(v, dict) for v in tree.values()):
+        return [path]
+    return [p for k, v in tree.items() for p in block_lists(v, path + (k,))]
+
+
+def _at(tree, path):
+    for k in path:
+        tree = tree[k]
+    return tree
+
+
+def _module_at(module, path):
+    for k in path:
+        module = module[k] if isinstance(k, int) else getattr(module, k)
+    return module
+
+
+def _regather(x: jax.Array, dim: int, compute_dtype) -> jax.Array:
+    """``gather_leaf``'s forward value written another way (an untiled all-gather of ``x`` with a new leading axis,
+    moved to ``dim``): the same bytes, but a different HLO, so that XLA:CPU, which drops optimization barriers
+    before common-subexpression elimination, cannot merge the backward pass's gather with the forward pass's and
+    keep every layer's gathered weights alive in between."""
+    if dim == REPLICATED:
+        return x.astype(compute_dtype)
+    parts = jax.lax.all_gather(x.astype(compute_dtype), FSDP, axis=0, tiled=False)  # [n, *x.shape]
+    parts = jnp.moveaxis(parts, 0, dim)
+    return parts.reshape(*x.shape[:dim], -1, *x.shape[dim + 1 :])
+
+
+def _after(shards, tree):
+    """``shards`` made to depend on ``tree`` (``x + 0 * t``, with ``t`` one element of ``tree``'s first
+    floating-point leaf; ``x`` unchanged for finite ``t``), so that a gather of them cannot be scheduled before
+    ``tree`` exists: the scheduler would otherwise be free to gather every layer at the start of the step."""
+    floats = [t for t in jax.tree.leaves(tree) if jnp.issubdtype(t.dtype, jnp.floating) and t.size]
+    if not floats:
+        return shards
+    t = floats[0].reshape(-1)[0]
+    return jax.tree.map(lambda x: x + (t * 0).astype(x.dtype), shards)
+
+
+class _GatheredLayer:
+    """Stands in for one layer of a list: on call, gathers the layer's shards, builds the layer and runs it.
+
+    A ``custom_vjp`` over the layer: the forward pass keeps only the shards and the layer's inputs; the backward
+    pass gathers the weights again (``_regather``), recomputes the layer, takes its gradient and reduce-scatters
+    the weight gradients (``psum_scatter`` in the reduce dtype). So a layer's full weights and full weight
+    gradients exist only while that layer runs."""
+
+    def __init__(self, graphdef, shards, dims, compute_dtype, reduce_dtype_):
+        self.graphdef, self.shards, self.dims = graphdef, shards, dims
+        self.compute_dtype, self.reduce_dtype = compute_dtype, reduce_dtype_
+
+    def __call__(self, *args, **kwargs):
+        leaves, treedef = jax.tree.flatten((args, kwargs))
+        is_array = [isinstance(x, (jax.Array, np.ndarray)) for x in leaves]
+        dims, compute, reduce_ = self.dims, self.compute_dtype, self.reduce_dtype
+
+        def apply(full, arrays):
+            it = iter(arrays)
+            a, kw = jax.tree.unflatten(treedef, [next(it) if arr else x for x, arr in zip(leaves, is_array)])
+            return nnx.merge(self.graphdef, full)(*a, **kw)
+
+        @jax.custom_vjp
+        def run(shards, arrays):
+            shards = _after(shards, arrays)
+            return apply(jax.tree.map(lambda x, d: gather_leaf(x, d, compute, reduce_), shards, dims), arrays)
+
+        def run_fwd(shards, arrays):
+            return run(shards, arrays), (shards, arrays)
+
+        def run_bwd(res, ct):
+            shards, arrays = res
+            full = jax.tree.map(lambda x, d: _regather(x, d, compute), _after(shards, ct), dims)
+            _, vjp = jax.vjp(apply, full, arrays)
+            g_full, g_arrays = vjp(ct)
+
+            def scatter(g, x, d):
+                if d != REPLICATED:
+                    g = jax.lax.psum_scatter(g.astype(reduce_), FSDP, scatter_dimension=d, tiled=True)
+                return g.astype(x.dtype)
+
+            return jax.tree.map(scatter, g_full, shards, dims), g_arrays
+
+        run.defvjp(run_fwd, run_bwd)
+        return run(self.shards, [x for x, arr in zip(leaves, is_array) if arr])
+
+
+def gathered_model(graphdef, shards, compute_dtype, *, dims, reduce_dtype_):
+    """The model built from parameter shards (inside ``shard_map``), gathering each layer where it is used.
+
+    Works for any flax NNX model whose param tree is a nested dict: every list of layers (``block_lists``)
+    whose layer has a sharded leaf is replaced, layer by layer, by a ``_GatheredLayer``; all other leaves are
+    gathered up front (``gather_leaf``). ``dims``: the tree of sharded dimensions (``REPLICATED`` for replicated
+    leaves); ``reduce_dtype_``: the dtype of the gradients' reduce-scatter.
+    """
+    gather = functools.partial(gather_leaf, compute_dtype=compute_dtype, reduce_dtype_=reduce_dtype_)
+    lists = [p for p in block_lists(shards) if any(d != REPLICATED for d in jax.tree.leaves(_at(dims, p)))]
+    per_layer = set(lists)
+
+    def eager(tree, dim_tree, path=()):
+        if path in per_layer:
+            return tree  # shards stay as they are: the layer gathers them when it runs
+        if isinstance(tree, dict):
+            return {k: eager(v, dim_tree[k], path + (k,)) for k, v in tree.items()}
+        return gather(tree, dim_tree)
+
+    model = nnx.merge(graphdef, eager(shards, dims))
+    for path in lists:
+        layers = _module_at(model, path)
+        for i in range(len(layers)):
+            layer_graphdef, _ = nnx.split(layers[i])
+            layers[i] = _GatheredLayer(
+                layer_graphdef, _at(shards, path)[i], _at(dims, path)[i], compute_dtype, reduce_dtype_
+            )
+    return model
+
+
 class Fsdp(ParallelMode):
     name = "fsdp"
     default_mesh_shape = (1, -1)
@@ -59,6 +232,10 @@ class Fsdp(ParallelMode):
     def param_specs(self, params):
         return jax.tree.map(lambda x: spec_for(np.shape(x), self._dim(x)), params)
 
+    def param_dims(self, params):
+        """The tree of sharded dimensions of ``params`` (``REPLICATED``: not sharded)."""
+        return jax.tree.map(lambda x: REPLICATED if self._dim(x) is None else self._dim(x), params)
+
     def state_shardings(self, abstract_state):
         return jax.tree.map(lambda x: NamedSharding(self.mesh, spec_for(np.shape(x), self._dim(x))), abstract_state)
 
@@ -73,31 +250,33 @@ class Fsdp(ParallelMode):
                 sharded += nbytes
         return sharded, replicated
 
+    def per_layer_bytes(self, params) -> int:
+        """float32 bytes of the sharded leaves gathered layer by layer (inside a list of layers); the other
+        sharded leaves are gathered once per microbatch (see the module docstring's byte formula)."""
+        dims = self.param_dims(params)
+        total = 0
+        for path in block_lists(params):
+            for x, d in zip(jax.tree.leaves(_at(params, path)), jax.tree.leaves(_at(dims, path))):
+                if d != REPLICATED:
+                    total += math.prod(np.shape(x)) * np.dtype(x.dtype).itemsize
+        return total
+
     def grads(self, local, params, batch, step, scale):
-        dims = jax.tree.map(lambda x: -1 if self._dim(x) is None else self._dim(x), params)  # -1: replicated
+        dims = self.param_dims(params)
         specs = self.param_specs(params)
         dtype = reduce_dtype(self.grad_reduce_dtype)
-        compute = local.compute_dtype
-
-        def gather(x, d):
-            # Gather in the compute dtype (half the bytes in bf16/fp16), then hold a float32 copy so the
-            # microbatch gradients accumulate in float32 (bf16 -> f32 -> bf16 is lossless).
-            x = x.astype(compute)
-            x = x if d < 0 else jax.lax.all_gather(x, FSDP, axis=d, tiled=True)
-            return x.astype("float32")
+        sharded_local = dataclasses.replace(
+            local, materialize=functools.partial(gathered_model, dims=dims, reduce_dtype_=dtype), unroll=True
+        )
 
         def reduce(g, d):
-            g = g.astype(dtype)
-            if d < 0:
-                return jax.lax.psum(g, BATCH_AXES).astype("float32")
-            g = jax.lax.psum_scatter(g, FSDP, scatter_dimension=d, tiled=True)
-            return jax.lax.psum(g, "data").astype("float32")
+            # sharded leaves: already reduce-scattered over fsdp in the backward pass; replicas over data
+            axes: Any = "data" if d != REPLICATED else BATCH_AXES
+            return jax.lax.psum(g.astype(dtype), axes).astype("float32")
 
         def per_device(shards, batch, step, scale):
-            full = jax.tree.map(gather, shards, dims)
-            grad_sums, sums = local(pcast_varying(full, BATCH_AXES), batch, step, scale)
-            grads = jax.tree.map(reduce, grad_sums, dims)
-            return grads, jax.lax.psum(sums, BATCH_AXES)
+            grad_sums, sums = sharded_local(pcast_varying(shards, BATCH_AXES), batch, step, scale)
+            return jax.tree.map(reduce, grad_sums, dims), jax.lax.psum(sums, BATCH_AXES)
 
         grad_sums, sums = jax.shard_map(
             per_device, mesh=self.mesh, in_specs=(specs, P(BATCH_AXES), P(), P()), out_specs=(specs, P())

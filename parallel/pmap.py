@@ -27,6 +27,14 @@ class Pmap(ParallelMode):
     def state_shardings(self, abstract_state):
         return jax.tree.map(lambda _: self._stacked(), abstract_state)
 
+    def init_state(self, init_fn):
+        # created once on this process's first device (the same values as under any sharding), then stacked
+        state = jax.jit(init_fn, out_shardings=jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))()
+        host = jax.device_get(state)
+        if self.grad_compression == "int8":
+            host = host.replace(grad_residual=self.feedback.init(host.params))
+        return self.place_state(host)
+
     def place_state(self, host_state):
         n = self.num_devices
         # The int8 error-feedback residual already has one row per device: it is split, not broadcast.

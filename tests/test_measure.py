@@ -106,20 +106,30 @@ def test_data_parallel_bytes_exact(mode, accum_steps):
 def test_fsdp_bytes_exact(accum_steps, grad_norm_every):
     """fsdp [1,8]: all-gather and reduce-scatter of the sharded arrays; all-reduce of the replicated bias and
     the 2 metric sums (48 B) and, with the gradient norm on (``train.grad_norm_every``), one float32 partial sum
-    of squares per sharded gradient leaf (optax.global_norm over sharded gradients: 3 x 4 B more)."""
+    of squares per sharded gradient leaf (optax.global_norm over sharded gradients: 3 x 4 B more).
+
+    With K microbatches each microbatch's gradient is reduce-scattered as it is produced (K reduce-scatters per
+    array, no full-size gradient is accumulated), while the MLP's weights (no list of layers) are gathered once
+    per step: the K microbatches' gathers are the same computation and XLA keeps one. The lowered module writes
+    the (unrolled) microbatch loop's body once: the first microbatch + one body = 2 x (gather + scatter)."""
     exp, m, collectives = compiled("fsdp", accum_steps, grad_norm_every)
     assert exp.plan.mesh_shape == (1, 8)
+    k = accum_steps
     by_kind = payload_by_kind(collectives)
     norm_bytes = 4 * N_SHARDED_LEAVES if grad_norm_every else 0
     all_reduce = REPLICATED_BYTES + METRIC_SUM_BYTES + norm_bytes  # 48 (60 with the norm)
-    assert by_kind == {"all-gather": SHARDED_BYTES, "reduce-scatter": SHARDED_BYTES, "all-reduce": all_reduce}
-    assert m["comm/count/all-gather"] == m["comm/count/reduce-scatter"] == N_SHARDED_LEAVES
-    assert m["comm/payload_bytes_per_step"] == 2 * SHARDED_BYTES + all_reduce  # 1628208 (1628220)
+    assert by_kind == {"all-gather": SHARDED_BYTES, "reduce-scatter": k * SHARDED_BYTES, "all-reduce": all_reduce}
+    assert m["comm/count/all-gather"] == N_SHARDED_LEAVES
+    assert m["comm/count/reduce-scatter"] == k * N_SHARDED_LEAVES
+    assert m["comm/payload_bytes_per_step"] == (1 + k) * SHARDED_BYTES + all_reduce  # 1628208 (1628220); K=4: 4070448
     # the walk over the lowered module: the explicit gathers, scatters and 48 B of all-reduce (1628208); the
     # norm's partial sums over sharded gradients are added by GSPMD at compile time
-    assert m["comm/payload_bytes_per_step_lowered"] == 2 * SHARDED_BYTES + REPLICATED_BYTES + METRIC_SUM_BYTES
-    assert m["comm/bytes_per_step"] == 7 / 8 * 2 * SHARDED_BYTES + 2 * 7 / 8 * all_reduce  # 1424724.0 (1424745.0)
-    assert m["comm/in_loop_count"] == 0  # K=4: gathered once before, reduced once after the microbatch loop
+    lowered_copies = min(k, 2)  # K > 1: the first microbatch and the loop body
+    assert m["comm/payload_bytes_per_step_lowered"] == (
+        lowered_copies * 2 * SHARDED_BYTES + REPLICATED_BYTES + METRIC_SUM_BYTES
+    )
+    assert m["comm/bytes_per_step"] == 7 / 8 * (1 + k) * SHARDED_BYTES + 2 * 7 / 8 * all_reduce  # 1424724.0 (K=1)
+    assert m["comm/in_loop_count"] == 0  # K=4: the microbatch loop is unrolled, every collective is counted
 
 
 @pytest.mark.unit

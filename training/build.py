@@ -310,15 +310,27 @@ class Experiment:
     graphdef: Any
 
 
-def init_host_state(cfg: Config, tx) -> tuple[Any, TrainState]:
-    """(graphdef, state) created once on the default device from ``train.seed``: identical for any layout."""
-    with jax.default_device(jax.local_devices()[0]):  # devices()[0] is not addressable on process > 0
-        model = _model(cfg)
-        graphdef, params = nnx.split(model, nnx.Param)
-        # A plain nested dict of arrays (``nnx.merge`` takes it back): jit flattens it in C++, while an
-        # ``nnx.State`` of ``Param`` variables costs ~60 us of Python per step to flatten/unflatten.
+def state_init_fn(cfg: Config, tx) -> tuple[Any, Any]:
+    """``(graphdef, init_fn)``: the model's graph and a pure function ``() -> TrainState`` creating the initial
+    state from ``train.seed`` (run by the mode under ``jax.jit`` with its shardings: ``ParallelMode.init_state``).
+
+    The params are a plain nested dict of float32 arrays (``nnx.merge`` takes it back): jit flattens it in C++,
+    while an ``nnx.State`` of ``Param`` variables costs ~60 us of Python per step to flatten/unflatten."""
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: _model(cfg)))
+
+    def init_fn() -> TrainState:
+        _, params = nnx.split(_model(cfg), nnx.Param)
         params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), nnx.to_pure_dict(params))
-        state = create_state(params, tx, init_loss_scale(cfg.precision.loss_scale, cfg.precision.init_scale))
+        return create_state(params, tx, init_loss_scale(cfg.precision.loss_scale, cfg.precision.init_scale))
+
+    return graphdef, init_fn
+
+
+def init_host_state(cfg: Config, tx) -> tuple[Any, TrainState]:
+    """(graphdef, state) as host numpy arrays: the initial state every mode starts from (``state_init_fn``, run
+    under ``jax.jit`` on this process's first device)."""
+    graphdef, init_fn = state_init_fn(cfg, tx)
+    state = jax.jit(init_fn, out_shardings=jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))()
     return graphdef, jax.device_get(state)
 
 
@@ -335,9 +347,7 @@ def build(p: Plan) -> Experiment:
         grad_compression=cfg.parallel.grad_compression,
     )
     tx, schedule = _optimizer(cfg, p.peak_lr)
-    graphdef, host_state = init_host_state(cfg, tx)
-    if cfg.parallel.grad_compression == "int8":  # per-device error-feedback residual, zero at start
-        host_state = host_state.replace(grad_residual=mode.feedback.init(host_state.params))
+    graphdef, init_fn = state_init_fn(cfg, tx)
     local = LocalGrads(
         graphdef=graphdef,
         compute_dtype=p.compute_dtype,
@@ -353,6 +363,6 @@ def build(p: Plan) -> Experiment:
         growth_interval=cfg.precision.growth_interval,
         grad_norm_every=cfg.train.grad_norm_every or 0,
     )
-    state = mode.place_state(host_state)
-    steps = mode.build(local, updater, jax.eval_shape(lambda: host_state))
+    state = mode.init_state(init_fn)  # created directly in the mode's layout (fsdp: sharded)
+    steps = mode.build(local, updater, mode.host_abstract(state))
     return Experiment(plan=p, mode=mode, local=local, updater=updater, state=state, steps=steps, graphdef=graphdef)
