@@ -221,7 +221,47 @@ class ViTConfig(ModelConfig):
     dropout: float = 0.0
 
 
-MODEL_SCHEMAS: dict[str, type] = {"mlp": MLPConfig, "cnn": CNNConfig, "resnet": ResNetConfig, "vit": ViTConfig}
+class Remat(enum.StrEnum):
+    none = "none"
+    full = "full"
+    dots_saveable = "dots_saveable"
+
+
+class Norm(enum.StrEnum):
+    layernorm = "layernorm"
+    rmsnorm = "rmsnorm"
+
+
+@dataclass
+class GPTConfig(ModelConfig):
+    """Decoder-only transformer language model (models/gpt.py). ``size``: tiny (0.84M parameters, byte
+    vocabulary, context 128) | gpt2_small (124M) | gpt2_medium (355M) | 1b (1.3B); every dimension left null
+    takes the preset's value. ``context``: tokens per training window (T); ``max_positions``: rows of the
+    learned position table (null = context). ``remat``: none | full | dots_saveable (``jax.checkpoint`` per
+    block)."""
+
+    name: str = "gpt"
+    size: str = "tiny"
+    vocab_size: Optional[int] = None
+    context: Optional[int] = None
+    max_positions: Optional[int] = None
+    width: Optional[int] = None
+    depth: Optional[int] = None
+    heads: Optional[int] = None
+    mlp_ratio: int = 4
+    dropout: float = 0.0
+    remat: Remat = Remat.none
+    tied_embeddings: bool = True
+    norm: Norm = Norm.layernorm
+
+
+MODEL_SCHEMAS: dict[str, type] = {
+    "mlp": MLPConfig,
+    "cnn": CNNConfig,
+    "resnet": ResNetConfig,
+    "vit": ViTConfig,
+    "gpt": GPTConfig,
+}
 
 
 def model_kwargs(model: ModelConfig) -> dict[str, Any]:
@@ -253,6 +293,9 @@ class DataConfig:
     crop_padding: int = 4
     flip: bool = False
     prefetch: int = 2
+    # Text data (data=tiny_shakespeare, data=text; model=gpt): the UTF-8 file to read (data=text: required;
+    # tiny_shakespeare: null = found or downloaded, data/text.py). Tokens are its bytes (vocabulary 256).
+    path: Optional[str] = None
 
 
 # ---- optimizers: one schema each ------------------------------------------------------------------------------

@@ -94,6 +94,11 @@ class LocalGrads:
       use_example_keys: whether the model needs per-example keys (dropout > 0).
       augment: ``core.augment.AugmentSpec`` (random crop/flip of the uint8 training images, on the
         device, each example keyed by (seed, step, global example index)), or None (no augmentation).
+      tokens: a language model: ``image`` holds input tokens int32 ``[B, T]`` (passed to the model as they
+        are) and ``label`` the next tokens int32 ``[B, T]``; the model returns logits ``[B, T, vocab]``. An
+        example's loss is the mean over its T positions of the next-token cross-entropy (nats per token) and
+        its "correct" the fraction of its positions whose argmax is the next token, so every reduction stays
+        per example (all windows have T tokens: the mean over examples is the mean per token).
     """
 
     graphdef: Any
@@ -102,12 +107,23 @@ class LocalGrads:
     seed: int
     use_example_keys: bool
     augment: Optional[AugmentSpec] = None
+    tokens: bool = False
 
     def logits(self, params, image, keys=None) -> jax.Array:
-        """float32 logits ``[B, classes]`` computed in ``compute_dtype``."""
+        """float32 logits ``[B, classes]`` (tokens: ``[B, T, vocab]``) computed in ``compute_dtype``."""
         cast = jax.tree.map(lambda p: p.astype(self.compute_dtype), params)
         model = nnx.merge(self.graphdef, cast)
-        return model(to_float_image(image, self.compute_dtype), keys).astype(jnp.float32)
+        x = image if self.tokens else to_float_image(image, self.compute_dtype)
+        return model(x, keys).astype(jnp.float32)
+
+    def per_example(self, logits, label) -> tuple[jax.Array, jax.Array]:
+        """(loss, correct), float32 ``[B]``: cross-entropy and 0/1 accuracy; tokens: their means over the T
+        positions of each example."""
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, label)
+        correct = (jnp.argmax(logits, -1) == label).astype(jnp.float32)
+        if self.tokens:
+            return jnp.mean(loss, axis=-1), jnp.mean(correct, axis=-1)
+        return loss, correct
 
     def _micro(self, params, batch, step, scale):
         # per-example keys feed dropout and/or augmentation (independent fold_in sites)
@@ -120,10 +136,9 @@ class LocalGrads:
             image = augment_images(image, example_keys_B, self.augment)
 
         def loss_fn(p):
-            logits = self.logits(p, image, keys)
-            per_example = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
+            per_example, correct_B = self.per_example(self.logits(p, image, keys), batch["label"])
             loss_sum = jnp.sum(per_example)
-            correct = jnp.sum((jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32))
+            correct = jnp.sum(correct_B)
             # Differentiate the scaled *mean* so that gradient magnitudes inside the (possibly float16)
             # backward pass do not grow with the batch size; multiply back by n to return sums.
             return loss_sum / n * scale, (loss_sum, correct)
@@ -156,10 +171,8 @@ class LocalGrads:
 
     def eval_sums(self, params, batch) -> Metrics:
         """Masked sums for evaluation (no dropout): ``loss_sum``, ``correct``, ``count`` (float32 scalars)."""
-        logits = self.logits(params, batch["image"])
         mask = batch["mask"]
-        per_example = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
-        correct = (jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32)
+        per_example, correct = self.per_example(self.logits(params, batch["image"]), batch["label"])
         return {"loss_sum": jnp.sum(per_example * mask), "correct": jnp.sum(correct * mask), "count": jnp.sum(mask)}
 
 

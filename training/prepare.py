@@ -57,10 +57,75 @@ def batches_need_index(cfg: Config) -> bool:
     return cfg.model.dropout > 0 or cfg.data.augment or cfg.train.debug_dump_indices
 
 
+TEXT_DATA = ("tiny_shakespeare", "text")
+
+
+def gpt_dims(cfg: Config):
+    """The GPT's resolved dimensions (``models.gpt.GPTDims``) of ``cfg.model``."""
+    from models.gpt import resolve_dims
+
+    m = cfg.model
+    return resolve_dims(
+        m.size,
+        vocab_size=m.vocab_size,
+        context=m.context,
+        max_positions=m.max_positions,
+        width=m.width,
+        depth=m.depth,
+        heads=m.heads,
+        mlp_ratio=m.mlp_ratio,
+    )
+
+
+def load_text_data(cfg: Config, p: Plan):
+    """(train ``WindowSource``, host validation windows) for the language model: byte tokens of
+    ``data=tiny_shakespeare`` / ``data=text``, or random tokens with ``data=synthetic``.
+
+    Raises:
+      ConfigError: an image data set with model=gpt, tokens outside the model's vocabulary, a split shorter
+        than one window. DataError: the text file is missing, empty or not UTF-8.
+    """
+    from data.text import VOCAB_BYTES, WindowSource, eval_windows, load_text_splits, synthetic_tokens
+
+    d, dims = cfg.data, gpt_dims(cfg)
+    t = dims.context
+    if d.name == "synthetic":
+        if d.train_size <= t or d.eval_size <= t:
+            raise ConfigError(
+                f"data.train_size={d.train_size} and data.eval_size={d.eval_size} tokens: each must exceed one "
+                f"window of model.context={t} tokens"
+            )
+        train, test = synthetic_tokens(dims.vocab_size, d.train_size, d.eval_size, cfg.train.seed)
+    elif d.name in TEXT_DATA:
+        if dims.vocab_size < VOCAB_BYTES:
+            raise ConfigError(
+                f"model.vocab_size={dims.vocab_size} is smaller than the {VOCAB_BYTES} byte tokens of "
+                f"data={d.name}; set model.vocab_size={VOCAB_BYTES} (or leave it null with model.size=tiny)"
+            )
+        train, test = load_text_splits(d.name, d.path, d.cache_dir, d.download)
+        for split, tokens in (("train", train), ("validation", test)):
+            if len(tokens) <= t:
+                raise ConfigError(
+                    f"the {split} split of data.path={d.path or d.name} has {len(tokens)} bytes, not more than "
+                    f"one window of model.context={t}; give a longer text or lower model.context"
+                )
+    else:
+        raise ConfigError(
+            f"model=gpt trains on text, not data={d.name}; use data=tiny_shakespeare, data=text data.path=FILE "
+            f"or data=synthetic"
+        )
+    source = WindowSource(train, t, p.global_batch, cfg.train.seed, with_index=batches_need_index(cfg))
+    return source, eval_windows(test, t)
+
+
 def load_data(cfg: Config, p: Plan):
     """(train source, host test split). Raises DataError with one line when the dataset is missing, ConfigError
     when the data does not fit the config (image shape, labels, fewer examples than one global batch)."""
     d = cfg.data
+    if cfg.model.name == "gpt":
+        return load_text_data(cfg, p)
+    if d.name in TEXT_DATA:
+        raise ConfigError(f"data={d.name} is text: train it with model=gpt (model={cfg.model.name} reads images)")
     if d.name == "synthetic":
         # synthetic sizes and shape are checked before anything is generated
         if len(d.image_shape) != 3 or min(d.image_shape) <= 0 or d.num_classes < 2:
