@@ -275,6 +275,30 @@ def static_info(cfg: Config, p: Plan, exp: Experiment, n_steps: int, steps_per_e
     }
 
 
+def language_model_info(cfg: Config, p: Plan, exp: Experiment) -> dict[str, Any]:
+    """The GPT's static figures: ``model/param_count``, ``model/vocab_size``, ``train/tokens_per_example`` (T),
+    ``train/tokens_per_step`` (global batch x T), ``perf/flops_per_token`` = 6N + 12·L·d·T (PaLM appendix B;
+    ``models.gpt.flops_per_token``) and ``perf/flops_per_step_per_device`` from it (the model FLOPs of MFU;
+    XLA's count of the compiled step, which includes rematerialised work, moves to
+    ``perf/flops_per_step_per_device_xla``)."""
+    from models.gpt import flops_per_token
+
+    dims = gpt_dims(cfg)
+    n = int(sum(int(np.prod(x.shape)) for x in jax.tree.leaves(exp.mode.host_abstract(exp.state).params)))
+    per_token = flops_per_token(n, dims.depth, dims.width, dims.context)
+    tokens = p.global_batch * dims.context
+    out: dict[str, Any] = {
+        "model/param_count": n,
+        "model/vocab_size": dims.vocab_size,
+        "model/context": dims.context,
+        "train/tokens_per_example": dims.context,
+        "train/tokens_per_step": tokens,
+        "perf/flops_per_token": per_token,
+        "perf/flops_per_step_per_device": per_token * tokens / exp.mode.num_devices,
+    }
+    return out
+
+
 def compile_step(cfg: Config, p: Plan, exp: Experiment, first, info: dict[str, Any]):
     """Lowers and compiles the train step for ``first``'s shapes; adds compile time, ``comm/*``, ``mem/*``,
     ``perf/flops_*`` and the modelled communication time to ``info``. Returns ``(lowered, compiled, peak
@@ -285,6 +309,10 @@ def compile_step(cfg: Config, p: Plan, exp: Experiment, first, info: dict[str, A
     compiled = lowered.compile()
     info["perf/compile_time_s"] = time.perf_counter() - t0
     info.update(compiled_step_metrics(lowered, compiled, exp.mode.num_devices))
+    if "perf/flops_per_step_per_device" in info and exp.local.tokens:
+        info["perf/flops_per_step_per_device_xla"] = info["perf/flops_per_step_per_device"]
+    if exp.local.tokens:
+        info.update(language_model_info(cfg, p, exp))
     info["mem/state_bytes_per_device"] = state_bytes_per_device(exp.state)
     detect = cfg.hardware.detect  # hardware=auto: the profile matching the device kind; a chosen profile: its own
     info["hardware/profile"] = hardware_profile(cfg.hardware, device.device_kind)  # null when none
