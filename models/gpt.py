@@ -224,3 +224,38 @@ class GPT(nnx.Module):
         if self.head is None:
             return self.embed.attend(x_BxTxD)
         return self.head(x_BxTxD)
+
+
+def generate(model: GPT, prompt: list[int], num_tokens: int, *, temperature: float = 0.0, seed: int = 0) -> list[int]:
+    """``num_tokens`` tokens continuing ``prompt`` (token ids), one forward pass per token over the last
+    ``model.dims.context`` tokens (shorter windows are right-padded: causal attention never reads the padding).
+
+    ``temperature`` 0: greedy (argmax); > 0: sampled from ``softmax(logits / temperature)`` with keys from
+    ``seed``. Returns the new tokens only.
+
+    Raises:
+      ValueError: an empty prompt or a negative temperature.
+    """
+    if not prompt:
+        raise ValueError("the prompt is empty; give at least one token")
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature} must be >= 0 (0: greedy)")
+    t = model.dims.context
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def next_token(state, window_1xT, last, key):
+        logits = nnx.merge(graphdef, state)(window_1xT)[0, last].astype(jnp.float32)
+        if temperature == 0:
+            return jnp.argmax(logits)
+        return jax.random.categorical(key, logits / temperature)
+
+    tokens, out = list(prompt), []
+    key = jax.random.key(seed)
+    for i in range(num_tokens):
+        window = tokens[-t:]
+        padded = jnp.asarray([window + [0] * (t - len(window))], jnp.int32)
+        tok = int(next_token(state, padded, len(window) - 1, jax.random.fold_in(key, i)))
+        tokens.append(tok)
+        out.append(tok)
+    return out

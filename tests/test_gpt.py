@@ -41,7 +41,7 @@ CONTEXT = 32
 GLOBAL_BATCH = 16
 STEPS = 8
 TOL = {"sgd": 1e-6, "adam": 5e-5}  # the MLP's margins (tests/test_equivalence.py)
-LR = {"sgd": 0.3, "adam": 1e-3}
+LR = {"sgd": 0.1, "adam": 1e-3}
 TOKENS = byte_tokens(
     "".join(f"{i} the quick brown fox jumps over the lazy dog {i * i}\n" for i in range(400))
 )  # ~21k bytes of learnable text
@@ -274,7 +274,7 @@ def test_mode_matches_single_device(mode, shape, opt):
 def test_losses_actually_fall():
     """Guards the equivalence test against comparing runs that do nothing."""
     losses, state, _, init = reference("sgd")
-    assert losses[0] > math.log(256) - 0.5 and losses[-1] < losses[0] - 0.2
+    assert losses[0] > math.log(256) - 0.5 and losses[-1] < losses[0] - 1.0
     assert max_abs_diff(state.params, init.params) > 1e-3
 
 

@@ -250,6 +250,18 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     return finish(prep, loop, hooks, stats, target)
 
 
+def final_sample(prep: Prepared, loop: LoopState) -> str:
+    """``train.sample_tokens`` bytes generated greedily by the trained GPT after a newline (``models.gpt.generate``)."""
+    from flax import nnx
+
+    from models.gpt import generate
+
+    params = prep.exp.mode.state_to_host(loop.state).params
+    model = nnx.merge(prep.exp.graphdef, jax.tree.map(jax.numpy.asarray, params))
+    tokens = generate(model, [10], prep.cfg.train.sample_tokens)  # type: ignore[arg-type]
+    return bytes(tokens).decode("utf-8", errors="replace")
+
+
 def finish(
     prep: Prepared, loop: LoopState, hooks: list[Hook], stats: WindowStats, target: TargetTracker
 ) -> dict[str, Any]:
@@ -285,6 +297,9 @@ def finish(
     if exploded:
         console(exploded)
     summary.update(token_rates(summary))
+    if prep.exp.local.tokens and prep.cfg.train.sample_tokens > 0:
+        summary["sample/text"] = final_sample(prep, loop)
+        console(f"sample (greedy, {prep.cfg.train.sample_tokens} bytes after a newline):\n{summary['sample/text']}")
     if prep.exp.local.tokens and "train/loss" in summary:
         summary["train/perplexity"] = perplexity(summary["train/loss"])
     explain_ratio(summary)
