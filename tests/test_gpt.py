@@ -10,9 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +32,7 @@ from models.gpt import flops_per_token, param_count_of, resolve_dims
 from training import checkpoint
 from training.build import build, plan
 from training.prepare import load_data
-from utils import REPO, assert_matches_reference, make_cfg, max_abs_diff, run_train
+from utils import assert_matches_reference, make_cfg, max_abs_diff, run_train
 
 CONTEXT = 32
 GLOBAL_BATCH = 16
@@ -161,7 +158,9 @@ def test_bad_dimensions_are_one_line(model, message):
 def test_unknown_remat_policy_is_refused_by_the_schema():
     from conf.schema import ConfigInputError
 
-    with pytest.raises(ConfigInputError, match=r"model\.remat.*not a valid choice; choose one of none, full, dots_saveable"):
+    with pytest.raises(
+        ConfigInputError, match=r"model\.remat.*not a valid choice; choose one of none, full, dots_saveable"
+    ):
         make_cfg({"model": {"name": "gpt", "remat": "some"}})
 
 
@@ -218,7 +217,10 @@ def test_text_file_errors(tmp_path):
             load_data(cfg, plan(cfg))
     (tmp_path / "short.txt").write_text("to be or not to be " * 8)  # 152 bytes: validation 16 < one window
     cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "text", "path": str(tmp_path / "short.txt")}})
-    with pytest.raises(ConfigError, match=r"^the validation split of data\.path=.* has 16 bytes, not more than one window of model\.context=128"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^the validation split of data\.path=.* has 16 bytes, not more than one window of model\.context=128",
+    ):
         load_data(cfg, plan(cfg))
     cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "text"}})
     with pytest.raises(DataError, match=r"^data=text needs data\.path=FILE"):
@@ -241,8 +243,10 @@ def test_not_utf8_file_fails_in_one_line_with_a_failed_summary(tmp_path):
     r = run_train(run, "model=gpt", "data=text", f"data.path={bad}", "wandb=disabled", timeout=300)
     assert r.returncode != 0
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
-    assert errors == [f"error: data.path={bad} is not UTF-8 (byte 0: invalid start byte); convert it first, e.g. "
-                      f"iconv -f latin1 -t utf-8 {bad} > out.txt"], r.stderr[-2000:]
+    assert errors == [
+        f"error: data.path={bad} is not UTF-8 (byte 0: invalid start byte); convert it first, e.g. "
+        f"iconv -f latin1 -t utf-8 {bad} > out.txt"
+    ], r.stderr[-2000:]
     assert "Traceback" not in r.stderr
     assert json.loads((run / "summary.json").read_text())["status"] == "failed"
     assert not (run / "checkpoints").exists()
@@ -252,9 +256,7 @@ def test_not_utf8_file_fails_in_one_line_with_a_failed_summary(tmp_path):
 CASES = [("pmap", None), ("jit_sharding", None), ("shard_map", None), ("fsdp", None), ("fsdp", [2, 4])]
 
 
-@pytest.mark.parametrize(
-    "opt", ["sgd", pytest.param("adam", marks=pytest.mark.slow)]
-)
+@pytest.mark.parametrize("opt", ["sgd", pytest.param("adam", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("mode,shape", CASES, ids=[f"{m}-{s}" for m, s in CASES])
 def test_mode_matches_single_device(mode, shape, opt):
     cfg = make_cfg(
