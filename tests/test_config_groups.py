@@ -162,7 +162,9 @@ def test_from_dict_is_strict_unless_lenient():
     assert schema.from_dict(
         {"model": old_cnn, "parallel": {"name": "pmap", "min_shard_bytes": 0}}, lenient=True
     ).model == CNNConfig(width=16)
-    with pytest.raises(ConfigInputError, match=r"^model.name='cnx' is unknown; choose one of mlp, cnn, resnet, vit, gpt$"):
+    with pytest.raises(
+        ConfigInputError, match=r"^model.name='cnx' is unknown; choose one of mlp, cnn, resnet, vit, gpt$"
+    ):
         schema.from_dict({"model": {"name": "cnx"}})
 
 
