@@ -75,4 +75,48 @@ print(f"gpu_check: comm/ratio_measured={fmt('comm/ratio_measured')} valid={s.get
       f"{s.get('profile/error') or ''}".rstrip())
 print(f"gpu_check: eval/accuracy={fmt('eval/accuracy')}")
 EOF
+
+# The language model (model=gpt): GPT-2 small (124M parameters, context 1024) in bf16 on one device, random
+# tokens (data=synthetic), once without and once with rematerialisation (model.remat=none|full): tokens/s, MFU
+# (model FLOPs 6N + 12·L·d·T per token, PaLM appendix B) and memory. small (CPU): model.size=tiny, 6 steps.
+# GPU_CHECK_GPT=0 skips it; each job is stopped after GPU_CHECK_GPT_TIMEOUT_S (default 240 s).
+if [[ "${GPU_CHECK_GPT:-1}" != 0 ]]; then
+  case "$size" in
+    full)  gpt=(model.size=gpt2_small train.global_batch=8 train.steps=60 train.log_every=10 train.eval_batch=8
+                data.train_size=1000000 data.eval_size=8200) ;;
+    small) gpt=(model.size=tiny train.global_batch=8 train.steps=6 train.log_every=2 train.eval_batch=8
+                runtime.cpu_devices=1 data.eval_size=2000) ;;
+  esac
+  for remat in none full; do
+    set +e
+    timeout "${GPU_CHECK_GPT_TIMEOUT_S:-240}" "$PY" train.py model=gpt data=synthetic precision=bf16 \
+      parallel=jit_sharding mesh.devices=1 model.remat=$remat checkpoint.enabled=false wandb.mode=offline \
+      "hydra.run.dir=${run_dir}_gpt_remat_$remat" "${gpt[@]}" "$@"
+    gpt_status=$?
+    set -e
+    "$PY" - "${run_dir}_gpt_remat_$remat/summary.json" "$gpt_status" "$remat" <<'EOF'
+import json, sys
+path, status, remat = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+try:
+    s = json.load(open(path))
+except (OSError, ValueError) as e:
+    print(f"gpu_check gpt remat={remat}: no summary ({e}); train.py exit status {status}")
+    sys.exit(0)
+def fmt(key, scale=1.0, unit="", why=""):
+    v = s.get(key)
+    return f"{v * scale:.4g}{unit}" if isinstance(v, (int, float)) else f"n/a{why}"
+print(f"gpu_check gpt remat={remat}: status={s.get('status')} {s.get('error') or ''}".rstrip())
+print(f"gpu_check gpt remat={remat}: device={s.get('device_kind')} params={s.get('model/param_count')} "
+      f"context={s.get('model/context')} global batch={s.get('train/global_batch')} "
+      f"tokens/step={s.get('train/tokens_per_step')}")
+print(f"gpu_check gpt remat={remat}: tokens/s={fmt('perf/tokens_per_s')} "
+      f"step time={fmt('perf/step_time_s', 1e3, ' ms')} compile={fmt('perf/compile_time_s', 1, ' s')}")
+print(f"gpu_check gpt remat={remat}: MFU={fmt('perf/mfu', 100, '%', ' (no peak FLOP/s known for this device)')} "
+      f"(model FLOPs/token={fmt('perf/flops_per_token')}; XLA's FLOPs/step={fmt('perf/flops_per_step_per_device_xla')})")
+print(f"gpu_check gpt remat={remat}: peak memory/device="
+      f"{fmt('mem/peak_bytes_per_device', 2**-30, ' GiB', ' (no memory statistics)')} "
+      f"temp={fmt('mem/temp_bytes_per_device', 2**-20, ' MiB')} eval/loss={fmt('eval/loss')}")
+EOF
+  done
+fi
 exit "$status"

@@ -99,6 +99,11 @@ class LocalGrads:
         (FSDP: parameter shards, gathered layer by layer where they are used; ``parallel.fsdp``).
       unroll: unroll the microbatch loop (``lax.scan(unroll=True)``): collectives inside a microbatch then
         appear once per microbatch in the compiled step, outside any loop (FSDP's per-microbatch gathers).
+      tokens: a language model: ``image`` holds input tokens int32 ``[B, T]`` (passed to the model as they
+        are) and ``label`` the next tokens int32 ``[B, T]``; the model returns logits ``[B, T, vocab]``. An
+        example's loss is the mean over its T positions of the next-token cross-entropy (nats per token) and
+        its "correct" the fraction of its positions whose argmax is the next token, so every reduction stays
+        per example (all windows have T tokens: the mean over examples is the mean per token).
     """
 
     graphdef: Any
@@ -109,6 +114,7 @@ class LocalGrads:
     augment: Optional[AugmentSpec] = None
     materialize: Optional[Callable[[Any, Any, Any], Any]] = None
     unroll: bool = False
+    tokens: bool = False
 
     def model(self, params):
         """The ``nnx.Module`` computing in ``compute_dtype`` from ``params`` (see ``materialize``)."""
@@ -117,9 +123,19 @@ class LocalGrads:
         return nnx.merge(self.graphdef, jax.tree.map(lambda p: p.astype(self.compute_dtype), params))
 
     def logits(self, params, image, keys=None) -> jax.Array:
-        """float32 logits ``[B, classes]`` computed in ``compute_dtype``."""
+        """float32 logits ``[B, classes]`` (tokens: ``[B, T, vocab]``) computed in ``compute_dtype``."""
         model = self.model(params)
-        return model(to_float_image(image, self.compute_dtype), keys).astype(jnp.float32)
+        x = image if self.tokens else to_float_image(image, self.compute_dtype)
+        return model(x, keys).astype(jnp.float32)
+
+    def per_example(self, logits, label) -> tuple[jax.Array, jax.Array]:
+        """(loss, correct), float32 ``[B]``: cross-entropy and 0/1 accuracy; tokens: their means over the T
+        positions of each example."""
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, label)
+        correct = (jnp.argmax(logits, -1) == label).astype(jnp.float32)
+        if self.tokens:
+            return jnp.mean(loss, axis=-1), jnp.mean(correct, axis=-1)
+        return loss, correct
 
     def _micro(self, params, batch, step, scale):
         # per-example keys feed dropout and/or augmentation (independent fold_in sites)
@@ -132,10 +148,9 @@ class LocalGrads:
             image = augment_images(image, example_keys_B, self.augment)
 
         def loss_fn(p):
-            logits = self.logits(p, image, keys)
-            per_example = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
+            per_example, correct_B = self.per_example(self.logits(p, image, keys), batch["label"])
             loss_sum = jnp.sum(per_example)
-            correct = jnp.sum((jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32))
+            correct = jnp.sum(correct_B)
             # Differentiate the scaled *mean* so that gradient magnitudes inside the (possibly float16)
             # backward pass do not grow with the batch size; multiply back by n to return sums.
             return loss_sum / n * scale, (loss_sum, correct)
@@ -168,10 +183,8 @@ class LocalGrads:
 
     def eval_sums(self, params, batch) -> Metrics:
         """Masked sums for evaluation (no dropout): ``loss_sum``, ``correct``, ``count`` (float32 scalars)."""
-        logits = self.logits(params, batch["image"])
         mask = batch["mask"]
-        per_example = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
-        correct = (jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32)
+        per_example, correct = self.per_example(self.logits(params, batch["image"]), batch["label"])
         return {"loss_sum": jnp.sum(per_example * mask), "correct": jnp.sum(correct * mask), "count": jnp.sum(mask)}
 
 

@@ -44,4 +44,20 @@ def window_perf(
         perf["comm/ratio_model"] = comm_ratio_model(info["comm/time_model_s"], step_time_s)
     if peak_flops_per_s and "perf/flops_per_step_per_device" in info:
         perf["perf/mfu"] = mfu(info["perf/flops_per_step_per_device"], step_time_s, peak_flops_per_s)
+    if "train/tokens_per_example" in info:
+        perf.update(token_rates({**info, **perf}))
     return perf
+
+
+def token_rates(figures: dict) -> dict[str, float]:
+    """``perf/tokens_per_s*`` = the ``perf/examples_per_s*`` figures of ``figures`` times
+    ``train/tokens_per_example`` (a language model's window length T: every example has T target tokens);
+    empty when ``figures`` has no ``train/tokens_per_example``."""
+    t = figures.get("train/tokens_per_example")
+    if not t:
+        return {}
+    return {
+        key.replace("examples_per_s", "tokens_per_s"): value * t
+        for key, value in figures.items()
+        if key.startswith("perf/examples_per_s") and isinstance(value, (int, float)) and not isinstance(value, bool)
+    }

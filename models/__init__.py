@@ -23,17 +23,23 @@ def build_model(
     patch: int = 4,
     heads: int = 4,
     mlp_ratio: int = 4,
+    **gpt: object,
 ) -> nnx.Module:
     """Creates a model with parameters drawn from ``seed`` (on the default device, once).
 
     Args:
-      name: mlp | cnn | resnet | vit.
+      name: mlp | cnn | resnet | vit | gpt.
       image_shape: (H, W, C) of one example.
       num_classes: number of logits.
       seed: seed of the parameter initialiser; the same seed gives bitwise the same parameters whatever
         the device count or layout, since they are created once and then placed.
+      gpt: for ``name="gpt"``: ``size`` and the dimension overrides of ``models.gpt.resolve_dims``
+        (``vocab_size``, ``context``, ``max_positions``; ``width``, ``depth``, ``heads``, ``mlp_ratio`` are the
+        named arguments, None = the preset's) and ``remat``, ``tied_embeddings``, ``norm``; ``image_shape`` and
+        ``num_classes`` are not used.
     Returns:
-      An ``nnx.Module`` whose ``__call__(x_BxHxWxC, dropout_keys_B=None)`` returns logits ``[B, classes]``.
+      An ``nnx.Module`` whose ``__call__(x_BxHxWxC, dropout_keys_B=None)`` returns logits ``[B, classes]``
+      (gpt: ``__call__(tokens_BxT, dropout_keys_B=None)`` returns logits ``[B, T, vocab_size]``).
     Raises:
       ValueError: unknown model name or bad hyper-parameters.
     """
@@ -72,4 +78,20 @@ def build_model(
             dropout=dropout,
             rngs=rngs,
         )
-    raise ValueError(f"model.name={name!r} is unknown; choose one of mlp, cnn, resnet, vit")
+    if name == "gpt":
+        from models.gpt import GPT, resolve_dims
+
+        dims = resolve_dims(
+            str(gpt.pop("size", "tiny")),
+            vocab_size=gpt.pop("vocab_size", None),  # type: ignore[arg-type]
+            context=gpt.pop("context", None),  # type: ignore[arg-type]
+            max_positions=gpt.pop("max_positions", None),  # type: ignore[arg-type]
+            width=width,
+            depth=depth,
+            heads=heads,
+            mlp_ratio=mlp_ratio,
+        )
+        return GPT(dims, dropout=dropout, rngs=rngs, **gpt)  # type: ignore[arg-type]
+    if gpt:
+        raise ValueError(f"model.name={name!r} does not take {', '.join(gpt)}")
+    raise ValueError(f"model.name={name!r} is unknown; choose one of mlp, cnn, resnet, vit, gpt")

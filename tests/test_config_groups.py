@@ -101,7 +101,7 @@ def test_each_mode_has_its_own_keys(option, expected):
         ),
         (
             ["model=resnet", "model.dropout=0.1"],
-            "model.dropout does not apply to model=resnet (only to model=mlp, cnn, vit); model=resnet has: width",
+            "model.dropout does not apply to model=resnet (only to model=mlp, cnn, vit, gpt); model=resnet has: width",
         ),
         (
             ["model=vit", "model.activation=relu"],
@@ -162,7 +162,9 @@ def test_from_dict_is_strict_unless_lenient():
     assert schema.from_dict(
         {"model": old_cnn, "parallel": {"name": "pmap", "min_shard_bytes": 0}}, lenient=True
     ).model == CNNConfig(width=16)
-    with pytest.raises(ConfigInputError, match=r"^model.name='cnx' is unknown; choose one of mlp, cnn, resnet, vit$"):
+    with pytest.raises(
+        ConfigInputError, match=r"^model.name='cnx' is unknown; choose one of mlp, cnn, resnet, vit, gpt$"
+    ):
         schema.from_dict({"model": {"name": "cnx"}})
 
 
@@ -507,7 +509,7 @@ def test_cnn_recipe_is_an_experiment_and_model_cnn_is_only_the_model():
     )
     assert _error("+experiment=cnn") == (
         "experiment=cnn is not an option of group experiment; choose one of "
-        "cnn_mnist; did you mean experiment=cnn_mnist?"
+        "cnn_mnist, gpt_shakespeare; did you mean experiment=cnn_mnist?"
     )
 
 

@@ -248,7 +248,7 @@ def check_numbers(cfg: Config) -> None:
         ("wandb.init_timeout_s", cfg.wandb.init_timeout_s, cfg.wandb.init_timeout_s > 0, "> 0"),
     ]
     for k in ("hidden", "width", "depth"):  # each model has its own keys (conf/schema.py MODEL_SCHEMAS)
-        if hasattr(m, k):
+        if getattr(m, k, None) is not None:  # (gpt: null = the size preset's value)
             checks.append((f"model.{k}", getattr(m, k), getattr(m, k) > 0, "> 0"))
     if hasattr(m, "init_std"):
         checks.append(
@@ -276,6 +276,11 @@ def _optimizer_checks(o) -> list[tuple[str, Any, bool, str]]:
         for k, ok, allowed in _OPTIMIZER_RANGES
         if hasattr(o, k)
     ]
+
+
+def is_language_model(cfg: Config) -> bool:
+    """Whether the model is the GPT language model (token batches, per-token loss averaged per window)."""
+    return cfg.model.name == "gpt"
 
 
 def _model(cfg: Config):
@@ -355,6 +360,7 @@ def build(p: Plan) -> Experiment:
         seed=cfg.train.seed,
         use_example_keys=cfg.model.dropout > 0,
         augment=augment_spec(cfg.data.augment, cfg.data.crop_padding, cfg.data.flip),
+        tokens=is_language_model(cfg),
     )
     updater = Updater(
         tx=tx,

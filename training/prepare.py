@@ -57,10 +57,75 @@ def batches_need_index(cfg: Config) -> bool:
     return cfg.model.dropout > 0 or cfg.data.augment or cfg.train.debug_dump_indices
 
 
+TEXT_DATA = ("tiny_shakespeare", "text")
+
+
+def gpt_dims(cfg: Config):
+    """The GPT's resolved dimensions (``models.gpt.GPTDims``) of ``cfg.model``."""
+    from models.gpt import resolve_dims
+
+    m = cfg.model
+    return resolve_dims(
+        m.size,
+        vocab_size=m.vocab_size,
+        context=m.context,
+        max_positions=m.max_positions,
+        width=m.width,
+        depth=m.depth,
+        heads=m.heads,
+        mlp_ratio=m.mlp_ratio,
+    )
+
+
+def load_text_data(cfg: Config, p: Plan):
+    """(train ``WindowSource``, host validation windows) for the language model: byte tokens of
+    ``data=tiny_shakespeare`` / ``data=text``, or random tokens with ``data=synthetic``.
+
+    Raises:
+      ConfigError: an image data set with model=gpt, tokens outside the model's vocabulary, a split shorter
+        than one window. DataError: the text file is missing, empty or not UTF-8.
+    """
+    from data.text import VOCAB_BYTES, WindowSource, eval_windows, load_text_splits, synthetic_tokens
+
+    d, dims = cfg.data, gpt_dims(cfg)
+    t = dims.context
+    if d.name == "synthetic":
+        if d.train_size <= t or d.eval_size <= t:
+            raise ConfigError(
+                f"data.train_size={d.train_size} and data.eval_size={d.eval_size} tokens: each must exceed one "
+                f"window of model.context={t} tokens"
+            )
+        train, test = synthetic_tokens(dims.vocab_size, d.train_size, d.eval_size, cfg.train.seed)
+    elif d.name in TEXT_DATA:
+        if dims.vocab_size < VOCAB_BYTES:
+            raise ConfigError(
+                f"model.vocab_size={dims.vocab_size} is smaller than the {VOCAB_BYTES} byte tokens of "
+                f"data={d.name}; set model.vocab_size={VOCAB_BYTES} (or leave it null with model.size=tiny)"
+            )
+        train, test = load_text_splits(d.name, d.path, d.cache_dir, d.download)
+        for split, tokens in (("train", train), ("validation", test)):
+            if len(tokens) <= t:
+                raise ConfigError(
+                    f"the {split} split of data.path={d.path or d.name} has {len(tokens)} bytes, not more than "
+                    f"one window of model.context={t}; give a longer text or lower model.context"
+                )
+    else:
+        raise ConfigError(
+            f"model=gpt trains on text, not data={d.name}; use data=tiny_shakespeare, data=text data.path=FILE "
+            f"or data=synthetic"
+        )
+    source = WindowSource(train, t, p.global_batch, cfg.train.seed, with_index=batches_need_index(cfg))
+    return source, eval_windows(test, t)
+
+
 def load_data(cfg: Config, p: Plan):
     """(train source, host test split). Raises DataError with one line when the dataset is missing, ConfigError
     when the data does not fit the config (image shape, labels, fewer examples than one global batch)."""
     d = cfg.data
+    if cfg.model.name == "gpt":
+        return load_text_data(cfg, p)
+    if d.name in TEXT_DATA:
+        raise ConfigError(f"data={d.name} is text: train it with model=gpt (model={cfg.model.name} reads images)")
     if d.name == "synthetic":
         # synthetic sizes and shape are checked before anything is generated
         if len(d.image_shape) != 3 or min(d.image_shape) <= 0 or d.num_classes < 2:
@@ -210,6 +275,30 @@ def static_info(cfg: Config, p: Plan, exp: Experiment, n_steps: int, steps_per_e
     }
 
 
+def language_model_info(cfg: Config, p: Plan, exp: Experiment) -> dict[str, Any]:
+    """The GPT's static figures: ``model/param_count``, ``model/vocab_size``, ``train/tokens_per_example`` (T),
+    ``train/tokens_per_step`` (global batch x T), ``perf/flops_per_token`` = 6N + 12·L·d·T (PaLM appendix B;
+    ``models.gpt.flops_per_token``) and ``perf/flops_per_step_per_device`` from it (the model FLOPs of MFU;
+    XLA's count of the compiled step, which includes rematerialised work, moves to
+    ``perf/flops_per_step_per_device_xla``)."""
+    from models.gpt import flops_per_token
+
+    dims = gpt_dims(cfg)
+    n = int(sum(int(np.prod(x.shape)) for x in jax.tree.leaves(exp.mode.host_abstract(exp.state).params)))
+    per_token = flops_per_token(n, dims.depth, dims.width, dims.context)
+    tokens = p.global_batch * dims.context
+    out: dict[str, Any] = {
+        "model/param_count": n,
+        "model/vocab_size": dims.vocab_size,
+        "model/context": dims.context,
+        "train/tokens_per_example": dims.context,
+        "train/tokens_per_step": tokens,
+        "perf/flops_per_token": per_token,
+        "perf/flops_per_step_per_device": per_token * tokens / exp.mode.num_devices,
+    }
+    return out
+
+
 def compile_step(cfg: Config, p: Plan, exp: Experiment, first, info: dict[str, Any]):
     """Lowers and compiles the train step for ``first``'s shapes; adds compile time, ``comm/*``, ``mem/*``,
     ``perf/flops_*`` and the modelled communication time to ``info``. Returns ``(lowered, compiled, peak
@@ -220,6 +309,10 @@ def compile_step(cfg: Config, p: Plan, exp: Experiment, first, info: dict[str, A
     compiled = lowered.compile()
     info["perf/compile_time_s"] = time.perf_counter() - t0
     info.update(compiled_step_metrics(lowered, compiled, exp.mode.num_devices))
+    if "perf/flops_per_step_per_device" in info and exp.local.tokens:
+        info["perf/flops_per_step_per_device_xla"] = info["perf/flops_per_step_per_device"]
+    if exp.local.tokens:
+        info.update(language_model_info(cfg, p, exp))
     info["mem/state_bytes_per_device"] = state_bytes_per_device(exp.state)
     detect = cfg.hardware.detect  # hardware=auto: the profile matching the device kind; a chosen profile: its own
     info["hardware/profile"] = hardware_profile(cfg.hardware, device.device_kind)  # null when none

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import math
 import statistics
 from pathlib import Path
 from typing import Any, Optional
@@ -19,6 +20,7 @@ from conf.schema import Config, as_dict
 from core.errors import USER_ERRORS, ConfigError, DataError, TrainingError  # noqa: F401  (re-exported)
 from measure.compiled import peak_bytes_per_device
 from measure.profiler import Profiler, explain_ratio
+from measure.rates import token_rates
 from measure.throughput import JobClock, TargetTracker, WindowStats, in_multirun
 from training import checkpoint
 from training.build import Experiment
@@ -47,7 +49,13 @@ from training.prepare import (
 from training.report import Reporter, console, resolve_wandb_mode
 from training.signals import StopOnSignal
 
+
 log = logging.getLogger(__name__)
+
+
+def perplexity(loss_nats: float) -> float:
+    """``exp(loss)`` of a mean per-token loss in nats (inf when it overflows)."""
+    return math.exp(loss_nats) if loss_nats < 700 else math.inf
 
 
 def evaluate(exp: Experiment, params, eval_set) -> dict[str, float]:
@@ -68,7 +76,10 @@ def evaluate(exp: Experiment, params, eval_set) -> dict[str, float]:
     host = exp.mode.metrics_to_host(totals)
     count = float(host["count"])
     assert count == eval_set.num_examples, (count, eval_set.num_examples)
-    return {"eval/loss": float(host["loss_sum"]) / count, "eval/accuracy": float(host["correct"]) / count}
+    out = {"eval/loss": float(host["loss_sum"]) / count, "eval/accuracy": float(host["correct"]) / count}
+    if exp.local.tokens:  # language model: loss in nats per token, perplexity = exp(loss)
+        out["eval/perplexity"] = perplexity(out["eval/loss"])
+    return out
 
 
 def wandb_group(cfg: Config) -> Optional[str]:
@@ -242,6 +253,18 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     return finish(prep, loop, hooks, stats, target)
 
 
+def final_sample(prep: Prepared, loop: LoopState) -> str:
+    """``train.sample_tokens`` bytes generated greedily by the trained GPT after a newline (``models.gpt.generate``)."""
+    from flax import nnx
+
+    from models.gpt import generate
+
+    params = prep.exp.mode.state_to_host(loop.state).params
+    model = nnx.merge(prep.exp.graphdef, jax.tree.map(jax.numpy.asarray, params))
+    tokens = generate(model, [10], prep.cfg.train.sample_tokens)  # type: ignore[arg-type]
+    return bytes(tokens).decode("utf-8", errors="replace")
+
+
 def finish(
     prep: Prepared, loop: LoopState, hooks: list[Hook], stats: WindowStats, target: TargetTracker
 ) -> dict[str, Any]:
@@ -273,9 +296,15 @@ def finish(
     )
     if stats.warning():
         console(stats.warning())
-    exploded = exploded_final(loop.last, loop.final, prep.cfg.data.num_classes)
+    exploded = exploded_final(loop.last, loop.final, prep.info.get("model/vocab_size", prep.cfg.data.num_classes))
     if exploded:
         console(exploded)
+    summary.update(token_rates(summary))
+    if prep.exp.local.tokens and prep.cfg.train.sample_tokens > 0:
+        summary["sample/text"] = final_sample(prep, loop)
+        console(f"sample (greedy, {prep.cfg.train.sample_tokens} bytes after a newline):\n{summary['sample/text']}")
+    if prep.exp.local.tokens and "train/loss" in summary:
+        summary["train/perplexity"] = perplexity(summary["train/loss"])
     explain_ratio(summary)
     peak = peak_bytes_per_device()
     if peak is not None:

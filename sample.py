@@ -1,0 +1,98 @@
+"""Generates text from a GPT checkpoint (model=gpt, byte tokens).
+
+    python -m sample outputs/2026-12-02/02-10-00                     # a run folder: its newest checkpoint
+    python -m sample outputs/.../checkpoints/600 --prompt "ROMEO:" --tokens 400 --temperature 0.8 --seed 1
+
+The model comes from the config saved with the checkpoint (``<step>/meta/metadata``), its parameters from the
+checkpoint's ``params`` (any device count or mode saved them: they are read as host arrays). ``--temperature 0``
+(the default) is greedy decoding; > 0 samples from ``softmax(logits / temperature)`` with ``--seed``. The
+prompt is UTF-8 encoded to byte tokens; the output bytes are decoded with replacement characters where a
+multi-byte character is cut. Output: the prompt and its continuation on stdout. Errors (no checkpoint, not a
+GPT, a bad argument): one line ``error: ...`` on stderr and exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+
+def find_checkpoint(path: Path) -> Path:
+    """A step folder: ``path`` itself, the newest in ``path`` (a checkpoint folder) or in
+    ``path/checkpoints`` (a run folder). Raises ConfigError when there is none."""
+    from evaluate import find_step_dir
+
+    path = Path(path)
+    if (path / "checkpoints").is_dir():
+        path = path / "checkpoints"
+    return find_step_dir(path)
+
+
+def load_model(step_dir: Path):
+    """The GPT of the checkpoint at ``step_dir`` with its saved parameters. Raises ConfigError for another
+    model."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from conf.schema import from_dict, model_kwargs
+    from core.errors import ConfigError
+    from models import build_model
+    from training import checkpoint
+
+    saved = checkpoint.read_metadata(step_dir).get("config", {})
+    name = (saved.get("model") or {}).get("name")
+    if name != "gpt":
+        raise ConfigError(f"checkpoint {step_dir} holds model={name}; sampling needs a model=gpt checkpoint")
+    cfg = from_dict(saved, lenient=True)
+    model = build_model("gpt", (), 0, seed=cfg.train.seed, **model_kwargs(cfg.model))
+    arrays = checkpoint.read_arrays(step_dir)
+    state = nnx.state(model, nnx.Param)
+    pure = nnx.to_pure_dict(state)
+
+    def fill(tree, prefix):
+        for k, v in tree.items():
+            key = f"{prefix}.{k}"
+            if isinstance(v, dict):
+                fill(v, key)
+            else:
+                tree[k] = jnp.asarray(arrays[f"{key}.value"] if f"{key}.value" in arrays else arrays[key])
+
+    fill(pure, "params")
+    nnx.replace_by_pure_dict(state, pure)
+    nnx.update(model, state)
+    return model
+
+
+def sample_text(model, prompt: str, num_tokens: int, temperature: float = 0.0, seed: int = 0) -> str:
+    """``prompt`` + its continuation of ``num_tokens`` byte tokens, decoded as UTF-8 (with replacement)."""
+    from models.gpt import generate
+
+    tokens = generate(model, list(prompt.encode("utf-8")), num_tokens, temperature=temperature, seed=seed)
+    return prompt + bytes(tokens).decode("utf-8", errors="replace")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sample", description=__doc__.splitlines()[0])
+    parser.add_argument("path", help="a run folder, a checkpoint folder or one <step> folder")
+    parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    parser.add_argument("--tokens", type=int, default=300, help="bytes to generate (default 300)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: sampled")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampling")
+    args = parser.parse_args(argv)
+    from core.errors import USER_ERRORS
+
+    try:
+        if args.tokens < 0:
+            raise ValueError(f"--tokens {args.tokens} must be >= 0")
+        model = load_model(find_checkpoint(Path(args.path)))
+        print(sample_text(model, args.prompt, args.tokens, args.temperature, args.seed))
+    except (*USER_ERRORS, ValueError) as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,390 @@
+"""The GPT language model (model=gpt) and its text data: model shapes and checks, data splits and windows,
+every parallel mode equal to one device, accumulation, exact resume, communication and FSDP state bytes.
+
+The in-process runs use ``model.size=tiny`` (4 layers, 128 wide, 4 heads) with a shorter context (32 tokens)
+and a small batch so that each compiles and runs in seconds on 8 simulated CPU devices.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from core.errors import ConfigError, DataError
+from core.step import METRIC_SUM_BYTES
+from data.text import (
+    SHARED_TINY_SHAKESPEARE,
+    WindowSource,
+    byte_tokens,
+    eval_windows,
+    load_text_splits,
+    tfds_splits,
+)
+from measure.compiled import compiled_step_metrics, state_bytes_per_device
+from models import build_model
+from models.gpt import flops_per_token, param_count_of, resolve_dims
+from training import checkpoint
+from training.build import build, plan
+from training.prepare import load_data
+from utils import assert_matches_reference, make_cfg, max_abs_diff, run_train
+
+CONTEXT = 32
+GLOBAL_BATCH = 16
+STEPS = 8
+TOL = {"sgd": 1e-6, "adam": 5e-5}  # the MLP's margins (tests/test_equivalence.py)
+LR = {"sgd": 0.1, "adam": 1e-3}
+TOKENS = byte_tokens(
+    "".join(f"{i} the quick brown fox jumps over the lazy dog {i * i}\n" for i in range(400))
+)  # ~21k bytes of learnable text
+TINY_PARAMS = 842_496  # size tiny, context 128 (the position table: 128 x 128)
+
+
+def gpt_cfg(**overrides):
+    base = {
+        "model": {"name": "gpt", "size": "tiny", "context": CONTEXT},
+        "data": {"name": "synthetic"},
+        "train": {"global_batch": GLOBAL_BATCH},
+    }
+    return make_cfg(base, **overrides)
+
+
+def run_lm_steps(cfg, steps: int = STEPS, tokens=TOKENS):
+    """Like ``utils.run_steps`` for the GPT: windows of ``tokens`` (``data.text.WindowSource``)."""
+    p = plan(cfg)
+    exp = build(p)
+    initial = exp.mode.state_to_host(exp.state)
+    source = WindowSource(tokens, CONTEXT, p.global_batch, cfg.train.seed)
+    layout = exp.mode.batch_layout()
+    rows = layout.local_rows(p.global_batch)
+    state, losses = exp.state, []
+    for s in range(steps):
+        state, m = exp.steps.train(state, layout.place(source.local_batch(s, rows), p.global_batch))
+        losses.append(float(exp.mode.metrics_to_host(m)["train/loss"]))
+        jax.block_until_ready(m)
+    exp.state = state
+    return np.asarray(losses), exp.mode.state_to_host(state), exp, initial
+
+
+_reference: dict = {}
+
+
+def reference(opt: str):
+    if opt not in _reference:
+        _reference[opt] = run_lm_steps(gpt_cfg(optim__name=opt, optim__lr=LR[opt], mesh__devices=1))
+    return _reference[opt]
+
+
+# ---- model ---------------------------------------------------------------------------------------------------
+@pytest.mark.unit
+def test_presets_and_parameter_counts():
+    """Parameter counts of the presets from the closed form, checked against the built tiny model; GPT-2 small
+    is the 124M model (tied embeddings, vocabulary 50257, context 1024)."""
+    model = build_model("gpt", (), 0, seed=0, size="tiny", width=None, depth=None, heads=None)
+    n = sum(x.size for x in jax.tree.leaves(nnx_params(model)))
+    assert n == param_count_of(resolve_dims("tiny")) == TINY_PARAMS
+    untied = build_model("gpt", (), 0, seed=0, size="tiny", width=None, depth=None, heads=None, tied_embeddings=False)
+    assert sum(x.size for x in jax.tree.leaves(nnx_params(untied))) == TINY_PARAMS + 256 * 128
+    assert param_count_of(resolve_dims("gpt2_small")) == 124_439_808  # GPT-2 small (HF: 124,439,808)
+    assert param_count_of(resolve_dims("gpt2_medium")) == 354_823_168  # GPT-2 medium (HF: 354,823,168)
+    assert 1.2e9 < param_count_of(resolve_dims("1b")) < 1.4e9
+    # PaLM appendix B: 6N + 12 L d T
+    assert flops_per_token(124_439_808, 12, 768, 1024) == 6 * 124_439_808 + 12 * 12 * 768 * 1024
+
+
+def nnx_params(model):
+    from flax import nnx
+
+    return nnx.state(model, nnx.Param)
+
+
+@pytest.mark.unit
+def test_logits_are_causal_and_remat_changes_nothing():
+    """Changing token t changes no logit before t; remat full / dots_saveable give the same loss and gradients."""
+    from flax import nnx
+
+    kw = dict(size="tiny", width=None, depth=None, heads=None, context=16)
+    model = build_model("gpt", (), 0, seed=0, **kw)
+    x = jnp.asarray(TOKENS[:32].reshape(2, 16))
+    y = jnp.asarray(TOKENS[1:33].reshape(2, 16))
+    logits = model(x)
+    assert logits.shape == (2, 16, 256) and logits.dtype == jnp.float32
+    changed = model(x.at[:, 9].set((x[:, 9] + 1) % 256))
+    np.testing.assert_array_equal(np.asarray(logits[:, :9]), np.asarray(changed[:, :9]))
+    assert float(jnp.max(jnp.abs(logits[:, 9:] - changed[:, 9:]))) > 0
+
+    def loss_and_grads(remat):
+        m = build_model("gpt", (), 0, seed=0, remat=remat, **kw)
+        graphdef, params = nnx.split(m, nnx.Param)
+
+        def loss(p):
+            out = nnx.merge(graphdef, p)(x)
+            return jnp.mean(-jnp.take_along_axis(jax.nn.log_softmax(out), y[..., None], -1))
+
+        return jax.value_and_grad(loss)(params)
+
+    ref_loss, ref_grads = loss_and_grads("none")
+    for remat in ("full", "dots_saveable"):
+        l, g = loss_and_grads(remat)
+        assert abs(float(l) - float(ref_loss)) < 1e-6
+        assert max_abs_diff(g, ref_grads) < 1e-6
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "model,message",
+    [
+        ({"heads": 5}, r"^model\.heads=5 does not divide model\.width=128; choose heads among"),
+        (
+            {"context": 256, "max_positions": 128},
+            r"^model\.context=256 is longer than the position table model\.max_positions=128; lower model\.context "
+            r"or raise model\.max_positions to at least 256$",
+        ),
+        ({"size": "huge"}, r"^model\.size='huge' is unknown; choose one of tiny, gpt2_small, gpt2_medium, 1b$"),
+        ({"width": 0}, r"^model\.width=0 is out of range"),
+    ],
+)
+def test_bad_dimensions_are_one_line(model, message):
+    with pytest.raises(ConfigError, match=message):
+        plan(make_cfg({"model": {"name": "gpt", **model}, "data": {"name": "synthetic"}}))
+
+
+@pytest.mark.unit
+def test_unknown_remat_policy_is_refused_by_the_schema():
+    from conf.schema import ConfigInputError
+
+    with pytest.raises(
+        ConfigInputError, match=r"model\.remat.*not a valid choice; choose one of none, full, dots_saveable"
+    ):
+        make_cfg({"model": {"name": "gpt", "remat": "some"}})
+
+
+# ---- data ----------------------------------------------------------------------------------------------------
+@pytest.mark.unit
+def test_tiny_shakespeare_splits_match_tfds():
+    """TFDS tiny_shakespeare: 90% / 5% / 5% by characters (1,003,854 / 55,770 / 55,770)."""
+    if not SHARED_TINY_SHAKESPEARE.exists():
+        pytest.fail(f"the shared copy of Tiny Shakespeare is missing: {SHARED_TINY_SHAKESPEARE}")
+    text = SHARED_TINY_SHAKESPEARE.read_text()
+    train, validation, test = tfds_splits(text)
+    assert (len(train), len(validation), len(test)) == (1_003_854, 55_770, 55_770)
+    assert train + validation + test == text
+    tr, va = load_text_splits("tiny_shakespeare", None, "/nonexistent", download=False)
+    assert tr.dtype == np.int32 and len(tr) == 1_003_854 and len(va) == 55_770
+    assert bytes(va[:20].astype(np.uint8)) == validation[:20].encode()
+
+
+@pytest.mark.unit
+def test_windows_are_a_function_of_seed_step_and_row():
+    tokens = np.arange(1000, dtype=np.int32)
+    src = WindowSource(tokens, 10, 8, seed=3)
+    whole = src.local_batch(5, slice(0, 8))
+    assert whole["image"].shape == whole["label"].shape == (8, 10)
+    np.testing.assert_array_equal(whole["label"][:, :-1], whole["image"][:, 1:])  # targets = inputs shifted by 1
+    np.testing.assert_array_equal(whole["image"][:, 1:] - whole["image"][:, :-1], 1)  # contiguous windows
+    halves = [src.local_batch(5, slice(0, 4)), WindowSource(tokens, 10, 8, seed=3).local_batch(5, slice(4, 8))]
+    for key in ("image", "label", "index"):  # any process split reads the same global batch
+        np.testing.assert_array_equal(np.concatenate([h[key] for h in halves]), whole[key])
+    np.testing.assert_array_equal(whole["index"], 5 * 8 + np.arange(8))
+    assert not np.array_equal(src.local_batch(6, slice(0, 8))["image"], whole["image"])
+    assert not np.array_equal(WindowSource(tokens, 10, 8, seed=4).local_batch(5, slice(0, 8))["image"], whole["image"])
+    assert int(whole["label"].max()) <= 999  # windows never run past the end
+
+
+@pytest.mark.unit
+def test_eval_windows_count_every_target_once():
+    ds = eval_windows(np.arange(105, dtype=np.int32), 10)
+    assert len(ds) == 10  # (105 - 1) // 10
+    np.testing.assert_array_equal(ds.labels.reshape(-1), np.arange(1, 101))
+    np.testing.assert_array_equal(ds.images.reshape(-1), np.arange(0, 100))
+
+
+@pytest.mark.unit
+def test_text_file_errors(tmp_path):
+    cases = {
+        "empty.txt": (b"", r"is empty"),
+        "latin1.txt": ("caf\u00e9 ".encode("latin-1") * 100, r"is not UTF-8 \(byte 3: invalid continuation byte\)"),
+    }
+    for name, (raw, message) in cases.items():
+        (tmp_path / name).write_bytes(raw)
+        cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "text", "path": str(tmp_path / name)}})
+        with pytest.raises(DataError, match=rf"^data\.path={tmp_path / name} {message}"):
+            load_data(cfg, plan(cfg))
+    (tmp_path / "short.txt").write_text("to be or not to be " * 8)  # 152 bytes: validation 16 < one window
+    cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "text", "path": str(tmp_path / "short.txt")}})
+    with pytest.raises(
+        ConfigError,
+        match=r"^the validation split of data\.path=.* has 16 bytes, not more than one window of model\.context=128",
+    ):
+        load_data(cfg, plan(cfg))
+    cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "text"}})
+    with pytest.raises(DataError, match=r"^data=text needs data\.path=FILE"):
+        load_data(cfg, plan(cfg))
+    cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "mnist"}})
+    with pytest.raises(ConfigError, match=r"^model=gpt trains on text, not data=mnist"):
+        load_data(cfg, plan(cfg))
+    cfg = make_cfg({"data": {"name": "tiny_shakespeare"}})
+    with pytest.raises(ConfigError, match=r"^data=tiny_shakespeare is text: train it with model=gpt"):
+        load_data(cfg, plan(cfg))
+    cfg = make_cfg({"model": {"name": "gpt", "vocab_size": 65}, "data": {"name": "tiny_shakespeare"}})
+    with pytest.raises(ConfigError, match=r"^model\.vocab_size=65 is smaller than the 256 byte tokens"):
+        load_data(cfg, plan(cfg))
+
+
+def test_not_utf8_file_fails_in_one_line_with_a_failed_summary(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xff\xfe" + b"x" * 5000)
+    run = tmp_path / "run"
+    r = run_train(run, "model=gpt", "data=text", f"data.path={bad}", "wandb=disabled", timeout=300)
+    assert r.returncode != 0
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert errors == [
+        f"error: data.path={bad} is not UTF-8 (byte 0: invalid start byte); convert it first, e.g. "
+        f"iconv -f latin1 -t utf-8 {bad} > out.txt"
+    ], r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+    assert not (run / "checkpoints").exists()
+
+
+# ---- every mode equals one device ------------------------------------------------------------------------------
+CASES = [("pmap", None), ("jit_sharding", None), ("shard_map", None), ("fsdp", None), ("fsdp", [2, 4])]
+
+
+@pytest.mark.parametrize("opt", ["sgd", pytest.param("adam", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("mode,shape", CASES, ids=[f"{m}-{s}" for m, s in CASES])
+def test_mode_matches_single_device(mode, shape, opt):
+    cfg = make_cfg(
+        {
+            "model": {"name": "gpt", "size": "tiny", "context": CONTEXT},
+            "data": {"name": "synthetic"},
+            "train": {"global_batch": GLOBAL_BATCH},
+            "mesh": {"devices": 8, "shape": shape},
+            "parallel": {"name": mode},
+            "optim": {"name": opt, "lr": LR[opt]},
+        }
+    )
+    assert_matches_reference(run_lm_steps(cfg), reference(opt), TOL[opt], 8, STEPS)
+
+
+@pytest.mark.unit
+def test_losses_actually_fall():
+    """Guards the equivalence test against comparing runs that do nothing."""
+    losses, state, _, init = reference("sgd")
+    assert losses[0] > math.log(256) - 0.5 and losses[-1] < losses[0] - 1.0
+    assert max_abs_diff(state.params, init.params) > 1e-3
+
+
+@pytest.mark.parametrize("mode", ["jit_sharding", "fsdp"])
+def test_accumulation_k4_equals_k1(mode):
+    def cfg(k):
+        return make_cfg(
+            {
+                "model": {"name": "gpt", "size": "tiny", "context": CONTEXT},
+                "data": {"name": "synthetic"},
+                "train": {"global_batch": 32, "accum_steps": k},
+                "mesh": {"devices": 8},
+                "parallel": {"name": mode},
+                "optim": {"name": "sgd", "lr": LR["sgd"]},
+            }
+        )
+
+    one, four = run_lm_steps(cfg(1), steps=4), run_lm_steps(cfg(4), steps=4)
+    assert np.max(np.abs(one[0] - four[0])) <= 1e-6
+    assert max_abs_diff(one[1].params, four[1].params) <= 1e-6
+
+
+# ---- communication and memory ----------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def compiled_gpt(mode: str, tied: bool = True):
+    cfg = make_cfg(
+        {
+            "model": {"name": "gpt", "size": "tiny", "context": CONTEXT, "tied_embeddings": tied},
+            "data": {"name": "synthetic"},
+            "train": {"global_batch": GLOBAL_BATCH},
+            "parallel": {"name": mode},
+        }
+    )
+    exp = build(plan(cfg))
+    layout = exp.mode.batch_layout()
+    src = WindowSource(TOKENS, CONTEXT, GLOBAL_BATCH, 0)
+    batch = layout.place(src.local_batch(0, layout.local_rows(GLOBAL_BATCH)), GLOBAL_BATCH)
+    lowered = exp.steps.train.lower(exp.state, batch)
+    return exp, compiled_step_metrics(lowered, lowered.compile(), 8)
+
+
+def gpt_param_bytes(tied: bool = True) -> int:
+    return 4 * param_count_of(resolve_dims("tiny", context=CONTEXT), tied_embeddings=tied)
+
+
+@pytest.mark.parametrize("mode", ["pmap", "shard_map", "jit_sharding"])
+def test_all_reduce_bytes_equal_the_parameter_count(mode):
+    """Replicated data parallelism: one float32 all-reduce of every gradient (4 N bytes) + the 2 metric sums.
+
+    The untied model matches the formula in every mode. With tied embeddings (the default) the embedding
+    matrix gets two gradient contributions (the lookup and the output layer): pmap and shard_map add them
+    before their explicit psum, while jit_sharding's partitioner all-reduces each contribution on its own
+    (4 V d bytes more)."""
+    _, m = compiled_gpt(mode, tied=False)
+    assert m["comm/payload_bytes_per_step"] == gpt_param_bytes(False) + METRIC_SUM_BYTES
+    assert m["comm/count/all-gather"] == m["comm/count/reduce-scatter"] == 0
+    _, m = compiled_gpt(mode, tied=True)
+    extra = 4 * 256 * 128 if mode == "jit_sharding" else 0
+    assert m["comm/payload_bytes_per_step"] == gpt_param_bytes(True) + METRIC_SUM_BYTES + extra
+    assert m["comm/bytes_per_step"] == pytest.approx(2 * 7 / 8 * m["comm/payload_bytes_per_step"])
+
+
+def test_fsdp_bytes_and_state_per_device():
+    """FSDP [1, 8]: every array with a dimension divisible by 8 is all-gathered (float32 here) and its gradient
+    reduce-scattered; the rest (none in the tiny GPT: every bias and norm is 128-wide or more) is all-reduced,
+    with the 2 metric sums. State per device (params + Adam mu, nu) = total / 8 + the scalars."""
+    exp, m = compiled_gpt("fsdp")
+    sharded, replicated = exp.mode.sharded_and_replicated_bytes(exp.mode.state_to_host(exp.state).params)
+    assert (sharded, replicated) == (gpt_param_bytes(), 0)
+    assert m["comm/payload_bytes_per_step"] == 2 * sharded + METRIC_SUM_BYTES
+    scalars = sum(np.dtype(x.dtype).itemsize for x in jax.tree.leaves(exp.state) if np.ndim(x) == 0)
+    assert state_bytes_per_device(exp.state) == 3 * sharded // 8 + scalars
+    ref, _ = compiled_gpt("jit_sharding")
+    assert state_bytes_per_device(ref.state) == 3 * sharded + scalars
+
+
+# ---- resume --------------------------------------------------------------------------------------------------
+def test_resume_equals_uninterrupted_bitwise(tmp_path):
+    """12 steps straight vs 6 steps, then the same folder continued to 12 (data order keyed by the step)."""
+    common = [
+        "model=gpt",
+        "data=tiny_shakespeare",
+        f"model.context={CONTEXT}",
+        f"train.global_batch={GLOBAL_BATCH}",
+        "train.log_every=1",
+        "train.eval_batch=2048",
+        "checkpoint.every=6",
+        "wandb=disabled",
+    ]
+    ref = run_train(tmp_path / "ref", *common, "train.steps=12", timeout=400)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    first = run_train(tmp_path / "run", *common, "train.steps=6", timeout=400)
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = run_train(tmp_path / "run", *common, "train.steps=12", timeout=400)
+    assert second.returncode == 0, second.stderr[-2000:]
+    a = checkpoint.read_arrays(tmp_path / "ref" / "checkpoints" / "12")
+    b = checkpoint.read_arrays(tmp_path / "run" / "checkpoints" / "12")
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k].tobytes() == b[k].tobytes(), k
+
+    def losses(run):
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        return [r["train/loss"] for r in map(json.loads, lines) if "train/loss" in r]
+
+    assert losses(tmp_path / "run") == losses(tmp_path / "ref") and len(losses(tmp_path / "ref")) == 12
+    summary = json.loads((tmp_path / "ref" / "summary.json").read_text())
+    assert summary["model/param_count"] == param_count_of(resolve_dims("tiny", context=CONTEXT))
+    assert summary["perf/tokens_per_s"] == pytest.approx(summary["perf/examples_per_s"] * CONTEXT)
+    assert summary["eval/perplexity"] == pytest.approx(math.exp(summary["eval/loss"]))
+    assert summary["perf/flops_per_token"] == flops_per_token(summary["model/param_count"], 4, 128, CONTEXT)
