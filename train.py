@@ -26,7 +26,7 @@ from conf.schema import ConfigInputError, is_composition_error, one_line, quote_
 from measure.throughput import STARTUP
 from training.console_lines import quiet_known_noise
 from training.paths import absolute_paths
-from training.runtime import setup_runtime
+from training.runtime import setup_runtime, without_ipython_probe
 
 register()
 STARTUP.mark("imports")  # perf/startup/*_s: each phase ends at a mark (measure/throughput.py, StartupPhases)
@@ -66,7 +66,8 @@ def main(cfg: DictConfig) -> None:
     startup = setup_runtime(typed)  # before anything touches devices: simulated CPU devices, XLA flags, jax.distributed
     STARTUP.mark("runtime")
 
-    from training.app import run_and_report  # imports jax-dependent modules after the runtime is set up
+    with without_ipython_probe():  # flax.nnx would import IPython only to learn this is not a notebook
+        from training.app import run_and_report  # imports jax-dependent modules after the runtime is set up
 
     STARTUP.mark("imports")
 

@@ -52,6 +52,26 @@ def test_startup_breakdown_line():
     assert line == "start-up 3.00 s: imports 2.00, compile 1.00 (cache hit)"
 
 
+@pytest.mark.unit
+def test_without_ipython_probe_hides_ipython_only_inside():
+    from training.runtime import without_ipython_probe
+
+    saved = {k: v for k, v in sys.modules.items() if k == "IPython" or k.startswith("IPython.")}
+    for k in saved:
+        del sys.modules[k]
+    try:
+        with without_ipython_probe():
+            with pytest.raises(ImportError):
+                import IPython  # noqa: F401
+        assert "IPython" not in sys.modules  # afterwards a plain import looks for the real package again
+        sys.modules["IPython"] = stand_in = saved.get("IPython") or type(sys)("IPython")
+        with without_ipython_probe():  # already imported (an IPython session): nothing changes
+            assert sys.modules["IPython"] is stand_in
+    finally:
+        sys.modules.pop("IPython", None)
+        sys.modules.update(saved)
+
+
 def test_run_reports_startup_phases_and_imports_no_unused_library(tmp_path):
     """A real run (synthetic data, 8 devices, W&B disabled, no checkpoints): the phases are in summary.json
     and train.log, add up to ``perf/startup_s``, and W&B, TFDS, orbax, matplotlib and submitit were never
@@ -90,4 +110,5 @@ def test_run_reports_startup_phases_and_imports_no_unused_library(tmp_path):
     assert "compile " in line and "(cache miss)" in line and "first_step " in line
     loaded = set(json.loads(modules.read_text()))
     assert [m for m in LAZY if m in loaded] == []
+    assert "IPython" not in loaded and "prompt_toolkit" not in loaded  # training.runtime.without_ipython_probe
     assert "jax" in loaded and "optax" in loaded  # the probe saw the run's modules
