@@ -150,7 +150,7 @@ def processes(args) -> None:
                     phases[p].append(s.get(f"perf/startup/{p}_s", float("nan")))
                 cache.append(s.get("perf/startup/compile_cache"))
                 print(
-                    f"pair {i} ({' '.join(n.split()[0] if n != 'bare' else n for n, _ in order)}): "
+                    f"pair {i} ({' -> '.join(n for n, _ in order)}): "
                     + ", ".join(f"{n} {walls[n]:.2f} s" for n, _ in order)
                     + f"; examples/s (median of windows) train.py {s['perf/examples_per_s']:.0f}, bare {bare_eps:.0f}"
                     + "; ratios whole / steady "
