@@ -23,13 +23,15 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from conf.schema import ConfigInputError, is_composition_error, one_line, quote_numeric_options, register, to_typed
+from measure.throughput import STARTUP
 from training.console_lines import quiet_known_noise
 from training.paths import absolute_paths
-from training.runtime import setup_runtime
+from training.runtime import setup_runtime, without_ipython_probe
 from training.signals import sweep_stopped
 from training.sweep_summary import NOT_STARTED
 
 register()
+STARTUP.mark("imports")  # perf/startup/*_s: each phase ends at a mark (measure/throughput.py, StartupPhases)
 log = logging.getLogger("train")
 # At exit, after every other exit handler (W&B, orbax and JAX register theirs later, so theirs run first): the
 # objects still alive move to the GC's permanent generation, so the interpreter's shutdown collections do not
@@ -43,6 +45,7 @@ _RAISE_FLAG, _RAISE_MARK = "HYDRA_FULL_ERROR", "DP_SCALING_REWORDS_HYDRA_ERRORS"
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    STARTUP.mark("config")  # Hydra: arguments, composition, run folder, logging
     if os.environ.pop(_RAISE_MARK, None):
         os.environ.pop(_RAISE_FLAG, None)  # errors of the run itself: Hydra's usual report
     hc = HydraConfig.get()
@@ -63,9 +66,17 @@ def main(cfg: DictConfig) -> None:
         if hc.mode != RunMode.MULTIRUN:
             sys.exit(1)
         return  # in a sweep the failure is recorded and the sweep goes on (it exits 1 at the end)
-    startup = setup_runtime(typed)  # before anything touches devices: simulated CPU devices, XLA flags, jax.distributed
+    STARTUP.mark("config")
+    import jax  # noqa: F401  (importing JAX starts no backend: setup_runtime still sets the device count)
 
-    from training.app import run_and_report  # imports jax-dependent modules after the runtime is set up
+    STARTUP.mark("imports")
+    startup = setup_runtime(typed)  # before anything touches devices: simulated CPU devices, XLA flags, jax.distributed
+    STARTUP.mark("runtime")
+
+    with without_ipython_probe():  # flax.nnx would import IPython only to learn this is not a notebook
+        from training.app import run_and_report  # imports jax-dependent modules after the runtime is set up
+
+    STARTUP.mark("imports")
 
     ok = run_and_report(typed, run_dir, startup)
     if not ok and hc.mode != RunMode.MULTIRUN:

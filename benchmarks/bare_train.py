@@ -17,8 +17,11 @@ by its first run), so both read the same bytes the same cheap way; ``--data`` po
     python benchmarks/bare_train.py [--devices 8] [--precision bf16] [--epochs 10] [--timings out.json]
 
 ``--timings``: writes seconds since the script started at each phase (imports, data, first step, each epoch,
-train, eval, end), the start as ``t0_epoch_s`` and ``steady_examples_per_s`` (epochs 2..N) to a JSON file, for
-``benchmarks/startup.py``.
+train, eval, end), the start as ``t0_epoch_s``, ``steady_examples_per_s`` (epochs 2..N) and
+``window_examples_per_s_median`` to a JSON file, for ``benchmarks/startup.py`` and ``benchmarks/overhead.py``.
+The windows are what ``train.py`` measures for ``perf/examples_per_s``: ``--window`` steps (its
+``train.log_every``, 50) each ending with ``block_until_ready``, the first one (compilation) dropped, the median
+of the rest.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -46,6 +50,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data", default=default_data_dir(), help="folder of mnist-3.0.1-{train,test}.npz")
     ap.add_argument("--timings", default=None, help="write phase times (s since start) to this JSON file")
+    ap.add_argument("--window", type=int, default=50, help="steps per throughput window (train.py's train.log_every)")
     args = ap.parse_args()
     marks: dict[str, float] = {}
 
@@ -105,6 +110,8 @@ def main() -> None:
     bound = 2 if args.devices > 1 else None
     in_flight: list = []
     first = True
+    windows_s: list[float] = []  # wall time of each window of --window steps, ending with block_until_ready
+    t_window, done = time.perf_counter(), 0
     for epoch in range(args.epochs):
         perm = np.random.default_rng([args.seed, epoch]).permutation(len(y_train))
         for i in range(steps_per_epoch):
@@ -118,6 +125,12 @@ def main() -> None:
                 in_flight.append(loss)
                 if len(in_flight) > bound:
                     in_flight.pop(0).block_until_ready()
+            done += 1
+            if done % args.window == 0:
+                loss.block_until_ready()
+                now = time.perf_counter()
+                windows_s.append(now - t_window)
+                t_window = now
         print(f"epoch {epoch + 1}: loss {float(loss):.4f}", flush=True)  # float(): waits for the epoch
         mark(f"epoch_{epoch + 1}")
     jax.block_until_ready(params)
@@ -134,6 +147,10 @@ def main() -> None:
         if args.epochs > 1:  # epochs 2..N: no compilation, one host sync per epoch
             marks["steady_examples_per_s"] = (
                 (args.epochs - 1) * steps_per_epoch * args.batch / (marks[f"epoch_{args.epochs}"] - marks["epoch_1"])
+            )
+        if len(windows_s) > 1:  # as train.py's perf/examples_per_s: median of windows, the first one dropped
+            marks["window_examples_per_s_median"] = statistics.median(
+                args.window * args.batch / w for w in windows_s[1:]
             )
         marks["t0_epoch_s"] = T0
         with open(args.timings, "w") as f:

@@ -1,4 +1,23 @@
-"""Steady-state overhead of the repository's training step loop vs a minimal hand-written jit loop.
+"""What the repository costs over a bare JAX script: four ratios (1 and 8 devices x whole process and steady state).
+
+Default (``--mode processes``), one command for the four ratios: for each setup (``--setups``, default 1 device
+fp32 and 8 simulated devices bf16) the main job ``python train.py runtime.cpu_devices=N precision=P`` (10 epochs
+MNIST MLP, its defaults otherwise: W&B offline, a checkpoint every epoch, the persistent compilation cache)
+against ``benchmarks/bare_train.py`` (the same model, data, order, optimizer and batch as a bare JAX script:
+raw arrays, one jitted step, no framework), as whole processes in ``--pairs`` interleaved pairs, the order
+alternating (train bare, bare train, ...) so that a drift of the shared machine favours neither. One
+``train.py`` and one bare run first, not counted, fill the compilation cache (``train.py``'s own, in a
+temporary folder: a user's second run) and the OS file cache. Per pair:
+
+- whole process: wall seconds from ``Popen`` to exit, ``train.py`` / bare (goal <= 1.05);
+- steady state: examples/s, the median of 50-step windows (``train.py``'s ``perf/examples_per_s``; the bare
+  script times the same windows, ``--window``), ``train.py`` / bare (goal >= 0.98).
+
+Printed: every pair, then per setup the median with min-max over the pairs, and ``train.py``'s start-up
+phases (``perf/startup/*_s``, median over the pairs). ``--also OVERRIDES`` adds ``train.py OVERRIDES`` to every
+round (e.g. ``--also wandb.mode=disabled`` prices W&B), with its own ratios to the same bare runs.
+
+``--mode in-process``: the steady-state step loop alone, in one process per setup:
 
 A: the repository's path: typed config -> ``training.build`` (mode, LocalGrads, Updater, donated state) ->
    the data pipeline (global permutation, per-process slice, ``make_array_from_process_local_data``,
@@ -10,14 +29,15 @@ B: a minimal loop written by hand: the same 784-256-10 tanh MLP as plain ``jnp``
    XLA:CPU a long queue of simulated-device collectives aborts the process), unbounded on one device, as a
    bare script would be (``benchmarks/bare_train.py``).
 
-For each setup (``--setups``, default 1 device fp32 and 8 simulated devices bf16; one child process each, as
-the device count is fixed per process) both run in one process, interleaved over ``--pairs`` pairs of
-``--steps`` steps each, the order alternating (A B, B A, A B, ...) so that a slow drift of the shared machine
-does not favour either side. Printed: each pair's examples/s and ratio (A / B), the median and the
-interquartile range. Goal: median >= 0.98. On a shared 2-core machine single pairs range over +-15%: use many
-short pairs.
+Both run in one process, interleaved over ``--pairs`` pairs of ``--steps`` steps each (order alternating).
+Printed: each pair's examples/s and ratio (A / B), the median and the interquartile range. On a shared 2-core
+machine single pairs range over +-15%: use many short pairs (``--pairs 21``).
 
-    python benchmarks/overhead.py [--setups 1:fp32,8:bf16] [--pairs 21] [--steps 100] [--repo-bound 2]
+    python benchmarks/overhead.py [--setups 1:fp32,8:bf16] [--pairs 3] [--epochs 10] [--also wandb.mode=disabled]
+    python benchmarks/overhead.py --mode in-process [--pairs 21] [--steps 100] [--repo-bound 2]
+
+Needs MNIST prepared (``TFDS_DATA_DIR``); the first ``train.py`` run writes the decoded cache the bare script
+reads.
 """
 
 from __future__ import annotations
@@ -25,17 +45,148 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STARTUP_PHASES = ("imports", "config", "runtime", "checkpoint", "data", "build", "compile", "reporting", "first_step")
+
+
+def timed_process(cmd: list[str], env: dict) -> float:
+    """Runs ``cmd`` in the repository; returns its wall seconds (``Popen`` to exit). Raises RuntimeError."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr[-1500:]}")
+    return wall
+
+
+def spread(values: list[float]) -> str:
+    """``median (min-max, n=...)`` of ``values``."""
+    return f"{statistics.median(values):.3f} (min-max {min(values):.3f}-{max(values):.3f}, n={len(values)})"
+
+
+def processes(args) -> None:
+    """``--mode processes``: whole-process and steady-state ratios of ``train.py`` to the bare script."""
+    import json
+    import shutil
+    import tempfile
+
+    work = tempfile.mkdtemp(prefix="overhead_")
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
+    for var in ("WANDB_API_KEY", "JAX_COMPILATION_CACHE_DIR", "JAX_NUM_CPU_DEVICES", "XLA_FLAGS"):
+        env.pop(var, None)
+    for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        env[var] = os.path.join(work, "wandb_aux")
+    variants = [("train.py", [])] + [(f"train.py {' '.join(a)}", list(a)) for a in (args.also or [])]
+    table = []
+    print(
+        f"overhead (whole processes): {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start, "
+        f"{args.pairs} interleaved pairs per setup, {args.epochs} epochs MNIST MLP, batch {args.batch}",
+        flush=True,
+    )
+    try:
+        for item in args.setups.split(","):
+            devices, precision = item.split(":")
+            runs = [0]
+
+            def train(extra: list[str]) -> tuple[list[str], str]:
+                runs[0] += 1
+                run_dir = os.path.join(work, item.replace(":", "_"), f"run{runs[0]}")
+                return [
+                    sys.executable,
+                    "train.py",
+                    f"hydra.run.dir={run_dir}",
+                    f"runtime.cpu_devices={devices}",
+                    f"precision={precision}",
+                    f"train.epochs={args.epochs}",
+                    f"train.global_batch={args.batch}",
+                    f"runtime.compilation_cache_dir={os.path.join(work, item.replace(':', '_'), 'jax_cache')}",
+                    *extra,
+                ], run_dir
+
+            def bare() -> tuple[list[str], str]:
+                runs[0] += 1
+                out = os.path.join(work, item.replace(":", "_"), f"bare{runs[0]}.json")
+                cmd = [
+                    sys.executable,
+                    os.path.join("benchmarks", "bare_train.py"),
+                    f"--devices={devices}",
+                    f"--precision={precision}",
+                    f"--epochs={args.epochs}",
+                    f"--batch={args.batch}",
+                    f"--window={args.window}",
+                    f"--timings={out}",
+                ]
+                return cmd, out
+
+            print(f"\n=== {devices} device(s), {precision} ===", flush=True)
+            timed_process(train([])[0], env)  # not counted: compilation cache, OS file cache
+            timed_process(bare()[0], env)
+            whole: dict[str, list[float]] = {name: [] for name, _ in variants}
+            steady: dict[str, list[float]] = {name: [] for name, _ in variants}
+            phases: dict[str, list[float]] = {p: [] for p in STARTUP_PHASES}
+            cache = []
+            for i in range(args.pairs):
+                members = [("bare", None)] + variants
+                order = members if i % 2 else members[1:] + members[:1]  # train first, then bare first, ...
+                walls, results = {}, {}
+                for name, extra in order:
+                    cmd, out = bare() if extra is None else train(extra)
+                    walls[name] = timed_process(cmd, env)
+                    with open(out if extra is None else os.path.join(out, "summary.json")) as f:
+                        results[name] = json.load(f)
+                bare_eps = results["bare"]["window_examples_per_s_median"]
+                for name, _ in variants:
+                    whole[name].append(walls[name] / walls["bare"])
+                    steady[name].append(results[name]["perf/examples_per_s"] / bare_eps)
+                s = results["train.py"]
+                for p in STARTUP_PHASES:
+                    phases[p].append(s.get(f"perf/startup/{p}_s", float("nan")))
+                cache.append(s.get("perf/startup/compile_cache"))
+                print(
+                    f"pair {i} ({' -> '.join(n for n, _ in order)}): "
+                    + ", ".join(f"{n} {walls[n]:.2f} s" for n, _ in order)
+                    + f"; examples/s (median of windows) train.py {s['perf/examples_per_s']:.0f}, bare {bare_eps:.0f}"
+                    + "; ratios whole / steady "
+                    + ", ".join(f"{n}: {whole[n][-1]:.3f} / {steady[n][-1]:.3f}" for n, _ in variants),
+                    flush=True,
+                )
+            for name, _ in variants:
+                print(f"{devices} device(s) {precision}, {name} / bare:")
+                print(f"  whole process (goal <= 1.05): {spread(whole[name])}")
+                print(f"  steady state, examples/s median of windows (goal >= 0.98): {spread(steady[name])}")
+                table.append((f"{devices} device(s) {precision}", name, whole[name], steady[name]))
+            print(
+                f"  train.py start-up phases, median s (compile cache {', '.join(map(str, cache))}): "
+                + ", ".join(f"{p} {statistics.median(v):.2f}" for p, v in phases.items())
+            )
+        print(
+            f"\nsummary (median, min-max over {args.pairs} interleaved pairs; load average now "
+            f"{os.getloadavg()[0]:.1f}):"
+        )
+        for setup, name, w, st in table:
+            print(f"  {setup:<20} {name:<40} whole process {spread(w)}   steady state {spread(st)}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", default="processes", choices=["processes", "in-process"])
     ap.add_argument("--setups", default="1:fp32,8:bf16", help="devices:precision, comma-separated")
     ap.add_argument("--devices", type=int, default=None, help="one setup in this process (with --precision)")
-    ap.add_argument("--pairs", type=int, default=21)
+    ap.add_argument("--pairs", type=int, default=None, help="default: 3 (processes), 21 (in-process)")
+    ap.add_argument("--epochs", type=int, default=10, help="processes: epochs of every run")
+    ap.add_argument("--window", type=int, default=50, help="processes: the bare script's window (train.log_every)")
+    ap.add_argument(
+        "--also", nargs="+", action="append", help="processes: another train.py variant in every round (overrides)"
+    )
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
@@ -46,14 +197,18 @@ def main() -> None:
         help="A's steps in flight (default: train.max_in_flight of the schema; 0: unbounded)",
     )
     args = ap.parse_args()
+    if args.mode == "processes" and args.devices is None:
+        args.pairs = args.pairs or 3
+        processes(args)
+        return
+    args.pairs = args.pairs or 21
     if args.devices is None:  # one child process per setup
-        import subprocess
-
         for item in args.setups.split(","):
             devices, precision = item.split(":")
             cmd = [
                 sys.executable,
                 os.path.abspath(__file__),
+                "--mode=in-process",
                 f"--devices={devices}",
                 f"--precision={precision}",
                 f"--pairs={args.pairs}",

@@ -12,6 +12,9 @@ definitions"):
 - :class:`JobClock`: ``perf/wall_s`` (job start to the final summary) and ``perf/startup_s`` (job start to the
   first training step dispatched). Job start is the process start for a single run, and the job's own start
   (when the clock is created) when a launcher runs several jobs in one process (a Hydra multirun).
+- :class:`StartupPhases` (one per process, ``STARTUP``): ``perf/startup_s`` split into consecutive phases
+  (``perf/startup/<phase>_s``: imports, config, runtime, checkpoint, data, build, compile, reporting,
+  first_step) that add up to it; the code marks the end of each phase with ``STARTUP.mark(phase)``.
 - :class:`TargetTracker`: ``train/steps_to_target`` (first evaluated step with ``eval/accuracy >= target``)
   and ``perf/time_to_target_s`` (wall time from the first training step dispatched to the end of that
   evaluation: evaluation time *included*, startup and compilation excluded).
@@ -23,7 +26,7 @@ import math
 import os
 import statistics
 import time
-from typing import Any
+from typing import Any, Callable
 
 MIN_WINDOWS = 5  # fewer measured windows than this: a warning line and perf/few_windows=true
 _IMPORT_EPOCH_S = time.time()  # fallback for the process start where /proc is unavailable
@@ -167,38 +170,116 @@ def in_multirun() -> bool:
         return False
 
 
+# The phases of a job's start-up, in the order they happen (``StartupPhases``; README "Overhead and start-up").
+STARTUP_PHASES = (
+    "imports",  # interpreter start, then Hydra, JAX, flax, optax and the repository's modules
+    "config",  # Hydra composition, the typed config and every check that needs neither data nor devices
+    "runtime",  # devices, XLA flags, the compilation cache, a multi-process job's jax.distributed join
+    "checkpoint",  # the checkpoint folder prepared, a checkpoint looked up and restored (orbax)
+    "data",  # the dataset loaded (decoded-array cache or TFDS), the eval set placed, the first batch placed
+    "build",  # model, optimizer, the placed train state
+    "compile",  # the train step lowered and compiled (a persistent-cache hit or miss), its static measurements
+    "reporting",  # W&B started, metrics.jsonl and the step-0 record, the start-up line, the loop's hooks
+    "first_step",  # the first training step dispatched
+)
+
+
+class StartupPhases:
+    """``perf/startup_s`` split into consecutive phases that add up to it.
+
+    The code calls ``mark(phase)`` where a phase ends: the seconds since the previous mark (or since the
+    origin, the job start) are added to ``phase`` (a phase may end several times: its pieces add up). So every
+    second between the job start and the first step dispatched is in exactly one phase. ``origin`` is on the
+    ``time.perf_counter`` scale; it is the process start until ``start`` sets another (a job of a multirun).
+    """
+
+    def __init__(self) -> None:
+        self.origin: float | None = None
+        self._last: float | None = None
+        self.seconds: dict[str, float] = {}
+
+    def start(self, origin: float) -> None:
+        """Forgets every mark and counts from ``origin`` (``time.perf_counter`` seconds)."""
+        self.origin = self._last = origin
+        self.seconds = {}
+
+    def ensure_started(self) -> float:
+        """The origin; the process start (``process_start_epoch_s``) when nothing set one."""
+        if self.origin is None:
+            self.start(time.perf_counter() - (time.time() - process_start_epoch_s()))
+        assert self.origin is not None
+        return self.origin
+
+    def mark(self, phase: str, now: float | None = None) -> None:
+        """Ends a piece of ``phase`` (one of ``STARTUP_PHASES``) at ``now`` (``time.perf_counter``; None: now).
+
+        Raises:
+          ValueError: an unknown phase name.
+        """
+        if phase not in STARTUP_PHASES:
+            raise ValueError(f"unknown start-up phase {phase!r}; one of {', '.join(STARTUP_PHASES)}")
+        self.ensure_started()
+        now = time.perf_counter() if now is None else now
+        assert self._last is not None
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + max(0.0, now - self._last)
+        self._last = max(self._last, now)
+
+    def summary(self) -> dict[str, float]:
+        """``perf/startup/<phase>_s`` for every phase in ``STARTUP_PHASES`` (0.0 for one never marked)."""
+        return {f"perf/startup/{p}_s": self.seconds.get(p, 0.0) for p in STARTUP_PHASES}
+
+
+STARTUP = StartupPhases()  # this process's start-up phases (a multirun job restarts them: ``JobClock.for_job``)
+
+
 class JobClock:
     """Job start, first step dispatched and end, in seconds.
 
     Args:
       start_epoch_s: job start in ``time.time()`` seconds; None: now.
+      phases: start-up phases to close with ``first_step`` (their ``perf/startup/*_s`` join the summary).
     """
 
-    def __init__(self, start_epoch_s: float | None = None):
+    def __init__(self, start_epoch_s: float | None = None, phases: StartupPhases | None = None):
         now_epoch, now = time.time(), time.perf_counter()
         start_epoch_s = now_epoch if start_epoch_s is None else start_epoch_s
         self._start = now - (now_epoch - start_epoch_s)  # on the perf_counter scale
         self._first_step: float | None = None
+        self.phases = phases
+        self.on_first_step: Callable[[], None] | None = None  # called once, right after the first step's mark
+        if phases is not None:
+            self._start = phases.ensure_started()  # one origin: the phases add up to perf/startup_s
 
     @classmethod
     def for_job(cls, multirun: bool) -> JobClock:
-        """Process start for a single run; now (the job's own start) when several jobs share a process."""
-        return cls(None if multirun else process_start_epoch_s())
+        """Process start for a single run; now (the job's own start) when several jobs share a process.
+        Either way the clock closes this process's ``STARTUP`` phases (a multirun job restarts them now)."""
+        if multirun:
+            STARTUP.start(time.perf_counter())
+        return cls(None if multirun else process_start_epoch_s(), phases=STARTUP)
 
     def first_step(self) -> None:
-        """Marks the first training step dispatched (later calls do nothing)."""
+        """Marks the first training step dispatched (later calls do nothing); it ends the ``first_step``
+        start-up phase."""
         if self._first_step is None:
             self._first_step = time.perf_counter()
+            if self.phases is not None:
+                self.phases.mark("first_step", self._first_step)
+            if self.on_first_step is not None:
+                self.on_first_step()
 
     def since_first_step_s(self) -> float:
         """Seconds since the first step was dispatched (since job start if none was)."""
         return time.perf_counter() - (self._first_step if self._first_step is not None else self._start)
 
     def summary(self) -> dict[str, float]:
-        """``perf/wall_s`` (job start to now) and ``perf/startup_s`` (job start to the first step)."""
+        """``perf/wall_s`` (job start to now) and ``perf/startup_s`` (job start to the first step), with its
+        phases ``perf/startup/<phase>_s`` when the clock has them."""
         out = {"perf/wall_s": time.perf_counter() - self._start}
         if self._first_step is not None:
             out["perf/startup_s"] = self._first_step - self._start
+            if self.phases is not None:
+                out.update(self.phases.summary())
         return out
 
 

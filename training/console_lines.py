@@ -61,6 +61,28 @@ def startup_line(info: dict[str, Any], *, accum_steps: int, model: str, param_co
     )
 
 
+def startup_breakdown_line(clock_summary: dict[str, Any], compile_cache: str | None = None) -> str:
+    """One line with the start-up time and its phases, written once the first step is dispatched, e.g.
+    ``start-up 6.12 s: imports 2.31, config 0.42, runtime 0.05, checkpoint 0.20, data 0.31, build 0.55,
+    compile 0.48 (cache hit), reporting 0.40, first_step 0.01``.
+
+    Args:
+      clock_summary: ``measure.throughput.JobClock.summary()`` (``perf/startup_s`` and ``perf/startup/*_s``,
+        seconds).
+      compile_cache: ``perf/startup/compile_cache`` (hit, miss, off) or None.
+    """
+    prefix, suffix = "perf/startup/", "_s"
+    parts = []
+    for key, seconds in clock_summary.items():
+        if key.startswith(prefix) and key.endswith(suffix):
+            phase = key[len(prefix) : -len(suffix)]
+            note = f" (cache {compile_cache})" if phase == "compile" and compile_cache else ""
+            parts.append(f"{phase} {seconds:.2f}{note}")
+    total = clock_summary.get("perf/startup_s")
+    head = f"start-up {total:.2f} s" if isinstance(total, (int, float)) else "start-up"
+    return f"{head}: {', '.join(parts)}" if parts else head
+
+
 def window_line(step: int, n_steps: int, loss: float, examples_per_s: float) -> str:
     """One line per logging window for train.log (and the console above the bar)."""
     return f"step {step}/{n_steps} loss={loss:.4f} examples/s={examples_per_s:.0f}"

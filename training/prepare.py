@@ -30,6 +30,7 @@ from measure.compiled import (
 )
 from measure.profiler import check_window
 from measure.rates import comm_time_model_s
+from measure.throughput import STARTUP
 from training import checkpoint
 from training.build import Experiment, Plan, build, plan
 from training.distributed import dump_batch_indices
@@ -299,15 +300,52 @@ def language_model_info(cfg: Config, p: Plan, exp: Experiment) -> dict[str, Any]
     return out
 
 
+class CacheEvents:
+    """Counts JAX's persistent compilation cache events while open (``jax.monitoring`` listeners).
+
+    ``outcome()``: ``"hit"`` (every program compiled inside was loaded from the cache), ``"miss"`` (at least one
+    was compiled and not found), ``"off"`` (no program asked the cache: it is off, or nothing compiled).
+    """
+
+    EVENTS = {
+        "/jax/compilation_cache/compile_requests_use_cache": "requests",
+        "/jax/compilation_cache/cache_hits": "hits",
+        "/jax/compilation_cache/cache_misses": "misses",
+    }
+
+    def __init__(self) -> None:
+        self.counts = {"requests": 0, "hits": 0, "misses": 0}
+
+    def _on_event(self, event: str, **kwargs) -> None:
+        name = self.EVENTS.get(event)
+        if name is not None:
+            self.counts[name] += 1
+
+    def __enter__(self) -> "CacheEvents":
+        jax.monitoring.register_event_listener(self._on_event)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        jax.monitoring.unregister_event_listener(self._on_event)
+
+    def outcome(self) -> str:
+        if self.counts["misses"]:
+            return "miss"
+        return "hit" if self.counts["hits"] else "off"
+
+
 def compile_step(cfg: Config, p: Plan, exp: Experiment, first, info: dict[str, Any]):
     """Lowers and compiles the train step for ``first``'s shapes; adds compile time, ``comm/*``, ``mem/*``,
     ``perf/flops_*`` and the modelled communication time to ``info``. Returns ``(lowered, compiled, peak
-    FLOP/s or None)``."""
+    FLOP/s or None)``; ``perf/startup/compile_cache`` says whether the persistent compilation cache held the
+    step (``CacheEvents``: hit, miss, off)."""
     device = p.devices[0]
     t0 = time.perf_counter()
     lowered = exp.steps.train.lower(exp.state, first)
-    compiled = lowered.compile()
+    with CacheEvents() as cache:
+        compiled = lowered.compile()
     info["perf/compile_time_s"] = time.perf_counter() - t0
+    info["perf/startup/compile_cache"] = cache.outcome()
     info.update(compiled_step_metrics(lowered, compiled, exp.mode.num_devices))
     if "perf/flops_per_step_per_device" in info and exp.local.tokens:
         info["perf/flops_per_step_per_device_xla"] = info["perf/flops_per_step_per_device"]
@@ -337,25 +375,33 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
     the checkpoint restored is the final one of a run that already finished). Raises USER_ERRORS (one line)."""
     p = plan(cfg)  # every check that needs neither data nor compilation
     check_run_folder(run_dir, cfg.checkpoint)
+    STARTUP.mark("config")  # perf/startup/*_s (measure.throughput.StartupPhases)
     ckpt_plan = checkpoint.prepare(cfg.checkpoint, run_dir, jax.process_count())  # the resume path exists
+    STARTUP.mark("checkpoint")
     source, test = load_data(cfg, p)
     n_steps = total_steps(cfg, source.steps_per_epoch)
     window_error = check_window(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps, n_steps)
     if window_error:  # with train.steps set, plan() already checked this; with train.epochs it needs the data
         raise ConfigError(window_error)
+    STARTUP.mark("data")
     exp = build(p)
     layout = exp.mode.batch_layout()
+    STARTUP.mark("build")
     eval_set = make_eval_set(test, cfg.train.eval_batch, exp.mode.num_devices, layout)
+    STARTUP.mark("data")
     restored, start, finished = restore(cfg, p, exp, ckpt_plan, n_steps, source.steps_per_epoch)
     if finished is not None:
         return Finished(finished)
+    STARTUP.mark("checkpoint")
     info = static_info(cfg, p, exp, n_steps, source.steps_per_epoch)
     first_step = min(start, n_steps - 1)  # a resumed run continues the data order at its step
     batches = train_batches(source, layout, first_step, n_steps, cfg.data.prefetch)
     if cfg.train.debug_dump_indices:  # debug aid: which examples each process placed, per step
         batches = dump_batch_indices(batches, run_dir / f"debug_indices_process{jax.process_index()}.jsonl", first_step)
     first = next(batches)
+    STARTUP.mark("data")
     lowered, compiled, peak_flops = compile_step(cfg, p, exp, first, info)
+    STARTUP.mark("compile")
     return Prepared(
         cfg=cfg,
         plan=p,

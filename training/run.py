@@ -21,10 +21,10 @@ from core.errors import USER_ERRORS, ConfigError, DataError, TrainingError  # no
 from measure.compiled import peak_bytes_per_device
 from measure.profiler import Profiler, explain_ratio
 from measure.rates import token_rates
-from measure.throughput import JobClock, TargetTracker, WindowStats, in_multirun
+from measure.throughput import STARTUP, JobClock, TargetTracker, WindowStats, in_multirun
 from training import checkpoint
 from training.build import Experiment
-from training.console_lines import startup_line
+from training.console_lines import startup_breakdown_line, startup_line
 from training.distributed import process_layout
 from training.hooks import (
     CheckpointHook,
@@ -128,7 +128,7 @@ def start_reporting(prep: Prepared, reporter: Reporter) -> None:
                     **{
                         k: v
                         for k, v in info.items()
-                        if k.startswith(("comm/", "mem/", "perf/")) and not isinstance(v, list)
+                        if k.startswith(("comm/", "mem/", "perf/")) and not isinstance(v, (list, str))
                     },
                 }
             ]
@@ -236,6 +236,10 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
             mininterval=1.0,
         )
         hooks = make_hooks(prep, reporter, bar, stats, target)
+        STARTUP.mark("reporting")  # the loop's first dispatch ends the start-up (perf/startup/*_s)
+        loop.clock.on_first_step = lambda: log.info(
+            "%s", startup_breakdown_line(loop.clock.summary(), prep.info.get("perf/startup/compile_cache"))
+        )
         loop = train_loop(
             prep.compiled,
             loop,

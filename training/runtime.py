@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
+from typing import Iterator
 
 from conf.schema import Config
 from core.compat import backend_started
@@ -47,3 +50,26 @@ def setup_runtime(cfg: Config) -> Startup:
         )
     # join a multi-process job before anything queries the devices; a no-op when already done
     return initialize(cfg.distributed)
+
+
+@contextlib.contextmanager
+def without_ipython_probe() -> Iterator[None]:
+    """Imports inside run as if IPython were not installed, when this process is not an IPython session.
+
+    ``flax.nnx`` (its reprs: ``IPython.get_ipython()``, to choose colours) and ``treescope`` (its notebook
+    display hooks) import IPython when it is installed, which loads IPython, jedi and prompt_toolkit: ~0.2-0.3 s
+    of a script's start-up on 2 CPU cores, to learn what a script already knows (no IPython session). Both
+    handle a missing IPython (``ImportError``), so inside this block ``import IPython`` raises ImportError
+    (``sys.modules["IPython"] = None``, Python's documented way); afterwards the entry is removed and a later
+    ``import IPython`` loads the real package. Inside an IPython session (IPython already imported) nothing
+    changes.
+    """
+    if "IPython" in sys.modules:
+        yield
+        return
+    sys.modules["IPython"] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if "IPython" in sys.modules and sys.modules["IPython"] is None:
+            del sys.modules["IPython"]

@@ -1,0 +1,114 @@
+"""Start-up: ``perf/startup_s`` split into phases that add up to it, and libraries imported only when used."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from measure.throughput import STARTUP_PHASES, JobClock, StartupPhases
+from training.console_lines import startup_breakdown_line
+from utils import REPO
+
+# Imported only when a run needs them: W&B (wandb.mode online/offline), TFDS (a dataset to decode or prepare),
+# orbax (checkpoints), matplotlib (plots of a sweep report), submitit (the submitit launchers).
+LAZY = ("wandb", "tensorflow_datasets", "orbax", "matplotlib", "submitit")
+
+
+@pytest.mark.unit
+def test_startup_phases_add_up_to_startup_time():
+    phases = StartupPhases()
+    t0 = time.perf_counter()
+    phases.start(t0 - 1.0)  # the job started 1 s ago
+    phases.mark("imports", t0 - 0.5)
+    phases.mark("config", t0 - 0.25)
+    phases.mark("imports", t0 - 0.125)  # a phase may end several times: its pieces add up
+    clock = JobClock(phases=phases)
+    clock.first_step()
+    s = clock.summary()
+    assert [k for k in s if k.startswith("perf/startup/")] == [f"perf/startup/{p}_s" for p in STARTUP_PHASES]
+    assert s["perf/startup/imports_s"] == pytest.approx(0.625) and s["perf/startup/config_s"] == pytest.approx(0.25)
+    assert s["perf/startup/data_s"] == 0.0  # never marked
+    assert s["perf/startup/first_step_s"] == pytest.approx(0.125, abs=0.05)
+    assert sum(s[f"perf/startup/{p}_s"] for p in STARTUP_PHASES) == pytest.approx(s["perf/startup_s"], abs=1e-9)
+    with pytest.raises(ValueError, match="unknown start-up phase 'compiling'; one of imports, config"):
+        phases.mark("compiling")
+    # a clock without phases (library use, tests) has no breakdown
+    plain = JobClock()
+    plain.first_step()
+    assert not any(k.startswith("perf/startup/") for k in plain.summary())
+
+
+@pytest.mark.unit
+def test_startup_breakdown_line():
+    line = startup_breakdown_line(
+        {"perf/wall_s": 9.0, "perf/startup_s": 3.0, "perf/startup/imports_s": 2.0, "perf/startup/compile_s": 1.0},
+        "hit",
+    )
+    assert line == "start-up 3.00 s: imports 2.00, compile 1.00 (cache hit)"
+
+
+@pytest.mark.unit
+def test_without_ipython_probe_hides_ipython_only_inside():
+    from training.runtime import without_ipython_probe
+
+    saved = {k: v for k, v in sys.modules.items() if k == "IPython" or k.startswith("IPython.")}
+    for k in saved:
+        del sys.modules[k]
+    try:
+        with without_ipython_probe():
+            with pytest.raises(ImportError):
+                import IPython  # noqa: F401
+        assert "IPython" not in sys.modules  # afterwards a plain import looks for the real package again
+        sys.modules["IPython"] = stand_in = saved.get("IPython") or type(sys)("IPython")
+        with without_ipython_probe():  # already imported (an IPython session): nothing changes
+            assert sys.modules["IPython"] is stand_in
+    finally:
+        sys.modules.pop("IPython", None)
+        sys.modules.update(saved)
+
+
+def test_run_reports_startup_phases_and_imports_no_unused_library(tmp_path):
+    """A real run (synthetic data, 8 devices, W&B disabled, no checkpoints): the phases are in summary.json
+    and train.log, add up to ``perf/startup_s``, and W&B, TFDS, orbax, matplotlib and submitit were never
+    imported (``sys.modules`` at the process's exit)."""
+    run_dir, modules = tmp_path / "run", tmp_path / "modules.json"
+    probe = (
+        "import atexit, json, runpy, sys\n"
+        f"atexit.register(lambda: json.dump(sorted(sys.modules), open({str(modules)!r}, 'w')))\n"
+        "sys.path.insert(0, '.')\n"
+        "sys.argv = ['train.py'] + sys.argv[1:]\n"
+        "runpy.run_path('train.py', run_name='__main__')\n"
+    )
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}  # the config's wandb.mode wins
+    cmd = [
+        sys.executable,
+        "-c",
+        probe,
+        f"hydra.run.dir={run_dir}",
+        "data=synthetic",
+        "train.steps=20",
+        "train.log_every=10",
+        "wandb.mode=disabled",
+        "checkpoint.enabled=false",
+        f"runtime.compilation_cache_dir={tmp_path / 'jax_cache'}",
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads((run_dir / "summary.json").read_text())
+    phases = {p: s[f"perf/startup/{p}_s"] for p in STARTUP_PHASES}
+    assert all(v >= 0.0 for v in phases.values()), phases
+    assert sum(phases.values()) == pytest.approx(s["perf/startup_s"], abs=0.01)
+    assert phases["imports"] > 0 and phases["compile"] > 0 and phases["build"] > 0
+    assert s["perf/startup/compile_cache"] == "miss"  # an empty cache folder
+    line = next(l for l in (run_dir / "train.log").read_text().splitlines() if " - start-up " in l)
+    assert line.split(" - ", 1)[1].startswith(f"start-up {s['perf/startup_s']:.2f} s: imports ")
+    assert "compile " in line and "(cache miss)" in line and "first_step " in line
+    loaded = set(json.loads(modules.read_text()))
+    assert [m for m in LAZY if m in loaded] == []
+    assert "IPython" not in loaded and "prompt_toolkit" not in loaded  # training.runtime.without_ipython_probe
+    assert "jax" in loaded and "optax" in loaded  # the probe saw the run's modules
