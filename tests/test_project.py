@@ -404,9 +404,9 @@ def test_published_comparison_table_matches_readme():
 
 @pytest.mark.unit
 def test_report_draws_projection_from_csv(tmp_path):
-    """`sweeps.report --projection projection.csv`: the CSV's rows reach the throughput plot, one line per config."""
+    """`sweeps.report --projection projection.csv`: the CSV's rows reach the projection panel, one line per config."""
     from sweeps.report.cli import read_projection
-    from sweeps.report.plots import plot_throughput
+    from sweeps.report.plots import plot_projection
     import matplotlib
 
     matplotlib.use("Agg")
@@ -417,9 +417,9 @@ def test_report_draws_projection_from_csv(tmp_path):
     rows = read_projection(csv_path)
     assert rows[0] == {"label": "fsdp", "devices": 8, "examples_per_s": 100.0}
     fig, ax = plt.subplots()
-    handles = plot_throughput(ax, [], rows)
+    handles = plot_projection(ax, [], rows)
     labels = sorted(h.get_label() for h in handles)
-    assert labels == ["projection: dp", "projection: fsdp"]
+    assert labels == ["dp", "fsdp"] and {h.get_linestyle() for h in handles} == {"--"}
     assert ax.get_xlim()[1] >= 16  # the x axis reaches the projected device counts
     plt.close(fig)
 
