@@ -319,7 +319,8 @@ def write_markdown(rows: Sequence[dict[str, Any]], path: Path, header: str, sour
 
 
 def write_plot(rows: Sequence[dict[str, Any]], path: Path, header: str) -> Path:
-    """``projection.png``: examples/s and efficiency against devices, log-log, one line per configuration."""
+    """``projection.png``: examples/s and efficiency (in %) against devices, log-log with plain-decimal ticks
+    at the projected device counts, one line per configuration."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -340,12 +341,14 @@ def write_plot(rows: Sequence[dict[str, Any]], path: Path, header: str) -> Path:
             linestyle=":",
             label="linear (no communication)" if config == configs[0] else None,
         )
+    from sweeps.report.plots import devices_x_axis, log_y_axis
+
+    linear = [r["examples_per_s"] / r["efficiency"] for r in rows]
+    log_y_axis(ax_t, [r["examples_per_s"] for r in rows] + linear)
+    log_y_axis(ax_e, [r["efficiency"] for r in rows], fmt=lambda v: f"{100 * v:g}%")
     for ax, ylabel in ((ax_t, "examples/s (projected)"), (ax_e, "efficiency = compute / step time")):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("devices")
+        devices_x_axis(ax, rows)
         ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.3)
     ax_t.legend(fontsize=8)
     fig.suptitle(f"PROJECTION (model, not measured)\n{header}", fontsize=9)
     fig.tight_layout()

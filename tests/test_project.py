@@ -508,3 +508,38 @@ def test_console_percentages_and_time_units(tmp_path, capsys):
     )
     assert "efficiency    99.8%" in lines[1] and "0.000" not in "\n".join(lines)
     assert " s " in lines[2] or "µs" in lines[2]
+
+
+@pytest.mark.unit
+def test_projection_png_plain_ticks_and_percent(tmp_path):
+    """projection.png: x ticks at the projected device counts, throughput ticks in plain decimals, efficiency
+    in %; the PNG opens and its margins are blank (nothing cut)."""
+    from matplotlib.figure import Figure
+    from tests.test_report import assert_margins_blank, assert_png
+
+    rows = [
+        {"config": "allreduce", **r}
+        for r in project(collectives_for("allreduce", 25_000_000, 4), 0.1, 32, [1, 8, 16, 64], HW)
+    ]
+    captured = {}
+    original = Figure.savefig
+
+    def keep(fig, *a, **k):
+        captured["fig"] = fig
+        return original(fig, *a, **k)
+
+    import matplotlib.figure
+
+    matplotlib.figure.Figure.savefig = keep
+    try:
+        path = cli.write_plot(rows, tmp_path / "projection.png", "header")
+    finally:
+        matplotlib.figure.Figure.savefig = original
+    ax_t, ax_e = captured["fig"].axes
+    assert [t.get_text() for t in ax_t.get_xticklabels()] == ["1", "8", "16", "64"]
+    labels = [t.get_text() for t in ax_t.get_yticklabels()]
+    assert labels and all("$" not in t and "e" not in t for t in labels), labels
+    eff = [t.get_text() for t in ax_e.get_yticklabels()]
+    assert eff and all(t.endswith("%") for t in eff) and "100%" in eff, eff
+    assert_png(path)
+    assert_margins_blank(path)

@@ -625,4 +625,5 @@ def test_number_formatting_helpers():
     assert [human_number(v) for v in (0.25, 1, 3, 40_000, 1_500_000, 2e9)] == ["0.25", "1", "3", "40k", "1.5M", "2G"]
     assert nice_log_ticks(30_000, 900_000) == [50_000.0, 100_000.0, 200_000.0, 500_000.0]
     assert nice_log_ticks(0.3, 1.2) == [0.3, 0.5, 0.7, 1.0]
+    assert nice_log_ticks(8e5, 3e11) == [1e6, 1e7, 1e8, 1e9, 1e10, 1e11]  # 5 decades: powers of 10 only
     assert bytes_unit(1_600_000) == (2**20, "MiB") and bytes_unit(800) == (1, "B") and bytes_unit(3 * 2**30)[1] == "GiB"

@@ -73,10 +73,11 @@ def human_number(value: float) -> str:
 
 
 def nice_log_ticks(low: float, high: float) -> list[float]:
-    """Tick values in [low, high] (both > 0) for a log axis: 1-2-5 x 10^k, denser (1-2-3-5-7, then
-    1-1.5-2-3-4-5-6-8) until at least 3 ticks fall inside."""
+    """Tick values in [low, high] (both > 0) for a log axis: 1-2-5 x 10^k, only 10^k when that gives more
+    than 8 ticks, denser (1-2-3-5-7, then 1-1.5-2-3-4-5-6-8) until at least 3 ticks fall inside."""
     ticks: list[float] = []
-    for mantissas in ((1, 2, 5), (1, 2, 3, 5, 7), (1, 1.5, 2, 3, 4, 5, 6, 8)):
+    sparse = high / low > 10**3.5
+    for mantissas in ((1,) if sparse else (1, 2, 5), (1, 2, 5), (1, 2, 3, 5, 7), (1, 1.5, 2, 3, 4, 5, 6, 8)):
         ticks = []
         for k in range(math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 1):
             for m in mantissas:
@@ -88,9 +89,10 @@ def nice_log_ticks(low: float, high: float) -> list[float]:
     return ticks
 
 
-def _log_y(ax, values, pad: float = 1.25, powers_of_2: bool = False) -> None:
+def log_y_axis(ax, values, pad: float = 1.25, powers_of_2: bool = False, fmt=human_number) -> None:
     """Log y axis whose limits hold every value (times/divided by ``pad``) with plain-decimal ticks
-    (``powers_of_2``: 0.25, 0.5, 1, 2, 4 ... when at least 3 fall inside, else 1-2-5 x 10^k)."""
+    (``powers_of_2``: 0.25, 0.5, 1, 2, 4 ... when at least 3 fall inside, else 1-2-5 x 10^k), labelled by
+    ``fmt`` (value -> text; default :func:`human_number`)."""
     ax.set_yscale("log")
     vals = [float(v) for v in values if v is not None and v > 0 and math.isfinite(v)]
     if not vals:
@@ -102,7 +104,7 @@ def _log_y(ax, values, pad: float = 1.25, powers_of_2: bool = False) -> None:
         twos = [2.0**k for k in range(math.ceil(math.log2(low)), math.floor(math.log2(high)) + 1)]
         ticks = twos if len(twos) >= 3 else ticks
     ax.yaxis.set_major_locator(FixedLocator(ticks))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: human_number(v)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v)))
     ax.yaxis.set_minor_locator(NullLocator())
 
 
@@ -126,6 +128,11 @@ def _bytes_y(ax, values) -> None:
     ax.set_ylim(0, max(top * 1.08, ticks[-1]))
     ax.yaxis.set_major_locator(FixedLocator(ticks))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / size:g} {name}"))
+
+
+def devices_x_axis(ax, rows: list[dict]) -> None:
+    """Log-2 x axis with one tick per device count of ``rows`` (``{"devices": N}``), labelled plainly."""
+    _log2_x(ax, rows)
 
 
 def _log2_x(ax, rows: list[dict]) -> None:
@@ -190,7 +197,7 @@ def plot_throughput(ax, rows: list[dict], solid: bool = False) -> list:
     if ideal_drawn:
         handles.append(Line2D([], [], label="ideal (linear from the 1-device median)", **IDEAL_STYLE))
     _log2_x(ax, rows)
-    _log_y(ax, values)
+    log_y_axis(ax, values)
     ax.set_ylabel("examples/s (global)")
     return handles
 
@@ -232,7 +239,7 @@ def plot_projection(ax, rows: list[dict], projection_rows: list[dict]) -> list:
         handles.append(line)
         values += [p["examples_per_s"] for p in pts]
     _log2_x(ax, projection_rows)
-    _log_y(ax, values)
+    log_y_axis(ax, values)
     ax.set_ylabel("examples/s (global, projected)")
     ax.set_title("projected (model, not measured): dashed", fontsize=9)
     return handles
@@ -264,7 +271,7 @@ def plot_speedup(ax, rows: list[dict]) -> list:
         handles.append(line)
         values += devices
     _log2_x(ax, rows)
-    _log_y(ax, values, powers_of_2=True)
+    log_y_axis(ax, values, powers_of_2=True)
     ax.set_ylabel("speedup vs 1 device")
     return handles
 
