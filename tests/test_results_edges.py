@@ -1,0 +1,60 @@
+"""What a run and its tools show a researcher: no contradictory figure, one clear line per problem."""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+import pytest
+
+from measure.throughput import WindowStats
+from tests.utils import REPO, run_train
+from training.console_lines import throughput_text
+
+
+@pytest.mark.unit
+def test_no_steady_state_window_is_said_plainly():
+    """A run that ends in its first logging window has no steady-state figure: the warning and the end line say
+    so instead of a 'median of 0 windows'."""
+    stats = WindowStats(global_batch=256, num_devices=8)
+    stats.add(0.5, 5)
+    assert stats.warning() == (
+        "warning: no steady-state throughput: all 5 step(s) ran in the first logging window, which follows "
+        "compilation and is not steady state; for a figure run at least 6 windows (train.steps >= 6 x "
+        "train.log_every)"
+    )
+    summary = stats.summary()
+    assert summary["perf/windows_measured"] == 0
+    assert throughput_text(summary) == (
+        "examples/s=n/a (no steady-state window: the run ended in its first logging window)"
+    )
+    stats.add(0.25, 5)
+    assert throughput_text(stats.summary()) == "examples/s=5120 (1 window)"
+    for _ in range(3):
+        stats.add(0.5, 5)
+    assert throughput_text(stats.summary()) == "examples/s=2560 (median of 4 windows, p25-p75 2560-3200)"
+    assert throughput_text({}) == throughput_text({"perf/windows_measured": 0, "perf/examples_per_s": 13981.0})
+
+
+def test_short_run_end_line(tmp_path):
+    """`train.steps=5` (one logging window): one warning, and the end line has no examples/s figure."""
+    res = run_train(tmp_path / "run", "data=synthetic", "train.steps=5")
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = res.stdout + res.stderr
+    assert out.count("warning: no steady-state throughput") == 1
+    assert "median of 0" not in out
+    (end,) = [line for line in out.splitlines() if "outputs in" in line]
+    assert "examples/s=n/a (no steady-state window: the run ended in its first logging window)" in end
+
+
+@pytest.mark.slow
+def test_readme_sweep_example_runs_clean(tmp_path):
+    """The README's `-m accum=1,2,4,8 ...` example runs its 4 jobs without a warning."""
+    readme = (REPO / "README.md").read_text()
+    (command,) = re.findall(r"`(python train.py -m accum=1,2,4,8 [^`]*)`", readme)
+    overrides = shlex.split(command)[2:]
+    res = run_train(tmp_path / "unused", *overrides, f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = res.stdout + res.stderr
+    assert "warning" not in out.lower(), [line for line in out.splitlines() if "warning" in line.lower()]
+    assert len(re.findall(r"median of 5 windows", out)) == 4
