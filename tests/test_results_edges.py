@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+import subprocess
+import sys
 
 import pytest
 
@@ -45,6 +48,47 @@ def test_short_run_end_line(tmp_path):
     assert "median of 0" not in out
     (end,) = [line for line in out.splitlines() if "outputs in" in line]
     assert "examples/s=n/a (no steady-state window: the run ended in its first logging window)" in end
+    # the folder printed as "outputs in" is accepted by evaluate: it stands for its checkpoints/
+    from evaluate import find_step_dir
+
+    run_dir = tmp_path / "run"
+    assert end.endswith(f"outputs in {run_dir}")
+    assert find_step_dir(run_dir) == run_dir / "checkpoints" / "5"
+    res = subprocess.run(
+        [sys.executable, "-m", "evaluate", str(run_dir), "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1])["step"] == 5
+
+
+@pytest.mark.unit
+def test_evaluate_run_folder_and_missing_step_lines(tmp_path):
+    """evaluate's argument: a run folder without checkpoints and a missing step each get one line naming
+    what exists."""
+    from core.errors import ConfigError
+    from evaluate import find_step_dir, run_checkpoint_dir
+
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "config.yaml").write_text(f"checkpoint:\n  dir: {tmp_path / 'ckpt'}\n")
+    assert run_checkpoint_dir(run_dir) == tmp_path / "ckpt"
+    with pytest.raises(ConfigError, match=r"run folder .* has no checkpoint in .*ckpt \(checkpoint.enabled=false"):
+        find_step_dir(run_dir)
+    for step in (20, 40):
+        (tmp_path / "ckpt" / str(step) / "state").mkdir(parents=True)
+        (tmp_path / "ckpt" / str(step) / "meta").mkdir()
+    with pytest.raises(ConfigError) as info:
+        find_step_dir(tmp_path / "ckpt" / "30")
+    assert str(info.value) == (
+        f"no step 30 in {tmp_path / 'ckpt'}: its steps are 20, 40; give one of them or the folder "
+        f"{tmp_path / 'ckpt'} (its newest step)"
+    )
+    assert find_step_dir(tmp_path / "ckpt" / "40") == tmp_path / "ckpt" / "40"
+    assert run_checkpoint_dir(tmp_path / "ckpt") is None  # a checkpoint folder is not a run folder
 
 
 @pytest.mark.slow
