@@ -102,3 +102,57 @@ def test_readme_sweep_example_runs_clean(tmp_path):
     out = res.stdout + res.stderr
     assert "warning" not in out.lower(), [line for line in out.splitlines() if "warning" in line.lower()]
     assert len(re.findall(r"median of 5 windows", out)) == 4
+
+
+def _python(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("flag", ["hydra.run.dir", "hydra.sweep.dir"])
+def test_run_folder_that_cannot_be_created_is_one_line(tmp_path, flag):
+    """A run (or sweep) folder below a regular file cannot be created: one line, exit 1, no traceback."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    args = ["train.py", *(["-m"] if flag == "hydra.sweep.dir" else []), f"{flag}={blocker}/run", "data=synthetic"]
+    res = _python(*args)
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        f"error: cannot create the run folder: Not a directory: {blocker}/run; set hydra.run.dir "
+        "(hydra.sweep.dir with -m) to a folder you can write"
+    ]
+    assert "Traceback" not in res.stdout + res.stderr
+
+
+@pytest.mark.unit
+def test_deleting_an_unknown_key_gets_did_you_mean():
+    """`~train.stepz` is worded like `train.stepz=3`: one line with a did-you-mean."""
+    from hydra.errors import ConfigCompositionException
+
+    from conf.schema import one_line
+
+    e = ConfigCompositionException("Could not delete from config. 'train.stepz' does not exist.")
+    assert one_line(e) == "cannot delete ~train.stepz: unknown config key train.stepz; did you mean train.steps?"
+    e = ConfigCompositionException("Could not delete from config. 'model.hiden' does not exist.")
+    assert (
+        one_line(e)
+        == "cannot delete ~model.hiden: unknown config key model.hiden for model=mlp; did you mean model.hidden?"
+    )
+    e = ConfigCompositionException("Could not delete from config. 'hydra.foo' does not exist.")
+    assert one_line(e) == "Could not delete from config. 'hydra.foo' does not exist."  # no schema: Hydra's line
+
+
+def test_error_lines_share_one_prefix(tmp_path):
+    """train.py (config and run folder), evaluate, sweeps.report and sweeps.project: `error: ...`, one line."""
+    results = [
+        _python("train.py", "train.stepz=3", f"hydra.run.dir={tmp_path / 'r'}"),
+        _python("train.py", "~train.stepz", f"hydra.run.dir={tmp_path / 'r'}"),
+        _python("-m", "evaluate", str(tmp_path / "none")),
+        _python("-m", "sweeps.report", str(tmp_path / "none")),
+        _python("-m", "sweeps.project", str(tmp_path / "none"), "--hardware", "h100_sxm", "--mfu", "0.4"),
+    ]
+    lines = [r.stderr.strip().splitlines() for r in results]
+    assert all(r.returncode != 0 for r in results)
+    assert [len(x) for x in lines] == [1] * 5, lines
+    assert all(x[0].startswith("error: ") for x in lines), lines
+    assert lines[0][0] == "error: unknown config key train.stepz; did you mean train.steps?"
+    assert lines[1][0] == "error: cannot delete ~train.stepz: unknown config key train.stepz; did you mean train.steps?"
