@@ -345,6 +345,9 @@ class TrainConfig:
     # and the final evaluation) with eval/accuracy >= this, perf/time_to_target_s = wall time from the first
     # step dispatched to the end of that evaluation (evaluation time included); both null if never reached.
     target_accuracy: Optional[float] = None
+    # false: a final loss above 10 x ln(num_classes) (finite but exploded) fails the run, before the final
+    # checkpoint (training/outcome.py); true: a warning line and status ok
+    allow_exploded_loss: bool = False
     seed: int = 0
     sync_every: int = 100
     sync_strict: bool = False

@@ -178,7 +178,14 @@ def make_hooks(prep: Prepared, reporter: Reporter, bar, stats: WindowStats, targ
         SyncCheck(exp.mode, cfg.train.sync_every, n_steps, cfg.train.sync_strict),
         Evaluation(evaluate_params, cfg.train.eval_every, n_steps, target),
         window,
-        FinalEvaluation(evaluate_params, n_steps, reporter, target, profiler),
+        FinalEvaluation(
+            evaluate_params,
+            n_steps,
+            reporter,
+            target,
+            profiler,
+            exploded_limit=None if cfg.train.allow_exploded_loss else cfg.data.num_classes,
+        ),
         saving,
     ]
     return hooks
