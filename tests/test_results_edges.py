@@ -156,3 +156,33 @@ def test_error_lines_share_one_prefix(tmp_path):
     assert all(x[0].startswith("error: ") for x in lines), lines
     assert lines[0][0] == "error: unknown config key train.stepz; did you mean train.steps?"
     assert lines[1][0] == "error: cannot delete ~train.stepz: unknown config key train.stepz; did you mean train.steps?"
+
+
+def test_sweep_console_says_each_thing_once(tmp_path):
+    """A 2-job sweep with output to a file: the missing-link line once, the offline-W&B hint once per job's process
+    plus one `wandb sync` line for the whole sweep, and no progress-bar carriage returns glued to log lines."""
+    sweep = tmp_path / "sweep"
+    res = run_train(
+        tmp_path / "unused",
+        "-m",
+        "mesh.devices=1,2",
+        "data=synthetic",
+        "train.steps=3",
+        "train.allow_exploded_loss=true",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = res.stdout + res.stderr
+    assert out.count("no link bandwidth known for cpu") == 1
+    assert out.count("upload the run later with: wandb sync") == 1
+    assert f"W&B is offline: upload the sweep's 2 run(s) later with: wandb sync {sweep}/*/wandb/offline-run-*" in out
+    assert "\r" not in out and "step/s" not in out  # no tqdm bar when stderr is not a terminal
+    assert out.count("outputs in") == 2
+
+
+def test_documented_output_folders_are_ignored_by_git():
+    paths = ["outputs/x", "multirun/x", "proj/projection.csv", "projection.csv", "projection.png", "ckpt/x", "wandb/x"]
+    res = subprocess.run(["git", "check-ignore", *paths], cwd=REPO, capture_output=True, text=True)
+    assert res.stdout.split() == paths
+    tracked = subprocess.run(["git", "check-ignore", "benchmarks/results/startup.txt"], cwd=REPO, capture_output=True)
+    assert tracked.returncode == 1  # committed results stay tracked

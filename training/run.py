@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import sys
 import statistics
 from pathlib import Path
 from typing import Any, Optional
@@ -222,7 +223,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
         bar = tqdm(
             total=prep.n_steps,
             initial=prep.start,
-            disable=not reporter.enabled,
+            disable=not reporter.enabled or not sys.stderr.isatty(),  # in a file: the window log lines only
             desc="train",
             unit="step",
             dynamic_ncols=True,
