@@ -186,3 +186,29 @@ def test_documented_output_folders_are_ignored_by_git():
     assert res.stdout.split() == paths
     tracked = subprocess.run(["git", "check-ignore", "benchmarks/results/startup.txt"], cwd=REPO, capture_output=True)
     assert tracked.returncode == 1  # committed results stay tracked
+
+
+@pytest.mark.unit
+def test_readme_puts_the_quick_start_first():
+    """The first screenful (40 lines) holds set-up, one experiment, one sweep and its report; the set-up is one
+    `make setup` line (a Makefile target); the CI test command line is kept exactly."""
+    readme = (REPO / "README.md").read_text().splitlines()
+    first = "\n".join(readme[:40])
+    for needle in ("make setup", "python train.py parallel=", "python train.py -m ", "python -m sweeps.report "):
+        assert needle in first, needle
+    assert "Reading the results" in first
+    assert 'python -m pytest -q -m "not slow"' in readme
+    makefile = (REPO / "Makefile").read_text()
+    setup = makefile[makefile.index("\nsetup:") :]
+    assert (
+        "pip install -r requirements.txt" in setup and "python train.py parallel=jit_sharding precision=bf16" in setup
+    )
+
+
+@pytest.mark.slow
+def test_readme_quick_start_experiment_runs_clean(tmp_path):
+    readme = (REPO / "README.md").read_text()
+    (command,) = re.findall(r"^(python train.py parallel=fsdp precision=bf16 data=synthetic \S+)", readme, re.M)
+    res = run_train(tmp_path / "run", *shlex.split(command)[2:])
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "warning" not in (res.stdout + res.stderr).lower()
