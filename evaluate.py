@@ -1,5 +1,6 @@
 """Evaluates a checkpoint on the test split and prints accuracy and loss.
 
+    python -m evaluate outputs/2026-01-01/12-00-00      # a run folder ("outputs in ..."): its checkpoints/
     python -m evaluate outputs/ckpt/120                 # one step folder
     python -m evaluate outputs/ckpt                     # a checkpoint folder: its newest readable step
     python -m evaluate outputs/ckpt mesh.devices=1 data.data_dir=/data/tfds   # dotted config overrides
@@ -43,11 +44,31 @@ EVAL_DEFAULTS = [
 ]
 
 
+def run_checkpoint_dir(run_dir: Path) -> Optional[Path]:
+    """The checkpoint folder of a run folder (the one a run prints as "outputs in"): its ``checkpoint.dir``
+    from ``.hydra/config.yaml`` when set, else ``<run folder>/checkpoints``; None when ``run_dir`` is not a run
+    folder (neither ``.hydra/`` nor ``checkpoints/`` in it)."""
+    if (run_dir / "checkpoints").is_dir():
+        return run_dir / "checkpoints"
+    config = run_dir / ".hydra" / "config.yaml"
+    if not config.is_file():
+        return None
+    try:
+        from omegaconf import OmegaConf
+
+        saved = OmegaConf.to_container(OmegaConf.load(config), resolve=False)
+        folder = ((saved or {}).get("checkpoint") or {}).get("dir")
+    except Exception:  # an unreadable config: fall back to the default location
+        folder = None
+    return Path(str(folder)).expanduser() if folder else run_dir / "checkpoints"
+
+
 def find_step_dir(path: Path) -> Path:
-    """``path`` if it is a step folder, else the newest finished step folder whose metadata reads.
+    """``path`` if it is a step folder, else the newest finished step folder whose metadata reads. A run folder
+    (with ``.hydra/`` or ``checkpoints/``) stands for its checkpoint folder (:func:`run_checkpoint_dir`).
 
     Raises:
-      ConfigError: nothing there.
+      ConfigError: nothing there; a step folder that does not exist names the steps that do.
     """
     from core.errors import ConfigError
     from training import checkpoint
@@ -57,9 +78,26 @@ def find_step_dir(path: Path) -> Path:
     path = Path(path).expanduser().absolute()
     check_path("the checkpoint argument", path)
     if not path.exists():
-        raise ConfigError(f"checkpoint {path} does not exist; give a checkpoint folder or one <step> folder in it")
+        parent = path.parent
+        steps = checkpoint.complete_steps(parent) if parent.is_dir() and path.name.isdigit() else []
+        if steps:
+            raise ConfigError(
+                f"no step {path.name} in {parent}: its steps are {', '.join(map(str, steps))}; "
+                f"give one of them or the folder {parent} (its newest step)"
+            )
+        raise ConfigError(
+            f"checkpoint {path} does not exist; give a run folder, its checkpoints/ folder or one <step> folder in it"
+        )
     if checkpoint.is_step_dir(path):
         return path
+    run_ckpt = run_checkpoint_dir(path)
+    if run_ckpt is not None:
+        if not run_ckpt.is_dir() or not checkpoint.complete_steps(run_ckpt):
+            raise ConfigError(
+                f"run folder {path} has no checkpoint in {run_ckpt} (checkpoint.enabled=false, or the run stopped "
+                "before its first save)"
+            )
+        path = run_ckpt
     for step in reversed(checkpoint.complete_steps(path)):
         candidate = path / str(step)
         try:

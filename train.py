@@ -3,7 +3,7 @@
     python train.py parallel=jit_sharding precision=bf16     # one experiment
     python train.py -m mesh.devices=1,2,4,8                  # a sweep (see sweeps/)
 
-A config the schema refuses stops at start with one line on stderr (``train.py: ...``) and exit code 1: an
+A config the schema refuses stops at start with one line on stderr (``error: ...``) and exit code 1: an
 unknown group option, a misspelt key (with or without ``+``), a key the chosen model or mode does not have, a
 value of the wrong type or outside its choices (``conf/schema.py: one_line``).
 """
@@ -59,7 +59,7 @@ def main(cfg: DictConfig) -> None:
     try:
         typed = absolute_paths(to_typed(cfg), Path(hydra.utils.get_original_cwd()))  # hydra.job.chdir=true safe
     except ConfigInputError as e:  # e.g. +optim.learning_rate=0.5: stop at start with one line
-        print(f"train.py: {e}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         from training.report import write_json
 
         write_json(run_dir / "summary.json", {"status": "failed", "error": str(e)})
@@ -104,9 +104,18 @@ def cli(argv: list[str]) -> None:
     try:
         main()
     except Exception as e:
-        if not os.environ.get(_RAISE_MARK) or not is_composition_error(e):
+        if not os.environ.get(_RAISE_MARK):
             raise
-        print(f"train.py: {one_line(e)}", file=sys.stderr)
+        if is_composition_error(e):
+            print(f"error: {one_line(e)}", file=sys.stderr)
+        elif isinstance(e, OSError):  # before the job started: Hydra could not create the run (or sweep) folder
+            print(
+                f"error: cannot create the run folder: {e.strerror or e}: {e.filename}; set hydra.run.dir "
+                "(hydra.sweep.dir with -m) to a folder you can write",
+                file=sys.stderr,
+            )
+        else:
+            raise
         sys.exit(1)
 
 

@@ -388,6 +388,9 @@ class TrainConfig:
     # and the final evaluation) with eval/accuracy >= this, perf/time_to_target_s = wall time from the first
     # step dispatched to the end of that evaluation (evaluation time included); both null if never reached.
     target_accuracy: Optional[float] = None
+    # false: a final loss above 10 x ln(num_classes) (finite but exploded) fails the run, before the final
+    # checkpoint (training/outcome.py); true: a warning line and status ok
+    allow_exploded_loss: bool = False
     seed: int = 0
     sync_every: int = 100
     sync_strict: bool = False
@@ -608,6 +611,22 @@ def unknown_keys(cfg: DictConfig, prefix: str = "") -> list[tuple[str, type]]:
     return found
 
 
+def _schema_at(path: str) -> Optional[type]:
+    """The dataclass of the node at dotted ``path`` of :class:`Config` ("" is the root; ``model``,
+    ``parallel`` and ``optim`` give their default option's schema), or None when there is no such node."""
+    schema: Optional[type] = Config
+    for part in [p for p in path.split(".") if p]:
+        if schema is Config and part in OPTION_SCHEMAS:
+            schemas, default = OPTION_SCHEMAS[part]
+            schema = schemas.get(default)
+            continue
+        fields = {f.name: f for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else {}
+        if part not in fields or not callable(fields[part].default_factory):
+            return None
+        schema = type(fields[part].default_factory())
+    return schema if dataclasses.is_dataclass(schema) else None
+
+
 def check_known_keys(cfg: DictConfig) -> None:
     """Raises ``UnknownKeyError`` (one line, with a "did you mean" hint) for the first key the schema lacks."""
     bad = unknown_keys(cfg)
@@ -697,6 +716,11 @@ def one_line(e: BaseException) -> str:
             f"{arg}: a comma-separated value is a sweep (add -m); for a list write key=[a,b], for a string "
             f"quote it: key='a,b'"
         )
+    if isinstance(e, ConfigCompositionException) and "Could not delete from config" in text and "'" in text:
+        key = text.split("'")[1]
+        schema = _schema_at(key.rpartition(".")[0])
+        if schema is not None:
+            return f"cannot delete ~{key}: " + unknown_key_message(key, schema)
     if isinstance(e, ConfigCompositionException) and "No match in the defaults list" in text:
         group = text.split("'")[1] if "'" in text else "?"
         return f"{group} is not in the defaults list: add it with a + (+{group}=<option>)"

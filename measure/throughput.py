@@ -127,15 +127,19 @@ class WindowStats:
         return out
 
     def warning(self) -> str | None:
-        """One line when fewer than ``MIN_WINDOWS`` windows were measured, else None."""
+        """One line when fewer than ``MIN_WINDOWS`` windows were measured, else None; with none measured (only
+        the first window, after compilation) it says plainly that the run has no steady-state figure."""
         n = self.windows_measured
         if n >= MIN_WINDOWS:
             return None
-        used = (
-            "the warm-up window is used as the only sample"
-            if n == 0
-            else f"throughput is the median of {n} window{'s' if n != 1 else ''}"
-        )
+        if n == 0:
+            steps = sum(w[1] for w in self.windows)
+            return (
+                f"warning: no steady-state throughput: all {steps} step(s) ran in the first logging window, which "
+                f"follows compilation and is not steady state; for a figure run at least {MIN_WINDOWS + 1} "
+                f"windows (train.steps >= {MIN_WINDOWS + 1} x train.log_every)"
+            )
+        used = f"throughput is the median of {n} window{'s' if n != 1 else ''}"
         return (
             f"warning: only {n} logging window(s) measured after the first (need {MIN_WINDOWS}): {used}; "
             f"raise train.steps or lower train.log_every"

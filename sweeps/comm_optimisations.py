@@ -243,8 +243,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     unknown = [v for v in chosen if v not in VARIANTS]
     if unknown or not chosen:
         print(
-            f"sweeps.comm_optimisations: error: --only={args.only!r}: unknown variant(s) {', '.join(unknown)}; "
-            f"choose from {', '.join(VARIANTS)}",
+            f"error: --only={args.only!r}: unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}",
             file=sys.stderr,
         )
         return 2

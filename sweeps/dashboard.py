@@ -358,22 +358,21 @@ def main(argv: list[str] | None = None) -> int:
             entity or "", project, group, groupby=args.groupby, name=args.name, config_keys=config_keys
         )
     except ValueError as exc:
-        print(f"sweeps.dashboard: error: {exc}", file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.dry_run:
         print(json.dumps(spec_to_dict(workspace), indent=2, sort_keys=True))
         return 0
     if not _have_api_key():
         print(
-            "sweeps.dashboard: error: no W&B API key (set WANDB_API_KEY or run `wandb login`); "
-            "use --dry-run to only print the spec",
+            "error: no W&B API key (set WANDB_API_KEY or run `wandb login`); use --dry-run to only print the spec",
             file=sys.stderr,
         )
         return 2
     ok, base = _reachable()
     if not ok:
         print(
-            f"sweeps.dashboard: error: cannot reach W&B at {base} (no network?); use --dry-run to only print the spec",
+            f"error: cannot reach W&B at {base} (no network?); use --dry-run to only print the spec",
             file=sys.stderr,
         )
         return 2
@@ -382,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         url = workspace.url
     except Exception as exc:  # noqa: BLE001 - one clear line, no traceback
         first = (str(exc).strip().splitlines() or [""])[0]
-        print(f"sweeps.dashboard: error: saving the workspace failed: {type(exc).__name__}: {first}", file=sys.stderr)
+        print(f"error: saving the workspace failed: {type(exc).__name__}: {first}", file=sys.stderr)
         return 1
     print(url)
     return 0

@@ -49,7 +49,8 @@ from sweeps.projection import (
 
 SUMMARY_NAME = "summary.json"
 _COLLECTIVE_RE = re.compile(r"^(?P<kind>[a-z\-]+) (?P<dtype>\S+) (?P<bytes>\d+)B n=(?P<n>\d+)(?P<loop> loop)?$")
-# Summary keys that make two jobs "the same configuration" (all but the device count and the seed).
+# Summary keys that make two jobs "the same configuration" (all but the device count, the seed and the batch
+# that follows the device count: see ``config_key``).
 CONFIG_KEYS = (
     "parallel",
     "precision",
@@ -58,7 +59,7 @@ CONFIG_KEYS = (
     "parallel/grad_reduce_dtype",
     "parallel/grad_compression",
     "train/accum_steps",
-    "train/per_device_batch",
+    "train/scaling",
 )
 
 
@@ -134,14 +135,43 @@ def _config_label(summary: dict[str, Any]) -> str:
     return " ".join(parts) or "run"
 
 
-def configurations(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One summary per configuration (:data:`CONFIG_KEYS`): the job with the most devices."""
+def config_key(summary: dict[str, Any]) -> tuple:
+    """The configuration a job belongs to: :data:`CONFIG_KEYS` plus the batch held fixed across its device
+    counts (the global batch under strong scaling, as in ``sweeps.report``; the per-device batch under weak
+    scaling and in summaries that do not record ``train/scaling``)."""
+    strong = summary.get("train/scaling") == "strong"
+    batch = summary.get("train/global_batch") if strong else summary.get("train/per_device_batch")
+    return tuple(str(summary.get(k)) for k in CONFIG_KEYS) + (str(batch),)
+
+
+def has_collectives(summary: dict[str, Any]) -> bool:
+    """Whether the job's compiled step communicates: more than one device and at least one collective in
+    ``comm/collectives`` (or a ``comm/count/<kind>`` > 0 in older summaries)."""
+    if int(summary.get("mesh/devices") or 1) < 2:
+        return False
+    entries = summary.get("comm/collectives")
+    if isinstance(entries, list):
+        return bool(entries)
+    return any(v for k, v in summary.items() if k.startswith("comm/count/"))
+
+
+def configurations(summaries: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """(one summary per configuration (:func:`config_key`): its job with the most devices among those whose
+    compiled step has a collective; the labels of configurations skipped because none of their jobs has one).
+
+    A job without collectives (one device) would project perfect scaling to any device count, so it is
+    never a source.
+    """
     best: dict[tuple, dict[str, Any]] = {}
+    skipped: dict[tuple, str] = {}
     for s in summaries:
-        key = tuple(str(s.get(k)) for k in CONFIG_KEYS)
+        key = config_key(s)
+        if not has_collectives(s):
+            skipped.setdefault(key, _config_label(s))
+            continue
         if key not in best or int(s.get("mesh/devices") or 0) > int(best[key].get("mesh/devices") or 0):
             best[key] = s
-    return [best[k] for k in sorted(best)]
+    return [best[k] for k in sorted(best)], [skipped[k] for k in sorted(skipped) if k not in best]
 
 
 def hardware_from_args(name: str, sets: Sequence[str]) -> tuple[Hardware, dict[str, Any]]:
@@ -204,7 +234,14 @@ def build_projection(args) -> tuple[list[dict[str, Any]], Hardware, dict[str, An
             rows.append({"config": args.parallel, **row})
         return rows, hw, profile, []
     summaries = load_summaries(Path(args.folder))
-    for summary in configurations(summaries):
+    sources, skipped = configurations(summaries)
+    if not sources:
+        raise ProjectionError(
+            f"no job below {args.folder} has a collective in its compiled step (only 1-device jobs?): "
+            "a projection needs a job with mesh.devices >= 2, or give --params"
+        )
+    args.skipped = skipped
+    for summary in sources:
         collectives = collectives_from_summary(summary)
         n_run = int(summary.get("mesh/devices") or 1)
         batch = args.per_device_batch
@@ -282,7 +319,8 @@ def write_markdown(rows: Sequence[dict[str, Any]], path: Path, header: str, sour
 
 
 def write_plot(rows: Sequence[dict[str, Any]], path: Path, header: str) -> Path:
-    """``projection.png``: examples/s and efficiency against devices, log-log, one line per configuration."""
+    """``projection.png``: examples/s and efficiency (in %) against devices, log-log with plain-decimal ticks
+    at the projected device counts, one line per configuration."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -303,18 +341,64 @@ def write_plot(rows: Sequence[dict[str, Any]], path: Path, header: str) -> Path:
             linestyle=":",
             label="linear (no communication)" if config == configs[0] else None,
         )
+    from sweeps.report.plots import devices_x_axis, log_y_axis
+
+    linear = [r["examples_per_s"] / r["efficiency"] for r in rows]
+    log_y_axis(ax_t, [r["examples_per_s"] for r in rows] + linear)
+    log_y_axis(ax_e, [r["efficiency"] for r in rows], fmt=lambda v: f"{100 * v:g}%")
     for ax, ylabel in ((ax_t, "examples/s (projected)"), (ax_e, "efficiency = compute / step time")):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("devices")
+        devices_x_axis(ax, rows)
         ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.3)
     ax_t.legend(fontsize=8)
     fig.suptitle(f"PROJECTION (model, not measured)\n{header}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def format_seconds(value_s: float) -> str:
+    """A time in one format with its unit: ``"0 s"``, ``"540 ns"``, ``"227 µs"``, ``"4.55 ms"``, ``"1.25 s"``
+    (three significant digits)."""
+    if value_s == 0:
+        return "0 s"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if abs(value_s) >= scale:
+            return f"{value_s / scale:.3g} {unit}"
+    return f"{value_s / 1e-9:.3g} ns"
+
+
+def format_count(value: float) -> str:
+    """A rate in one format: three significant digits with k/M/G/T (``"66.9k"``, ``"2.43G"``)."""
+    for scale, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return f"{value:.3g}"
+
+
+def format_percent(fraction: float) -> str:
+    """A fraction as a percentage with three significant digits (``"99.7%"``, ``"0.0245%"``, ``"100%"``)."""
+    return f"{100 * fraction:.3g}%"
+
+
+def console_lines(rows: Sequence[dict[str, Any]], skipped: Sequence[str] = ()) -> list[str]:
+    """What ``main`` prints: per configuration a header line, then one aligned line per device count
+    (step time, communication time, examples/s, efficiency as a percentage); then one line per configuration
+    skipped for having no job with collectives."""
+    lines = []
+    for config in dict.fromkeys(r["config"] for r in rows):
+        sub = [r for r in rows if r["config"] == config]
+        source = f" (from the {sub[0]['run_devices']}-device job)" if "run_devices" in sub[0] else ""
+        lines.append(f"{config}{source}:")
+        for row in sub:
+            lines.append(
+                f"  N={row['devices']:>5}  step {format_seconds(row['step_time_s']):>9}  "
+                f"comm {format_seconds(row['comm_s']):>9}  {format_count(row['examples_per_s']):>7} examples/s  "
+                f"efficiency {format_percent(row['efficiency']):>8}"
+            )
+    for label in skipped:
+        lines.append(f"skipped {label}: only 1-device jobs (no collective to scale)")
+    return lines
 
 
 def log_to_wandb(rows, paths: dict[str, Path], summaries, args, header: str) -> str:
@@ -434,11 +518,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (ProjectionError, HardwareError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    for row in rows:
-        print(
-            f"{row['config']:<28} N={row['devices']:>5} step {row['step_time_s']:.6g} s  "
-            f"comm {row['comm_s']:.3g} s  {row['examples_per_s']:.4g} ex/s  efficiency {row['efficiency']:.3f}"
-        )
+    for line in console_lines(rows, getattr(args, "skipped", [])):
+        print(line)
     print(f"wrote {paths['csv']}, {paths['md']}, {paths['png']}")
     return 0
 

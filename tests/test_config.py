@@ -53,12 +53,12 @@ def test_train_py_stops_at_start(tmp_path):
     assert r.returncode == 1
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert lines == [
-        "train.py: unknown config key optim.learning_rate for optim=adam; optim=adam has: lr, schedule, "
+        "error: unknown config key optim.learning_rate for optim=adam; optim=adam has: lr, schedule, "
         "warmup_steps, decay_steps, lr_scaling, base_batch, clip_grad_norm, b1, b2, eps, weight_decay"
     ]
     # nothing but Hydra's .hydra/ and log, and a failed summary naming the key
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {
         "status": "failed",
-        "error": lines[0].removeprefix("train.py: "),
+        "error": lines[0].removeprefix("error: "),
     }
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".hydra", "summary.json", "train.log"]

@@ -704,7 +704,7 @@ def test_train_py_unknown_group_option_is_one_line_and_writes_nothing(tmp_path):
     proc = run_train(run_dir, "data=synthetic", "train.steps=10", "parallel=fsdb", timeout=120)
     assert proc.returncode == 1
     assert [ln for ln in proc.stderr.splitlines() if ln.strip()] == [
-        "train.py: parallel=fsdb is not an option of group parallel; choose one of fsdp, jit_sharding, pmap, "
+        "error: parallel=fsdb is not an option of group parallel; choose one of fsdp, jit_sharding, pmap, "
         "shard_map; did you mean parallel=fsdp?"
     ]
     assert proc.stdout == "" and not run_dir.exists()

@@ -193,6 +193,5 @@ def test_cli_without_folder_or_group_is_one_line(tmp_path):
     res = _cli("--dry-run", env={"HOME": str(tmp_path), "WANDB_CONFIG_DIR": str(tmp_path)})
     assert (
         res.returncode == 2
-        and res.stderr.strip()
-        == "sweeps.dashboard: error: missing --project, --group: give a multirun folder or set them"
+        and res.stderr.strip() == "error: missing --project, --group: give a multirun folder or set them"
     )

@@ -188,7 +188,7 @@ def test_evaluate_missing_dataset_is_one_line_on_stderr(tmp_path):
     ]
 
 
-# ---- a finite but exploded loss: one warning line, the run still succeeds ---------------------------------------
+# ---- a finite but exploded loss: one line; the run fails unless allowed --------------------------------------------
 def test_exploded_final_loss_warns_above_ten_uniform_guesses():
     from training.outcome import exploded_final
 
@@ -206,14 +206,34 @@ def test_exploded_final_loss_warns_above_ten_uniform_guesses():
     )
 
 
-def test_huge_lr_run_warns_once_and_still_succeeds(tmp_path):
+def test_huge_lr_run_fails_without_a_final_checkpoint_unless_allowed(tmp_path):
+    """optim.lr=1e30: the final loss (~1e32) is finite but exploded. By default the run fails with one line before
+    its final checkpoint (so a rerun does not resume it as finished); train.allow_exploded_loss=true keeps it ok
+    with one warning line."""
     import json
 
     from utils import run_train
 
     run_dir = tmp_path / "run"
+    proc = run_train(run_dir, "data=synthetic", "train.steps=10", "optim.lr=1e30", "wandb.mode=disabled")
+    assert proc.returncode == 1
+    (line,) = [ln for ln in proc.stderr.splitlines() if "loss exploded" in ln]
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["status"] == "failed" and s["error"] == line.removeprefix("error: ")
+    assert line.startswith("error: the loss exploded: final train/loss=") and line.endswith(
+        "lower optim.lr or enable optim.clip_grad_norm (train.allow_exploded_loss=true keeps the run)"
+    )
+    assert not list((run_dir / "checkpoints").glob("[0-9]*"))  # no final checkpoint of the exploded state
+
+    run_dir = tmp_path / "allowed"
     proc = run_train(
-        run_dir, "data=synthetic", "train.steps=10", "optim.lr=1e30", "wandb.mode=disabled", "checkpoint.enabled=false"
+        run_dir,
+        "data=synthetic",
+        "train.steps=10",
+        "optim.lr=1e30",
+        "wandb.mode=disabled",
+        "checkpoint.enabled=false",
+        "train.allow_exploded_loss=true",
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     (line,) = [ln for ln in proc.stderr.splitlines() if "loss exploded" in ln]

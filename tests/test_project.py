@@ -362,7 +362,8 @@ def test_sweep_folder_summaries(tmp_path):
     for name, summary in jobs.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "summary.json").write_text(json.dumps(summary))
-    configs = cli.configurations(cli.load_summaries(tmp_path))
+    configs, skipped = cli.configurations(cli.load_summaries(tmp_path))
+    assert skipped == []
     assert [(c["mesh/devices"], c["train/accum_steps"]) for c in configs] == [(8, 1), (8, 4)]
     assert cli.collectives_from_summary(configs[1]) == [Collective("all-reduce", 1000.0, 4)]
     out = tmp_path / "out"
@@ -403,9 +404,9 @@ def test_published_comparison_table_matches_readme():
 
 @pytest.mark.unit
 def test_report_draws_projection_from_csv(tmp_path):
-    """`sweeps.report --projection projection.csv`: the CSV's rows reach the throughput plot, one line per config."""
+    """`sweeps.report --projection projection.csv`: the CSV's rows reach the projection panel, one line per config."""
     from sweeps.report.cli import read_projection
-    from sweeps.report.plots import plot_throughput
+    from sweeps.report.plots import plot_projection
     import matplotlib
 
     matplotlib.use("Agg")
@@ -416,8 +417,129 @@ def test_report_draws_projection_from_csv(tmp_path):
     rows = read_projection(csv_path)
     assert rows[0] == {"label": "fsdp", "devices": 8, "examples_per_s": 100.0}
     fig, ax = plt.subplots()
-    handles = plot_throughput(ax, [], rows)
+    handles = plot_projection(ax, [], rows)
     labels = sorted(h.get_label() for h in handles)
-    assert labels == ["projection: dp", "projection: fsdp"]
+    assert labels == ["dp", "fsdp"] and {h.get_linestyle() for h in handles} == {"--"}
     assert ax.get_xlim()[1] >= 16  # the x axis reaches the projected device counts
     plt.close(fig)
+
+
+def _strong_sweep(root: Path, modes=("jit_sharding", "fsdp"), devices=(1, 2, 4, 8)) -> Path:
+    """Summaries of a strong-scaling sweep (global batch 256): the 1-device jobs have no collective."""
+    job = 0
+    for mode in modes:
+        for n in devices:
+            kinds = ["all-reduce"] if mode == "jit_sharding" else ["all-gather", "reduce-scatter"]
+            summary = {
+                "status": "ok",
+                "parallel": mode,
+                "precision": "fp32",
+                "model": "mlp",
+                "mesh/devices": n,
+                "train/scaling": "strong",
+                "train/global_batch": 256,
+                "train/per_device_batch": 256 // n,
+                "train/accum_steps": 1,
+                "comm/collectives": [f"{k} f32 1000B n={n}" for k in kinds] if n > 1 else [],
+                "perf/flops_per_step_per_device": 1e9 / n,
+            }
+            (root / str(job)).mkdir(parents=True)
+            (root / str(job) / "summary.json").write_text(json.dumps(summary))
+            job += 1
+    return root
+
+
+@pytest.mark.unit
+def test_sweep_projects_from_the_largest_job_never_a_one_device_one(tmp_path, capsys):
+    """A strong-scaling sweep over 1, 2, 4, 8 devices is one configuration per mode, projected from its 8-device
+    job; 1-device jobs (no collective) are never a source: no configuration projects 100% efficiency at 512."""
+    root = _strong_sweep(tmp_path / "sweep")
+    configs, skipped = cli.configurations(cli.load_summaries(root))
+    assert [(c["parallel"], c["mesh/devices"]) for c in configs] == [("fsdp", 8), ("jit_sharding", 8)]
+    assert skipped == []
+    out = tmp_path / "out"
+    args = [str(root), *CUSTOM, "--step-time-s", "0.001", "--devices", "8,64,512", "--out", str(out)]
+    assert cli.main(args) == 0
+    rows = _csv(out / "projection.csv")
+    assert [(r["config"], r["run_devices"], r["devices"]) for r in rows] == [
+        (f"{m} fp32 mlp batch/device=32", "8", d) for m in ("fsdp", "jit_sharding") for d in ("8", "64", "512")
+    ]
+    assert all(float(r["efficiency"]) < 1.0 for r in rows)
+    one = all_reduce_time_s(1000, 512, HW)
+    assert float(rows[5]["comm_s"]) == pytest.approx(one, rel=1e-12)
+    assert float(rows[5]["efficiency"]) == pytest.approx(0.001 / (0.001 + one), rel=1e-12)
+    # a configuration with only a 1-device job is skipped with a line; with nothing left, one error line
+    only_one = _strong_sweep(tmp_path / "one", modes=("pmap",), devices=(1,))
+    _strong_sweep(root / "extra", modes=("pmap",), devices=(1,))
+    capsys.readouterr()
+    assert cli.main(args) == 0
+    assert "skipped pmap fp32 mlp batch/device=256: only 1-device jobs (no collective to scale)" in (
+        capsys.readouterr().out
+    )
+    assert cli.main([str(only_one), *CUSTOM, "--step-time-s", "0.001", "--out", str(tmp_path / "o2")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no job below" in err and "mesh.devices >= 2" in err
+
+
+@pytest.mark.unit
+def test_console_percentages_and_time_units(tmp_path, capsys):
+    """The console prints efficiency as a percentage with 3 significant digits (never 0.000) and every time in
+    one format with its unit."""
+    assert cli.format_percent(1.0) == "100%" and cli.format_percent(0.0002994) == "0.0299%"
+    assert cli.format_percent(0.99712) == "99.7%"
+    assert [cli.format_seconds(v) for v in (0.0, 5.4e-7, 2.27234e-4, 0.00455, 1.25)] == [
+        "0 s",
+        "540 ns",
+        "227 µs",
+        "4.55 ms",
+        "1.25 s",
+    ]
+    assert [cli.format_count(v) for v in (950.0, 66892.0, 1.127e6, 2.428e11)] == ["950", "66.9k", "1.13M", "243G"]
+    root = _strong_sweep(tmp_path / "sweep", modes=("jit_sharding",))
+    args = [str(root), *CUSTOM, "--step-time-s", "1e-5", "--devices", "8,512", "--out", str(tmp_path / "o")]
+    assert cli.main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "jit_sharding fp32 mlp batch/device=32 (from the 8-device job):"
+    # 8 devices: all-reduce of 1000 B = 2 * 7/8 * 1000 / 1e11 s = 17.5 ns; 512: + 2 * 63/64 * 125 / 1e10 s
+    step8 = 1e-5 + 1.75e-8
+    assert lines[1] == (
+        f"  N=    8  step {cli.format_seconds(step8):>9}  comm   17.5 ns  {cli.format_count(8 * 32 / step8):>7} "
+        f"examples/s  efficiency {cli.format_percent(1e-5 / step8):>8}"
+    )
+    assert "efficiency    99.8%" in lines[1] and "0.000" not in "\n".join(lines)
+    assert " s " in lines[2] or "µs" in lines[2]
+
+
+@pytest.mark.unit
+def test_projection_png_plain_ticks_and_percent(tmp_path):
+    """projection.png: x ticks at the projected device counts, throughput ticks in plain decimals, efficiency
+    in %; the PNG opens and its margins are blank (nothing cut)."""
+    from matplotlib.figure import Figure
+    from tests.test_report import assert_margins_blank, assert_png
+
+    rows = [
+        {"config": "allreduce", **r}
+        for r in project(collectives_for("allreduce", 25_000_000, 4), 0.1, 32, [1, 8, 16, 64], HW)
+    ]
+    captured = {}
+    original = Figure.savefig
+
+    def keep(fig, *a, **k):
+        captured["fig"] = fig
+        return original(fig, *a, **k)
+
+    import matplotlib.figure
+
+    matplotlib.figure.Figure.savefig = keep
+    try:
+        path = cli.write_plot(rows, tmp_path / "projection.png", "header")
+    finally:
+        matplotlib.figure.Figure.savefig = original
+    ax_t, ax_e = captured["fig"].axes
+    assert [t.get_text() for t in ax_t.get_xticklabels()] == ["1", "8", "16", "64"]
+    labels = [t.get_text() for t in ax_t.get_yticklabels()]
+    assert labels and all("$" not in t and "e" not in t for t in labels), labels
+    eff = [t.get_text() for t in ax_e.get_yticklabels()]
+    assert eff and all(t.endswith("%") for t in eff) and "100%" in eff, eff
+    assert_png(path)
+    assert_margins_blank(path)

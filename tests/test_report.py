@@ -23,6 +23,7 @@ from sweeps.report.plots import (
     NO_LINK_SENTENCE,
     NO_TARGET_SENTENCE,
     make_figures,
+    save,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -151,9 +152,9 @@ def test_repeats_aggregate_to_one_row_with_min_max_interval(tmp_path):
     """3 seeds per configuration: one row each, the median of the jobs' medians, min-max interval."""
     root = make_sweep(tmp_path / "multirun" / "12-00-00")
     paths = write_report(root)
-    assert {"csv", "jobs_csv", "md", "throughput", "speedup", "efficiency", "comm", "memory", "time_to_target"} == set(
-        paths
-    )
+    # no target was set: no time_to_target.png (an empty figure), a sentence in scaling.md instead
+    assert {"csv", "jobs_csv", "md", "throughput", "speedup", "efficiency", "comm", "memory"} == set(paths)
+    assert not (root / "time_to_target.png").exists()
     rows = read_csv(paths["csv"])
     assert len(rows) == 8 and len(read_csv(paths["jobs_csv"])) == 24
     for column in (
@@ -201,9 +202,11 @@ def test_repeats_aggregate_to_one_row_with_min_max_interval(tmp_path):
     md = paths["md"].read_text()
     assert md.startswith("# Scaling report") and "24 ok, 0 failed; 8 configuration(s)" in md
     assert "CPU-simulated" in md and "do NOT predict" in md and md.count("| min-max |") == 8
-    for name in ("throughput", "speedup", "efficiency", "comm", "memory", "time_to_target"):
+    for name in ("throughput", "speedup", "efficiency", "comm", "memory"):
         assert paths[name] == root / f"{name}.png" and f"({name}.png)" in md
         assert_png(paths[name])
+    assert "time_to_target.png" not in md and NO_TARGET_SENTENCE in md
+    assert "| config |" not in md and "| time to target (s) |" not in md  # blank in every row
 
 
 @pytest.mark.unit
@@ -353,10 +356,6 @@ def test_throughput_figure_log_log_error_bars_ideal_and_projection(tmp_path):
         tuple(EPS[m][1] * d for d in (1, 2, 4, 8)) for m in EPS
     )  # anchored at each 1-device median
     assert CPU_SUBTITLE in fig._suptitle.get_text()
-    projected = make_figures(
-        rows, projection_rows=[{"label": "ring model", "devices": d, "examples_per_s": 900.0 * d} for d in (1, 2, 4, 8)]
-    )["throughput"].axes[0]
-    assert legend_texts(projected)[-1] == "projection: ring model" and len(projected.containers) == 2
 
 
 @pytest.mark.unit
@@ -364,11 +363,13 @@ def test_speedup_and_efficiency_figures(tmp_path):
     figs = make_figures(rows_of(make_sweep(tmp_path / "mr")))
     (ax,) = figs["speedup"].axes
     assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log") and len(ax.containers) == 2
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["1", "2", "4", "8"]  # plain decimals, not 2^k
     (diag,) = [line for line in ax.get_lines() if line.get_label() == "ideal (y = x)"]
     assert list(diag.get_xdata()) == list(diag.get_ydata()) == [1, 2, 4, 8]
     assert legend_texts(ax) == ["fsdp", "jit_sharding", "ideal (y = x)"]
     (ax,) = figs["efficiency"].axes
-    assert ax.get_ylim() == (0.0, 1.1) and ax.get_yscale() == "linear" and len(ax.containers) == 2
+    # the 1-device interval reaches 1.2 / 0.9 = 1.33: the axis goes to 1.05 x that (was clipped at 1.1)
+    assert ax.get_ylim() == pytest.approx((0.0, 1.4)) and ax.get_yscale() == "linear" and len(ax.containers) == 2
     (one,) = [line for line in ax.get_lines() if line.get_label() == "ideal (1.0)"]
     assert list(one.get_ydata()) == [1.0, 1.0]
     assert list(ax.containers[1].lines[0].get_ydata()) == pytest.approx([1.0, 0.9, 0.75, 0.5])
@@ -378,14 +379,14 @@ def test_speedup_and_efficiency_figures(tmp_path):
 def test_comm_figure_distinct_styles_and_link_sentence(tmp_path):
     rows = rows_of(make_sweep(tmp_path / "mr", seeds=(0,), **{"comm/ratio_model": None}))
     fig = make_figures(rows)["comm"]
-    payload, ring, ratio = fig.axes
-    assert payload.get_ylabel() == "payload bytes / step" and "ring model" in ring.get_ylabel()
+    payload, ring = fig.axes  # no link bandwidth: no third panel, the sentence is a title line
+    assert NO_LINK_SENTENCE in fig._suptitle.get_text().replace("\n", " ")
+    assert payload.get_ylabel() == "payload / step" and "ring model" in ring.get_ylabel()
     lines = ring.get_lines()
     assert len(lines) == 2 and list(lines[0].get_ydata()) == list(lines[1].get_ydata())  # equal bytes ...
     assert lines[0].get_marker() != lines[1].get_marker()  # ... stay visible
     assert lines[0].get_linestyle() != lines[1].get_linestyle()
     assert [list(line.get_ydata()) for line in payload.get_lines()] == [[2 * PAYLOAD] * 4, [PAYLOAD] * 4]
-    assert ratio.texts[0].get_text().replace("\n", " ") == NO_LINK_SENTENCE and not ratio.get_lines()
     assert legend_texts(fig) == ["fsdp", "jit_sharding"]
     with_link = make_figures(rows_of(make_sweep(tmp_path / "mr2", seeds=(0,))))["comm"].axes[2]
     assert len(with_link.get_lines()) == 2 and not with_link.texts
@@ -398,8 +399,7 @@ def test_memory_and_time_to_target_figures(tmp_path):
     fsdp, jit = ax.get_lines()
     assert list(fsdp.get_ydata()) == [3 * PAYLOAD // d for d in (1, 2, 4, 8)] and ax.get_xscale() == "log"
     assert legend_texts(ax) == ["fsdp", "jit_sharding"]
-    (ax,) = figs["time_to_target"].axes
-    assert ax.texts[0].get_text().replace("\n", " ") == NO_TARGET_SENTENCE
+    assert "time_to_target" not in figs  # no target: no empty figure
     target = {"train/target_accuracy": 0.9, "train/steps_to_target": 100, "perf/time_to_target_s": 5.0}
     (ax,) = make_figures(rows_of(make_sweep(tmp_path / "mr2", seeds=(0,), **target)))["time_to_target"].axes
     assert len(ax.get_lines()) == 2 and list(ax.get_lines()[0].get_ydata()) == [5.0] * 4
@@ -508,6 +508,122 @@ def test_cli_wandb_offline(tmp_path):
     assert points[2]["scaling/examples_per_s_ci_low/jit_sharding"] == pytest.approx(0.9 * EPS["jit_sharding"][2])
     assert points[4]["scaling/speedup/fsdp"] == pytest.approx(3.0)
     images = {k.split("/")[1] for h in run["history"] for k in h if k.startswith("plots/") and k.endswith("/_type")}
-    assert images == {"throughput", "speedup", "efficiency", "comm", "memory", "time_to_target"}
+    assert images == {"throughput", "speedup", "efficiency", "comm", "memory"}
     assert list(run_dir.rglob("*.png")), "wandb.Image media not written"
     assert list(run_dir.rglob("scaling_table*.table.json")), "wandb.Table not written"
+
+
+# ---- readable figures: projection apart from measurements, human units, nothing clipped, no empty figure ----
+
+
+def _projection_rows() -> list[dict]:
+    """Projected rows as `read_projection` returns them, far above the measured examples/s (like an H100 model)."""
+    return [
+        {"label": f"{mode} fp32 mlp batch/device=32", "devices": d, "examples_per_s": scale * d}
+        for mode, scale in (("fsdp", 1e6), ("jit_sharding", 4e6))
+        for d in (8, 64, 512)
+    ]
+
+
+@pytest.mark.unit
+def test_projection_is_its_own_panel_in_the_mode_colours(tmp_path):
+    """`sweeps.report --projection`: measured (solid, left) and projected (dashed, right, own y axis) are told
+    apart at a glance; each mode keeps one colour and marker in both; the measured y axis holds only the
+    measured points; the legends name the modes once each (no 11-entry legend)."""
+    rows = rows_of(make_sweep(tmp_path / "mr"))
+    fig = make_figures(rows, projection_rows=_projection_rows())["throughput"]
+    measured, projected = fig.axes
+    assert "projected (model, not measured)" in projected.get_title() and "measured" in measured.get_title()
+    assert legend_texts(measured) == ["fsdp", "jit_sharding", "ideal (linear from the 1-device median)"]
+    assert legend_texts(projected) == ["fsdp fp32 mlp batch/device=32", "jit_sharding fp32 mlp batch/device=32"]
+    colour = {}
+    for container, mode in zip(measured.containers, ("fsdp", "jit_sharding")):
+        line = container.lines[0]
+        assert line.get_linestyle() == "-"
+        colour[mode] = (line.get_color(), line.get_marker())
+    assert colour["fsdp"] != colour["jit_sharding"]
+    lines = [line for line in projected.get_lines() if line.get_gid() == "projection"]
+    assert [(line.get_color(), line.get_marker()) for line in lines] == [colour["fsdp"], colour["jit_sharding"]]
+    assert {line.get_linestyle() for line in lines} == {"--"}
+    assert list(lines[1].get_ydata()) == [4e6 * d for d in (8, 64, 512)]
+    low, high = measured.get_ylim()  # measured points readable: the projection does not stretch this axis
+    values = [EPS[m][d] * f for m in EPS for d in EPS[m] for f in (0.9, 1.2)]
+    assert low <= min(values) and max(values) < high < 2 * max(EPS[m][1] * 8 for m in EPS)
+    assert projected.get_ylim()[1] >= 4e6 * 512 and projected.get_xlim()[1] >= 512
+    png = tmp_path / "throughput.png"
+    save(fig, png)
+    assert_png(png)
+    assert_margins_blank(png)
+
+
+def assert_margins_blank(path: Path) -> None:
+    """Opens the PNG: its outer 2 pixels on every side are background (no title, legend or label cut)."""
+    import matplotlib.image
+
+    img = matplotlib.image.imread(str(path))[..., :3]
+    for edge in (img[:2], img[-2:], img[:, :2], img[:, -2:]):
+        assert edge.min() > 0.98, (path, float(edge.min()))
+
+
+def assert_inside(fig) -> None:
+    """Every title, legend and axes label lies within the figure (drawn with the Agg canvas)."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    width, height = fig.bbox.width, fig.bbox.height
+    artists = [fig._suptitle, *fig.legends] + [a for ax in fig.axes for a in (ax.get_legend(), ax.title)]
+    for artist in [a for a in artists if a is not None and a.get_visible()]:
+        bb = artist.get_window_extent(renderer)
+        assert bb.x0 >= 0 and bb.y0 >= 0 and bb.x1 <= width and bb.y1 <= height, (artist, bb)
+    for ax in fig.axes:
+        bb = ax.get_tightbbox(renderer)
+        assert bb.x0 >= 0 and bb.y0 >= 0 and bb.x1 <= width and bb.y1 <= height, (ax, bb)
+
+
+@pytest.mark.unit
+def test_figures_use_human_units_and_clip_nothing(tmp_path):
+    """Every figure: byte axes in KiB/MiB from 0 (no 1e6 offset), throughput and speedup ticks in plain decimals,
+    efficiency bars above 1.1 not clipped, every title and legend inside the figure, and each PNG opened."""
+    no_link = {"comm/ratio_model": None}
+    root = make_sweep(tmp_path / "mr", **no_link)
+    # a fast 2-device repeat: the efficiency interval reaches 2 x 1000 x 1.3 / (2 x 900) = 1.44
+    write_job(root, 99, ok_summary("jit_sharding", 2, 2 * 1.3 * 1000.0, **no_link), ["mesh.devices=2", "train.seed=9"])
+    rows = rows_of(root)
+    figs = make_figures(rows)
+    assert set(figs) == {"throughput", "speedup", "efficiency", "comm", "memory"}
+    for name, fig in figs.items():
+        assert_inside(fig)
+        png = save(fig, tmp_path / f"{name}.png")
+        assert_png(png)
+        assert_margins_blank(png)
+        for ax in fig.axes:
+            assert ax.yaxis.get_offset_text().get_text() == "", (name, ax.get_ylabel())
+            labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+            assert labels and not any("$" in t or "e+" in t or "^" in t for t in labels), (name, labels)
+    payload, ring = figs["comm"].axes
+    for ax in (payload, ring, figs["memory"].axes[0]):
+        labels = [t.get_text() for t in ax.get_yticklabels()]
+        assert ax.get_ylim()[0] == 0 and all(t.endswith(("KiB", "MiB")) or t == "0 MiB" for t in labels), labels
+        low_point = min(min(line.get_ydata()) for line in ax.get_lines())
+        assert ax.get_ylim()[0] <= low_point <= ax.get_ylim()[1]
+    assert [t.get_text() for t in figs["memory"].axes[0].get_yticklabels()] == [
+        "0 MiB",
+        "5 MiB",
+        "10 MiB",
+        "15 MiB",
+    ]  # 3 x 6 MB = 17.2 MiB at most
+    (thr,) = figs["throughput"].axes
+    assert [t.get_text() for t in thr.get_yticklabels()] == ["1k", "2k", "5k", "10k"]
+    (eff,) = figs["efficiency"].axes
+    top = max(r["efficiency_ci_high"] for r in rows if r["efficiency_ci_high"] is not None)
+    assert top > 1.1 and eff.get_ylim()[1] >= top
+
+
+@pytest.mark.unit
+def test_number_formatting_helpers():
+    from sweeps.report.plots import bytes_unit, human_number, nice_log_ticks
+
+    assert [human_number(v) for v in (0.25, 1, 3, 40_000, 1_500_000, 2e9)] == ["0.25", "1", "3", "40k", "1.5M", "2G"]
+    assert nice_log_ticks(30_000, 900_000) == [50_000.0, 100_000.0, 200_000.0, 500_000.0]
+    assert nice_log_ticks(0.3, 1.2) == [0.3, 0.5, 0.7, 1.0]
+    assert nice_log_ticks(8e5, 3e11) == [1e6, 1e7, 1e8, 1e9, 1e10, 1e11]  # 5 decades: powers of 10 only
+    assert bytes_unit(1_600_000) == (2**20, "MiB") and bytes_unit(800) == (1, "B") and bytes_unit(3 * 2**30)[1] == "GiB"

@@ -128,21 +128,21 @@ def test_non_finite_loss_stops_with_the_first_bad_step(tmp_path):
     [
         (
             ["parallel=nonsense"],
-            "train.py: parallel=nonsense is not an option of group parallel; choose one of fsdp, "
+            "error: parallel=nonsense is not an option of group parallel; choose one of fsdp, "
             "jit_sharding, pmap, shard_map",
         ),
-        (["train.global_bach=256"], "train.py: unknown config key train.global_bach; did you mean train.global_batch?"),
+        (["train.global_bach=256"], "error: unknown config key train.global_bach; did you mean train.global_batch?"),
         (
             ["train.global_batch=abc"],
-            "train.py: train.global_batch=abc: Value 'abc' of type 'str' could not be converted to Integer",
+            "error: train.global_batch=abc: Value 'abc' of type 'str' could not be converted to Integer",
         ),
         (
             ["model.activation=foo"],
-            "train.py: model.activation=foo is not a valid choice; choose one of tanh, relu, gelu, sigmoid",
+            "error: model.activation=foo is not a valid choice; choose one of tanh, relu, gelu, sigmoid",
         ),
         (
             ["precision=fp8"],
-            "train.py: precision=fp8 is not an option of group precision; choose one of bf16, fp16, "
+            "error: precision=fp8 is not an option of group precision; choose one of bf16, fp16, "
             "fp32; did you mean precision=fp32?",
         ),
     ],

@@ -10,6 +10,7 @@ import jax
 
 from conf.schema import Config
 from core.errors import USER_ERRORS
+from training.console_lines import throughput_text
 from training.distributed import Startup, check_device_counts
 from training.prepare import describe
 from training.report import Reporter, console
@@ -56,14 +57,10 @@ def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None
     reporter.summary(summary)
     reporter.close(exit_code=0)
     log.info(
-        "eval/accuracy=%.4f eval/loss=%.4f examples/s=%s (median of %s windows, p25-p75 %s-%s) wall=%s "
-        "startup=%s; outputs in %s",
+        "eval/accuracy=%.4f eval/loss=%.4f %s wall=%s startup=%s; outputs in %s",
         summary["eval/accuracy"],
         summary["eval/loss"],
-        _figure(summary.get("perf/examples_per_s"), ".0f"),
-        summary.get("perf/windows_measured", 0),
-        _figure(summary.get("perf/examples_per_s_p25"), ".0f"),
-        _figure(summary.get("perf/examples_per_s_p75"), ".0f"),
+        throughput_text(summary),
         _figure(summary.get("perf/wall_s"), ".1f", "s"),
         _figure(summary.get("perf/startup_s"), ".1f", "s"),
         run_dir,

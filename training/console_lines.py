@@ -86,3 +86,26 @@ def startup_breakdown_line(clock_summary: dict[str, Any], compile_cache: str | N
 def window_line(step: int, n_steps: int, loss: float, examples_per_s: float) -> str:
     """One line per logging window for train.log (and the console above the bar)."""
     return f"step {step}/{n_steps} loss={loss:.4f} examples/s={examples_per_s:.0f}"
+
+
+def _figure(value: Any, spec: str, unit: str = "") -> str:
+    """``value`` formatted with ``spec``, or ``n/a`` when the run has no such figure (never ``nan``)."""
+    return format(value, spec) + unit if isinstance(value, (int, float)) and value == value else "n/a"
+
+
+def throughput_text(summary: dict[str, Any]) -> str:
+    """The end line's throughput: ``examples/s=13981 (median of 6 windows, p25-p75 13500-14200)``, ``... (1
+    window)``, or, when no window after the first was measured (a run shorter than two logging windows),
+    ``examples/s=n/a (no steady-state window: the run ended in its first logging window)``: never a median
+    of 0 windows."""
+    n = summary.get("perf/windows_measured")
+    eps = summary.get("perf/examples_per_s")
+    if not isinstance(n, int) or not n or eps is None:
+        return "examples/s=n/a (no steady-state window: the run ended in its first logging window)"
+    if n == 1:
+        return f"examples/s={_figure(eps, '.0f')} (1 window)"
+    p25, p75 = (
+        _figure(summary.get("perf/examples_per_s_p25"), ".0f"),
+        _figure(summary.get("perf/examples_per_s_p75"), ".0f"),
+    )
+    return f"examples/s={_figure(eps, '.0f')} (median of {n} windows, p25-p75 {p25}-{p75})"

@@ -29,7 +29,7 @@ from measure.rates import window_perf
 from measure.throughput import JobClock, TargetTracker, WindowStats
 from training import checkpoint
 from training.console_lines import window_line
-from training.outcome import nonfinite_final
+from training.outcome import exploded_final, nonfinite_final
 from training.signals import StopOnSignal
 
 log = logging.getLogger(__name__)
@@ -147,13 +147,23 @@ class FinalEvaluation(Hook):
     check.
 
     Raises (from ``run``):
-      TrainingError: a final training or evaluation metric is not finite (``training.outcome.nonfinite_final``);
-        the record is written first (strict JSON: null + ``nonfinite``), the final checkpoint never is.
+      TrainingError: a final training or evaluation metric is not finite (``training.outcome.nonfinite_final``),
+        or, with ``exploded_limit`` (the number of classes C), a final loss is above 10 x ln C
+        (``training.outcome.exploded_final``); the record is written first (strict JSON: null + ``nonfinite``),
+        the final checkpoint never is.
     """
 
-    def __init__(self, evaluate, n_steps: int, reporter, target: TargetTracker, profiler: Profiler):
+    def __init__(
+        self,
+        evaluate,
+        n_steps: int,
+        reporter,
+        target: TargetTracker,
+        profiler: Profiler,
+        exploded_limit: Optional[int] = None,
+    ):
         self.evaluate, self.n_steps, self.reporter = evaluate, n_steps, reporter
-        self.target, self.profiler = target, profiler
+        self.target, self.profiler, self.exploded_limit = target, profiler, exploded_limit
 
     def due(self, step: int) -> bool:
         return step == self.n_steps
@@ -167,6 +177,9 @@ class FinalEvaluation(Hook):
         diverged = nonfinite_final(loop.last, final)
         if diverged:
             raise TrainingError(diverged)
+        exploded = exploded_final(loop.last, final, self.exploded_limit) if self.exploded_limit else None
+        if exploded:
+            raise TrainingError(exploded.removeprefix("warning: ") + " (train.allow_exploded_loss=true keeps the run)")
 
 
 class CheckpointHook(Hook):

@@ -37,6 +37,7 @@ from training.distributed import dump_batch_indices
 from training.validate import check_run_folder
 
 log = logging.getLogger(__name__)
+_NO_LINK_REPORTED: set[str] = set()  # device kinds whose missing link bandwidth was reported
 
 
 def describe(cfg: Config) -> dict[str, Any]:
@@ -359,11 +360,13 @@ def compile_step(cfg: Config, p: Plan, exp: Experiment, first, info: dict[str, A
         lookup_peak_flops_per_s(device.device_kind, cfg.precision.compute_dtype) if detect else None
     )
     if link is None:
-        log.info(
-            "no link bandwidth known for %s: comm/time_model_s and comm/ratio_model are not computed "
-            "(set hardware.link_bytes_per_s to model a target)",
-            device.device_kind,
-        )
+        if device.device_kind not in _NO_LINK_REPORTED:  # once per process (a sweep's jobs share it)
+            _NO_LINK_REPORTED.add(device.device_kind)
+            log.info(
+                "no link bandwidth known for %s: comm/time_model_s and comm/ratio_model are not computed "
+                "(set hardware.link_bytes_per_s to model a target)",
+                device.device_kind,
+            )
     else:
         info["hardware/link_bytes_per_s"] = link
         info["comm/time_model_s"] = comm_time_model_s(info["comm/bytes_per_step"], link)

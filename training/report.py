@@ -38,6 +38,7 @@ from typing import Any, Optional
 import numpy as np
 
 log = logging.getLogger(__name__)
+_OFFLINE_HINT_SHOWN = False  # the offline-W&B hint was logged in this process
 
 WANDB_MODES = ("online", "offline", "disabled")
 
@@ -171,8 +172,13 @@ class Reporter:
             log.warning("W&B could not be reached (%s); continuing offline", str(e).splitlines()[0][:200])
             self.wandb_run = wandb.init(mode="offline", settings=wandb.Settings(**settings), **kwargs)
             mode = "offline"
-        if mode == "offline":
-            log.info("W&B is offline; upload the run later with: wandb sync %s", os.path.dirname(self.wandb_run.dir))
+        if mode == "offline":  # the hint once per process: the jobs of a sweep get one line at its end instead
+            global _OFFLINE_HINT_SHOWN
+            level = logging.DEBUG if _OFFLINE_HINT_SHOWN else logging.INFO
+            _OFFLINE_HINT_SHOWN = True
+            log.log(
+                level, "W&B is offline; upload the run later with: wandb sync %s", os.path.dirname(self.wandb_run.dir)
+            )
 
     @property
     def wandb_info(self) -> dict:

@@ -8,6 +8,7 @@ import collections
 import contextlib
 import logging
 import math
+import sys
 import statistics
 from pathlib import Path
 from typing import Any, Optional
@@ -190,7 +191,14 @@ def make_hooks(prep: Prepared, reporter: Reporter, bar, stats: WindowStats, targ
         SyncCheck(exp.mode, cfg.train.sync_every, n_steps, cfg.train.sync_strict),
         Evaluation(evaluate_params, cfg.train.eval_every, n_steps, target),
         window,
-        FinalEvaluation(evaluate_params, n_steps, reporter, target, profiler),
+        FinalEvaluation(
+            evaluate_params,
+            n_steps,
+            reporter,
+            target,
+            profiler,
+            exploded_limit=None if cfg.train.allow_exploded_loss else cfg.data.num_classes,
+        ),
         saving,
     ]
     return hooks
@@ -229,7 +237,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
         bar = tqdm(
             total=prep.n_steps,
             initial=prep.start,
-            disable=not reporter.enabled,
+            disable=not reporter.enabled or not sys.stderr.isatty(),  # in a file: the window log lines only
             desc="train",
             unit="step",
             dynamic_ncols=True,

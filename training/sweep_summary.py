@@ -95,6 +95,17 @@ def stop_report(
     return lines
 
 
+def offline_wandb_hint(sweep_dir: Path) -> Optional[str]:
+    """One line naming the command that uploads every offline W&B run of the sweep, or None without any."""
+    runs = sorted(Path(sweep_dir).glob("**/wandb/offline-run-*"))
+    if not runs:
+        return None
+    return (
+        f"W&B is offline: upload the sweep's {len(runs)} run(s) later with: "
+        f"wandb sync {sweep_dir}/*/wandb/offline-run-*"
+    )
+
+
 class SweepSummary(Callback):
     """Prints ``k of n jobs failed`` with each failed job's folder and error, and exits with code 1 when k > 0.
 
@@ -121,6 +132,9 @@ class SweepSummary(Callback):
                 )
                 sys.exit(1)
         lines = failure_report(outcomes)
+        hint = offline_wandb_hint(sweep_dir)
+        if hint:
+            print(hint, file=sys.stderr, flush=True)
         if not lines:
             print(f"all {len(outcomes)} jobs of the sweep in {sweep_dir} succeeded", file=sys.stderr, flush=True)
             return

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             projection_rows=projection,
         )
     except ReportError as exc:
-        print(f"sweeps.report: error: {exc}", file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     for name, path in paths.items():
         print(f"{name}: {path}")

@@ -10,21 +10,23 @@ equal (e.g. communication bytes of two modes) stay visible through their markers
 
 from __future__ import annotations
 
+import math
 import textwrap
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator
 
 from sweeps.report.aggregate import is_cpu, recipe_rows, series_labels
+from sweeps.report.tables import NO_TARGET_SENTENCE
 
 CPU_SUBTITLE = "timings from simulated CPU devices on one host: they do not predict accelerator performance"
 NO_LINK_SENTENCE = (
     "Comm ratio needs a link bandwidth: set hardware.link_bytes_per_s "
     "(bytes/s per direction, e.g. 450e9 for NVLink H100/H200)."
 )
-NO_TARGET_SENTENCE = "No time to target: set train.target_accuracy (and train.eval_every) in the sweep."
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", "-.", ":")
 IDEAL_STYLE = dict(color="0.45", linestyle=":", linewidth=1.2)
@@ -59,6 +61,80 @@ def _series(rows: list[dict]) -> list[tuple[str, dict, list[dict]]]:
     return out
 
 
+BINARY_UNITS = ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))
+
+
+def human_number(value: float) -> str:
+    """A tick label in plain decimals: ``0.25``, ``3``, ``40k``, ``1.5M``, ``2G`` (no offset, no exponent)."""
+    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:g}{suffix}"
+    return f"{value:g}"
+
+
+def nice_log_ticks(low: float, high: float) -> list[float]:
+    """Tick values in [low, high] (both > 0) for a log axis: 1-2-5 x 10^k, only 10^k when that gives more
+    than 8 ticks, denser (1-2-3-5-7, then 1-1.5-2-3-4-5-6-8) until at least 3 ticks fall inside."""
+    ticks: list[float] = []
+    sparse = high / low > 10**3.5
+    for mantissas in ((1,) if sparse else (1, 2, 5), (1, 2, 5), (1, 2, 3, 5, 7), (1, 1.5, 2, 3, 4, 5, 6, 8)):
+        ticks = []
+        for k in range(math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 1):
+            for m in mantissas:
+                t = float(f"{m * 10.0**k:.6g}")
+                if low <= t <= high:
+                    ticks.append(t)
+        if len(ticks) >= 3:
+            break
+    return ticks
+
+
+def log_y_axis(ax, values, pad: float = 1.25, powers_of_2: bool = False, fmt=human_number) -> None:
+    """Log y axis whose limits hold every value (times/divided by ``pad``) with plain-decimal ticks
+    (``powers_of_2``: 0.25, 0.5, 1, 2, 4 ... when at least 3 fall inside, else 1-2-5 x 10^k), labelled by
+    ``fmt`` (value -> text; default :func:`human_number`)."""
+    ax.set_yscale("log")
+    vals = [float(v) for v in values if v is not None and v > 0 and math.isfinite(v)]
+    if not vals:
+        return
+    low, high = min(vals) / pad, max(vals) * pad
+    ax.set_ylim(low, high)
+    ticks = nice_log_ticks(low, high)
+    if powers_of_2:
+        twos = [2.0**k for k in range(math.ceil(math.log2(low)), math.floor(math.log2(high)) + 1)]
+        ticks = twos if len(twos) >= 3 else ticks
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v)))
+    ax.yaxis.set_minor_locator(NullLocator())
+
+
+def bytes_unit(max_bytes: float) -> tuple[int, str]:
+    """(bytes per unit, unit name): the largest binary unit (KiB, MiB, ...) not above ``max_bytes``."""
+    return next(((size, name) for size, name in BINARY_UNITS if max_bytes >= size), (1, "B"))
+
+
+def _bytes_y(ax, values) -> None:
+    """Linear y axis from 0 with ticks at round numbers of one binary unit (``0 MiB``, ``0.5 MiB``...)."""
+    vals = [float(v) for v in values if v is not None]
+    top = max(vals, default=0.0)
+    size, name = bytes_unit(top)
+    if top <= 0:
+        ax.set_ylim(0, 1)
+        ax.set_yticks([0])
+        ax.set_yticklabels(["0 B"])
+        return
+    ticks = [t * size for t in MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]).tick_values(0, top * 1.08 / size)]
+    ticks = [t for t in ticks if t <= top * 1.08 + 1e-9 * size] or [0.0]
+    ax.set_ylim(0, max(top * 1.08, ticks[-1]))
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / size:g} {name}"))
+
+
+def devices_x_axis(ax, rows: list[dict]) -> None:
+    """Log-2 x axis with one tick per device count of ``rows`` (``{"devices": N}``), labelled plainly."""
+    _log2_x(ax, rows)
+
+
 def _log2_x(ax, rows: list[dict]) -> None:
     devices = sorted({r["devices"] for r in rows if r["devices"]})
     ax.set_xscale("log", base=2)
@@ -85,17 +161,20 @@ def _message(ax, text: str) -> None:
     ax.set_axis_off()
 
 
-def plot_throughput(ax, rows: list[dict], projection_rows: list[dict] | None = None) -> list:
+def plot_throughput(ax, rows: list[dict], solid: bool = False) -> list:
     """Examples/s vs devices on log-log axes: per series the median over repeats with error bars from the
     interval, and its ideal line (linear from the series' 1-device median; one legend entry for all ideal
-    lines). ``projection_rows``: optional ``{"label", "devices", "examples_per_s"}`` dicts drawn as dotted
-    lines, one legend entry per projection label (a projection model can overlay its prediction here)."""
+    lines). The y axis holds every point, bar and ideal line, with plain-decimal ticks (``40k``, ``100k``).
+    ``solid``: every measured series drawn solid (beside a projection, whose lines are dashed)."""
     handles = []
     ideal_drawn = False
+    values: list[float] = []
     for label, style, members in _series(rows):
         pts = [r for r in members if r["examples_per_s"] is not None]
         if not pts:
             continue
+        if solid:
+            style = {**style, "linestyle": "-"}
         handles.append(
             _errorbar(
                 ax,
@@ -107,45 +186,74 @@ def plot_throughput(ax, rows: list[dict], projection_rows: list[dict] | None = N
                 style,
             )
         )
+        values += [r[k] for r in pts for k in ("examples_per_s", "examples_per_s_ci_low", "examples_per_s_ci_high")]
         base = next((r for r in pts if r["devices"] == 1), None)
         if base is not None and len(pts) > 1:
             xs = [r["devices"] for r in pts]
-            ax.plot(
-                xs,
-                [base["examples_per_s"] * d for d in xs],
-                label="_nolegend_",
-                gid="ideal",
-                **{**IDEAL_STYLE, "color": style["color"]},
-            )
+            ideal = [base["examples_per_s"] * d for d in xs]
+            ax.plot(xs, ideal, label="_nolegend_", gid="ideal", **{**IDEAL_STYLE, "color": style["color"]})
+            values += ideal
             ideal_drawn = True
     if ideal_drawn:
         handles.append(Line2D([], [], label="ideal (linear from the 1-device median)", **IDEAL_STYLE))
-    by_label: dict[str, list[dict]] = {}
-    for p in projection_rows or []:
-        by_label.setdefault(str(p["label"]), []).append(p)
-    for i, (label, pts) in enumerate(by_label.items()):
-        pts = sorted(pts, key=lambda p: p["devices"])
-        (line,) = ax.plot(
-            [p["devices"] for p in pts],
-            [p["examples_per_s"] for p in pts],
-            linestyle=(0, (1, 2)),
-            linewidth=2,
-            color=series_style(i)["color"],
-            label=f"projection: {label}",
-        )
-        handles.append(line)
-    _log2_x(ax, list(rows) + list(projection_rows or []))  # the projection may reach past the measured counts
-    ax.set_yscale("log")
+    _log2_x(ax, rows)
+    log_y_axis(ax, values)
     ax.set_ylabel("examples/s (global)")
     return handles
 
 
+def mode_styles(rows: list[dict]) -> dict[str, dict]:
+    """{mode: colour and marker of the first measured series of that mode} (``series_style``)."""
+    styles: dict[str, dict] = {}
+    for _, style, members in _series(rows):
+        styles.setdefault(str(members[0]["parallel"]), {"color": style["color"], "marker": style["marker"]})
+    return styles
+
+
+def plot_projection(ax, rows: list[dict], projection_rows: list[dict]) -> list:
+    """Projected examples/s vs devices (``projection_rows``: ``{"label", "devices", "examples_per_s"}``, the
+    label's first word being the mode) on their own log-log axes, dashed with open markers, in the colour of
+    the measured series of the same mode, with its marker (a mode the sweep did not measure gets the next
+    colour)."""
+    styles = mode_styles(rows)
+    by_label: dict[str, list[dict]] = {}
+    for p in projection_rows:
+        by_label.setdefault(str(p["label"]), []).append(p)
+    handles, values = [], []
+    extra = len(styles)
+    for label, pts in by_label.items():
+        pts = sorted(pts, key=lambda p: p["devices"])
+        mode = label.split()[0] if label.split() else label
+        if mode not in styles:
+            styles[mode] = {k: series_style(extra)[k] for k in ("color", "marker")}
+            extra += 1
+        (line,) = ax.plot(
+            [p["devices"] for p in pts],
+            [p["examples_per_s"] for p in pts],
+            linestyle="--",
+            markerfacecolor="none",
+            **styles[mode],
+            label=label,
+            gid="projection",
+        )
+        handles.append(line)
+        values += [p["examples_per_s"] for p in pts]
+    _log2_x(ax, projection_rows)
+    log_y_axis(ax, values)
+    ax.set_ylabel("examples/s (global, projected)")
+    ax.set_title("projected (model, not measured): dashed", fontsize=9)
+    return handles
+
+
 def plot_speedup(ax, rows: list[dict]) -> list:
-    """Speedup vs devices (log-log, base 2) with error bars and the y = x line (one legend entry)."""
+    """Speedup vs devices (log-log) with error bars and the y = x line (one legend entry); the y axis holds
+    every point and bar, with plain-decimal ticks (``0.5``, ``1``, ``2``)."""
     handles = []
+    values: list[float] = []
     for label, style, members in _series(rows):
         pts = [r for r in members if r["speedup"] is not None]
         if pts:
+            values += [r[k] for r in pts for k in ("speedup", "speedup_ci_low", "speedup_ci_high")]
             handles.append(
                 _errorbar(
                     ax,
@@ -161,18 +269,22 @@ def plot_speedup(ax, rows: list[dict]) -> list:
     if devices:
         (line,) = ax.plot(devices, devices, label="ideal (y = x)", **IDEAL_STYLE)
         handles.append(line)
+        values += devices
     _log2_x(ax, rows)
-    ax.set_yscale("log", base=2)
+    log_y_axis(ax, values, powers_of_2=True)
     ax.set_ylabel("speedup vs 1 device")
     return handles
 
 
 def plot_efficiency(ax, rows: list[dict]) -> list:
-    """Scaling efficiency (speedup / devices) vs devices, y from 0 to 1.1, a line at 1.0 (one legend entry)."""
+    """Scaling efficiency (speedup / devices) vs devices, y from 0 to 1.1 (higher when a point or an interval
+    bar reaches above: nothing is clipped), a line at 1.0 (one legend entry)."""
     handles = []
+    top = 1.0
     for label, style, members in _series(rows):
         pts = [r for r in members if r["efficiency"] is not None]
         if pts:
+            top = max([top] + [r[k] for r in pts for k in ("efficiency", "efficiency_ci_high") if r[k] is not None])
             handles.append(
                 _errorbar(
                     ax,
@@ -186,19 +298,23 @@ def plot_efficiency(ax, rows: list[dict]) -> list:
             )
     handles.append(ax.axhline(1.0, label="ideal (1.0)", **IDEAL_STYLE))
     _log2_x(ax, rows)
-    ax.set_ylim(0.0, 1.1)
+    ax.set_ylim(0.0, max(1.1, round(top * 1.05, 2)))
     ax.set_ylabel("scaling efficiency (speedup / devices)")
     return handles
 
 
-def _bytes_panel(ax, rows, key: str, ylabel: str) -> list:
-    handles = []
+def _bytes_panel(ax, rows, key: str, ylabel: str, in_bytes: bool = True) -> list:
+    """One line per series of ``key`` vs devices; byte values on a linear axis from 0 in KiB/MiB/GiB."""
+    handles, values = [], []
     for label, style, members in _series(rows):
         pts = [r for r in members if r[key] is not None]
         if pts:
             (line,) = ax.plot([r["devices"] for r in pts], [r[key] for r in pts], label=label, **style)
             handles.append(line)
+            values += [r[key] for r in pts]
     _log2_x(ax, rows)
+    if in_bytes:
+        _bytes_y(ax, values)
     ax.set_ylabel(ylabel)
     return handles
 
@@ -209,30 +325,26 @@ def link_known(rows: list[dict]) -> bool:
 
 
 def plot_comm(axes, rows: list[dict]) -> list:
-    """Three panels: payload bytes per step, ring bytes per device per step, and the comm ratio (model) when
-    a link bandwidth is known, else one sentence naming ``hardware.link_bytes_per_s``."""
-    handles = _bytes_panel(axes[0], rows, "comm_payload_bytes", "payload bytes / step")
+    """Payload bytes per step, ring bytes per device per step (KiB/MiB axes) and, when ``axes`` has a third
+    panel (a link bandwidth is known: ``link_known``), the comm ratio (model)."""
+    handles = _bytes_panel(axes[0], rows, "comm_payload_bytes", "payload / step")
     axes[0].set_title("payload (sum of collective operands)", fontsize=9)
-    _bytes_panel(axes[1], rows, "comm_ring_bytes", "bytes sent per device / step (ring model)")
+    _bytes_panel(axes[1], rows, "comm_ring_bytes", "sent per device / step (ring model)")
     axes[1].set_title("ring model, per device", fontsize=9)
-    if link_known(rows):
-        _bytes_panel(axes[2], rows, "comm_ratio", "comm time (model) / step time")
+    if len(axes) > 2:
+        _bytes_panel(axes[2], rows, "comm_ratio", "comm time (model) / step time", in_bytes=False)
         axes[2].set_title("comm ratio (model)", fontsize=9)
-    else:
-        _message(axes[2], NO_LINK_SENTENCE)
     return handles
 
 
 def plot_memory(ax, rows: list[dict]) -> list:
     """State bytes per device (parameters + optimizer state) vs devices, one series per configuration."""
-    handles = _bytes_panel(ax, rows, "state_bytes_per_device", "state bytes per device")
-    ax.set_yscale("log", base=2)
-    return handles
+    return _bytes_panel(ax, rows, "state_bytes_per_device", "state (parameters + optimizer) per device")
 
 
 def plot_time_to_target(ax, rows: list[dict]) -> list:
-    """Time to the target accuracy vs devices (median over repeats; bars: min-max of the repeats that
-    reached it), or one sentence naming ``train.target_accuracy`` when no job had a target."""
+    """Time to the target accuracy vs devices (median over repeats). ``make_figures`` draws it only when some
+    configuration reached a target (``has_target``); otherwise one sentence naming ``train.target_accuracy``."""
     handles = []
     for label, style, members in _series(rows):
         pts = [r for r in members if r["time_to_target_s"] is not None]
@@ -248,9 +360,15 @@ def plot_time_to_target(ax, rows: list[dict]) -> list:
     return handles
 
 
+def has_target(rows: list[dict]) -> bool:
+    """Whether some configuration has a time to target (a target was set and reached)."""
+    return any(r["time_to_target_s"] is not None for r in rows)
+
+
 def plot_vs_batch(axes, rows: list[dict]) -> list:
-    """Large-batch study: final eval accuracy (median, min-max bars) and time to target vs global batch
-    (log2 x), one series per recipe (the configuration without the batch)."""
+    """Large-batch study: final eval accuracy (median, min-max bars) and, when ``axes`` has a second panel
+    (``has_target``), time to target vs global batch (log2 x), one series per recipe (the configuration
+    without the batch)."""
     handles = []
     for i, (label, members) in enumerate(recipe_rows(rows).items()):
         style = series_style(i)
@@ -268,7 +386,7 @@ def plot_vs_batch(axes, rows: list[dict]) -> list:
                 )
             )
         pts = [r for r in members if r["time_to_target_s"] is not None]
-        if pts:
+        if pts and len(axes) > 1:
             axes[1].plot([r["global_batch"] for r in pts], [r["time_to_target_s"] for r in pts], **style)
     batches = sorted({r["global_batch"] for r in rows if r["global_batch"]})
     for ax in axes:
@@ -278,21 +396,23 @@ def plot_vs_batch(axes, rows: list[dict]) -> list:
         ax.set_xlabel("global batch")
         ax.grid(True, alpha=0.3)
     axes[0].set_ylabel("final eval accuracy")
-    axes[1].set_ylabel("time to target accuracy (s)")
-    if not any(r["time_to_target_s"] is not None for r in rows):
-        _message(axes[1], NO_TARGET_SENTENCE)
+    if len(axes) > 1:
+        axes[1].set_ylabel("time to target accuracy (s)")
     return handles
 
 
-def _figure(title: str, common: str, cpu: bool, ncols: int = 1, width: float = 7.5):
-    """A figure with ``ncols`` axes; the title carries the fields common to all series and, for timings from
-    simulated CPU devices, ``CPU_SUBTITLE`` (``fig._suptitle.get_text()``)."""
-    fig = Figure(figsize=(width if ncols == 1 else 5.0 * ncols, 5.4), layout="constrained")
+def _figure(title: str, common: str, cpu: bool, ncols: int = 1, width: float = 7.5, notes: tuple = ()):
+    """A figure with ``ncols`` axes (always a list); the title carries the fields common to all series, the
+    ``notes`` and, for timings from simulated CPU devices, ``CPU_SUBTITLE`` (``fig._suptitle.get_text()``),
+    each wrapped to the figure's width so no line is cut."""
+    width_in = width if ncols == 1 else 5.0 * ncols
+    fig = Figure(figsize=(width_in, 5.4), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(1, ncols)
-    lines = [title] + textwrap.wrap(common, 100) + ([CPU_SUBTITLE] if cpu else [])
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    chars = int(width_in * 72 / (10 * 0.58))  # about 0.58 em per character at fontsize 10
+    lines = [title] + [w for text in (common, *notes, CPU_SUBTITLE if cpu else "") for w in textwrap.wrap(text, chars)]
     fig.suptitle("\n".join(lines), fontsize=10)
-    return fig, axes
+    return fig, list(axes)
 
 
 MAX_LEGEND = 16  # more series than this: no legend, a note pointing to scaling.csv
@@ -320,35 +440,53 @@ def _legend(fig, ax, handles, outside: bool = False, below: bool = False) -> Non
 
 
 def make_figures(rows: list[dict], projection_rows: list[dict] | None = None) -> dict[str, Figure]:
-    """Every figure of the report: ``throughput``, ``speedup``, ``efficiency``, ``comm``, ``memory``,
-    ``time_to_target`` and, when a device count has more than one global batch, ``batch``."""
+    """Every figure of the report: ``throughput`` (with a second panel for ``projection_rows``),
+    ``speedup``, ``efficiency``, ``comm``, ``memory``, ``time_to_target`` when some configuration reached a
+    target, and ``batch`` when a device count has more than one global batch. No figure is empty: what is
+    missing is said in a title line (``NO_LINK_SENTENCE``) or in the Markdown (``NO_TARGET_SENTENCE``)."""
     _, common = series_labels(rows)
     cpu = is_cpu(rows)
     figs = {}
-    fig, ax = _figure("Throughput vs devices (median over repeats, interval bars)", common, cpu)
-    _legend(fig, ax, plot_throughput(ax, rows, projection_rows))
+    if projection_rows:
+        fig, (ax, ax_p) = _figure("Throughput vs devices: measured and projected", common, cpu, ncols=2)
+        ax.set_title("measured (median over repeats, interval bars): solid", fontsize=9)
+        _legend(fig, ax, plot_throughput(ax, rows, solid=True))
+        _legend(fig, ax_p, plot_projection(ax_p, rows, projection_rows))
+    else:
+        fig, (ax,) = _figure("Throughput vs devices (median over repeats, interval bars)", common, cpu)
+        _legend(fig, ax, plot_throughput(ax, rows))
     figs["throughput"] = fig
-    fig, ax = _figure("Speedup vs devices", common, cpu)
+    fig, (ax,) = _figure("Speedup vs devices", common, cpu)
     _legend(fig, ax, plot_speedup(ax, rows))
     figs["speedup"] = fig
-    fig, ax = _figure("Scaling efficiency vs devices", common, cpu)
+    fig, (ax,) = _figure("Scaling efficiency vs devices", common, cpu)
     _legend(fig, ax, plot_efficiency(ax, rows))
     figs["efficiency"] = fig
-    fig, axes = _figure("Communication per optimizer step vs devices", common, False, ncols=3)
-    _legend(fig, axes[0], plot_comm(axes, rows), outside=True)
+    link = link_known(rows)
+    fig, axes = _figure(
+        "Communication per optimizer step vs devices",
+        common,
+        False,
+        ncols=3 if link else 2,
+        notes=() if link else (NO_LINK_SENTENCE,),
+    )
+    _legend(fig, axes[0], plot_comm(axes, rows), below=True)
     figs["comm"] = fig
-    fig, ax = _figure("Memory per device vs devices", common, False)
+    fig, (ax,) = _figure("Memory per device vs devices", common, False)
     _legend(fig, ax, plot_memory(ax, rows))
     figs["memory"] = fig
-    fig, ax = _figure("Time to target accuracy vs devices", common, cpu)
-    _legend(fig, ax, plot_time_to_target(ax, rows))
-    figs["time_to_target"] = fig
+    if has_target(rows):
+        fig, (ax,) = _figure("Time to target accuracy vs devices", common, cpu)
+        _legend(fig, ax, plot_time_to_target(ax, rows))
+        figs["time_to_target"] = fig
     by_devices: dict = {}
     for r in rows:
         by_devices.setdefault(r["devices"], set()).add(r["global_batch"])
     if any(len(b) > 1 for b in by_devices.values()):
-        fig, axes = _figure("Final accuracy and time to target vs global batch", "", cpu, ncols=2)
-        fig.set_size_inches(12, 7)
+        target = has_target(rows)
+        title = "Final accuracy and time to target vs global batch" if target else "Final accuracy vs global batch"
+        fig, axes = _figure(title, "", cpu, ncols=2 if target else 1)
+        fig.set_size_inches(12 if target else 7.5, 7)
         _legend(fig, axes[0], plot_vs_batch(axes, rows), below=True)
         figs["batch"] = fig
     return figs

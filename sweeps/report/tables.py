@@ -10,6 +10,8 @@ from typing import Any
 
 from sweeps.report.aggregate import COLUMNS, few_windows_note, is_cpu
 
+NO_TARGET_SENTENCE = "No time to target: set train.target_accuracy (and train.eval_every) in the sweep."
+
 CPU_WARNING = (
     "**WARNING - CPU-simulated devices:** the devices of this sweep are simulated on one host CPU (XLA host "
     "platform device count) and share the same cores, so timings (examples/s, speedup, scaling efficiency, time "
@@ -109,7 +111,9 @@ def write_markdown(
     rows: list[dict], path, source: str = "", plots: Iterable[str] = (), n_jobs: int = 0, n_failed: int = 0
 ) -> Path:
     """The report as Markdown: header (platforms, device kinds, CPU warning), the table with intervals (the
-    ``interval`` column says which), notes, then the plots."""
+    ``interval`` column says which), notes, then the plots. The ``config`` column (what distinguishes
+    configurations beyond the other columns) and the time-to-target columns are left out when blank in
+    every row; without any target a note says how to set one."""
     platforms, kinds = platform_header(rows)
     lines = ["# Scaling report", ""]
     if source:
@@ -144,7 +148,7 @@ def write_markdown(
         "state/device",
         "status",
     ]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    table = []
     for r in rows:
         eps = _with_interval(r, "examples_per_s", "{:.4g}") + (" *" if r["few_windows"] else "")
         cells = [
@@ -169,7 +173,11 @@ def write_markdown(
             format_bytes(r["state_bytes_per_device"]),
             r["status"],
         ]
-        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+        table.append([c.replace("|", "/") for c in cells])
+    optional = ("config", "time to target (s)", "steps to target")
+    keep = [i for i, h in enumerate(header) if h not in optional or any(row[i] for row in table)]
+    lines += ["| " + " | ".join(header[i] for i in keep) + " |", "|" + "---|" * len(keep)]
+    lines += ["| " + " | ".join(row[i] for i in keep) + " |" for row in table]
     lines.append("")
     lines.append(
         "examples/s: median over repeats (jobs differing only in train.seed) of each job's median over "
@@ -179,6 +187,8 @@ def write_markdown(
     note = few_windows_note(rows)
     if note:
         lines += ["", f"**{note}.**"]
+    if not any(r["time_to_target_s"] is not None for r in rows):
+        lines += ["", NO_TARGET_SENTENCE]
     for name in plots:
         lines += ["", f"![{Path(name).stem}]({name})"]
     lines.append("")

@@ -1,0 +1,214 @@
+"""What a run and its tools show a researcher: no contradictory figure, one clear line per problem."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from measure.throughput import WindowStats
+from tests.utils import REPO, run_train
+from training.console_lines import throughput_text
+
+
+@pytest.mark.unit
+def test_no_steady_state_window_is_said_plainly():
+    """A run that ends in its first logging window has no steady-state figure: the warning and the end line say
+    so instead of a 'median of 0 windows'."""
+    stats = WindowStats(global_batch=256, num_devices=8)
+    stats.add(0.5, 5)
+    assert stats.warning() == (
+        "warning: no steady-state throughput: all 5 step(s) ran in the first logging window, which follows "
+        "compilation and is not steady state; for a figure run at least 6 windows (train.steps >= 6 x "
+        "train.log_every)"
+    )
+    summary = stats.summary()
+    assert summary["perf/windows_measured"] == 0
+    assert throughput_text(summary) == (
+        "examples/s=n/a (no steady-state window: the run ended in its first logging window)"
+    )
+    stats.add(0.25, 5)
+    assert throughput_text(stats.summary()) == "examples/s=5120 (1 window)"
+    for _ in range(3):
+        stats.add(0.5, 5)
+    assert throughput_text(stats.summary()) == "examples/s=2560 (median of 4 windows, p25-p75 2560-3200)"
+    assert throughput_text({}) == throughput_text({"perf/windows_measured": 0, "perf/examples_per_s": 13981.0})
+
+
+def test_short_run_end_line(tmp_path):
+    """`train.steps=5` (one logging window): one warning, and the end line has no examples/s figure."""
+    res = run_train(tmp_path / "run", "data=synthetic", "train.steps=5")
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = res.stdout + res.stderr
+    assert out.count("warning: no steady-state throughput") == 1
+    assert "median of 0" not in out
+    (end,) = [line for line in out.splitlines() if "outputs in" in line]
+    assert "examples/s=n/a (no steady-state window: the run ended in its first logging window)" in end
+    # the folder printed as "outputs in" is accepted by evaluate: it stands for its checkpoints/
+    from evaluate import find_step_dir
+
+    run_dir = tmp_path / "run"
+    assert end.endswith(f"outputs in {run_dir}")
+    assert find_step_dir(run_dir) == run_dir / "checkpoints" / "5"
+    res = subprocess.run(
+        [sys.executable, "-m", "evaluate", str(run_dir), "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1])["step"] == 5
+
+
+@pytest.mark.unit
+def test_evaluate_run_folder_and_missing_step_lines(tmp_path):
+    """evaluate's argument: a run folder without checkpoints and a missing step each get one line naming
+    what exists."""
+    from core.errors import ConfigError
+    from evaluate import find_step_dir, run_checkpoint_dir
+
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "config.yaml").write_text(f"checkpoint:\n  dir: {tmp_path / 'ckpt'}\n")
+    assert run_checkpoint_dir(run_dir) == tmp_path / "ckpt"
+    with pytest.raises(ConfigError, match=r"run folder .* has no checkpoint in .*ckpt \(checkpoint.enabled=false"):
+        find_step_dir(run_dir)
+    for step in (20, 40):
+        (tmp_path / "ckpt" / str(step) / "state").mkdir(parents=True)
+        (tmp_path / "ckpt" / str(step) / "meta").mkdir()
+    with pytest.raises(ConfigError) as info:
+        find_step_dir(tmp_path / "ckpt" / "30")
+    assert str(info.value) == (
+        f"no step 30 in {tmp_path / 'ckpt'}: its steps are 20, 40; give one of them or the folder "
+        f"{tmp_path / 'ckpt'} (its newest step)"
+    )
+    assert find_step_dir(tmp_path / "ckpt" / "40") == tmp_path / "ckpt" / "40"
+    assert run_checkpoint_dir(tmp_path / "ckpt") is None  # a checkpoint folder is not a run folder
+
+
+@pytest.mark.slow
+def test_readme_sweep_example_runs_clean(tmp_path):
+    """The README's `-m accum=1,2,4,8 ...` example runs its 4 jobs without a warning."""
+    readme = (REPO / "README.md").read_text()
+    (command,) = re.findall(r"`(python train.py -m accum=1,2,4,8 [^`]*)`", readme)
+    overrides = shlex.split(command)[2:]
+    res = run_train(tmp_path / "unused", *overrides, f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = res.stdout + res.stderr
+    assert "warning" not in out.lower(), [line for line in out.splitlines() if "warning" in line.lower()]
+    assert len(re.findall(r"median of 5 windows", out)) == 4
+
+
+def _python(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("flag", ["hydra.run.dir", "hydra.sweep.dir"])
+def test_run_folder_that_cannot_be_created_is_one_line(tmp_path, flag):
+    """A run (or sweep) folder below a regular file cannot be created: one line, exit 1, no traceback."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    args = ["train.py", *(["-m"] if flag == "hydra.sweep.dir" else []), f"{flag}={blocker}/run", "data=synthetic"]
+    res = _python(*args)
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        f"error: cannot create the run folder: Not a directory: {blocker}/run; set hydra.run.dir "
+        "(hydra.sweep.dir with -m) to a folder you can write"
+    ]
+    assert "Traceback" not in res.stdout + res.stderr
+
+
+@pytest.mark.unit
+def test_deleting_an_unknown_key_gets_did_you_mean():
+    """`~train.stepz` is worded like `train.stepz=3`: one line with a did-you-mean."""
+    from hydra.errors import ConfigCompositionException
+
+    from conf.schema import one_line
+
+    e = ConfigCompositionException("Could not delete from config. 'train.stepz' does not exist.")
+    assert one_line(e) == "cannot delete ~train.stepz: unknown config key train.stepz; did you mean train.steps?"
+    e = ConfigCompositionException("Could not delete from config. 'model.hiden' does not exist.")
+    assert (
+        one_line(e)
+        == "cannot delete ~model.hiden: unknown config key model.hiden for model=mlp; did you mean model.hidden?"
+    )
+    e = ConfigCompositionException("Could not delete from config. 'hydra.foo' does not exist.")
+    assert one_line(e) == "Could not delete from config. 'hydra.foo' does not exist."  # no schema: Hydra's line
+
+
+def test_error_lines_share_one_prefix(tmp_path):
+    """train.py (config and run folder), evaluate, sweeps.report and sweeps.project: `error: ...`, one line."""
+    results = [
+        _python("train.py", "train.stepz=3", f"hydra.run.dir={tmp_path / 'r'}"),
+        _python("train.py", "~train.stepz", f"hydra.run.dir={tmp_path / 'r'}"),
+        _python("-m", "evaluate", str(tmp_path / "none")),
+        _python("-m", "sweeps.report", str(tmp_path / "none")),
+        _python("-m", "sweeps.project", str(tmp_path / "none"), "--hardware", "h100_sxm", "--mfu", "0.4"),
+    ]
+    lines = [r.stderr.strip().splitlines() for r in results]
+    assert all(r.returncode != 0 for r in results)
+    assert [len(x) for x in lines] == [1] * 5, lines
+    assert all(x[0].startswith("error: ") for x in lines), lines
+    assert lines[0][0] == "error: unknown config key train.stepz; did you mean train.steps?"
+    assert lines[1][0] == "error: cannot delete ~train.stepz: unknown config key train.stepz; did you mean train.steps?"
+
+
+def test_sweep_console_says_each_thing_once(tmp_path):
+    """A 2-job sweep with output to a file: the missing-link line once, the offline-W&B hint once per job's process
+    plus one `wandb sync` line for the whole sweep, and no progress-bar carriage returns glued to log lines."""
+    sweep = tmp_path / "sweep"
+    res = run_train(
+        tmp_path / "unused",
+        "-m",
+        "mesh.devices=1,2",
+        "data=synthetic",
+        "train.steps=3",
+        "train.allow_exploded_loss=true",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = res.stdout + res.stderr
+    assert out.count("no link bandwidth known for cpu") == 1
+    assert out.count("upload the run later with: wandb sync") == 1
+    assert f"W&B is offline: upload the sweep's 2 run(s) later with: wandb sync {sweep}/*/wandb/offline-run-*" in out
+    assert "\r" not in out and "step/s" not in out  # no tqdm bar when stderr is not a terminal
+    assert out.count("outputs in") == 2
+
+
+def test_documented_output_folders_are_ignored_by_git():
+    paths = ["outputs/x", "multirun/x", "proj/projection.csv", "projection.csv", "projection.png", "ckpt/x", "wandb/x"]
+    res = subprocess.run(["git", "check-ignore", *paths], cwd=REPO, capture_output=True, text=True)
+    assert res.stdout.split() == paths
+    tracked = subprocess.run(["git", "check-ignore", "benchmarks/results/startup.txt"], cwd=REPO, capture_output=True)
+    assert tracked.returncode == 1  # committed results stay tracked
+
+
+@pytest.mark.unit
+def test_readme_puts_the_quick_start_first():
+    """The first screenful (40 lines) holds set-up, one experiment, one sweep and its report; the set-up is one
+    `make setup` line (a Makefile target); the CI test command line is kept exactly."""
+    readme = (REPO / "README.md").read_text().splitlines()
+    first = "\n".join(readme[:40])
+    for needle in ("make setup", "python train.py parallel=", "python train.py -m ", "python -m sweeps.report "):
+        assert needle in first, needle
+    assert "Reading the results" in first
+    assert 'python -m pytest -q -m "not slow"' in readme
+    makefile = (REPO / "Makefile").read_text()
+    setup = makefile[makefile.index("\nsetup:") :]
+    assert (
+        "pip install -r requirements.txt" in setup and "python train.py parallel=jit_sharding precision=bf16" in setup
+    )
+
+
+@pytest.mark.slow
+def test_readme_quick_start_experiment_runs_clean(tmp_path):
+    readme = (REPO / "README.md").read_text()
+    (command,) = re.findall(r"^(python train.py parallel=fsdp precision=bf16 data=synthetic \S+)", readme, re.M)
+    res = run_train(tmp_path / "run", *shlex.split(command)[2:])
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "warning" not in (res.stdout + res.stderr).lower()
