@@ -340,13 +340,22 @@ def test_all_reduce_bytes_equal_the_parameter_count(mode):
 
 
 def test_fsdp_bytes_and_state_per_device():
-    """FSDP [1, 8]: every array with a dimension divisible by 8 is all-gathered (float32 here) and its gradient
-    reduce-scattered; the rest (none in the tiny GPT: every bias and norm is 128-wide or more) is all-reduced,
-    with the 2 metric sums. State per device (params + Adam mu, nu) = total / 8 + the scalars."""
+    """FSDP [1, 8]: every array has a dimension divisible by 8 (none stays replicated in the tiny GPT). Per-layer
+    gathers (parallel/fsdp.py): the blocks' weights (S_list) are all-gathered in the forward pass and again in the
+    backward pass, except each block's last bias (the MLP output bias, 4 x width bytes), whose value no gradient
+    needs; the embeddings and final norm are gathered once; every gradient is reduce-scattered once; the 2 metric
+    sums are all-reduced. So all-gather = S + S_list - depth x 4 x width, reduce-scatter = S (float32 here).
+    State per device (params + Adam mu, nu) = total / 8 + the scalars."""
     exp, m = compiled_gpt("fsdp")
-    sharded, replicated = exp.mode.sharded_and_replicated_bytes(exp.mode.state_to_host(exp.state).params)
+    params = exp.mode.state_to_host(exp.state).params
+    sharded, replicated = exp.mode.sharded_and_replicated_bytes(params)
     assert (sharded, replicated) == (gpt_param_bytes(), 0)
-    assert m["comm/payload_bytes_per_step"] == 2 * sharded + METRIC_SUM_BYTES
+    s_list = exp.mode.per_layer_bytes(params)
+    dims = resolve_dims("tiny", context=CONTEXT)
+    assert s_list == 4 * dims.depth * (12 * dims.width**2 + 13 * dims.width)  # 4 blocks: attention + MLP + 2 norms
+    assert m["comm/count/all-gather"] > 0 and m["comm/count/reduce-scatter"] > 0
+    expected = sharded + (sharded + s_list - dims.depth * 4 * dims.width) + METRIC_SUM_BYTES
+    assert m["comm/payload_bytes_per_step"] == expected
     scalars = sum(np.dtype(x.dtype).itemsize for x in jax.tree.leaves(exp.state) if np.ndim(x) == 0)
     assert state_bytes_per_device(exp.state) == 3 * sharded // 8 + scalars
     ref, _ = compiled_gpt("jit_sharding")
