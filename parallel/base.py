@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import importlib
 import dataclasses
 import math
 from typing import Any, Callable, Optional, Sequence
@@ -23,7 +24,6 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from core.errors import ConfigError
 from core.layout import BatchLayout
 from core.step import LocalGrads, TrainState, Updater
-from models.common import partitioned_draws
 from parallel import shard_map_ops
 from parallel.feedback import ErrorFeedback
 from parallel.shard_map_ops import BATCH_AXES, MESH_AXES, cast_tree, pcast_varying, reduce_dtype  # noqa: F401
@@ -136,7 +136,8 @@ class ParallelMode(abc.ABC):
         shardings = self.state_shardings(jax.eval_shape(init_fn))
         sharded = any(s.spec != P() for s in jax.tree.leaves(shardings, is_leaf=lambda s: hasattr(s, "spec")))
         # a sharded state: large parameters are drawn in their own shape, so each device draws only its shards
-        with partitioned_draws() if sharded else contextlib.nullcontext():
+        draws = importlib.import_module("models.common").partitioned_draws  # models/ is outside the typed packages
+        with draws() if sharded else contextlib.nullcontext():
             state = jax.jit(init_fn, out_shardings=shardings)()
         if self.grad_compression == "int8":
             state = state.replace(grad_residual=self.place_residual(self.feedback.init(state.params)))
