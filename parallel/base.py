@@ -10,6 +10,8 @@ Mesh: two axes, ``data`` (replicas) and ``fsdp`` (parameter shards), built from 
 from __future__ import annotations
 
 import abc
+import contextlib
+import importlib
 import dataclasses
 import math
 from typing import Any, Callable, Optional, Sequence
@@ -131,7 +133,12 @@ class ParallelMode(abc.ABC):
         The values do not depend on the shardings (threefry in its partitionable mode: each random bit depends
         only on the key and the element's index), so every mode and device count starts from the same state.
         With ``grad_compression=int8`` the state also carries this mode's zero error-feedback residual."""
-        state = jax.jit(init_fn, out_shardings=self.state_shardings(jax.eval_shape(init_fn)))()
+        shardings = self.state_shardings(jax.eval_shape(init_fn))
+        sharded = any(s.spec != P() for s in jax.tree.leaves(shardings, is_leaf=lambda s: hasattr(s, "spec")))
+        # a sharded state: large parameters are drawn in their own shape, so each device draws only its shards
+        draws = importlib.import_module("models.common").partitioned_draws  # models/ is outside the typed packages
+        with draws() if sharded else contextlib.nullcontext():
+            state = jax.jit(init_fn, out_shardings=shardings)()
         if self.grad_compression == "int8":
             state = state.replace(grad_residual=self.place_residual(self.feedback.init(state.params)))
         return state
