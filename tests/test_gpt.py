@@ -8,6 +8,7 @@ and a small batch so that each compiles and runs in seconds on 8 simulated CPU d
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 import json
 import math
 
@@ -397,3 +398,19 @@ def test_resume_equals_uninterrupted_bitwise(tmp_path):
     assert summary["perf/tokens_per_s"] == pytest.approx(summary["perf/examples_per_s"] * CONTEXT)
     assert summary["eval/perplexity"] == pytest.approx(math.exp(summary["eval/loss"]))
     assert summary["perf/flops_per_token"] == flops_per_token(summary["model/param_count"], 4, 128, CONTEXT)
+
+
+# ---- a checkpoint of another GPT table -----------------------------------------------------------------------
+@pytest.mark.unit
+def test_resume_refuses_another_vocabulary_or_position_table_by_resolved_size():
+    from training.checkpoint.policy import refusal, resume_conflicts
+
+    saved = {"model": {"name": "gpt", "size": "tiny", "context": 32, "vocab_size": None}, "train": {"seed": 0}}
+    same = {"model": {"name": "gpt", "size": "tiny", "context": 32, "vocab_size": 256}, "train": {"seed": 0}}
+    assert resume_conflicts(saved, same, 16, 16) == []  # null = the preset's 256: the same table
+    vocab = {"model": {**same["model"], "vocab_size": 300}, "train": {"seed": 0, "sample_tokens": 20}}
+    assert resume_conflicts(saved, vocab, 16, 16) == ["model.vocab_size (GPT vocabulary): 256 -> 300"]
+    table = {"model": {**saved["model"], "max_positions": 64}, "train": {"seed": 0}}
+    assert resume_conflicts(saved, table, 16, 16) == ["model.max_positions (GPT position table): 32 -> 64"]
+    line = refusal(Path("ck/4"), resume_conflicts(saved, vocab, 16, 16))
+    assert "\n" not in line and "256 -> 300" in line and "checkpoint.dir" in line
