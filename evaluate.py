@@ -215,10 +215,12 @@ def model_changes(saved_cfg: dict, cfg) -> list[str]:
     saved_optim, now_optim = saved_cfg.get("optim", {}), now.get("optim", {})
     if "name" in saved_optim and saved_optim["name"] != now_optim.get("name"):  # another optimizer state
         return [f"optim.name: {saved_optim['name']!r} -> {now_optim.get('name')!r}"]
-    pairs = [("model", k) for k in saved_model if k not in MODEL_KEYS_EXEMPT]
+    from training.checkpoint.policy import gpt_table_changes
+
+    out, resolved = gpt_table_changes(saved_model, now["model"])  # a GPT's tables, resolved from its preset
+    pairs = [("model", k) for k in saved_model if k not in MODEL_KEYS_EXEMPT and f"model.{k}" not in resolved]
     pairs += [("optim", k) for k in saved_optim if k in now_optim]  # the optimizer state's structure
     pairs += [("data", k) for k in DATA_SHAPE_KEYS if k in saved_cfg.get("data", {})]
-    out = []
     for group, key in pairs:
         old, new = saved_cfg[group][key], now.get(group, {}).get(key)
         if old != new:

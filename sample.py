@@ -8,7 +8,7 @@ checkpoint's ``params`` (any device count or mode saved them: they are read as h
 (the default) is greedy decoding; > 0 samples from ``softmax(logits / temperature)`` with ``--seed``. The
 prompt is UTF-8 encoded to byte tokens; the output bytes are decoded with replacement characters where a
 multi-byte character is cut. Output: the prompt and its continuation on stdout. Errors (no checkpoint, not a
-GPT, a bad argument): one line ``error: ...`` on stderr and exit code 1.
+GPT, arrays that do not fit the saved config, a bad argument): one line ``error: ...`` on stderr and exit code 1.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ def find_checkpoint(path: Path) -> Path:
 
 
 def load_model(step_dir: Path):
-    """The GPT of the checkpoint at ``step_dir`` with its saved parameters. Raises ConfigError for another
-    model."""
+    """The GPT of the checkpoint at ``step_dir`` with its saved parameters. Raises ConfigError (one line) for
+    another model, or arrays whose shapes differ from the saved config's GPT (e.g. its vocabulary or position
+    table: the line names both sizes)."""
     import jax.numpy as jnp
     from flax import nnx
 
@@ -51,13 +52,28 @@ def load_model(step_dir: Path):
     state = nnx.state(model, nnx.Param)
     pure = nnx.to_pure_dict(state)
 
+    tables = {"params.embed.embedding": "vocabulary", "params.pos_embed": "position table"}
+
     def fill(tree, prefix):
         for k, v in tree.items():
             key = f"{prefix}.{k}"
             if isinstance(v, dict):
                 fill(v, key)
-            else:
-                tree[k] = jnp.asarray(arrays[f"{key}.value"] if f"{key}.value" in arrays else arrays[key])
+                continue
+            name = f"{key}.value" if f"{key}.value" in arrays else key
+            if name not in arrays:
+                raise ConfigError(f"checkpoint {step_dir} has no array {key}; it does not hold this config's GPT")
+            have, want = tuple(arrays[name].shape), tuple(v.shape)
+            if have != want:
+                if key in tables:
+                    found = f"the GPT {tables[key]} has {have[0]} rows in its arrays but {want[0]}"
+                else:
+                    found = f"array {key} has shape {have} but {want}"
+                raise ConfigError(
+                    f"checkpoint {step_dir}: {found} in its saved config (model.vocab_size / model.context / "
+                    f"model.max_positions); sample it with the config it was trained with (its .hydra/config.yaml)"
+                )
+            tree[k] = jnp.asarray(arrays[name])
 
     fill(pure, "params")
     nnx.replace_by_pure_dict(state, pure)

@@ -8,6 +8,7 @@ and a small batch so that each compiles and runs in seconds on 8 simulated CPU d
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 import json
 import math
 
@@ -397,3 +398,58 @@ def test_resume_equals_uninterrupted_bitwise(tmp_path):
     assert summary["perf/tokens_per_s"] == pytest.approx(summary["perf/examples_per_s"] * CONTEXT)
     assert summary["eval/perplexity"] == pytest.approx(math.exp(summary["eval/loss"]))
     assert summary["perf/flops_per_token"] == flops_per_token(summary["model/param_count"], 4, 128, CONTEXT)
+
+
+# ---- a checkpoint of another GPT table -----------------------------------------------------------------------
+@pytest.mark.unit
+def test_resume_refuses_another_vocabulary_or_position_table_by_resolved_size():
+    from training.checkpoint.policy import refusal, resume_conflicts
+
+    saved = {"model": {"name": "gpt", "size": "tiny", "context": 32, "vocab_size": None}, "train": {"seed": 0}}
+    same = {"model": {"name": "gpt", "size": "tiny", "context": 32, "vocab_size": 256}, "train": {"seed": 0}}
+    assert resume_conflicts(saved, same, 16, 16) == []  # null = the preset's 256: the same table
+    vocab = {"model": {**same["model"], "vocab_size": 300}, "train": {"seed": 0, "sample_tokens": 20}}
+    assert resume_conflicts(saved, vocab, 16, 16) == ["model.vocab_size (GPT vocabulary): 256 -> 300"]
+    table = {"model": {**saved["model"], "max_positions": 64}, "train": {"seed": 0}}
+    assert resume_conflicts(saved, table, 16, 16) == ["model.max_positions (GPT position table): 32 -> 64"]
+    line = refusal(Path("ck/4"), resume_conflicts(saved, vocab, 16, 16))
+    assert "\n" not in line and "256 -> 300" in line and "checkpoint.dir" in line
+
+
+def test_sample_cli_greedy_is_deterministic_and_bad_folders_are_one_line(tmp_path):
+    """``python -m sample <run folder>``: greedy output is the prompt + N bytes, the same twice; a missing folder
+    and a checkpoint whose saved vocabulary differs from its arrays: one line, exit 1."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    r = run_train(
+        run,
+        "model=gpt",
+        "data=tiny_shakespeare",
+        f"model.context={CONTEXT}",
+        "train.steps=4",
+        f"train.global_batch={GLOBAL_BATCH}",
+        "train.eval_batch=2048",
+        "wandb=disabled",
+        timeout=400,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+
+    def sample(*args):
+        cmd = [sys.executable, "-m", "sample", *args]
+        return subprocess.run(cmd, cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=300)
+
+    a, b = sample(str(run), "--prompt", "AB", "--tokens", "24"), sample(str(run), "--prompt", "AB", "--tokens", "24")
+    assert a.returncode == 0, a.stderr[-2000:]
+    assert a.stdout == b.stdout and a.stdout.startswith("AB")
+    assert len(a.stdout.rstrip("\n").encode("utf-8", errors="surrogateescape")) >= 2
+    bad = sample(str(tmp_path / "missing"))
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "does not exist" in bad.stderr
+    meta = next((run / "checkpoints").iterdir()) / "meta" / "metadata"
+    saved = json.loads(meta.read_text())
+    saved["config"]["model"]["vocab_size"] = 300
+    meta.write_text(json.dumps(saved))
+    wrong = sample(str(run))
+    assert wrong.returncode == 1 and wrong.stderr.count("\n") == 1
+    assert "vocabulary has 256 rows in its arrays but 300" in wrong.stderr

@@ -7,7 +7,8 @@ the step a run would resume, before anything is restored):
 - Allowed: keys that only extend or re-place the run: ``train.steps``/``train.epochs``, logging, evaluation,
   sync-check and in-flight settings, the checkpoint period/keep/folder, W&B, profiling, device count and mesh
   (``mesh.*``, ``runtime.cpu_devices``), the parallel mode (``parallel.name``, ``parallel.min_shard_bytes``:
-  the state restores onto any layout), XLA flags, hardware figures, data paths and prefetch, ``distributed.*``.
+  the state restores onto any layout), XLA flags, hardware figures, data paths and prefetch, ``distributed.*``,
+  the GPT's end-of-run sample length (``train.sample_tokens``).
 - Adapted by an exact rule: ``train.global_batch`` / ``train.per_device_batch`` may change as long as the
   resolved global batch (per-device batch x devices under weak scaling) equals the checkpoint's, so the same
   examples make each step; otherwise the keys are refused.
@@ -15,7 +16,8 @@ the step a run would resume, before anything is restored):
   settings, clipping, schedule, precision and loss scaling, accumulation, gradient reduction dtype and
   compression): the run would continue another experiment's parameters. The one-line error names the keys
   with both values and the two ways out (set them back, or give the run its own ``checkpoint.dir``). Nothing
-  is renamed or deleted: the checkpoint is healthy.
+  is renamed or deleted: the checkpoint is healthy. A GPT's vocabulary / context / position table are
+  compared as resolved from its size preset, so the line names both table sizes (``gpt_table_changes``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ ALLOWED = (
     "train.debug_dump_indices",
     "train.transfer_guard",
     "train.grad_norm_every",
+    "train.sample_tokens",
     "checkpoint.",
     "wandb.",
     "profile.",
@@ -65,6 +68,40 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
+# The GPT's table dimensions as resolved from ``model.size`` and its overrides (a null key takes the preset's
+# value): compared resolved, so that ``vocab_size: null`` and ``vocab_size: 256`` on size tiny are the same table.
+GPT_TABLE_KEYS = {"vocab_size": "GPT vocabulary", "context": "GPT context", "max_positions": "GPT position table"}
+
+
+def gpt_tables(model_cfg: dict) -> Optional[dict[str, int]]:
+    """``{"vocab_size", "context", "max_positions"}`` of a ``model.name=gpt`` config node as the model resolves
+    them (``models.gpt.resolve_dims``: tokens, rows of the embedding and position tables); None for another
+    model or dimensions that do not resolve (the model's own validation reports those)."""
+    if not isinstance(model_cfg, dict) or model_cfg.get("name") != "gpt":
+        return None
+    from models.gpt import resolve_dims
+
+    try:
+        dims = resolve_dims(
+            model_cfg.get("size") or "tiny",
+            **{k: model_cfg.get(k) for k in ("vocab_size", "context", "max_positions", "width", "depth", "heads")},
+        )
+    except (ValueError, TypeError):
+        return None
+    return {k: getattr(dims, k) for k in GPT_TABLE_KEYS}
+
+
+def gpt_table_changes(saved_model: dict, model_now: dict) -> tuple[list[str], set[str]]:
+    """The GPT table dimensions that differ between two ``model`` config nodes, resolved:
+    ``model.vocab_size (GPT vocabulary): 256 -> 300``; and the ``model.<key>`` names compared that way (their
+    raw values are not compared again). Empty when either model is not a GPT."""
+    old, new = gpt_tables(saved_model), gpt_tables(model_now)
+    if old is None or new is None:
+        return [], set()
+    out = [f"model.{k} ({what}): {old[k]} -> {new[k]}" for k, what in GPT_TABLE_KEYS.items() if old[k] != new[k]]
+    return out, {f"model.{k}" for k in GPT_TABLE_KEYS}
+
+
 def resume_conflicts(
     saved_cfg: dict, cfg_dict: dict, saved_global_batch: Optional[int], global_batch: int
 ) -> list[str]:
@@ -75,11 +112,14 @@ def resume_conflicts(
       cfg_dict: this run's resolved config (``conf.schema.as_dict``).
       saved_global_batch / global_batch: resolved global batches (examples per optimizer step); None when the
         checkpoint does not record it (then the batch keys are compared as written).
+
+    A GPT's vocabulary, context and position table are compared as resolved from its size preset (listed
+    first, ``gpt_table_changes``), so the line names both table sizes even where a key was left null.
     """
     old, new = _flat(saved_cfg), _flat(cfg_dict)
-    out = []
+    out, resolved = gpt_table_changes(saved_cfg.get("model", {}), cfg_dict.get("model", {}))
     for key in sorted(set(old) | set(new)):
-        if old.get(key) == new.get(key) or key.startswith(ALLOWED):
+        if old.get(key) == new.get(key) or key.startswith(ALLOWED) or key in resolved:
             continue
         if key not in new and key.startswith(OPTION_NODES):
             continue  # a key of the union schema that this run's model / mode / optimizer lacks (so never used)
