@@ -14,6 +14,7 @@ GPT, arrays that do not fit the saved config, a bad argument): one line ``error:
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -102,7 +103,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.tokens < 0:
             raise ValueError(f"--tokens {args.tokens} must be >= 0")
-        model = load_model(find_checkpoint(Path(args.path)))
+        if not (math.isfinite(args.temperature) and args.temperature >= 0):
+            raise ValueError(f"--temperature {args.temperature} must be a finite number >= 0 (0: greedy)")
+        step_dir = find_checkpoint(Path(args.path))
+        model = load_model(step_dir)
+        vocab = int(model.embed.embedding.shape[0])
+        outside = sorted({b for b in args.prompt.encode("utf-8") if b >= vocab})
+        if outside:
+            raise ValueError(
+                f"--prompt {args.prompt!r} has byte values {outside} outside the model's vocabulary of {vocab} "
+                f"tokens; use a prompt of bytes below {vocab}"
+            )
+        how = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, seed {args.seed}"
+        print(f"sample: {step_dir}, prompt {args.prompt!r}, {args.tokens} bytes, {how}", file=sys.stderr, flush=True)
         print(sample_text(model, args.prompt, args.tokens, args.temperature, args.seed))
     except (*USER_ERRORS, ValueError) as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)

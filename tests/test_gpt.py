@@ -446,6 +446,8 @@ def test_sample_cli_greedy_is_deterministic_and_bad_folders_are_one_line(tmp_pat
     assert len(a.stdout.rstrip("\n").encode("utf-8", errors="surrogateescape")) >= 2
     bad = sample(str(tmp_path / "missing"))
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "does not exist" in bad.stderr
+    nan = sample(str(run), "--temperature", "nan")
+    assert nan.returncode == 1 and nan.stderr.count("\n") == 1 and "--temperature nan" in nan.stderr
     meta = next((run / "checkpoints").iterdir()) / "meta" / "metadata"
     saved = json.loads(meta.read_text())
     saved["config"]["model"]["vocab_size"] = 300

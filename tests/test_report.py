@@ -627,3 +627,12 @@ def test_number_formatting_helpers():
     assert nice_log_ticks(0.3, 1.2) == [0.3, 0.5, 0.7, 1.0]
     assert nice_log_ticks(8e5, 3e11) == [1e6, 1e7, 1e8, 1e9, 1e10, 1e11]  # 5 decades: powers of 10 only
     assert bytes_unit(1_600_000) == (2**20, "MiB") and bytes_unit(800) == (1, "B") and bytes_unit(3 * 2**30)[1] == "GiB"
+
+
+@pytest.mark.unit
+def test_one_runs_folder_is_refused_not_reported(tmp_path):
+    """A run folder (it holds summary.json itself) is not a sweep: one ReportError naming it, nothing written."""
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "failed", "error": "x"}))
+    with pytest.raises(report.ReportError, match="one run's folder"):
+        load_summaries(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]

@@ -116,12 +116,17 @@ def load_summaries(folder, exclude: Iterable = ()) -> list[dict]:
     sub-folder) and anything inside a ``wandb`` folder are skipped.  An
     unreadable ``summary.json`` becomes ``{"status": "failed", "error": ...}``.
 
-    Raises ``ReportError`` if ``folder`` is not a directory.
+    Raises ``ReportError`` if ``folder`` is not a directory, or is one run's folder (holds ``summary.json``).
     """
     folder = Path(folder)
     if not folder.is_dir():
         raise ReportError(f"multirun folder does not exist or is not a directory: {folder}")
     root = folder.resolve()
+    if (root / SUMMARY_NAME).is_file():
+        raise ReportError(
+            f"{folder} is one run's folder (it holds {SUMMARY_NAME}), not a sweep; pass the sweep folder that holds "
+            f"its jobs (e.g. multirun/<date>/<time>)"
+        )
     excluded = [Path(p).resolve() for p in exclude if Path(p).resolve() != root]
     out = []
     for path in sorted(root.rglob(SUMMARY_NAME), key=_natural_key):
