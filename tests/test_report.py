@@ -636,3 +636,11 @@ def test_one_runs_folder_is_refused_not_reported(tmp_path):
     with pytest.raises(report.ReportError, match="one run's folder"):
         load_summaries(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
+@pytest.mark.unit
+def test_scaling_table_throughput_in_plain_decimals():
+    """scaling.md's examples/s: 4 significant digits in plain decimals, never e-notation (the plots' style)."""
+    from sweeps.report.tables import plain_4
+
+    assert [plain_4(x) for x in (62270.4, 1234567.0, 12.345, 0.5)] == ["62,270", "1,235,000", "12.35", "0.5"]

@@ -90,13 +90,25 @@ def _num(value, fmt="{:.3g}") -> str:
     return "" if value is None else fmt.format(value)
 
 
+def plain_4(x: float) -> str:
+    """``x`` to 4 significant digits in plain decimals (thousands separated), never in e-notation:
+    62270.4 -> '62,270', 1234567 -> '1,235,000', 12.345 -> '12.35'."""
+    if x != x or x in (float("inf"), float("-inf")):
+        return str(x)
+    if abs(x) >= 1000:
+        digits = len(str(int(abs(x))))
+        return f"{round(x, 4 - digits):,.0f}"
+    return f"{x:.4g}"
+
+
 def _with_interval(row, key, fmt="{:.3g}") -> str:
     if row.get(key) is None:
         return ""
     low, high = row.get(f"{key}_ci_low"), row.get(f"{key}_ci_high")
-    text = fmt.format(row[key])
+    show = fmt if callable(fmt) else fmt.format
+    text = show(row[key])
     if low is not None and high is not None:
-        text += f" [{fmt.format(low)}, {fmt.format(high)}]"
+        text += f" [{show(low)}, {show(high)}]"
     return text
 
 
@@ -150,7 +162,7 @@ def write_markdown(
     ]
     table = []
     for r in rows:
-        eps = _with_interval(r, "examples_per_s", "{:.4g}") + (" *" if r["few_windows"] else "")
+        eps = _with_interval(r, "examples_per_s", plain_4) + (" *" if r["few_windows"] else "")
         cells = [
             r["parallel"] or "",
             r["precision"] or "",
