@@ -13,6 +13,12 @@ per-device batch (``train/global_batch`` / ``mesh/devices``) are read; or explic
 The payload S of every collective is the same for every N (the gradients and parameters keep their full
 size; tests/test_project.py checks this against the compiled step at 2, 4 and 8 devices).
 
+For a language model (``model=gpt``: a summary with ``train/tokens_per_example`` or ``model/context``, or
+``--tokens-per-example T`` with explicit inputs) the unit of work is the token: the rows gain
+``tokens_per_example`` (T), ``tokens_per_s`` = examples_per_s x T and ``flops_per_token`` = FLOPs per step
+per device / (per-device batch x T), and the console, Markdown and plot show tokens/s. ``--flops-per-token F``
+gives the FLOPs as F x T per example (with ``--tokens-per-example``).
+
 The hardware is a profile of ``conf/hardware/`` (``--hardware NAME``) with ``--set key=value`` overrides.
 The compute time of one step is ``--step-time-s`` (measured on one device of the target) or
 ``--mfu`` x peak: FLOPs per step per device / (mfu * peak_flops_per_s).
@@ -36,6 +42,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from measure.hardware import HardwareError, load_profile, set_field
+from sweeps.report.collect import tokens_per_example
 from sweeps.projection import (
     ALGORITHMS,
     COLUMNS,
@@ -55,6 +62,7 @@ CONFIG_KEYS = (
     "parallel",
     "precision",
     "model",
+    "model/context",
     "data",
     "parallel/grad_reduce_dtype",
     "parallel/grad_compression",
@@ -126,6 +134,8 @@ def _config_label(summary: dict[str, Any]) -> str:
     parts = [str(summary.get(k)) for k in ("parallel", "precision", "model") if summary.get(k) not in (None, "")]
     if summary.get("train/global_batch") and summary.get("mesh/devices"):
         parts.append(f"batch/device={summary['train/global_batch'] / summary['mesh/devices']:g}")
+    if tokens_per_example(summary):
+        parts.append(f"context={tokens_per_example(summary)}")
     if int(summary.get("train/accum_steps") or 1) > 1:
         parts.append(f"accum={summary['train/accum_steps']}")
     if summary.get("parallel/grad_compression") not in (None, "", "none"):
@@ -210,6 +220,44 @@ def _compute_s(args, flops_per_step: Optional[float], hw: Hardware) -> float:
     return float(flops_per_step) / (args.mfu * hw.peak_flops_per_s)
 
 
+TOKEN_COLUMNS = ["tokens_per_example", "tokens_per_s", "flops_per_token"]
+
+
+def with_tokens(
+    rows: list[dict[str, Any]], tokens: Optional[int], flops_per_step: Optional[float], per_device_batch: float
+) -> list[dict[str, Any]]:
+    """``rows`` of :func:`sweeps.projection.project` with :data:`TOKEN_COLUMNS` when ``tokens`` (tokens per
+    example, T) is given: ``tokens_per_s`` = examples_per_s x T, ``flops_per_token`` = ``flops_per_step`` (per
+    device) / (``per_device_batch`` x T), None without FLOPs. Unchanged when ``tokens`` is None."""
+    if not tokens:
+        return rows
+    per_token = flops_per_step / (per_device_batch * tokens) if flops_per_step else None
+    return [
+        {**r, "tokens_per_example": tokens, "tokens_per_s": r["examples_per_s"] * tokens, "flops_per_token": per_token}
+        for r in rows
+    ]
+
+
+def _explicit_flops(args, tokens: Optional[int]) -> Optional[float]:
+    """FLOPs per example from --flops-per-example, or --flops-per-token x ``tokens`` (--tokens-per-example,
+    else the run's context); None when neither is given."""
+    if args.tokens_per_example is not None and not (args.tokens_per_example >= 1):
+        raise ProjectionError(f"--tokens-per-example {args.tokens_per_example}: must be a positive integer")
+    if args.flops_per_token is None:
+        return args.flops_per_example
+    if args.flops_per_example is not None:
+        raise ProjectionError(
+            f"--flops-per-token {args.flops_per_token:g} and --flops-per-example {args.flops_per_example:g}: "
+            "give one of them"
+        )
+    if not tokens:
+        raise ProjectionError(
+            f"--flops-per-token {args.flops_per_token:g} needs --tokens-per-example (tokens in one example, "
+            "e.g. model.context)"
+        )
+    return args.flops_per_token * tokens
+
+
 def build_projection(args) -> tuple[list[dict[str, Any]], Hardware, dict[str, Any], list[dict[str, Any]]]:
     """Rows (one per configuration and device count, with a ``config`` column), the hardware, the profile
     and the summaries used (empty for explicit inputs)."""
@@ -226,11 +274,13 @@ def build_projection(args) -> tuple[list[dict[str, Any]], Hardware, dict[str, An
         if args.per_device_batch is None:
             raise ProjectionError("--params needs --per-device-batch (examples per device per optimizer step)")
         collectives = collectives_for(args.parallel, args.params, args.grad_bytes_per_param)
-        flops = None if args.flops_per_example is None else args.flops_per_example * args.per_device_batch
+        per_example = _explicit_flops(args, args.tokens_per_example)
+        flops = None if per_example is None else per_example * args.per_device_batch
         compute = _compute_s(args, flops, hw)
-        for row in project(
+        projected = project(
             collectives, compute, args.per_device_batch, devices, hw, args.overlap, args.algorithm, flops
-        ):
+        )
+        for row in with_tokens(projected, args.tokens_per_example, flops, args.per_device_batch):
             rows.append({"config": args.parallel, **row})
         return rows, hw, profile, []
     summaries = load_summaries(Path(args.folder))
@@ -252,11 +302,14 @@ def build_projection(args) -> tuple[list[dict[str, Any]], Hardware, dict[str, An
             raise ProjectionError(
                 f"{summary['_job_dir']}: no train/global_batch in summary.json; give --per-device-batch"
             )
+        tokens = args.tokens_per_example or tokens_per_example(summary)
         flops = summary.get("perf/flops_per_step_per_device")
-        if args.flops_per_example is not None:
-            flops = args.flops_per_example * batch
+        per_example = _explicit_flops(args, tokens)
+        if per_example is not None:
+            flops = per_example * batch
         compute = _compute_s(args, flops, hw)
-        for row in project(collectives, compute, batch, devices, hw, args.overlap, args.algorithm, flops):
+        projected = project(collectives, compute, batch, devices, hw, args.overlap, args.algorithm, flops)
+        for row in with_tokens(projected, tokens, flops, batch):
             rows.append({"config": _config_label(summary), "run_devices": n_run, **row})
     return rows, hw, profile, summaries
 
@@ -272,8 +325,20 @@ def assumptions(args, hw: Hardware) -> str:
 
 
 def _columns(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """``config`` [, ``run_devices``], :data:`COLUMNS`, with :data:`TOKEN_COLUMNS` after ``examples_per_s``
+    when some row is a token model's."""
     lead = ["config"] + (["run_devices"] if any("run_devices" in r for r in rows) else [])
-    return lead + COLUMNS
+    if not any("tokens_per_s" in r for r in rows):
+        return lead + COLUMNS
+    i = COLUMNS.index("examples_per_s") + 1
+    return lead + COLUMNS[:i] + TOKEN_COLUMNS + COLUMNS[i:]
+
+
+def _throughput(rows: Sequence[dict[str, Any]]) -> tuple[str, str]:
+    """(row key, unit) of the plot: tokens/s when every row is a token model's, else examples/s."""
+    if rows and all(r.get("tokens_per_s") is not None for r in rows):
+        return "tokens_per_s", "tokens/s"
+    return "examples_per_s", "examples/s"
 
 
 def _fmt(value: Any) -> str:
@@ -319,8 +384,10 @@ def write_markdown(rows: Sequence[dict[str, Any]], path: Path, header: str, sour
 
 
 def write_plot(rows: Sequence[dict[str, Any]], path: Path, header: str) -> Path:
-    """``projection.png``: examples/s and efficiency (in %) against devices, log-log with plain-decimal ticks
-    at the projected device counts, one line per configuration."""
+    """``projection.png``: examples/s (tokens/s when every row is a token model's) and efficiency (in %)
+    against devices, log-log with plain-decimal ticks at the projected device counts, one line per
+    configuration."""
+    key, unit = _throughput(rows)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -330,12 +397,12 @@ def write_plot(rows: Sequence[dict[str, Any]], path: Path, header: str) -> Path:
     configs = list(dict.fromkeys(r["config"] for r in rows))
     for config in configs:
         sub = [r for r in rows if r["config"] == config]
-        line = overlay_projection(ax_t, sub, "examples_per_s", label=config)
+        line = overlay_projection(ax_t, sub, key, label=config)
         overlay_projection(ax_e, sub, "efficiency", label=config, color=line.get_color())
         # linear scaling of one device's throughput (per_device_batch / compute_s = examples_per_s / efficiency)
         ax_t.plot(
             [r["devices"] for r in sub],
-            [r["examples_per_s"] / r["efficiency"] for r in sub],
+            [r[key] / r["efficiency"] for r in sub],
             color=line.get_color(),
             linewidth=0.8,
             linestyle=":",
@@ -343,10 +410,10 @@ def write_plot(rows: Sequence[dict[str, Any]], path: Path, header: str) -> Path:
         )
     from sweeps.report.plots import devices_x_axis, log_y_axis
 
-    linear = [r["examples_per_s"] / r["efficiency"] for r in rows]
-    log_y_axis(ax_t, [r["examples_per_s"] for r in rows] + linear)
+    linear = [r[key] / r["efficiency"] for r in rows]
+    log_y_axis(ax_t, [r[key] for r in rows] + linear)
     log_y_axis(ax_e, [r["efficiency"] for r in rows], fmt=lambda v: f"{100 * v:g}%")
-    for ax, ylabel in ((ax_t, "examples/s (projected)"), (ax_e, "efficiency = compute / step time")):
+    for ax, ylabel in ((ax_t, f"{unit} (projected)"), (ax_e, "efficiency = compute / step time")):
         devices_x_axis(ax, rows)
         ax.set_ylabel(ylabel)
     ax_t.legend(fontsize=8)
@@ -383,18 +450,25 @@ def format_percent(fraction: float) -> str:
 
 def console_lines(rows: Sequence[dict[str, Any]], skipped: Sequence[str] = ()) -> list[str]:
     """What ``main`` prints: per configuration a header line, then one aligned line per device count
-    (step time, communication time, examples/s, efficiency as a percentage); then one line per configuration
-    skipped for having no job with collectives."""
+    (step time, communication time, examples/s (tokens/s for a token model), efficiency as a percentage,
+    MFU when known); then one line per configuration skipped for having no job with collectives."""
     lines = []
     for config in dict.fromkeys(r["config"] for r in rows):
         sub = [r for r in rows if r["config"] == config]
         source = f" (from the {sub[0]['run_devices']}-device job)" if "run_devices" in sub[0] else ""
         lines.append(f"{config}{source}:")
         for row in sub:
+            tokens = row.get("tokens_per_s") is not None
+            rate = (
+                f"{format_count(row['tokens_per_s']):>7} tokens/s"
+                if tokens
+                else f"{format_count(row['examples_per_s']):>7} examples/s"
+            )
+            mfu = f"  MFU {format_percent(row['mfu'])}" if tokens and row.get("mfu") is not None else ""
             lines.append(
                 f"  N={row['devices']:>5}  step {format_seconds(row['step_time_s']):>9}  "
-                f"comm {format_seconds(row['comm_s']):>9}  {format_count(row['examples_per_s']):>7} examples/s  "
-                f"efficiency {format_percent(row['efficiency']):>8}"
+                f"comm {format_seconds(row['comm_s']):>9}  {rate}  "
+                f"efficiency {format_percent(row['efficiency']):>8}{mfu}"
             )
     for label in skipped:
         lines.append(f"skipped {label}: only 1-device jobs (no collective to scale)")
@@ -438,6 +512,7 @@ def log_to_wandb(rows, paths: dict[str, Path], summaries, args, header: str) -> 
                 {
                     "projection/devices": row["devices"],
                     f"projection/examples_per_s/{name}": row["examples_per_s"],
+                    **({f"projection/tokens_per_s/{name}": row["tokens_per_s"]} if row.get("tokens_per_s") else {}),
                     f"projection/efficiency/{name}": row["efficiency"],
                 }
             )
@@ -473,6 +548,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "--flops-per-example",
         type=float,
         help="training FLOPs per example (forward + backward, e.g. 6 x params for dense layers)",
+    )
+    parser.add_argument(
+        "--flops-per-token",
+        type=float,
+        help="training FLOPs per token (language models: 6N + 12 L d T), with --tokens-per-example",
+    )
+    parser.add_argument(
+        "--tokens-per-example",
+        type=int,
+        help="tokens per example (a language model's context T): columns in tokens/s and FLOPs per token "
+        "(default from a run folder: its model/context)",
     )
     parser.add_argument("--per-device-batch", type=float, help="examples per device per optimizer step")
     parser.add_argument(

@@ -543,3 +543,75 @@ def test_projection_png_plain_ticks_and_percent(tmp_path):
     assert eff and all(t.endswith("%") for t in eff) and "100%" in eff, eff
     assert_png(path)
     assert_margins_blank(path)
+
+
+# ---- a language model: tokens are the unit of work --------------------------------------------------------
+GPT2_SMALL = ["--params", "124439808", "--per-device-batch", "8", "--parallel", "allreduce"]
+GPT2_FLOPS_PER_TOKEN = 6 * 124439808 + 12 * 12 * 768 * 1024  # 859,885,056 (PaLM appendix B)
+
+
+@pytest.mark.unit
+def test_explicit_tokens_columns_and_console(tmp_path, capsys):
+    """--tokens-per-example T: tokens_per_s = examples_per_s x T exactly, flops_per_token as given;
+    --flops-per-token F x T equals --flops-per-example F T; the console and plot read tokens/s."""
+    common = [*GPT2_SMALL, "--hardware", "h100_sxm", "--mfu", "0.4", "--devices", "8,64,512,1024"]
+    by_token = [*common, "--tokens-per-example", "1024", "--flops-per-token", str(GPT2_FLOPS_PER_TOKEN)]
+    assert cli.main([*by_token, "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    by_example = [*common, "--tokens-per-example", "1024", "--flops-per-example", str(GPT2_FLOPS_PER_TOKEN * 1024)]
+    assert cli.main([*by_example, "--out", str(tmp_path / "b")]) == 0
+    a, b = _csv(tmp_path / "a" / "projection.csv"), _csv(tmp_path / "b" / "projection.csv")
+    assert a == b
+    assert list(a[0])[9:13] == ["examples_per_s", "tokens_per_example", "tokens_per_s", "flops_per_token"]
+    for row in a:
+        assert row["tokens_per_example"] == "1024" and float(row["flops_per_token"]) == GPT2_FLOPS_PER_TOKEN
+        assert float(row["tokens_per_s"]) == float(row["examples_per_s"]) * 1024
+        assert float(row["mfu"]) == pytest.approx(
+            GPT2_FLOPS_PER_TOKEN * float(row["tokens_per_s"]) / int(row["devices"]) / 989e12, rel=1e-12
+        )
+    assert float(a[0]["compute_s"]) == GPT2_FLOPS_PER_TOKEN * 1024 * 8 / (0.4 * 989e12)
+    assert "3.31M tokens/s  efficiency    89.9%  MFU 36%" in out and "examples/s" not in out
+    assert "| tokens_per_s |" in (tmp_path / "a" / "projection.md").read_text()
+    # without tokens: the examples columns only
+    assert cli.main([*common, "--flops-per-example", "1e12", "--out", str(tmp_path / "c")]) == 0
+    assert "tokens_per_s" not in _csv(tmp_path / "c" / "projection.csv")[0]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--flops-per-token", "1e9"], "error: --flops-per-token 1e+09 needs --tokens-per-example"),
+        (
+            ["--flops-per-token", "1e9", "--flops-per-example", "1e12", "--tokens-per-example", "1024"],
+            "error: --flops-per-token 1e+09 and --flops-per-example 1e+12: give one of them",
+        ),
+        (["--tokens-per-example", "0"], "error: --tokens-per-example 0: must be a positive integer"),
+    ],
+)
+def test_token_options_bad_input_is_one_line(tmp_path, capsys, args, message):
+    rc = cli.main([*GPT2_SMALL, "--hardware", "h100_sxm", "--mfu", "0.4", *args, "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and err.startswith(message), err
+    assert not (tmp_path / "projection.csv").exists()
+
+
+def test_gpt_run_folder_projects_in_tokens(tmp_path, capsys):
+    """A real 8-device GPT run: its folder projects with T = its model/context, tokens_per_s = examples_per_s x T,
+    flops_per_token = the run's perf/flops_per_token (6N + 12 L d T), payload = its compiled payload."""
+    summary = _run_job(
+        tmp_path / "run",
+        model__name="gpt",
+        model__size="tiny",
+        model__context=32,
+        train__global_batch=16,
+        parallel__name="jit_sharding",
+    )
+    assert summary["model/context"] == 32 and summary["train/tokens_per_example"] == 32
+    assert cli.main([str(tmp_path / "run"), "--hardware", "h100_sxm", "--mfu", "0.4", "--devices", "8,64"]) == 0
+    rows = _csv(tmp_path / "run" / "projection.csv")  # written into the run folder
+    assert [r["config"] for r in rows] == ["jit_sharding fp32 gpt batch/device=2 context=32"] * 2
+    for row in rows:
+        assert float(row["tokens_per_s"]) == float(row["examples_per_s"]) * 32
+        assert float(row["flops_per_token"]) == pytest.approx(summary["perf/flops_per_token"], rel=1e-12)
+    assert float(rows[0]["payload_bytes"]) == summary["comm/payload_bytes_per_step"]
+    assert "tokens/s" in capsys.readouterr().out

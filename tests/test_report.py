@@ -644,3 +644,102 @@ def test_scaling_table_throughput_in_plain_decimals():
     from sweeps.report.tables import plain_4
 
     assert [plain_4(x) for x in (62270.4, 1234567.0, 12.345, 0.5)] == ["62,270", "1,235,000", "12.35", "0.5"]
+
+
+# ---- a token model (model=gpt): tokens are the unit of work -------------------------------------------------
+GPT_KEYS = {"model": "gpt", "model/context": 128, "train/tokens_per_example": 128}
+
+
+@pytest.mark.unit
+def test_tokens_per_example_is_read_for_token_models_only():
+    from sweeps.report.collect import tokens_per_example
+
+    assert tokens_per_example(ok_summary("fsdp", 8, 1.0, **GPT_KEYS)) == 128
+    # no model name, but train.py's token keys: model/context with perf/tokens_per_s
+    assert tokens_per_example(ok_summary("fsdp", 8, 1.0, **{"model/context": 64, "perf/tokens_per_s": 6.4})) == 64
+    assert tokens_per_example(ok_summary("fsdp", 8, 1.0, model="mlp")) is None
+    assert tokens_per_example(ok_summary("fsdp", 8, 1.0, **{"model/context": 64})) is None  # no token figure
+
+
+def test_token_model_sweep_reports_tokens_per_s(tmp_path):
+    """A GPT sweep: scaling.csv's tokens_per_s columns are exactly examples/s x 128; scaling.md and the
+    throughput plot are in tokens/s; speedup and efficiency are unchanged (no unit)."""
+    root = make_sweep(tmp_path / "mr", **GPT_KEYS)
+    paths = write_report(root)
+    rows = read_csv(paths["csv"])
+    assert len(rows) == 8
+    for r in rows:
+        assert r["tokens_per_example"] == "128"
+        for key in ("", "_ci_low", "_ci_high", "_per_device"):
+            assert float(r[f"tokens_per_s{key}"]) == float(r[f"examples_per_s{key}"]) * 128, (key, r)
+    by = {(r["parallel"], int(r["devices"])): r for r in rows}
+    assert float(by[("fsdp", 8)]["tokens_per_s"]) == 3200.0 * 128 == 409600
+    assert float(by[("fsdp", 8)]["tokens_per_s_per_device"]) == 51200
+    assert float(by[("fsdp", 8)]["speedup"]) == 4.0  # 3200 / 800 in either unit
+    jobs = read_csv(paths["jobs_csv"])
+    assert all(float(j["tokens_per_s"]) == float(j["examples_per_s"]) * 128 for j in jobs)
+    md = paths["md"].read_text()
+    assert "| tokens/s [interval] | tokens/s per device | tokens/example | speedup [interval] |" in md
+    assert "examples/s [interval]" not in md
+    assert "| 409,600 [368,600, 491,500] | 51,200 | 128 |" in md  # fsdp, 8 devices: 4 significant digits
+    assert "tokens/s = examples/s x tokens/example" in md
+    fig = make_figures(rows_of(root))["throughput"]
+    (ax,) = fig.axes
+    assert ax.get_ylabel() == "tokens/s (global)" and "Throughput (tokens/s) vs devices" in fig._suptitle.get_text()
+    assert list(ax.containers[0].lines[0].get_ydata()) == [EPS["fsdp"][d] * 128 for d in (1, 2, 4, 8)]
+    ideal = sorted(tuple(line.get_ydata()) for line in ax.get_lines() if line.get_gid() == "ideal")
+    assert ideal == sorted(tuple(EPS[m][1] * 128 * d for d in (1, 2, 4, 8)) for m in EPS)
+
+
+def test_image_sweep_has_no_token_figures(tmp_path):
+    paths = write_report(make_sweep(tmp_path / "mr", model="mlp"))
+    assert all(r["tokens_per_s"] == "" and r["tokens_per_example"] == "" for r in read_csv(paths["csv"]))
+    md = paths["md"].read_text()
+    assert "| examples/s [interval] |" in md and "tokens/s" not in md
+    (ax,) = make_figures(rows_of(tmp_path / "mr"))["throughput"].axes
+    assert ax.get_ylabel() == "examples/s (global)"
+
+
+def test_sweep_mixing_token_and_image_models_is_refused(tmp_path):
+    """Throughputs in examples of an image and in windows of T tokens cannot share a table: one line naming
+    both, exit 2, nothing written."""
+    root = make_sweep(tmp_path / "mr", seeds=(0,), model="mlp")
+    for job, devices in ((8, 1), (9, 8)):
+        write_job(root, job, ok_summary("fsdp", devices, 100.0, **GPT_KEYS), ["model=gpt", f"mesh.devices={devices}"])
+    write_job(root, 10, {"status": "failed", "error": "x"}, ["model=gpt"])  # its model from the overrides
+    res = cli(str(root))
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "error: the sweep mixes a token model (model=gpt: job 8 9 10; throughput in tokens/s) with models "
+        "measured in examples/s (model=mlp: job 0 1 2 ... (8 jobs)); report them separately: move one kind's job "
+        "folders into another folder and run sweeps.report on each"
+    ]
+    assert not (root / "scaling.csv").exists() and not (root / "scaling.md").exists()
+
+
+def test_token_sweep_projection_must_be_in_tokens(tmp_path):
+    root = make_sweep(tmp_path / "mr", **GPT_KEYS)
+    with pytest.raises(report.ReportError, match="no tokens_per_s column"):
+        write_report(root, projection_rows=_projection_rows())
+    projected = [{**p, "tokens_per_s": p["examples_per_s"] * 128} for p in _projection_rows()]
+    fig = make_figures(rows_of(root), projection_rows=projected)["throughput"]
+    _, ax_p = fig.axes
+    assert ax_p.get_ylabel() == "tokens/s (global, projected)"
+    lines = [line for line in ax_p.get_lines() if line.get_gid() == "projection"]
+    assert list(lines[1].get_ydata()) == [4e6 * 128 * d for d in (8, 64, 512)]
+
+
+def test_cli_token_sweep_with_its_projection_csv(tmp_path):
+    """The GPT commands end to end: sweeps.project --tokens-per-example writes tokens_per_s; sweeps.report
+    --projection of that CSV draws it in tokens/s beside the sweep; an examples-only CSV is refused."""
+    from sweeps import project
+
+    root = make_sweep(tmp_path / "mr", **GPT_KEYS)
+    proj = tmp_path / "proj"
+    base = ["--params", "830208", "--per-device-batch", "8", "--hardware", "h100_sxm", "--mfu", "0.4"]
+    assert project.main([*base, "--flops-per-example", "1e9", "--tokens-per-example", "128", "--out", str(proj)]) == 0
+    res = cli(str(root), "--out", str(tmp_path / "out"), "--projection", str(proj / "projection.csv"))
+    assert res.returncode == 0, res.stderr
+    assert project.main([*base, "--flops-per-example", "1e9", "--out", str(tmp_path / "plain")]) == 0
+    res = cli(str(root), "--out", str(tmp_path / "out2"), "--projection", str(tmp_path / "plain" / "projection.csv"))
+    assert res.returncode == 2 and "no tokens_per_s column" in res.stderr and res.stderr.count("\n") == 1

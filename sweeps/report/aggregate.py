@@ -9,6 +9,11 @@ own median throughput, and an interval:
   Tibshirani 1993, ch. 13; fixed seed, so a report is reproducible);
 - ``min-max`` with fewer repeats (one repeat: a zero-width interval).
 
+A token model's sweep (``collect.sweep_unit``: ``model=gpt``) also has ``tokens_per_s`` = examples/s x its
+tokens per example (T), likewise its interval and per-device figure (exact products of the examples/s
+figures); speedup and efficiency have no unit and are the same in both. A sweep that mixes token and image
+models is refused (ReportError).
+
 Speedup(N) = median examples/s(N) / median examples/s(1 device, same series); a series is a configuration
 without its device count (strong scaling: same global batch; weak scaling: same per-device batch). Its
 interval: the bootstrap of the ratio of the two medians (resampling both) with enough repeats on both sides,
@@ -27,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from sweeps.report.collect import MIN_WINDOWS, _sort_part
+from sweeps.report.collect import MIN_WINDOWS, _sort_part, sweep_unit
 
 BOOTSTRAP_MIN = 5
 BOOTSTRAP_RESAMPLES = 2000
@@ -67,6 +72,11 @@ COLUMNS = [
     "examples_per_s_ci_low",
     "examples_per_s_ci_high",
     "examples_per_s_per_device",
+    "tokens_per_example",
+    "tokens_per_s",
+    "tokens_per_s_ci_low",
+    "tokens_per_s_ci_high",
+    "tokens_per_s_per_device",
     "step_time_s",
     "speedup",
     "speedup_ci_low",
@@ -174,11 +184,16 @@ def _median_or_none(values: list[float | None]) -> float | None:
 
 def aggregate(records: list[dict]) -> list[dict[str, Any]]:
     """One row per configuration, keyed by ``COLUMNS`` plus private keys ``_series`` (series key),
-    ``_values`` (per-repeat examples/s), ``_platform`` and ``_device_kind``. Sorted by series, then devices.
+    ``_values`` (per-repeat examples/s), ``_unit`` (``"tokens"`` or ``"examples"``: ``throughput_key``),
+    ``_platform`` and ``_device_kind``. Sorted by series, then devices.
 
     A configuration whose every job failed keeps its configuration, ``repeats=0`` and the first error as
-    ``status``; its measured columns are None.
+    ``status``; its measured columns are None. The ``tokens_per_*`` columns are None for image models.
+
+    Raises:
+      ReportError: the records mix token and image models (``collect.sweep_unit``).
     """
+    unit = sweep_unit(records)
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for rec in records:
         if rec["ok"]:
@@ -238,10 +253,16 @@ def aggregate(records: list[dict]) -> list[dict[str, Any]]:
                 "efficiency_ci_low": None,
                 "efficiency_ci_high": None,
                 "_values": eps,
+                "_unit": unit,
                 "_platform": _same([r["platform"] for r in recs]),
                 "_device_kind": _same([r["device_kind"] for r in recs]),
             }
         )
+        tokens = _same([r["tokens_per_example"] for r in ok])
+        row["tokens_per_example"] = tokens
+        for key in ("", "_ci_low", "_ci_high", "_per_device"):
+            value = row[f"examples_per_s{key}"]
+            row[f"tokens_per_s{key}"] = value * tokens if value is not None and tokens else None
         row["_series"] = series_key(row)
         rows.append(row)
     common = set.intersection(*(set(r["overrides"] or ()) for r in rows)) if rows else set()
@@ -322,6 +343,14 @@ def recipe_rows(rows: list[dict]) -> dict[str, list[dict]]:
         )
         out[label] = sorted(groups[k], key=lambda r: r["global_batch"] or 0)
     return out
+
+
+def throughput_key(rows: list[dict]) -> tuple[str, str]:
+    """(row key, unit text) of the sweep's throughput: ``("tokens_per_s", "tokens/s")`` for a token model's
+    sweep, else ``("examples_per_s", "examples/s")``."""
+    if any(r.get("_unit") == "tokens" for r in rows):
+        return "tokens_per_s", "tokens/s"
+    return "examples_per_s", "examples/s"
 
 
 def is_cpu(rows: list[dict]) -> bool:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from sweeps.report.aggregate import aggregate
+from sweeps.report.aggregate import aggregate, throughput_key
 from sweeps.report.collect import SUMMARY_NAME, ReportError, job_record, load_summaries
 from sweeps.report.plots import make_figures, save
 from sweeps.report.tables import JOB_COLUMNS, job_rows, write_csv, write_markdown
@@ -37,6 +37,13 @@ def write_report(
         raise ReportError(f"no {SUMMARY_NAME} found under {folder}")
     records = [job_record(s) for s in summaries]
     rows = aggregate(records)
+    if projection_rows and throughput_key(rows)[0] == "tokens_per_s":
+        if any(p.get("tokens_per_s") is None for p in projection_rows):
+            raise ReportError(
+                "--projection: the sweep is a token model's (tokens/s) but the projection.csv has no tokens_per_s "
+                "column; project its folder (python -m sweeps.project <sweep folder> ...) or pass "
+                "--tokens-per-example to sweeps.project"
+            )
     out.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {
         "csv": write_csv(rows, out / "scaling.csv"),
@@ -68,7 +75,9 @@ def write_report(
 
 
 def read_projection(path) -> list[dict]:
-    """Rows of a ``projection.csv`` as ``{"label", "devices", "examples_per_s"}`` (label: its ``config`` column).
+    """Rows of a ``projection.csv`` as ``{"label", "devices", "examples_per_s"}`` (label: its ``config``
+    column), with ``"tokens_per_s"`` when the CSV has that column (a token model's projection; None in a blank
+    cell).
 
     Raises:
       ReportError: the file is missing or lacks the ``devices`` / ``examples_per_s`` columns.
@@ -78,14 +87,17 @@ def read_projection(path) -> list[dict]:
     try:
         with open(path, newline="") as f:
             rows = list(csv.DictReader(f))
-        return [
-            {
+        out = []
+        for r in rows:
+            row = {
                 "label": r.get("config") or "projection",
                 "devices": int(r["devices"]),
                 "examples_per_s": float(r["examples_per_s"]),
             }
-            for r in rows
-        ]
+            if "tokens_per_s" in r:
+                row["tokens_per_s"] = float(r["tokens_per_s"]) if r["tokens_per_s"] else None
+            out.append(row)
+        return out
     except (OSError, KeyError, ValueError) as exc:
         raise ReportError(
             f"--projection {path}: not a projection.csv of sweeps.project ({type(exc).__name__}: "

@@ -4,7 +4,10 @@ A job record is a flat dict with the configuration that identifies the job (``pa
 ``accum_steps``, ``scaling``, ``global_batch``, ``per_device_batch``, ``devices``, ``grad_reduce_dtype``,
 ``grad_compression``, ``seed`` and ``overrides``: the job's other Hydra overrides) and its measured values
 (``examples_per_s`` = the job's median over logging windows, ``windows_measured``, ``eval_accuracy``,
-``time_to_target_s``, ...). Nothing here aggregates; see ``sweeps.report.aggregate``. Never imports JAX.
+``time_to_target_s``, ...). A language model's job (``model=gpt``) also has ``tokens_per_example`` (its
+``train/tokens_per_example``, else ``model/context``: T) and ``tokens_per_s`` = examples/s x T: its unit of
+work is the token (``sweep_unit``). Nothing here aggregates; see ``sweeps.report.aggregate``. Never imports
+JAX.
 """
 
 from __future__ import annotations
@@ -228,6 +231,20 @@ def _extra_overrides(overrides: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
+TOKEN_MODELS = ("gpt",)  # models whose unit of work is the token (train.py logs perf/tokens_per_s for them)
+
+
+def tokens_per_example(summary: dict) -> int | None:
+    """Tokens per example (the context T) of a token model's job: ``train/tokens_per_example``, else
+    ``model/context`` when the model is a token model or the summary has ``perf/tokens_per_s``; else None."""
+    tokens = _int(summary.get("train/tokens_per_example"))
+    if tokens is None and (
+        summary.get("model") in TOKEN_MODELS or "perf/tokens_per_s" in summary or "perf/tokens_per_s_median" in summary
+    ):
+        tokens = _int(summary.get("model/context"))
+    return tokens if tokens and tokens > 0 else None
+
+
 def job_record(summary: dict) -> dict[str, Any]:
     """One job's record (see the module docstring) from its summary (as returned by ``load_summaries``).
 
@@ -254,6 +271,12 @@ def job_record(summary: dict) -> dict[str, Any]:
         ratio = _num(summary.get("comm/ratio_measured"))
         source = "measured" if ratio is not None else None
     windows = _int(summary.get("perf/windows_measured"))
+    tokens = tokens_per_example(summary)
+    model = _text(summary.get("model"))
+    if tokens is not None or model in TOKEN_MODELS:
+        unit = "tokens"
+    else:
+        unit = "examples" if ok or model is not None else None  # a failed job without a model: unknown
     record = {
         "parallel": _text(summary.get("parallel")),
         "precision": _text(summary.get("precision")),
@@ -266,7 +289,11 @@ def job_record(summary: dict) -> dict[str, Any]:
         "grad_compression": _text(summary.get("parallel/grad_compression")),
         "overrides": _extra_overrides(summary.get("_overrides", [])),
         "seed": _int(summary.get("train/seed")),
+        "model": model,
+        "unit": unit,
+        "tokens_per_example": tokens,
         "examples_per_s": eps,
+        "tokens_per_s": eps * tokens if eps is not None and tokens else None,
         "examples_per_s_p25": _num(summary.get("perf/examples_per_s_p25")),
         "examples_per_s_p75": _num(summary.get("perf/examples_per_s_p75")),
         "examples_per_s_last_window": _num(summary.get("perf/examples_per_s_last_window")),
@@ -303,6 +330,7 @@ def job_record(summary: dict) -> dict[str, Any]:
 
 MEASURED = (
     "examples_per_s",
+    "tokens_per_s",
     "examples_per_s_p25",
     "examples_per_s_p75",
     "examples_per_s_last_window",
@@ -321,6 +349,34 @@ MEASURED = (
     "state_bytes_per_device",
     "temp_bytes_per_device",
 )
+
+
+def sweep_unit(records: list[dict]) -> str:
+    """``"tokens"`` when every job whose unit is known is a token model's (``model=gpt``), ``"examples"``
+    when none is (or nothing is known).
+
+    Raises:
+      ReportError: the sweep mixes both (their throughputs are in different units: examples of 1 image or of
+        T tokens), naming the models and some jobs of each.
+    """
+    by_unit: dict[str, list[dict]] = {}
+    for rec in records:
+        if rec.get("unit"):
+            by_unit.setdefault(rec["unit"], []).append(rec)
+    if len(by_unit) < 2:
+        return next(iter(by_unit), "examples")
+
+    def who(recs):
+        models = sorted({str(r.get("model") or "?") for r in recs})
+        jobs = [str(r.get("job")) for r in recs]
+        shown = " ".join(jobs[:3]) + (f" ... ({len(jobs)} jobs)" if len(jobs) > 3 else "")
+        return f"model={','.join(models)}: job {shown}"
+
+    raise ReportError(
+        f"the sweep mixes a token model ({who(by_unit['tokens'])}; throughput in tokens/s) with models measured "
+        f"in examples/s ({who(by_unit['examples'])}); report them separately: move one kind's job folders "
+        f"into another folder and run sweeps.report on each"
+    )
 
 
 def collect(folder, exclude: Iterable = ()) -> list[dict[str, Any]]:

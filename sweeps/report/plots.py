@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator
 
-from sweeps.report.aggregate import is_cpu, recipe_rows, series_labels
+from sweeps.report.aggregate import is_cpu, recipe_rows, series_labels, throughput_key
 from sweeps.report.tables import NO_TARGET_SENTENCE
 
 CPU_SUBTITLE = "timings from simulated CPU devices on one host: they do not predict accelerator performance"
@@ -162,15 +162,17 @@ def _message(ax, text: str) -> None:
 
 
 def plot_throughput(ax, rows: list[dict], solid: bool = False) -> list:
-    """Examples/s vs devices on log-log axes: per series the median over repeats with error bars from the
-    interval, and its ideal line (linear from the series' 1-device median; one legend entry for all ideal
-    lines). The y axis holds every point, bar and ideal line, with plain-decimal ticks (``40k``, ``100k``).
-    ``solid``: every measured series drawn solid (beside a projection, whose lines are dashed)."""
+    """Examples/s (tokens/s for a token model's sweep: ``throughput_key``) vs devices on log-log axes: per
+    series the median over repeats with error bars from the interval, and its ideal line (linear from the
+    series' 1-device median; one legend entry for all ideal lines). The y axis holds every point, bar and
+    ideal line, with plain-decimal ticks (``40k``, ``100k``). ``solid``: every measured series drawn solid
+    (beside a projection, whose lines are dashed)."""
+    key, unit = throughput_key(rows)
     handles = []
     ideal_drawn = False
     values: list[float] = []
     for label, style, members in _series(rows):
-        pts = [r for r in members if r["examples_per_s"] is not None]
+        pts = [r for r in members if r[key] is not None]
         if not pts:
             continue
         if solid:
@@ -179,18 +181,18 @@ def plot_throughput(ax, rows: list[dict], solid: bool = False) -> list:
             _errorbar(
                 ax,
                 [r["devices"] for r in pts],
-                [r["examples_per_s"] for r in pts],
-                [r["examples_per_s_ci_low"] for r in pts],
-                [r["examples_per_s_ci_high"] for r in pts],
+                [r[key] for r in pts],
+                [r[f"{key}_ci_low"] for r in pts],
+                [r[f"{key}_ci_high"] for r in pts],
                 label,
                 style,
             )
         )
-        values += [r[k] for r in pts for k in ("examples_per_s", "examples_per_s_ci_low", "examples_per_s_ci_high")]
+        values += [r[k] for r in pts for k in (key, f"{key}_ci_low", f"{key}_ci_high")]
         base = next((r for r in pts if r["devices"] == 1), None)
         if base is not None and len(pts) > 1:
             xs = [r["devices"] for r in pts]
-            ideal = [base["examples_per_s"] * d for d in xs]
+            ideal = [base[key] * d for d in xs]
             ax.plot(xs, ideal, label="_nolegend_", gid="ideal", **{**IDEAL_STYLE, "color": style["color"]})
             values += ideal
             ideal_drawn = True
@@ -198,7 +200,7 @@ def plot_throughput(ax, rows: list[dict], solid: bool = False) -> list:
         handles.append(Line2D([], [], label="ideal (linear from the 1-device median)", **IDEAL_STYLE))
     _log2_x(ax, rows)
     log_y_axis(ax, values)
-    ax.set_ylabel("examples/s (global)")
+    ax.set_ylabel(f"{unit} (global)")
     return handles
 
 
@@ -212,9 +214,10 @@ def mode_styles(rows: list[dict]) -> dict[str, dict]:
 
 def plot_projection(ax, rows: list[dict], projection_rows: list[dict]) -> list:
     """Projected examples/s vs devices (``projection_rows``: ``{"label", "devices", "examples_per_s"}``, the
-    label's first word being the mode) on their own log-log axes, dashed with open markers, in the colour of
-    the measured series of the same mode, with its marker (a mode the sweep did not measure gets the next
-    colour)."""
+    label's first word being the mode; tokens/s from their ``tokens_per_s`` for a token model's sweep) on
+    their own log-log axes, dashed with open markers, in the colour of the measured series of the same mode,
+    with its marker (a mode the sweep did not measure gets the next colour)."""
+    key, unit = throughput_key(rows)
     styles = mode_styles(rows)
     by_label: dict[str, list[dict]] = {}
     for p in projection_rows:
@@ -229,7 +232,7 @@ def plot_projection(ax, rows: list[dict], projection_rows: list[dict]) -> list:
             extra += 1
         (line,) = ax.plot(
             [p["devices"] for p in pts],
-            [p["examples_per_s"] for p in pts],
+            [p[key] for p in pts],
             linestyle="--",
             markerfacecolor="none",
             **styles[mode],
@@ -237,10 +240,10 @@ def plot_projection(ax, rows: list[dict], projection_rows: list[dict]) -> list:
             gid="projection",
         )
         handles.append(line)
-        values += [p["examples_per_s"] for p in pts]
+        values += [p[key] for p in pts]
     _log2_x(ax, projection_rows)
     log_y_axis(ax, values)
-    ax.set_ylabel("examples/s (global, projected)")
+    ax.set_ylabel(f"{unit} (global, projected)")
     ax.set_title("projected (model, not measured): dashed", fontsize=9)
     return handles
 
@@ -446,14 +449,15 @@ def make_figures(rows: list[dict], projection_rows: list[dict] | None = None) ->
     missing is said in a title line (``NO_LINK_SENTENCE``) or in the Markdown (``NO_TARGET_SENTENCE``)."""
     _, common = series_labels(rows)
     cpu = is_cpu(rows)
+    unit = throughput_key(rows)[1]
     figs = {}
     if projection_rows:
-        fig, (ax, ax_p) = _figure("Throughput vs devices: measured and projected", common, cpu, ncols=2)
+        fig, (ax, ax_p) = _figure(f"Throughput ({unit}) vs devices: measured and projected", common, cpu, ncols=2)
         ax.set_title("measured (median over repeats, interval bars): solid", fontsize=9)
         _legend(fig, ax, plot_throughput(ax, rows, solid=True))
         _legend(fig, ax_p, plot_projection(ax_p, rows, projection_rows))
     else:
-        fig, (ax,) = _figure("Throughput vs devices (median over repeats, interval bars)", common, cpu)
+        fig, (ax,) = _figure(f"Throughput ({unit}) vs devices (median over repeats, interval bars)", common, cpu)
         _legend(fig, ax, plot_throughput(ax, rows))
     figs["throughput"] = fig
     fig, (ax,) = _figure("Speedup vs devices", common, cpu)

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sweeps.report.aggregate import COLUMNS, few_windows_note, is_cpu
+from sweeps.report.aggregate import COLUMNS, few_windows_note, is_cpu, throughput_key
 
 NO_TARGET_SENTENCE = "No time to target: set train.target_accuracy (and train.eval_every) in the sweep."
 
@@ -33,6 +33,8 @@ JOB_COLUMNS = [
     "examples_per_s_p25",
     "examples_per_s_p75",
     "examples_per_s_last_window",
+    "tokens_per_example",
+    "tokens_per_s",
     "windows_measured",
     "few_windows",
     "wall_s",
@@ -125,7 +127,11 @@ def write_markdown(
     """The report as Markdown: header (platforms, device kinds, CPU warning), the table with intervals (the
     ``interval`` column says which), notes, then the plots. The ``config`` column (what distinguishes
     configurations beyond the other columns) and the time-to-target columns are left out when blank in
-    every row; without any target a note says how to set one."""
+    every row; without any target a note says how to set one. A token model's sweep (``throughput_key``) shows
+    ``tokens/s [interval]``, ``tokens/s per device`` and ``tokens/example`` in place of ``examples/s
+    [interval]``."""
+    key, unit = throughput_key(rows)
+    tokens = key == "tokens_per_s"
     platforms, kinds = platform_header(rows)
     lines = ["# Scaling report", ""]
     if source:
@@ -148,7 +154,8 @@ def write_markdown(
         "config",
         "repeats",
         "interval",
-        "examples/s [interval]",
+        f"{unit} [interval]",
+        *(["tokens/s per device", "tokens/example"] if tokens else []),
         "speedup [interval]",
         "efficiency",
         "eval accuracy",
@@ -162,7 +169,11 @@ def write_markdown(
     ]
     table = []
     for r in rows:
-        eps = _with_interval(r, "examples_per_s", plain_4) + (" *" if r["few_windows"] else "")
+        eps = _with_interval(r, key, plain_4) + (" *" if r["few_windows"] else "")
+        per_device = [
+            "" if r["tokens_per_s_per_device"] is None else plain_4(r["tokens_per_s_per_device"]),
+            _num(r["tokens_per_example"], "{}"),
+        ]
         cells = [
             r["parallel"] or "",
             r["precision"] or "",
@@ -174,6 +185,7 @@ def write_markdown(
             str(r["repeats"]),
             r["interval"],
             eps,
+            *(per_device if tokens else []),
             _with_interval(r, "speedup"),
             _num(r["efficiency"]),
             _num(r["eval_accuracy"], "{:.4f}"),
@@ -196,6 +208,12 @@ def write_markdown(
         "its logging windows (the first window after compilation excluded); interval: bootstrap95 = 95% "
         "percentile-bootstrap interval of that median (>= 5 repeats), min-max = range of the repeats."
     )
+    if tokens:
+        lines += [
+            "",
+            "tokens/s = examples/s x tokens/example (an example is one window of model.context tokens): the "
+            "language model's unit of work; scaling.csv has both.",
+        ]
     note = few_windows_note(rows)
     if note:
         lines += ["", f"**{note}.**"]

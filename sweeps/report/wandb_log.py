@@ -37,8 +37,8 @@ def log_to_wandb(
 ) -> dict[str, Any]:
     """Logs ``scaling_table`` (``wandb.Table`` of ``COLUMNS``, intervals included), the PNGs as
     ``plots/<name>`` and, per device count (x axis ``scaling/devices``), ``scaling/<metric>/<series>`` for
-    examples/s (with ``_ci_low``/``_ci_high``), speedup and efficiency. WANDB_MODE (e.g. ``offline``),
-    WANDB_DIR, WANDB_PROJECT and WANDB_ENTITY are honoured.
+    examples/s (with ``_ci_low``/``_ci_high``; tokens/s too for a token model), speedup and efficiency.
+    WANDB_MODE (e.g. ``offline``), WANDB_DIR, WANDB_PROJECT and WANDB_ENTITY are honoured.
 
     Returns ``{"wandb_run_id", "wandb_group", "wandb_sync_file", "wandb_url"}``.
     """
@@ -78,6 +78,9 @@ def log_to_wandb(
                 "examples_per_s",
                 "examples_per_s_ci_low",
                 "examples_per_s_ci_high",
+                "tokens_per_s",
+                "tokens_per_s_ci_low",
+                "tokens_per_s_ci_high",
                 "speedup",
                 "efficiency",
                 "time_to_target_s",
