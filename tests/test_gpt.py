@@ -253,6 +253,57 @@ def test_not_utf8_file_fails_in_one_line_with_a_failed_summary(tmp_path):
     assert not (run / "checkpoints").exists()
 
 
+@pytest.mark.parametrize(
+    "case",
+    ["heads", "context", "short", "empty"],
+)
+def test_bad_gpt_input_from_the_cli_fails_in_one_line_writing_nothing(tmp_path, case):
+    """The issue's bad input through train.py: one line naming the values and the fix, exit 1, and in the run
+    folder only .hydra/, train.log and summary.json (status failed)."""
+    (tmp_path / "short.txt").write_text("hello world\n")
+    (tmp_path / "empty.txt").write_text("")
+    overrides, line = {
+        "heads": (
+            ["data=synthetic", "model.heads=3"],
+            "error: model.heads=3 does not divide model.width=128; choose heads among [1, 2, 4, 8, 16, 32, 64] "
+            "or a width that is a multiple of 3",
+        ),
+        "context": (
+            ["data=synthetic", "model.context=256", "model.max_positions=128"],
+            "error: model.context=256 is longer than the position table model.max_positions=128; lower "
+            "model.context or raise model.max_positions to at least 256",
+        ),
+        "short": (
+            ["data=text", f"data.path={tmp_path / 'short.txt'}"],
+            f"error: the train split of data.path={tmp_path / 'short.txt'} has 10 bytes, not more than one window "
+            "of model.context=128; give a longer text or lower model.context",
+        ),
+        "empty": (
+            ["data=text", f"data.path={tmp_path / 'empty.txt'}"],
+            f"error: data.path={tmp_path / 'empty.txt'} is empty; give a UTF-8 text file with at least one window "
+            "of text",
+        ),
+    }[case]
+    run = tmp_path / "run"
+    r = run_train(run, "model=gpt", *overrides, "wandb=disabled", timeout=300)
+    assert r.returncode == 1
+    assert [ln for ln in r.stderr.splitlines() if ln.startswith("error:")] == [line], r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    assert sorted(p.name for p in run.iterdir()) == [".hydra", "summary.json", "train.log"]
+    assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+
+
+def test_unknown_remat_policy_from_the_cli_is_refused_before_any_folder(tmp_path):
+    """A policy name is checked when Hydra composes the config (like model.activation): one line, exit 1, no
+    run folder at all."""
+    r = run_train(tmp_path / "run", "model=gpt", "model.remat=bogus", "wandb=disabled", timeout=300)
+    assert r.returncode == 1
+    assert [ln for ln in r.stderr.splitlines() if ln.strip()] == [
+        "error: model.remat=bogus is not a valid choice; choose one of none, full, dots_saveable"
+    ]
+    assert not (tmp_path / "run").exists()
+
+
 # ---- every mode equals one device ------------------------------------------------------------------------------
 CASES = [("pmap", None), ("jit_sharding", None), ("shard_map", None), ("fsdp", None), ("fsdp", [2, 4])]
 
