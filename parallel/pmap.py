@@ -59,4 +59,5 @@ class Pmap(ParallelMode):
             specs = jax.tree.map(lambda s: s.spec, state_sh)
             return mhu.host_local_array_to_global_array(new, self.mesh, specs), metrics
 
+        train_global.lower = train.lower  # type: ignore[attr-defined]  # compile-time metrics (training.prepare)
         return StepFns(train=train_global, eval=evaluate)
