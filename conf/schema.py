@@ -34,6 +34,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from parallel.options import Compression
+
 
 # ---- fixed choices ---------------------------------------------------------------------------------------------
 # Member names equal their values: OmegaConf reads an enum from YAML or the command line by member name.
@@ -52,11 +54,6 @@ class LossScale(enum.StrEnum):
 class ReduceDtype(enum.StrEnum):
     float32 = "float32"
     bfloat16 = "bfloat16"
-
-
-class Compression(enum.StrEnum):
-    none = "none"
-    int8 = "int8"
 
 
 class Activation(enum.StrEnum):
@@ -104,9 +101,9 @@ class ParallelConfig:
 
     ``grad_reduce_dtype``: null = the mode's own reduction; float32 | bfloat16 = explicit reduction in that dtype
     (shard_map psum / psum_scatter, visible in the lowered module; jit_sharding then reduces under shard_map;
-    pmap: psum), cast back to float32 before the optimizer. ``grad_compression``: none | int8 (quantised
-    all-to-all + int32 sum + int8 all-gather with error feedback, parallel/compress.py; jit_sharding, shard_map,
-    pmap; needs grad_reduce_dtype=null).
+    pmap: psum), cast back to float32 before the optimizer. ``grad_compression``: ``parallel.options.Compression``
+    (quantised gradient exchange with error feedback, parallel/compress.py; jit_sharding, shard_map, pmap; needs
+    grad_reduce_dtype=null).
     """
 
     name: str = MISSING
@@ -139,10 +136,13 @@ class ShardMapConfig(_ReplicatedParallelConfig):
 
 @dataclass
 class FsdpConfig(ParallelConfig):
-    """``min_shard_bytes``: arrays smaller than this stay replicated (their gradients are all-reduced)."""
+    """``min_shard_bytes``: arrays smaller than this stay replicated (their gradients are all-reduced).
+    ``fsdp_rules``: ``[regex, dim]`` pairs tried in order before the default rule (the largest dimension the
+    ``fsdp`` axis divides): dim an integer, null (replicate) or "largest" (``parallel/fsdp.py``)."""
 
     name: str = "fsdp"
     min_shard_bytes: int = 0
+    fsdp_rules: List[Any] = field(default_factory=list)
 
 
 PARALLEL_SCHEMAS: dict[str, type] = {

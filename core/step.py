@@ -47,17 +47,16 @@ class TrainState:
 
     step: int32 ``[]`` optimizer steps taken. params: nested dict of float32 arrays (``nnx.to_pure_dict`` of
     the model's ``nnx.Param`` state). opt_state: optax state (float32). loss_scale: ``LossScaleState``.
-    grad_residual: None, or with ``parallel.grad_compression=int8`` the error-feedback residual
-    ``{"worker": f32 [devices, padded], "server": f32 [devices, chunk]}`` (``parallel.compress``): one row per
-    device, sharded over the devices, different on every device (so it is not part of the replica-sync
-    check), saved in checkpoints.
+    mode_state: None, or state the parallel mode owns (created by its ``init_state``, laid out, saved and
+    restored by the mode, ``parallel.base``; it may differ between devices, so it is not part of the
+    replica-sync check).
     """
 
     step: jax.Array
     params: Any
     opt_state: Any
     loss_scale: LossScaleState
-    grad_residual: Any = None  # int8 error feedback (parallel.compress.init_residual)
+    mode_state: Any = None  # the parallel mode's own state (parallel.base.ParallelMode.init_state)
 
     if TYPE_CHECKING:  # flax.struct.dataclass adds replace() at run time; declared here for the type checker
 

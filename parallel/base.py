@@ -1,7 +1,12 @@
-"""The interface every parallel mode implements, and the mesh.
+"""The interface every parallel mode implements (a small declarative strategy), the shared step, and the mesh.
 
-A mode decides only how the pure step of ``core.step`` is wrapped (``jit`` with shardings, ``pmap``,
-``shard_map``) and which collectives reduce the gradients; ``train.py`` and the step never branch on it.
+A mode is data plus one function: the shardings of the state (``state_shardings``, ``param_specs``) and of the
+batch (``batch_layout``), and ``reduce``, the per-device gradient reduction (all-reduce, reduce-scatter over
+``fsdp``, int8 compressed). ``ParallelMode.build`` applies it in ONE shared jitted step: each device sums its
+local gradients (``core.step.LocalGrads``), ``reduce`` makes them the global mean, the optimizer updates
+(``core.step.Updater``). The state is canonical in every mode (global arrays with ``NamedSharding``); state a
+mode owns besides the model's (the int8 error-feedback residual) is ``TrainState.mode_state``, created by the
+mode's ``init_state`` and saved/restored through the mode. ``train.py`` and the step never branch on the mode.
 
 Mesh: two axes, ``data`` (replicas) and ``fsdp`` (parameter shards), built from the first
 ``mesh.devices`` devices. The batch is always split over both axes (every device gets a different slice).
@@ -9,7 +14,6 @@ Mesh: two axes, ``data`` (replicas) and ``fsdp`` (parameter shards), built from 
 
 from __future__ import annotations
 
-import abc
 import contextlib
 import importlib
 import dataclasses
@@ -23,10 +27,9 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from core.errors import ConfigError
 from core.layout import BatchLayout
-from core.step import LocalGrads, TrainState, Updater
-from parallel import shard_map_ops
+from core.step import LocalGrads, TrainState, Updater, global_mean
 from parallel.feedback import ErrorFeedback
-from parallel.shard_map_ops import BATCH_AXES, MESH_AXES, cast_tree, pcast_varying, reduce_dtype  # noqa: F401
+from parallel.reduce import BATCH_AXES, MESH_AXES, compressed_mean, pcast_varying, psum_mean, reduce_dtype
 
 
 def resolve_mesh_shape(
@@ -63,14 +66,20 @@ def make_mesh(devices: Sequence[jax.Device], shape: tuple[int, int]) -> Mesh:
 
 @dataclasses.dataclass
 class StepFns:
-    """What a mode builds: the jitted train and eval steps and the lowered/compiled train step."""
+    """What a mode builds: the jitted train and eval steps."""
 
     train: Callable  # (state, batch) -> (state, metrics)
     eval: Callable  # (params, batch) -> metric sums
 
 
-class ParallelMode(abc.ABC):
-    """One data-parallel strategy. Subclasses are tiny: they choose shardings and the gradient reduction.
+class ParallelMode:
+    """One data-parallel strategy: shardings of the state and the batch, and ``reduce``.
+
+    The base class is plain data parallelism: every array of the state replicated, the batch split over every
+    device, and one explicit reduction per step under ``shard_map``: ``psum`` in ``grad_reduce_dtype``, or, with
+    ``grad_compression=int8``, the int8 mean with error feedback. A subclass changes only what differs:
+    ``explicit = False`` (jit_sharding: GSPMD inserts the all-reduce), ``param_specs``/``reduce`` (fsdp),
+    ``batch_layout`` and how the one step is compiled (pmap: ``_compile``).
 
     Args:
       mesh: the (data, fsdp) mesh.
@@ -78,7 +87,7 @@ class ParallelMode(abc.ABC):
       accum_steps: microbatches per optimizer step.
       min_shard_bytes: fsdp only: arrays smaller than this stay replicated.
       grad_reduce_dtype: None (the mode's own reduction) or a dtype name for an explicit reduction.
-      grad_compression: 'none' | 'int8' (``parallel.compress``; the state then carries ``grad_residual``).
+      grad_compression: 'none' | 'int8' (``parallel.compress``; the mode then owns an error-feedback residual).
     """
 
     name: str = "base"
@@ -86,6 +95,13 @@ class ParallelMode(abc.ABC):
     allows_fsdp_axis: bool = False
     # parallel.grad_compression values this mode implements.
     compressions: tuple[str, ...] = ("none", "int8")
+    # True: the gradients are reduced by ``reduce`` under shard_map; False: GSPMD reduces the global-batch
+    # gradients (only without grad_reduce_dtype and compression, which always need the explicit form).
+    explicit: bool = True
+    # the mapped axes ``reduce`` runs over (pmap: its own axis)
+    axes: Any = BATCH_AXES
+    # keys of a saved state tree that hold mode-owned state (the current field and older names of it)
+    saved_state_keys: tuple[str, ...] = ("mode_state",) + ErrorFeedback.saved_keys
 
     def __init__(
         self,
@@ -105,7 +121,8 @@ class ParallelMode(abc.ABC):
         self.grad_compression = grad_compression
         self.num_devices = mesh.size
         self.replicated = NamedSharding(mesh, P())
-        self.feedback = ErrorFeedback(mesh)  # the int8 error-feedback residual, when the state carries one
+        # the state this mode owns besides the model's: the int8 error-feedback residual, or none
+        self.feedback = ErrorFeedback(mesh) if grad_compression == "int8" else None
 
     # ---- validation ------------------------------------------------------------------------------
     @classmethod
@@ -117,39 +134,22 @@ class ParallelMode(abc.ABC):
                 f"use mesh.shape=[-1,1] or parallel=fsdp"
             )
 
-    # ---- placement -------------------------------------------------------------------------------
+    # ---- the declarative part: shardings of the state and of the batch -----------------------------
+    def param_specs(self, params):
+        """``PartitionSpec`` of every leaf of ``params`` (and of the optimizer state's leaves of the same
+        shapes): replicated (``P()``); fsdp shards them."""
+        return jax.tree.map(lambda _: P(), params)
+
     def state_shardings(self, abstract_state: TrainState):
-        """Sharding of every state leaf (default: replicated on every device; the int8 error-feedback residual:
-        one row per device, its leading axis split over every mesh axis)."""
-        shardings = jax.tree.map(lambda _: self.replicated, abstract_state)
-        if getattr(abstract_state, "grad_residual", None) is not None:
-            shardings = shardings.replace(grad_residual=self.feedback.shardings(abstract_state.grad_residual))
+        """``NamedSharding`` of every state leaf: ``param_specs`` of each array (the optimizer state by the same
+        rule), the mode-owned state's own (int8 residual: one row per device, its leading axis split over every
+        mesh axis)."""
+        specs = self.param_specs(abstract_state.replace(mode_state=None))
+        shardings = jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs)
+        own = abstract_state.mode_state
+        if own is not None and self.feedback is not None:
+            shardings = shardings.replace(mode_state=self.feedback.shardings(own))
         return shardings
-
-    def init_state(self, init_fn: Callable[[], TrainState]) -> TrainState:
-        """The placed initial state: ``init_fn`` (pure, no arguments, returns the canonical ``TrainState``) run
-        under ``jax.jit`` with this mode's ``state_shardings`` as ``out_shardings``, so each device creates only
-        its own shards and no device ever holds an array it does not keep (under fsdp: never the whole model).
-        The values do not depend on the shardings (threefry in its partitionable mode: each random bit depends
-        only on the key and the element's index), so every mode and device count starts from the same state.
-        With ``grad_compression=int8`` the state also carries this mode's zero error-feedback residual."""
-        shardings = self.state_shardings(jax.eval_shape(init_fn))
-        sharded = any(s.spec != P() for s in jax.tree.leaves(shardings, is_leaf=lambda s: hasattr(s, "spec")))
-        # a sharded state: large parameters are drawn in their own shape, so each device draws only its shards
-        draws = importlib.import_module("models.common").partitioned_draws  # models/ is outside the typed packages
-        with draws() if sharded else contextlib.nullcontext():
-            state = jax.jit(init_fn, out_shardings=shardings)()
-        if self.grad_compression == "int8":
-            state = state.replace(grad_residual=self.place_residual(self.feedback.init(state.params)))
-        return state
-
-    def place_residual(self, residual):
-        """The host error-feedback residual placed one row per device."""
-        return jax.device_put(residual, self.feedback.shardings(residual))
-
-    def place_state(self, host_state: TrainState) -> TrainState:
-        """Host (or single-device) state -> device state with ``state_shardings``."""
-        return jax.device_put(host_state, self.state_shardings(host_state))
 
     def batch_layout(self) -> BatchLayout:
         """The global batch ``[B, ...]`` split over every device of the mesh."""
@@ -160,86 +160,148 @@ class ParallelMode(abc.ABC):
             process_count=jax.process_count(),
         )
 
+    # ---- the state -------------------------------------------------------------------------------
+    def init_state(self, init_fn: Callable[[], TrainState]) -> TrainState:
+        """The placed initial state: ``init_fn`` (pure, no arguments, returns the canonical ``TrainState``) run
+        under ``jax.jit`` with this mode's ``state_shardings`` as ``out_shardings``, so each device creates only
+        its own shards and no device ever holds an array it does not keep (under fsdp: never the whole model).
+        The values do not depend on the shardings (threefry in its partitionable mode: each random bit depends
+        only on the key and the element's index), so every mode and device count starts from the same state.
+        The mode adds the state it owns (``mode_state``: the zero error-feedback residual under int8)."""
+        shardings = self.state_shardings(jax.eval_shape(init_fn))
+        sharded = any(s.spec != P() for s in jax.tree.leaves(shardings, is_leaf=lambda s: hasattr(s, "spec")))
+        # a sharded state: large parameters are drawn in their own shape, so each device draws only its shards
+        draws = importlib.import_module("models.common").partitioned_draws  # models/ is outside the typed packages
+        with draws() if sharded else contextlib.nullcontext():
+            state = jax.jit(init_fn, out_shardings=shardings)()
+        if self.feedback is not None:
+            state = state.replace(mode_state=self.feedback.place(self.feedback.init(state.params)))
+        return state
+
+    def place_state(self, host_state: TrainState) -> TrainState:
+        """Host (or single-device) state -> device state with ``state_shardings``."""
+        return jax.device_put(host_state, self.state_shardings(host_state))
+
     def state_to_host(self, state: TrainState) -> TrainState:
         """The full state as numpy arrays (gathers shards), for saving and comparing."""
-        return jax.tree.map(lambda x: np.asarray(jax.device_get(x)), state)
+        return jax.tree.map(_to_host, state)
 
     def metrics_to_host(self, metrics) -> dict:
         """Per-step metrics (device) -> numpy scalars."""
-        return jax.tree.map(lambda x: np.asarray(x), jax.device_get(metrics))
+        return jax.tree.map(_to_host, metrics)
 
-    # ---- checkpoints: the mode says how its state is saved and restored ------------------------------
+    # ---- checkpoints: the mode says how its state is restored ----------------------------------------
     def host_abstract(self, placed_state):
-        """``jax.ShapeDtypeStruct`` tree of the host-form state (what a checkpoint holds) of a placed state.
-
-        The int8 error-feedback residual keeps its rows: it has one row per device in every form."""
+        """``jax.ShapeDtypeStruct`` tree of the state a checkpoint holds (the canonical state's shapes)."""
         return jax.eval_shape(lambda s: s, placed_state)
 
-    def restore_target(self, abstract):
-        """What a checkpoint is restored into: ``abstract`` with this mode's shardings (straight onto the devices)."""
-        shardings = self.state_shardings(abstract)
-        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
-
-    def from_restored(self, restored, abstract, residual) -> tuple[TrainState, int]:
-        """``(placed state, its step)`` from what ``restore_target`` received; ``residual``: the error-feedback
-        residual as host numpy (already adapted to this device count), or None."""
-        if residual is not None:
-            residual = jax.device_put(residual, self.feedback.shardings(residual))
-        state = restored.replace(grad_residual=residual)
-        return state, int(np.asarray(state.step.addressable_data(0)))
-
-    def state_for_save(self, state: TrainState) -> TrainState:
-        """The form of the placed state a checkpoint writes (default: as placed; orbax gathers the shards)."""
-        return state
-
-    def finite_flags(self, state: TrainState) -> tuple[bool, bool]:
-        """(params all finite, optimizer state all finite) of the placed state (one small device op)."""
-        params_ok, opt_ok = (
-            bool(np.asarray(f.addressable_data(0))) for f in _finite_flags(state.params, state.opt_state)
+    def restore_target(self, abstract, saved_tree: Optional[dict] = None) -> dict:
+        """What a checkpoint is restored into, keyed as saved: ``abstract``'s fields with this mode's shardings
+        (straight onto the devices), plus host zeros of any mode-owned state the checkpoint holds
+        (``saved_state_keys`` of ``saved_tree``, orbax's metadata tree), read as saved and adapted by
+        ``from_restored``."""
+        common = abstract.replace(mode_state=None)
+        placed = jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), common, self.state_shardings(common)
         )
-        return params_ok, opt_ok
+        target = {f.name: getattr(placed, f.name) for f in dataclasses.fields(placed) if f.name != "mode_state"}
+        for key in self.saved_state_keys:  # present (maybe as an empty entry): restored as saved
+            if isinstance(saved_tree, dict) and key in saved_tree:
+                saved = saved_tree[key]
+                target[key] = ErrorFeedback.restore_target(saved if isinstance(saved, dict) else None)
+        return target
 
-    # ---- the step --------------------------------------------------------------------------------
-    @abc.abstractmethod
+    def from_restored(self, restored: dict, abstract) -> tuple[TrainState, int]:
+        """``(placed state, its step)`` from what ``restore_target`` received. The mode-owned state is kept when
+        it fits this run (saved for this device count), else created anew (a warning: ``ErrorFeedback.adapt``)."""
+        saved_own = next((restored[k] for k in self.saved_state_keys if restored.get(k) is not None), None)
+        common = {k: v for k, v in restored.items() if k not in self.saved_state_keys}
+        own = None if self.feedback is None else self.feedback.adapt(saved_own, abstract.params)
+        state = TrainState(**common, mode_state=own)
+        return state, int(np.asarray(_to_host(state.step)))
+
+    # ---- the step: local gradient sums, this mode's reduce, the optimizer --------------------------
+    def local(self, local: LocalGrads, specs) -> LocalGrads:
+        """The per-device gradient computation this mode runs on params laid out as ``specs`` (fsdp: the model
+        built from parameter shards)."""
+        return local
+
+    def reduce(self, grad_sums, sums, scale, mode_state, specs):
+        """Per device (inside ``shard_map``/``pmap``, over ``axes``): this device's gradient sums (laid out as
+        the params, ``specs``) -> the global mean gradient (times the loss scale ``scale``) and the reduced metric
+        sums (with ``count``), and the new mode-owned state. The base: one ``psum`` in ``grad_reduce_dtype``, or
+        with int8 the compressed mean (``parallel.reduce``)."""
+        if self.feedback is not None:
+            return compressed_mean(
+                self.feedback, grad_sums, sums, scale, mode_state, self.axes, self.global_batch, self.num_devices
+            )
+        dtype = reduce_dtype(self.grad_reduce_dtype)
+        return (*psum_mean(grad_sums, sums, self.axes, dtype, self.global_batch), mode_state)
+
+    def _per_device(self, local: LocalGrads, specs, params, batch, step, scale, mode_state):
+        """One device's part of the step: its local gradient sums, then ``reduce``."""
+        grad_sums, sums = self.local(local, specs)(params, batch, step, scale)
+        return self.reduce(grad_sums, sums, scale, mode_state, specs)
+
+    def _gradients(self, local: LocalGrads, params, batch, step, scale, mode_state=None):
+        """``(global-mean gradients x loss scale, metric sums, new mode state)`` of global arrays: ``_per_device``
+        under ``shard_map`` (the params cast to varying so each device differentiates to its LOCAL sums; int8:
+        without the varying-axes check, which cannot infer that its all-gathered mean is the same everywhere),
+        or, for ``explicit = False``, the GSPMD form (``_implicit``)."""
+        if not self.explicit and self.feedback is None and self.grad_reduce_dtype is None:
+            return (*self._implicit(local, params, batch, step, scale), mode_state)
+        specs, rows, vma = self.param_specs(params), P(BATCH_AXES), self.feedback is None
+
+        def body(params, batch, step, scale, mode_state):
+            params = pcast_varying(params, BATCH_AXES) if vma else params
+            row = jax.tree.map(lambda r: r[0], mode_state)
+            grads, sums, row = self._per_device(local, specs, params, batch, step, scale, row)
+            return grads, sums, jax.tree.map(lambda r: r[None], row)
+
+        return jax.shard_map(
+            body, mesh=self.mesh, in_specs=(specs, rows, P(), P(), rows), out_specs=(specs, P(), rows), check_vma=vma
+        )(params, batch, step, scale, mode_state)
+
     def grads(self, local: LocalGrads, params, batch, step, scale):
-        """Global-mean gradients (times the loss scale) and metric sums, with this mode's collectives."""
+        """``(grads, sums)`` of ``_gradients`` for a mode without mode-owned state (for inspection and tests)."""
+        return self._gradients(local, params, batch, step, scale)[:2]
+
+    def _implicit(self, local: LocalGrads, params, batch, step, scale):
+        """GSPMD's reduction (jit_sharding): the gradient of the global batch, all-reduced where propagation
+        puts it. With accumulation or a non-float32 compute dtype the batch gets an explicit device axis
+        (``vmap`` over it, summed after the loop): one float32 all-reduce per step (``parallel.jit_sharding``)."""
+        if self.accum_steps == 1 and jnp.dtype(local.compute_dtype) == jnp.float32:
+            grad_sums, sums = local(params, batch, step, scale)
+        else:
+            dev = NamedSharding(self.mesh, P(BATCH_AXES))
+            per_device = jax.tree.map(
+                lambda x: jax.lax.with_sharding_constraint(x.reshape(self.num_devices, -1, *x.shape[1:]), dev), batch
+            )
+            grad_sums, sums = jax.vmap(local, in_axes=(None, 0, None, None))(params, per_device, step, scale)
+            grad_sums, sums = jax.tree.map(lambda x: x.sum(0), (grad_sums, sums))
+        return global_mean(grad_sums, sums, self.global_batch)
 
     def build(self, local: LocalGrads, updater: Updater, abstract_state: TrainState) -> StepFns:
-        """The jitted train step ``(state, batch) -> (state, metrics)`` and eval step."""
-        state_sh = self.state_shardings(abstract_state)
-        batch_sh = self.batch_layout().sharding
+        """The ONE train step of every mode, ``(state, batch) -> (state, metrics)`` (gradients with this mode's
+        reduction, then the optimizer), and the eval step, compiled by ``_compile``."""
 
         def train_step(state: TrainState, batch):
-            state, grads, sums = self.reduce_step(local, state, batch)
-            return updater(state, grads, sums)
+            scale = state.loss_scale.scale
+            grads, sums, own = self._gradients(local, state.params, batch, state.step, scale, state.mode_state)
+            return updater(state.replace(mode_state=own), grads, sums)
 
+        return self._compile(train_step, local, abstract_state)
+
+    def _compile(self, train_step: Callable, local: LocalGrads, abstract_state: TrainState) -> StepFns:
+        """``jax.jit`` of the train step with the state's and batch's shardings (the state donated), and of the
+        eval step."""
+        state_sh = self.state_shardings(abstract_state)
+        batch_sh = self.batch_layout().sharding
         train = jax.jit(
             train_step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, self.replicated), donate_argnums=0
         )
         evaluate = jax.jit(local.eval_sums, in_shardings=(state_sh.params, batch_sh), out_shardings=self.replicated)
         return StepFns(train=train, eval=evaluate)
-
-    # explicit and compressed reductions
-    def reduce_step(self, local: LocalGrads, state: TrainState, batch):
-        """``(state, grads, sums)`` of one step: ``grads`` (global mean x loss scale) with this mode's reduction,
-        or, with ``grad_compression=int8``, the int8 mean and ``state.grad_residual`` updated."""
-        scale = state.loss_scale.scale
-        if self.grad_compression == "none":
-            grads, sums = self.grads(local, state.params, batch, state.step, scale)
-            return state, grads, sums
-        grads, sums, residual = self.compressed_grads(
-            local, state.params, batch, state.step, scale, state.grad_residual
-        )
-        return state.replace(grad_residual=residual), grads, sums
-
-    def explicit_grads(self, local, params, batch, step, scale):
-        """Gradients with ONE explicit ``psum`` in ``grad_reduce_dtype`` (``parallel.shard_map_ops``)."""
-        return shard_map_ops.explicit_grads(self, local, params, batch, step, scale)
-
-    def compressed_grads(self, local, params, batch, step, scale, residual):
-        """int8 mean with error feedback under ``shard_map`` (``parallel.shard_map_ops``); returns
-        ``(grads, sums, residual)``. pmap overrides it with the same reduction over its axis."""
-        return shard_map_ops.compressed_grads(self, local, params, batch, step, scale, residual)
 
     # ---- replica synchronisation -------------------------------------------------------------------
     def replica_divergence(self, tree: Any) -> float:
@@ -260,6 +322,26 @@ class ParallelMode(abc.ABC):
                 for other in copies[1:]:
                     worst = max(worst, float(np.max(np.abs(other - copies[0]), initial=0.0)))
         return worst
+
+
+def _to_host(x) -> np.ndarray:
+    """A numpy copy of ``x``: the whole array; of a multi-process array, this process's copy when replicated, else
+    gathered from every process (a collective: every process calls it)."""
+    if not isinstance(x, jax.Array):
+        return np.asarray(x)
+    if x.is_fully_addressable:
+        return np.asarray(jax.device_get(x))
+    if x.sharding.is_fully_replicated:
+        return np.asarray(x.addressable_shards[0].data)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def device_finite_flags(state: TrainState) -> tuple[bool, bool]:
+    """(params all finite, optimizer state all finite) of a placed state (one small device op)."""
+    params_ok, opt_ok = (_to_host(f) for f in _finite_flags(state.params, state.opt_state))
+    return bool(params_ok), bool(opt_ok)
 
 
 @jax.jit

@@ -1,9 +1,15 @@
 """FSDP (ZeRO-3 style, Rajbhandari et al. 2020; PyTorch FSDP): parameters and optimizer state sharded, each
 layer's weights gathered where they are used and freed after.
 
-Sharding: every array is split along one dimension that the ``fsdp`` axis size divides (the largest such
-dimension); arrays that no dimension fits, or smaller than ``parallel.min_shard_bytes``, stay replicated. The
-state is created directly in that layout (``training.build``), so no device ever holds the whole model.
+Sharding rules are data (as big_vision's ``(regex, spec)`` lists): ``parallel.fsdp_rules``, a list of
+``[regex, dim]`` tried in order before ``DEFAULT_RULES``; the first rule whose regex is found
+(``re.search``) in a state leaf's path (``params/blocks/0/fc1/kernel``; the optimizer state's copy of a
+parameter ends in the same path, so one rule covers both) and whose ``dim`` fits decides: ``dim`` an integer
+(negative counts from the end) splits that dimension, when the ``fsdp`` axis size divides it (else the next
+rule is tried); ``null`` replicates; ``"largest"`` splits the largest dimension the axis size divides (the first
+on ties), or replicates when none does. The default list is that last rule alone. Arrays smaller than
+``parallel.min_shard_bytes`` stay replicated whatever the rules say. The state is created directly in that
+layout (``ParallelMode.init_state``), so no device ever holds the whole model.
 
 The step runs inside ``shard_map``; the model is built from the parameter SHARDS (``gathered_model``):
 
@@ -37,16 +43,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any
+import re
+from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
-from core.step import global_mean
-from parallel.base import BATCH_AXES, ParallelMode, pcast_varying, reduce_dtype
+from core.errors import ConfigError
+from core.step import TrainState
+from parallel.base import BATCH_AXES, ParallelMode
+from parallel.reduce import psum_mean, reduce_dtype
 
 FSDP = "fsdp"
 REPLICATED = -1  # the dimension code of a replicated leaf
@@ -64,8 +73,68 @@ def shard_dim(shape, itemsize: int, fsdp_size: int, min_shard_bytes: int):
     return max(fits, key=lambda d: (shape[d], -d)) if fits else None
 
 
+LARGEST = "largest"
+# (regex on the leaf's path, dimension): the fallback every rule list ends with
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = ((r".*", LARGEST),)
+
+
+def check_rules(rules) -> list[tuple[str, Any]]:
+    """``parallel.fsdp_rules`` as ``[(regex, dim)]``.
+
+    Raises:
+      ConfigError: a rule that is not a pair, a regex that does not compile, or a dim that is not an integer,
+        null or "largest".
+    """
+    out = []
+    for i, rule in enumerate(rules or ()):
+        pair = isinstance(rule, Sequence) and not isinstance(rule, str)
+        text = f"parallel.fsdp_rules[{i}]={list(rule) if pair else rule!r}"
+        if not pair or len(rule) != 2 or not isinstance(rule[0], str):
+            raise ConfigError(f"{text} must be a pair [regex, dim], e.g. ['fc1/kernel$', 1]")
+        regex, dim = rule
+        try:
+            re.compile(regex)
+        except re.error as e:
+            raise ConfigError(f"{text}: the regex does not compile ({e})") from None
+        if not (dim is None or dim == LARGEST or (isinstance(dim, int) and not isinstance(dim, bool))):
+            raise ConfigError(f"{text}: dim must be an integer, null (replicate) or 'largest'")
+        out.append((regex, dim))
+    return out
+
+
+def rule_dim(path: str, shape, itemsize: int, fsdp_size: int, min_shard_bytes: int, rules) -> Optional[int]:
+    """The dimension of the array at ``path`` (``shape``) to split over ``fsdp_size`` devices, or None
+    (replicate): the first of ``rules`` (then ``DEFAULT_RULES``) that matches ``path`` and fits (module
+    docstring)."""
+    if fsdp_size == 1 or math.prod(shape) * itemsize < min_shard_bytes:
+        return None
+    for regex, dim in (*rules, *DEFAULT_RULES):
+        if not re.search(regex, path):
+            continue
+        if dim is None:
+            return None
+        if dim == LARGEST:
+            return shard_dim(shape, itemsize, fsdp_size, 0)
+        if -len(shape) <= dim < len(shape) and shape[dim] % fsdp_size == 0 and shape[dim] > 0:
+            return dim % len(shape)
+    return None
+
+
+def path_name(path) -> str:
+    """``params/blocks/0/fc1/kernel``: a pytree path's keys joined by '/' (what the rules' regexes search)."""
+    return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
 def spec_for(shape, dim) -> P:
+    """The ``PartitionSpec`` splitting dimension ``dim`` over ``fsdp`` (None: replicated)."""
     return P() if dim is None else P(*([None] * dim + [FSDP]))
+
+
+def dims_of(specs):
+    """The tree of sharded dimensions (``REPLICATED``: none) of a tree of ``PartitionSpec``s."""
+    return jax.tree.map(
+        lambda s: list(s).index(FSDP) if FSDP in tuple(s) else REPLICATED, specs, is_leaf=lambda x: isinstance(x, P)
+    )
 
 
 def gather_leaf(x: jax.Array, dim: int, compute_dtype, reduce_dtype_) -> jax.Array:
@@ -222,29 +291,34 @@ class Fsdp(ParallelMode):
     allows_fsdp_axis = True
     compressions = ("none",)  # int8 is not implemented for sharded parameters
 
+    def __init__(self, mesh, *, fsdp_rules=(), **kwargs):
+        super().__init__(mesh, **kwargs)
+        self.rules = check_rules(fsdp_rules)  # tried before DEFAULT_RULES
+
     @classmethod
     def check(cls, mesh_shape):
         pass
 
-    def _dim(self, x):
-        return shard_dim(np.shape(x), np.dtype(x.dtype).itemsize, self.mesh.shape[FSDP], self.min_shard_bytes)
+    def _dim(self, path, x):
+        shape, itemsize = np.shape(x), np.dtype(x.dtype).itemsize
+        return rule_dim(path_name(path), shape, itemsize, self.mesh.shape[FSDP], self.min_shard_bytes, self.rules)
 
     def param_specs(self, params):
-        return jax.tree.map(lambda x: spec_for(np.shape(x), self._dim(x)), params)
+        """Specs of ``params`` (or of a whole state) by the sharding rules. A bare params tree is read with the
+        paths it has inside the state (``params/...``), so both give the same specs."""
+        prefix = () if isinstance(params, TrainState) else (jax.tree_util.GetAttrKey("params"),)
+        return jax.tree_util.tree_map_with_path(lambda p, x: spec_for(np.shape(x), self._dim(prefix + p, x)), params)
 
     def param_dims(self, params):
         """The tree of sharded dimensions of ``params`` (``REPLICATED``: not sharded)."""
-        return jax.tree.map(lambda x: REPLICATED if self._dim(x) is None else self._dim(x), params)
-
-    def state_shardings(self, abstract_state):
-        return jax.tree.map(lambda x: NamedSharding(self.mesh, spec_for(np.shape(x), self._dim(x))), abstract_state)
+        return dims_of(self.param_specs(params))
 
     def sharded_and_replicated_bytes(self, params) -> tuple[int, int]:
         """Bytes of the params that are sharded and that stay replicated (float32)."""
         sharded = replicated = 0
-        for x in jax.tree.leaves(params):
+        for x, dim in zip(jax.tree.leaves(params), jax.tree.leaves(self.param_dims(params))):
             nbytes = math.prod(np.shape(x)) * np.dtype(x.dtype).itemsize
-            if self._dim(x) is None:
+            if dim == REPLICATED:
                 replicated += nbytes
             else:
                 sharded += nbytes
@@ -261,24 +335,16 @@ class Fsdp(ParallelMode):
                     total += math.prod(np.shape(x)) * np.dtype(x.dtype).itemsize
         return total
 
-    def grads(self, local, params, batch, step, scale):
-        dims = self.param_dims(params)
-        specs = self.param_specs(params)
-        dtype = reduce_dtype(self.grad_reduce_dtype)
-        sharded_local = dataclasses.replace(
-            local, materialize=functools.partial(gathered_model, dims=dims, reduce_dtype_=dtype), unroll=True
+    def local(self, local, specs):
+        # the model is built from the parameter shards, gathered layer by layer (microbatch loop unrolled)
+        materialize = functools.partial(
+            gathered_model, dims=dims_of(specs), reduce_dtype_=reduce_dtype(self.grad_reduce_dtype)
         )
+        return dataclasses.replace(local, materialize=materialize, unroll=True)
 
-        def reduce(g, d):
-            # sharded leaves: already reduce-scattered over fsdp in the backward pass; replicas over data
-            axes: Any = "data" if d != REPLICATED else BATCH_AXES
-            return jax.lax.psum(g.astype(dtype), axes).astype("float32")
-
-        def per_device(shards, batch, step, scale):
-            grad_sums, sums = sharded_local(pcast_varying(shards, BATCH_AXES), batch, step, scale)
-            return jax.tree.map(reduce, grad_sums, dims), jax.lax.psum(sums, BATCH_AXES)
-
-        grad_sums, sums = jax.shard_map(
-            per_device, mesh=self.mesh, in_specs=(specs, P(BATCH_AXES), P(), P()), out_specs=(specs, P())
-        )(params, batch, step, scale)
-        return global_mean(grad_sums, sums, self.global_batch)
+    def reduce(self, grad_sums, sums, scale, mode_state, specs):
+        # sharded leaves: already reduce-scattered over fsdp in the backward pass, summed over data here;
+        # replicated leaves: summed over every axis
+        axes = jax.tree.map(lambda d: "data" if d != REPLICATED else BATCH_AXES, dims_of(specs))
+        dtype = reduce_dtype(self.grad_reduce_dtype)
+        return (*psum_mean(grad_sums, sums, BATCH_AXES, dtype, self.global_batch, grad_axes=axes), mode_state)

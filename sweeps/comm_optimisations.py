@@ -14,8 +14,8 @@ variant          overrides                                                  what
 ===============  =========================================================  ===================================
 ``none``         (the mode's own float32 reduction)                         float32 all-reduce of the gradients
 ``bf16_reduce``  ``parallel.grad_reduce_dtype=bfloat16``                    bf16 all-reduce: half the payload
-``int8_ef``      ``parallel.grad_compression=int8``                         int8 all-to-all + all-gather, error
-                                                                            feedback (``parallel.compress``)
+``<c>_ef``       ``parallel.grad_compression=<c>``, for each compression   quantised all-to-all + all-gather,
+                 (``parallel.options.COMPRESSION_VARIANTS``)                error feedback (``parallel.compress``)
 ``accum4``       ``train.accum_steps=4``, 4x ``train.global_batch``         same bytes per step for 4x the
                                                                             examples: a quarter per example
 ===============  =========================================================  ===================================
@@ -44,6 +44,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+from parallel.options import COMPRESSION_VARIANTS
+
 REPO = Path(__file__).resolve().parent.parent
 
 DEFAULT_OVERRIDES = ("train.steps=200", "train.log_every=50")
@@ -54,7 +56,7 @@ ACCUM = 4
 VARIANTS: dict[str, tuple[str, ...]] = {
     "none": (),
     "bf16_reduce": ("parallel.grad_reduce_dtype=bfloat16",),
-    "int8_ef": ("parallel.grad_compression=int8",),
+    **{name: (override,) for name, override in COMPRESSION_VARIANTS.items()},
     "accum4": (f"train.accum_steps={ACCUM}", "train.global_batch={accum_global_batch}"),
 }
 
@@ -234,7 +236,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         argv, extra = argv[:i], argv[i + 1 :]
     parser = argparse.ArgumentParser(
         prog="python -m sweeps.comm_optimisations",
-        description="none / bf16 reduce / int8 + error feedback / accumulation 4",
+        description="none / bf16 reduce / compressed + error feedback / accumulation 4",
     )
     parser.add_argument("--out", default=None, help="sweep folder (default: multirun/<date>/<time>-comm_optimisations)")
     parser.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(VARIANTS)}")

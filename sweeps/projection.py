@@ -21,7 +21,7 @@ Default model, ``algorithm="hierarchical"``:
 
       t = (g-1)/g * S / B_intra + (m-1)/m * (S/g) / B_inter + a * ((g-1) + (m-1))
 
-* all-to-all (flat, only the int8 gradient compression uses it): (N-1)/N * S / B + a (N-1), B = B_intra on one
+* all-to-all (flat, only the compressed gradient exchange uses it): (N-1)/N * S / B + a (N-1), B = B_intra on one
   node, else B_inter; collective-permute: S / B + a.
 
 ``algorithm="ring"`` / ``"tree"`` / ``"nccl"`` are NCCL's own cost model (NVIDIA/nccl src/graph/tuning.cc,

@@ -236,16 +236,16 @@ def test_int8_training_matches_reference_and_residual_is_per_device(mode):
     losses, state, exp, initial = run_steps(
         make_cfg({**sgd, "parallel": {"name": mode, "grad_compression": "int8"}}), data, 4
     )
-    assert initial.grad_residual["worker"].shape == (N, 203536)
-    assert initial.grad_residual["server"].shape == (N, 203536 // N)
-    assert max_abs_diff(initial.grad_residual, jax.tree.map(np.zeros_like, initial.grad_residual)) == 0.0
+    assert initial.mode_state["worker"].shape == (N, 203536)
+    assert initial.mode_state["server"].shape == (N, 203536 // N)
+    assert max_abs_diff(initial.mode_state, jax.tree.map(np.zeros_like, initial.mode_state)) == 0.0
     # quantisation error is small: same losses to 1e-4, params to 1e-4 (SGD, lr 0.1, 4 steps)
     assert np.max(np.abs(losses - ref_losses)) < 1e-4
     assert max_abs_diff(state.params, ref_state.params) < 1e-4
     # the residual differs between devices (one row each) and stays out of the replica check
-    worker = state.grad_residual["worker"]
+    worker = state.mode_state["worker"]
     assert worker.shape == (N, 203536) and np.abs(worker[0] - worker[1]).max() > 0
-    placed = exp.state.grad_residual["worker"]
+    placed = exp.state.mode_state["worker"]
     rows = sorted(s.index[0].start for s in placed.addressable_shards)
     assert rows == list(range(N)) and all(s.data.shape == (1, 203536) for s in placed.addressable_shards)
     if mode != "pmap":  # pmap's outputs carry its own P('data') over the same 8 devices

@@ -21,9 +21,10 @@ def global_grads(mode: str, devices: int):
     layout, gb = exp.mode.batch_layout(), exp.plan.global_batch
     batch = layout.place(TrainSource(DATA, gb, 0).local_batch(0, layout.local_rows(gb)), gb)
     if mode == "pmap":
-        fn = jax.pmap(
+        fn = jax.pmap(  # the state is canonical (not stacked): mapped with in_axes=None, as the mode's step does
             lambda s, b: exp.mode.grads(exp.local, s.params, b, s.step, s.loss_scale.scale)[0],
             axis_name="data",
+            in_axes=(None, 0),
             devices=list(exp.mode.mesh.devices.flat),
         )
         return jax.tree.map(lambda x: np.asarray(x[0]), fn(exp.state, batch))

@@ -26,7 +26,8 @@ from measure.throughput import check_target_accuracy
 from models import build_model
 from parallel import ParallelMode, make_mesh, mode_class, resolve_mesh_shape
 from parallel.base import StepFns, reduce_dtype
-from parallel.compress import COMPRESSIONS
+from parallel.fsdp import check_rules
+from parallel.options import COMPRESSIONS
 from training.report import resolve_wandb_mode
 from training.validate import check_library_settings
 
@@ -129,6 +130,7 @@ def plan(cfg: Config) -> Plan:
             f"train.grad_norm_every={cfg.train.grad_norm_every} must be in [1, {2**31 - 1}] (or null: no gradient norm)"
         )
     check_compression(cfg.parallel.grad_compression, cfg.parallel.grad_reduce_dtype, mode)
+    check_rules(getattr(cfg.parallel, "fsdp_rules", ()))
     check_numbers(cfg)
     check_library_settings(cfg, extra_tags=[mode.name, cfg.precision.name, f"devices={n}"])
     check_measurement(cfg)
@@ -154,8 +156,9 @@ def plan(cfg: Config) -> Plan:
 
 
 def check_compression(compression: str, grad_reduce_dtype: Optional[str], mode: type[ParallelMode]) -> None:
-    """Raises ConfigError for an unknown ``parallel.grad_compression``, one the mode does not implement, or
-    int8 together with ``parallel.grad_reduce_dtype`` (int8 replaces the reduction, the dtype would be ignored)."""
+    """Raises ConfigError for an unknown ``parallel.grad_compression``, one the mode does not implement, or a
+    compression together with ``parallel.grad_reduce_dtype`` (it replaces the reduction, the dtype would be
+    ignored)."""
     if compression not in COMPRESSIONS:
         raise ConfigError(
             f"parallel.grad_compression={compression!r} is unknown; choose one of {', '.join(COMPRESSIONS)}"
@@ -350,6 +353,7 @@ def build(p: Plan) -> Experiment:
         min_shard_bytes=cfg.parallel.min_shard_bytes,
         grad_reduce_dtype=cfg.parallel.grad_reduce_dtype,
         grad_compression=cfg.parallel.grad_compression,
+        **({"fsdp_rules": cfg.parallel.fsdp_rules} if hasattr(cfg.parallel, "fsdp_rules") else {}),
     )
     tx, schedule = _optimizer(cfg, p.peak_lr)
     graphdef, init_fn = state_init_fn(cfg, tx)

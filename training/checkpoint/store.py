@@ -11,9 +11,9 @@ On disk, one folder per optimizer step under ``checkpoint.dir`` (null: ``<run fo
                              and ``commit_success.txt`` are written, so a crash never leaves a half ``<step>``
     <dir>/<step>.corrupt     a step folder found unreadable on resume, moved aside (orbax ignores the name)
 
-"Host form" is the state every layout shares: no leading device axis. The run's parallel mode says how its
-placed state is written (``state_for_save``), what it is restored into (``host_abstract``,
-``restore_target``) and how it is placed again (``from_restored``); nothing here asks which mode runs.
+The state is the canonical one of every mode (global arrays, no device axis). The run's parallel mode says what
+it is restored into (``host_abstract``, ``restore_target``) and how the state it owns (``TrainState.mode_state``)
+is read back (``from_restored``); nothing here asks which mode runs.
 Shardings are never read back from a checkpoint: the NEW run's mode gives them, so a state saved under fsdp
 on 8 devices restores onto 1 or 2 devices, another mesh or mode.
 
@@ -40,7 +40,7 @@ import jax
 import numpy as np
 
 from core.errors import ConfigError
-from parallel.base import host_finite_flags
+from parallel.base import device_finite_flags, host_finite_flags
 
 STATE, META = "state", "meta"
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
@@ -117,11 +117,11 @@ def _leaf_specs(tree) -> dict[str, tuple[tuple, str]]:
     return {_name(p): (tuple(x.shape), str(np.dtype(x.dtype))) for p, x in leaves}
 
 
-def finite_flags(state, mode) -> tuple[bool, bool]:
-    """(params all finite, optimizer state all finite) of a host-form state or of ``mode``'s placed state."""
+def finite_flags(state, mode=None) -> tuple[bool, bool]:
+    """(params all finite, optimizer state all finite) of a host state or of a placed state."""
     if isinstance(jax.tree.leaves(state.params)[0], np.ndarray):
         return host_finite_flags(state.params, state.opt_state)
-    return mode.finite_flags(state)
+    return device_finite_flags(state)
 
 
 # ---- saving -----------------------------------------------------------------------------------------------
@@ -166,10 +166,9 @@ class Saver:
                 f"optim.lr, enable optim.clip_grad_norm, or, under bf16/fp16, use precision=fp32"
             )
         ocp = _ocp()
-        to_save = mode.state_for_save(state)
         self.manager.save(
             step,
-            args=ocp.args.Composite(**{STATE: ocp.args.StandardSave(to_save), META: ocp.args.JsonSave(metadata)}),
+            args=ocp.args.Composite(**{STATE: ocp.args.StandardSave(state), META: ocp.args.JsonSave(metadata)}),
             force=True,
         )
         self.last_step = step
@@ -271,13 +270,12 @@ def restore_step(step_dir: Path, mode, placed_state) -> Restored:
         saved = manager.item_metadata(step)[STATE]
         if saved is None:
             raise FileNotFoundError(f"{step_dir / STATE} is missing")
-        # the int8 residual's shape depends on the device count; it is read as saved (host numpy)
-        # and adapted below (kept, or reset to zero with a warning), so it is left out of the comparison.
-        saved_residual = saved.tree.get("grad_residual") if isinstance(saved.tree, dict) else None
-        residual_target = mode.feedback.restore_target(saved_residual)
+        # state the mode owns (its shape may depend on the device count) is read as saved and adapted by the
+        # mode (``from_restored``), so it is left out of the comparison
+        own = mode.saved_state_keys
         have, want = (
-            {k: v for k, v in _leaf_specs(t).items() if not k.startswith("grad_residual.")}
-            for t in (saved.tree, abstract.replace(grad_residual=None))
+            {k: v for k, v in _leaf_specs(t).items() if k.split(".")[0] not in own}
+            for t in (saved.tree, abstract.replace(mode_state=None))
         )
         if have != want and any(k.startswith("params.") and k.endswith(".value") for k in have):
             raise ConfigError(
@@ -293,16 +291,12 @@ def restore_step(step_dir: Path, mode, placed_state) -> Restored:
                 f"there but {want.get(diff, 'absent')} here; resume with the checkpoint's model and "
                 f"optimizer settings, or set checkpoint.resume=never / another checkpoint.dir"
             )
-        target = mode.restore_target(abstract).replace(grad_residual=residual_target)
+        target = mode.restore_target(abstract, saved.tree)
         out = manager.restore(
             step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target), META: ocp.args.JsonRestore()})
         )
-    state, meta = out[STATE], dict(out[META])
-    # keep the residual when saved for this device count, else zeros (warning); None when unused
-    residual = None
-    if placed_state.grad_residual is not None:
-        residual = mode.feedback.adapt(state.grad_residual, abstract.params)
-    state, saved_step = mode.from_restored(state, abstract, residual)
+    state, saved_step = mode.from_restored(dict(out[STATE]), abstract)
+    meta = dict(out[META])
     if saved_step != step or meta.get("step") != step:
         raise ValueError(f"{step_dir} holds step {saved_step} (metadata: {meta.get('step')}), not {step}")
     return Restored(state=state, step=step, path=step_dir, metadata=meta)
