@@ -117,16 +117,19 @@ def logits_fn(params, tokens, dtype, heads: int = HEADS):
 
     p = jax.tree.map(lambda a: a.astype(dtype), params)
     b, t = tokens.shape
-    x = p["embed"]["embedding"][tokens] + p["pos_embed"][:t]
+
+    def linear(q, x):  # x @ kernel + bias, contracting x's last axis (as flax's Linear writes it)
+        return jax.lax.dot_general(x, q["kernel"], (((x.ndim - 1,), (0,)), ((), ()))) + q["bias"]
+
+    x = jnp.take(p["embed"]["embedding"], tokens, axis=0) + p["pos_embed"][:t]
     for blk in p["blocks"]:
         d = x.shape[-1]
-        qkv = (layer_norm(blk["norm1"], x) @ blk["qkv"]["kernel"] + blk["qkv"]["bias"]).reshape(b, t, 3, heads, -1)
+        qkv = linear(blk["qkv"], layer_norm(blk["norm1"], x)).reshape(b, t, 3, heads, -1)
         a = jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], is_causal=True)
-        x = x + a.reshape(b, t, d) @ blk["proj"]["kernel"] + blk["proj"]["bias"]
-        m = jax.nn.gelu(layer_norm(blk["norm2"], x) @ blk["fc1"]["kernel"] + blk["fc1"]["bias"])
-        x = x + m @ blk["fc2"]["kernel"] + blk["fc2"]["bias"]
+        x = x + linear(blk["proj"], a.reshape(b, t, d))
+        x = x + linear(blk["fc2"], jax.nn.gelu(linear(blk["fc1"], layer_norm(blk["norm2"], x))))
     x = layer_norm(p["norm"], x)
-    return (x @ p["embed"]["embedding"].T).astype(jnp.float32)
+    return jnp.dot(x, p["embed"]["embedding"].T).astype(jnp.float32)
 
 
 def loss_fn(params, x, y, dtype):
