@@ -16,6 +16,9 @@ by its first run), so both read the same bytes the same cheap way; ``--data`` po
 
     python benchmarks/bare_train.py [--devices 8] [--precision bf16] [--epochs 10] [--timings out.json]
 
+``--compilation-cache DIR``: JAX's persistent compilation cache, as ``train.py`` has one by default (a bare script
+compiles every run; ``benchmarks/overhead.py --bare-cache`` compares with both warm).
+
 ``--timings``: writes seconds since the script started at each phase (imports, data, first step, each epoch,
 train, eval, end), the start as ``t0_epoch_s``, ``steady_examples_per_s`` (epochs 2..N) and
 ``window_examples_per_s_median`` to a JSON file, for ``benchmarks/startup.py`` and ``benchmarks/overhead.py``.
@@ -51,6 +54,7 @@ def main() -> None:
     ap.add_argument("--data", default=default_data_dir(), help="folder of mnist-3.0.1-{train,test}.npz")
     ap.add_argument("--timings", default=None, help="write phase times (s since start) to this JSON file")
     ap.add_argument("--window", type=int, default=50, help="steps per throughput window (train.py's train.log_every)")
+    ap.add_argument("--compilation-cache", default=None, help="JAX's persistent compilation cache folder (off)")
     args = ap.parse_args()
     marks: dict[str, float] = {}
 
@@ -60,6 +64,10 @@ def main() -> None:
     import jax
 
     jax.config.update("jax_num_cpu_devices", args.devices)
+    if args.compilation_cache:  # every program cached (JAX's 1 s threshold would skip these CPU compilations)
+        jax.config.update("jax_compilation_cache_dir", args.compilation_cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     import jax.numpy as jnp
     import numpy as np
     import optax

@@ -13,9 +13,19 @@ temporary folder: a user's second run) and the OS file cache. Per pair:
 - steady state: examples/s, the median of 50-step windows (``train.py``'s ``perf/examples_per_s``; the bare
   script times the same windows, ``--window``), ``train.py`` / bare (goal >= 0.98).
 
-Printed: every pair, then per setup the median with min-max over the pairs, and ``train.py``'s start-up
-phases (``perf/startup/*_s``, median over the pairs). ``--also OVERRIDES`` adds ``train.py OVERRIDES`` to every
-round (e.g. ``--also wandb.mode=disabled`` prices W&B), with its own ratios to the same bare runs.
+Printed: every pair (with both sides' start-up to the first step), then per setup the median with min-max over
+the pairs, and ``train.py``'s start-up phases (``perf/startup/*_s``, median over the pairs). ``--also OVERRIDES``
+adds ``train.py OVERRIDES`` to every round (e.g. ``--also wandb.mode=disabled`` prices W&B), with its own ratios
+to the same bare runs. ``--bare-cache``: the bare script uses JAX's persistent compilation cache too (its own
+folder, warmed by its uncounted run), so that neither side compiles in the counted runs; without it the bare
+script compiles every run, as a bare script does, while ``train.py`` loads its programs from its cache.
+
+``--model gpt``: the same four ratios for the language model: ``python train.py model=gpt data=tiny_shakespeare
+train.steps=S train.global_batch=B train.log_every=W`` (size tiny: 4 layers, 128 wide, context 128 bytes;
+defaults S=30, B=8 windows, W=5; W&B offline, a final checkpoint, the final evaluation over the validation
+split) against ``benchmarks/bare_gpt.py`` (the same transformer, Adam, batches and evaluation as raw arrays and
+one jitted step; ``tests/test_bare_gpt.py`` checks that it is the same computation). Steady state in tokens/s
+(examples/s x 128; the ratio is the same).
 
 ``--mode in-process``: the steady-state step loop alone, in one process per setup:
 
@@ -34,10 +44,11 @@ Printed: each pair's examples/s and ratio (A / B), the median and the interquart
 machine single pairs range over +-15%: use many short pairs (``--pairs 21``).
 
     python benchmarks/overhead.py [--setups 1:fp32,8:bf16] [--pairs 3] [--epochs 10] [--also wandb.mode=disabled]
+    python benchmarks/overhead.py --model gpt [--pairs 3] [--steps 30] [--batch 8] [--window 5] [--bare-cache]
     python benchmarks/overhead.py --mode in-process [--pairs 21] [--steps 100] [--repo-bound 2]
 
 Needs MNIST prepared (``TFDS_DATA_DIR``); the first ``train.py`` run writes the decoded cache the bare script
-reads.
+reads. ``--model gpt`` needs ``../shared/data/tiny_shakespeare/input.txt`` beside the repository.
 """
 
 from __future__ import annotations
@@ -85,9 +96,19 @@ def processes(args) -> None:
         env[var] = os.path.join(work, "wandb_aux")
     variants = [("train.py", [])] + [(f"train.py {' '.join(a)}", list(a)) for a in (args.also or [])]
     table = []
+    bare_script = "bare_train.py" if args.model == "mlp" else "bare_gpt.py"
+    rate = "examples/s" if args.model == "mlp" else "tokens/s"
+    per_example = 1 if args.model == "mlp" else 128  # tokens per example (window): model.context of size tiny
     print(
         f"overhead (whole processes): {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start, "
-        f"{args.pairs} interleaved pairs per setup, {args.epochs} epochs MNIST MLP, batch {args.batch}",
+        f"{args.pairs} interleaved pairs per setup, "
+        + (
+            f"{args.epochs} epochs MNIST MLP, global batch {args.batch}"
+            if args.model == "mlp"
+            else f"{args.steps} steps GPT size tiny on Tiny Shakespeare, global batch {args.batch} x 128 tokens"
+        )
+        + f", windows of {args.window} steps (train.log_every), bare script benchmarks/{bare_script} "
+        + ("with its own persistent compilation cache (--bare-cache)" if args.bare_cache else "compiling every run"),
         flush=True,
     )
     try:
@@ -98,14 +119,20 @@ def processes(args) -> None:
             def train(extra: list[str]) -> tuple[list[str], str]:
                 runs[0] += 1
                 run_dir = os.path.join(work, item.replace(":", "_"), f"run{runs[0]}")
+                length = (
+                    [f"train.epochs={args.epochs}"]
+                    if args.model == "mlp"
+                    else ["model=gpt", "data=tiny_shakespeare", f"train.steps={args.steps}"]
+                )
                 return [
                     sys.executable,
                     "train.py",
                     f"hydra.run.dir={run_dir}",
                     f"runtime.cpu_devices={devices}",
                     f"precision={precision}",
-                    f"train.epochs={args.epochs}",
+                    *length,
                     f"train.global_batch={args.batch}",
+                    f"train.log_every={args.window}",
                     f"runtime.compilation_cache_dir={os.path.join(work, item.replace(':', '_'), 'jax_cache')}",
                     *extra,
                 ], run_dir
@@ -113,19 +140,29 @@ def processes(args) -> None:
             def bare() -> tuple[list[str], str]:
                 runs[0] += 1
                 out = os.path.join(work, item.replace(":", "_"), f"bare{runs[0]}.json")
+                script, length = (
+                    ("bare_train.py", f"--epochs={args.epochs}")
+                    if args.model == "mlp"
+                    else ("bare_gpt.py", f"--steps={args.steps}")
+                )
                 cmd = [
                     sys.executable,
-                    os.path.join("benchmarks", "bare_train.py"),
+                    os.path.join("benchmarks", script),
                     f"--devices={devices}",
                     f"--precision={precision}",
-                    f"--epochs={args.epochs}",
+                    length,
                     f"--batch={args.batch}",
                     f"--window={args.window}",
+                    *(
+                        [f"--compilation-cache={os.path.join(work, item.replace(':', '_'), 'bare_jax_cache')}"]
+                        if args.bare_cache
+                        else []
+                    ),
                     f"--timings={out}",
                 ]
                 return cmd, out
 
-            print(f"\n=== {devices} device(s), {precision} ===", flush=True)
+            print(f"\n=== {args.model}: {devices} device(s), {precision} ===", flush=True)
             timed_process(train([])[0], env)  # not counted: compilation cache, OS file cache
             timed_process(bare()[0], env)
             whole: dict[str, list[float]] = {name: [] for name, _ in variants}
@@ -152,26 +189,29 @@ def processes(args) -> None:
                 print(
                     f"pair {i} ({' -> '.join(n for n, _ in order)}): "
                     + ", ".join(f"{n} {walls[n]:.2f} s" for n, _ in order)
-                    + f"; examples/s (median of windows) train.py {s['perf/examples_per_s']:.0f}, bare {bare_eps:.0f}"
+                    + f"; {rate} (median of windows) train.py {s['perf/examples_per_s'] * per_example:.0f}, "
+                    f"bare {bare_eps * per_example:.0f}"
+                    + f"; start-up to the first step train.py {s.get('perf/startup_s', float('nan')):.2f} s, "
+                    f"bare {results['bare']['first_step']:.2f} s"
                     + "; ratios whole / steady "
                     + ", ".join(f"{n}: {whole[n][-1]:.3f} / {steady[n][-1]:.3f}" for n, _ in variants),
                     flush=True,
                 )
             for name, _ in variants:
-                print(f"{devices} device(s) {precision}, {name} / bare:")
+                print(f"{args.model}, {devices} device(s) {precision}, {name} / bare:")
                 print(f"  whole process (goal <= 1.05): {spread(whole[name])}")
-                print(f"  steady state, examples/s median of windows (goal >= 0.98): {spread(steady[name])}")
-                table.append((f"{devices} device(s) {precision}", name, whole[name], steady[name]))
+                print(f"  steady state, {rate} median of windows (goal >= 0.98): {spread(steady[name])}")
+                table.append((f"{args.model} {devices} device(s) {precision}", name, whole[name], steady[name]))
             print(
                 f"  train.py start-up phases, median s (compile cache {', '.join(map(str, cache))}): "
                 + ", ".join(f"{p} {statistics.median(v):.2f}" for p, v in phases.items())
             )
         print(
             f"\nsummary (median, min-max over {args.pairs} interleaved pairs; load average now "
-            f"{os.getloadavg()[0]:.1f}):"
+            f"{os.getloadavg()[0]:.1f}; ratios train.py / bare, steady state in {rate}):"
         )
         for setup, name, w, st in table:
-            print(f"  {setup:<20} {name:<40} whole process {spread(w)}   steady state {spread(st)}")
+            print(f"  {setup:<24} {name:<40} whole process {spread(w)}   steady state {spread(st)}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -179,16 +219,29 @@ def processes(args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", default="processes", choices=["processes", "in-process"])
+    ap.add_argument(
+        "--model",
+        default="mlp",
+        choices=["mlp", "gpt"],
+        help="processes: mlp (MNIST, bare_train.py) or gpt (size tiny, Tiny Shakespeare, bare_gpt.py)",
+    )
     ap.add_argument("--setups", default="1:fp32,8:bf16", help="devices:precision, comma-separated")
     ap.add_argument("--devices", type=int, default=None, help="one setup in this process (with --precision)")
     ap.add_argument("--pairs", type=int, default=None, help="default: 3 (processes), 21 (in-process)")
     ap.add_argument("--epochs", type=int, default=10, help="processes: epochs of every run")
-    ap.add_argument("--window", type=int, default=50, help="processes: the bare script's window (train.log_every)")
+    ap.add_argument(
+        "--window", type=int, default=None, help="processes: steps per window, train.log_every (mlp 50, gpt 5)"
+    )
     ap.add_argument(
         "--also", nargs="+", action="append", help="processes: another train.py variant in every round (overrides)"
     )
-    ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument(
+        "--bare-cache",
+        action="store_true",
+        help="processes: the bare script uses JAX's persistent compilation cache too (warmed by its uncounted run)",
+    )
+    ap.add_argument("--steps", type=int, default=None, help="in-process: steps per trial (100); gpt: steps (30)")
+    ap.add_argument("--batch", type=int, default=None, help="global batch (mlp 256, gpt 8 windows)")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument(
         "--repo-bound",
@@ -197,6 +250,12 @@ def main() -> None:
         help="A's steps in flight (default: train.max_in_flight of the schema; 0: unbounded)",
     )
     args = ap.parse_args()
+    gpt = args.model == "gpt"
+    args.window = args.window or (5 if gpt else 50)
+    args.batch = args.batch or (8 if gpt else 256)
+    args.steps = args.steps or (30 if gpt else 100)
+    if gpt and args.mode != "processes":
+        ap.error("--model gpt is measured with --mode processes")
     if args.mode == "processes" and args.devices is None:
         args.pairs = args.pairs or 3
         processes(args)
