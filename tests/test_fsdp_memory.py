@@ -43,6 +43,21 @@ def test_fsdp_peak_memory_at_most_a_quarter_of_jit_sharding():
     assert fsdp["temp_bytes"] <= jit["temp_bytes"] / 4
 
 
+@functools.lru_cache(maxsize=None)
+def gpt_memory(mode: str, devices: int) -> dict:
+    return step_memory(mode, devices, model="gpt", global_batch=16, **WIDE)
+
+
+def test_fsdp_peak_memory_gpt_at_most_a_quarter_of_jit_sharding():
+    """The same bound on the language model: ``model=gpt`` width 512, depth 8, 8 heads, context 128, vocabulary
+    256 (25,416,704 parameters), global batch 16 windows, fp32, Adam, 8 devices: peak and temporaries
+    (measured: 0.158 of the peak)."""
+    jit, fsdp = gpt_memory("jit_sharding", 8), gpt_memory("fsdp", 8)
+    print("gpt jit_sharding", jit, "fsdp", fsdp)
+    assert fsdp["peak_bytes"] <= jit["peak_bytes"] / 4
+    assert fsdp["temp_bytes"] <= jit["temp_bytes"] / 4
+
+
 @pytest.mark.slow
 def test_fsdp_peak_memory_bf16_accumulation_and_device_count():
     """The same bound in bf16 (weights gathered in bf16) and with K=4 microbatches (each gradient reduce-scattered
