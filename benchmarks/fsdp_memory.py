@@ -89,9 +89,8 @@ def main() -> None:
     )
     print(f"{'devices':>7} {'jit_sharding MiB':>17} {'fsdp MiB':>9} {'(args + temp)':>22} {'fsdp / jit':>10}")
     for n in counts:
-        kw = dict(
-            width=args.width, depth=args.depth, global_batch=args.global_batch, precision=args.precision, model=args.model
-        )
+        kw = dict(width=args.width, depth=args.depth, global_batch=args.global_batch)
+        kw.update(precision=args.precision, model=args.model)
         jit = step_memory("jit_sharding", n, **kw)
         fsdp = step_memory("fsdp", n, **kw)
         parts = f"{fsdp['argument_bytes'] / 2**20:.1f} + {fsdp['temp_bytes'] / 2**20:.1f}"
