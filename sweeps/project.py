@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import re
 import sys
@@ -243,6 +244,9 @@ def _explicit_flops(args, tokens: Optional[int]) -> Optional[float]:
     else the run's context); None when neither is given."""
     if args.tokens_per_example is not None and not (args.tokens_per_example >= 1):
         raise ProjectionError(f"--tokens-per-example {args.tokens_per_example}: must be a positive integer")
+    for flag, value in (("--flops-per-token", args.flops_per_token), ("--flops-per-example", args.flops_per_example)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ProjectionError(f"{flag} {value:g}: must be a positive number")
     if args.flops_per_token is None:
         return args.flops_per_example
     if args.flops_per_example is not None:
@@ -302,7 +306,14 @@ def build_projection(args) -> tuple[list[dict[str, Any]], Hardware, dict[str, An
             raise ProjectionError(
                 f"{summary['_job_dir']}: no train/global_batch in summary.json; give --per-device-batch"
             )
-        tokens = args.tokens_per_example or tokens_per_example(summary)
+        run_tokens = tokens_per_example(summary)
+        if args.tokens_per_example and args.tokens_per_example != run_tokens:
+            what = f"its context is {run_tokens}" if run_tokens else "it is not a language model (no model/context)"
+            raise ProjectionError(
+                f"--tokens-per-example {args.tokens_per_example} does not match the run {summary['_job_dir']}: "
+                f"{what}; leave --tokens-per-example out when projecting from a run"
+            )
+        tokens = run_tokens
         flops = summary.get("perf/flops_per_step_per_device")
         per_example = _explicit_flops(args, tokens)
         if per_example is not None:

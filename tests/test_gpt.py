@@ -467,6 +467,12 @@ def test_resume_refuses_another_vocabulary_or_position_table_by_resolved_size():
     assert "\n" not in line and "256 -> 300" in line and "checkpoint.dir" in line
 
 
+@pytest.mark.unit
+def test_negative_sample_tokens_is_refused():
+    with pytest.raises(ConfigError, match=r"train.sample_tokens=-1 must be >= 0"):
+        plan(gpt_cfg(train__sample_tokens=-1))
+
+
 def test_sample_cli_greedy_is_deterministic_and_bad_folders_are_one_line(tmp_path):
     """``python -m sample <run folder>``: greedy output is the prompt + N bytes, the same twice; a missing folder
     and a checkpoint whose saved vocabulary differs from its arrays: one line, exit 1."""

@@ -586,6 +586,14 @@ def test_explicit_tokens_columns_and_console(tmp_path, capsys):
             "error: --flops-per-token 1e+09 and --flops-per-example 1e+12: give one of them",
         ),
         (["--tokens-per-example", "0"], "error: --tokens-per-example 0: must be a positive integer"),
+        (
+            ["--tokens-per-example", "1024", "--flops-per-token", "-1"],
+            "error: --flops-per-token -1: must be a positive number",
+        ),
+        (
+            ["--tokens-per-example", "1024", "--flops-per-token", "nan"],
+            "error: --flops-per-token nan: must be a positive number",
+        ),
     ],
 )
 def test_token_options_bad_input_is_one_line(tmp_path, capsys, args, message):
@@ -615,3 +623,10 @@ def test_gpt_run_folder_projects_in_tokens(tmp_path, capsys):
         assert float(row["flops_per_token"]) == pytest.approx(summary["perf/flops_per_token"], rel=1e-12)
     assert float(rows[0]["payload_bytes"]) == summary["comm/payload_bytes_per_step"]
     assert "tokens/s" in capsys.readouterr().out
+    # another T than the run's context is refused in one line, and the projection written above is kept
+    before = (tmp_path / "run" / "projection.csv").read_text()
+    args = [str(tmp_path / "run"), "--hardware", "h100_sxm", "--mfu", "0.4", "--tokens-per-example", "999"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--tokens-per-example 999 does not match" in err and "context is 32" in err
+    assert (tmp_path / "run" / "projection.csv").read_text() == before

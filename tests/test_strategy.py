@@ -150,3 +150,18 @@ def test_fsdp_rules_from_the_config_shard_params_and_optimizer_state():
     ]
     for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.unit
+def test_fsdp_rules_may_change_on_resume_and_older_checkpoints_without_them_resume():
+    """The rules only decide where arrays live (like parallel.name): a checkpoint saved before the key existed, or
+    with other rules, or by another mode, resumes (and is re-sharded); a real conflict is still named alone."""
+    from training.checkpoint.policy import resume_conflicts
+
+    old = {"parallel": {"name": "jit_sharding", "min_shard_bytes": 0}, "optim": {"name": "adam"}}
+    now = {"parallel": {"name": "fsdp", "min_shard_bytes": 0, "fsdp_rules": []}, "optim": {"name": "adam"}}
+    assert resume_conflicts(old, now, 16, 16) == []
+    ruled = {"parallel": {**now["parallel"], "fsdp_rules": [[".*", 0]]}, "optim": {"name": "adam"}}
+    assert resume_conflicts(now, ruled, 16, 16) == []
+    sgd = {"parallel": now["parallel"], "optim": {"name": "sgd"}}
+    assert resume_conflicts(old, sgd, 16, 16) == ["optim.name: 'adam' -> 'sgd'"]

@@ -125,6 +125,10 @@ def plan(cfg: Config) -> Plan:
         raise ConfigError(f"train.epochs={cfg.train.epochs} must be positive")
     if cfg.train.eval_every is not None and cfg.train.eval_every <= 0:
         raise ConfigError(f"train.eval_every={cfg.train.eval_every} must be positive (or null: only at the end)")
+    if cfg.train.sample_tokens < 0:
+        raise ConfigError(
+            f"train.sample_tokens={cfg.train.sample_tokens} must be >= 0 (bytes the GPT generates at the end; 0: none)"
+        )
     if cfg.train.grad_norm_every is not None and not 0 < cfg.train.grad_norm_every < 2**31:
         raise ConfigError(
             f"train.grad_norm_every={cfg.train.grad_norm_every} must be in [1, {2**31 - 1}] (or null: no gradient norm)"

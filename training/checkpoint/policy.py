@@ -48,6 +48,7 @@ ALLOWED = (
     "runtime.",
     "parallel.name",
     "parallel.min_shard_bytes",
+    "parallel.fsdp_rules",  # where arrays live, like parallel.name (a checkpoint restores onto any sharding)
     "xla.",
     "hardware.",
     "distributed.",
