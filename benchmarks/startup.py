@@ -200,6 +200,8 @@ def breakdown(setup: Setup, env: dict) -> None:
         print(f"    {sec:7.2f}  {label}")
     steps_s = s["train/steps"] * s["train/global_batch"] / s["perf/examples_per_s"]
     print(f"    (of the loop: ~{steps_s:.2f} s of steps at the median window rate)")
+    for label, sec in sorted(timed.get("background_regions_s", {}).items(), key=lambda kv: -kv[1]):
+        print(f"    {sec:7.2f}  background thread, overlapping the above: {label}")
     print(f"  bare script ({wall_b:.2f} s whole process):")
     t0b = marks["t0_epoch_s"] - t_launch_b
     phases = [

@@ -19,7 +19,7 @@ import dataclasses
 import math
 import queue
 import threading
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -205,10 +205,12 @@ class EvalSet:
     num_examples: int
 
 
-def eval_batch_size(requested: int, num_devices: int, process_count: int) -> int:
-    """``train.eval_batch`` padded up to a multiple of the device count (and of the process count)."""
+def eval_batch_size(requested: int, num_devices: int, process_count: int, num_examples: Optional[int] = None) -> int:
+    """``train.eval_batch``, or the split's ``num_examples`` when that is smaller (one batch holds the whole split:
+    no batch of mostly padding), padded up to a multiple of the device count (and of the process count)."""
     multiple = int(np.lcm(num_devices, process_count))
-    return -(-requested // multiple) * multiple
+    rows = requested if num_examples is None else max(1, min(requested, num_examples))
+    return -(-rows // multiple) * multiple
 
 
 def make_eval_set(dataset: HostDataset, requested_batch: int, num_devices: int, layout: BatchLayout) -> EvalSet:
@@ -216,8 +218,8 @@ def make_eval_set(dataset: HostDataset, requested_batch: int, num_devices: int, 
 
     Every process runs the same number of eval steps; each reads its contiguous rows of every batch.
     """
-    b = eval_batch_size(requested_batch, num_devices, layout.process_count)
     n = len(dataset)
+    b = eval_batch_size(requested_batch, num_devices, layout.process_count, n)
     num_batches = -(-n // b)
     rows = layout.local_rows(b)
     batches = []

@@ -17,6 +17,8 @@ imports neither JAX nor Hydra.
 
 from __future__ import annotations
 
+import functools
+
 from pathlib import Path
 from typing import Any, Optional, cast
 
@@ -103,7 +105,13 @@ def profile_for_device_kind(device_kind: str, profile_dir: Path = PROFILE_DIR) -
     The longest matching substring wins (so ``"gh200"`` beats a shorter pattern). E.g. ``"NVIDIA H100 80GB
     HBM3"`` -> ``h100_sxm``, ``"TPU v5 lite"`` -> ``tpu_v5e``, ``"cpu"`` -> ``cpu`` (whose numbers are null).
     """
-    kind = device_kind.lower()
+    profile = _profile_for_device_kind(device_kind.lower(), profile_dir)
+    return None if profile is None else dict(profile)
+
+
+@functools.lru_cache(maxsize=None)
+def _profile_for_device_kind(kind: str, profile_dir: Path) -> Optional[dict[str, Any]]:
+    """``profile_for_device_kind``, read once per process (a run asks three times; each reads every profile)."""
     best: tuple[int, Optional[dict[str, Any]]] = (0, None)
     for name in profile_names(profile_dir):
         profile = load_profile(name, profile_dir)

@@ -63,6 +63,16 @@ def test_eval_batch_is_padded_to_a_multiple_of_the_devices():
     assert eval_batch_size(5, 8, 1) == 8
 
 
+@pytest.mark.unit
+def test_eval_batch_is_no_larger_than_the_split_padded_to_the_devices():
+    # the Tiny Shakespeare validation split of size tiny: 435 windows of 128 bytes (train.eval_batch=1000)
+    assert eval_batch_size(1000, 1, 1, 435) == 435
+    assert eval_batch_size(1000, 8, 1, 435) == 440
+    assert eval_batch_size(1000, 8, 2, 435) == 440
+    assert eval_batch_size(1000, 8, 1, 10_000) == 1000  # MNIST: unchanged
+    assert eval_batch_size(512, 8, 1, 513) == 512
+
+
 @pytest.fixture(scope="module")
 def trained_host_state(cache_dir):
     train = mnist_or_random("train", cache_dir)

@@ -34,6 +34,7 @@ def memory(mode: str, devices: int, precision: str = "fp32", accum_steps: int = 
     return step_memory(mode, devices, precision=precision, accum_steps=accum_steps, global_batch=global_batch, **WIDE)
 
 
+@pytest.mark.slow  # ~70 s of compiling; CI keeps the same bound on the GPT (next test), the same fsdp code path
 def test_fsdp_peak_memory_at_most_a_quarter_of_jit_sharding():
     """Compiled ``memory_analysis`` per device, arguments + temporaries: fsdp on 8 devices <= 1/4 of jit_sharding
     (measured: 0.14), the temporaries alone too (not only the stored state is smaller)."""

@@ -415,6 +415,8 @@ def test_fsdp_bytes_and_state_per_device():
 
 
 # ---- resume --------------------------------------------------------------------------------------------------
+@pytest.mark.slow  # 3 processes, ~60 s; CI keeps test_windows_are_a_function_of_seed_step_and_row (the text order
+# keyed by the step) and the MLP's kill/resume bitwise test (tests/test_checkpoint.py), the same resume code
 def test_resume_equals_uninterrupted_bitwise(tmp_path):
     """12 steps straight vs 6 steps, then the same folder continued to 12 (data order keyed by the step)."""
     common = [

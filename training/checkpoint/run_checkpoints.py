@@ -43,14 +43,22 @@ class RunCheckpoints:
         self.plan, self.cfg_dict, self.mode = plan, cfg_dict, mode
         self.mesh_shape, self.global_batch, self.steps_per_epoch = list(mesh_shape), global_batch, steps_per_epoch
         self.n_steps, self.run_dir = n_steps, Path(run_dir)
-        self.saver = Saver(plan.directory, plan.keep) if plan.directory is not None else None
+        self._saver: Optional[Saver] = None  # created at the first save (``store.preload_orbax``)
+        self.last_step: Optional[int] = None  # newest step saved (or restored) in this folder by this run
         self.last_path: Optional[Path] = None
-        if self.saver is not None and restored_step is not None and plan.resume_path is None:
-            self.saver.last_step, self.last_path = restored_step, self.saver.step_dir(restored_step)
+        if plan.directory is not None and restored_step is not None and plan.resume_path is None:
+            self.last_step, self.last_path = restored_step, Path(plan.directory) / str(restored_step)
 
     @property
     def enabled(self) -> bool:
-        return self.saver is not None
+        return self.plan.directory is not None
+
+    @property
+    def saver(self) -> Saver:
+        if self._saver is None:
+            self._saver = Saver(self.plan.directory, self.plan.keep)
+            self._saver.last_step = self.last_step
+        return self._saver
 
     def saves_at(self, done: int) -> bool:
         return self.plan.saves_at(done, self.n_steps, self.steps_per_epoch)
@@ -61,8 +69,8 @@ class RunCheckpoints:
         Raises:
           NonFiniteError: the state is not finite (nothing written).
         """
-        if self.saver is None or self.saver.last_step == done:
-            return self.last_path if self.saver is not None and self.saver.last_step == done else None
+        if not self.enabled or self.last_step == done:
+            return self.last_path if self.enabled and self.last_step == done else None
         meta = metadata(
             step=done,
             steps_per_epoch=self.steps_per_epoch,
@@ -77,19 +85,20 @@ class RunCheckpoints:
             reason=reason,
         )
         self.last_path = self.saver.save(state, done, meta, self.mode)
+        self.last_step = done
         log.info("checkpoint of step %d -> %s (%s)", done, self.last_path, reason)
         return self.last_path
 
     def close(self) -> None:
         """Waits until every save is on disk (also after an error: the last good checkpoint stays whole)."""
-        if self.saver is not None:
-            self.saver.close()
+        if self._saver is not None:
+            self._saver.close()
 
     def summary(self) -> dict:
-        if self.saver is None:
+        if not self.enabled:
             return {}
         return {
             "checkpoint/dir": str(self.plan.directory),
-            "checkpoint/last_step": self.saver.last_step,
+            "checkpoint/last_step": self.last_step,
             "checkpoint/last_path": str(self.last_path) if self.last_path else None,
         }

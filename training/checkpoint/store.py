@@ -57,6 +57,15 @@ class _OrbaxInfoFilter(logging.Filter):
         return record.levelno >= logging.WARNING or "orbax" not in record.pathname
 
 
+def preload_orbax() -> None:
+    """Starts importing ``orbax.checkpoint`` in the background (``training.background_imports``), so that a run's
+    first save does not wait for the import (~0.4-0.9 s on 2 CPU cores, overlapping the first training steps);
+    ``_ocp`` then waits for a preload still in progress (Python's import lock)."""
+    from training.background_imports import import_in_background
+
+    import_in_background("orbax.checkpoint")
+
+
 def _ocp():
     import orbax.checkpoint as ocp  # imported lazily: orbax pulls in tensorstore (~1 s)
 
