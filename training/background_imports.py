@@ -1,4 +1,5 @@
-"""Imports on one background thread, so that libraries a run needs only later (W&B, orbax) load while it trains.
+"""Imports on one background thread, so that a library a run needs only later (orbax, for its first checkpoint)
+loads while it trains.
 
 All background imports of a process run on the same single thread, in the order asked: two background threads
 never import at once (a concurrent circular import across threads would hand one of them a partially initialised

@@ -22,14 +22,6 @@ History across restarts (a run killed at any moment and started again with the s
   their old values. Rewinding (``resume_from="<id>?_step=C"``) and forking (``fork_from``) are W&B server
   features in preview, unavailable offline; the replay above is the client-side equivalent of a fork at C.
   Cost: one ``wandb.log`` per kept record at start (~0.1 ms each).
-
-W&B's start off the critical path: ``import wandb`` and ``wandb.init`` (1-2 s: the import and W&B's
-``wandb-core`` service) run on a background thread while the first steps train. Records logged before W&B has
-started are held and logged, in order, once it has; from then on each record is logged at once, on the training
-thread, in the logging hooks (whose time the throughput windows exclude), as before. Only a checkpoint waits for
-the start (it records the W&B run's id: ``wandb_run_id``); the summary and the end wait too. A failed start (e.g.
-``wandb.init`` failing offline) fails the run at its next ``log``, one logging window later than before. W&B
-starts after the step compiled (``training.run``): input errors found while preparing never start a W&B run.
 """
 
 from __future__ import annotations
@@ -40,9 +32,8 @@ import math
 import os
 import sys
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -128,10 +119,8 @@ class Reporter:
     def __init__(self, run_dir: Path, enabled: bool = True):
         self.run_dir = Path(run_dir)
         self.enabled = enabled
-        self.wandb_run = None  # set once wandb.init has returned (on the start's background thread)
+        self.wandb_run = None
         self.previous_run_id: Optional[str] = None
-        self._wandb_start: Optional[Future] = None  # the background wandb.init; None without W&B (or once failed)
-        self._wandb_held: list[Callable[[], None]] = []  # W&B calls made before the start finished, in order
         self._jsonl = None
 
     # ---- W&B -------------------------------------------------------------------------------------
@@ -147,8 +136,7 @@ class Reporter:
         init_timeout_s: float,
         previous_run_id: Optional[str] = None,
     ) -> None:
-        """Starts a new W&B run (a fresh id, never a resumed one) inside the run folder, on a background thread
-        (module docstring): returns at once; ``wandb_run_id``, ``summary`` and ``close`` wait for the start.
+        """Starts a new W&B run (a fresh id, never a resumed one) inside the run folder.
 
         ``previous_run_id``: the W&B run id recorded in the checkpoint this run continues (None for a run that
         starts at step 0). It is not resumed: W&B cannot rewind an offline run, and a resumed id would hold the
@@ -159,6 +147,8 @@ class Reporter:
         """
         if not self.enabled or mode == "disabled":
             return
+        import wandb
+
         if previous_run_id is not None:
             tags = [*tags, "resumed"]
             config = {**config, "resumed": {"previous_wandb_run_id": previous_run_id}}
@@ -173,53 +163,6 @@ class Reporter:
             dir=str(self.run_dir),
             reinit="finish_previous",
         )
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wandb-start")
-        self._wandb_start = pool.submit(self._init_wandb, mode, init_timeout_s, kwargs)
-        pool.shutdown(wait=False)  # the thread ends with the start
-
-    def _wandb_ready(self, wait: bool) -> bool:
-        """Whether the W&B run has started (the calls held until then are made first, in order). False without
-        W&B, while it is starting and ``wait`` is False, or after a failed start, whose error is raised (once)."""
-        if self._wandb_start is None or (not wait and not self._wandb_start.done()):
-            return False
-        error = self._wandb_start.exception()  # waits for the start
-        if error is not None:
-            self._wandb_start, self._wandb_held = None, []
-            raise error
-        held, self._wandb_held = self._wandb_held, []
-        for call in held:
-            call()
-        return True
-
-    def _wandb_call(self, call: Callable[[], None]) -> None:
-        """Makes ``call()`` (it uses ``self.wandb_run``) now, or holds it until W&B has started."""
-        if self._wandb_start is None:
-            return
-        self._wandb_held.append(call)
-        self._wandb_ready(wait=False)
-
-    def _wandb_settle(self) -> bool:
-        """Waits for the W&B start and makes the held calls; a failed start is a warning here (the run's files are
-        complete; ``log`` fails the run when it sees the error first). Returns whether W&B runs."""
-        try:
-            return self._wandb_ready(wait=True)
-        except Exception as e:
-            console(f"warning: W&B did not start ({type(e).__name__}: {str(e).splitlines()[0][:200]}); no W&B run")
-            return False
-
-    @property
-    def wandb_run_id(self) -> Optional[str]:
-        """The W&B run's id once ``wandb.init`` has returned (waits for it); None without W&B. A checkpoint records
-        it: it names only a W&B run that exists. Raises a failed start's error (once), like ``log``."""
-        return self.wandb_run.id if self._wandb_ready(wait=True) else None
-
-    def _init_wandb(self, mode: str, init_timeout_s: float, kwargs: dict) -> None:
-        """``import wandb`` and ``wandb.init`` (on the start's background thread); online -> offline when W&B cannot
-        be reached."""
-        from training.background_imports import import_in_background
-
-        wandb = import_in_background("wandb").result()  # one background import thread (training.background_imports)
-
         settings = dict(init_timeout=init_timeout_s, console="off", x_disable_stats=True, silent=True)
         try:
             self.wandb_run = wandb.init(mode=mode, settings=wandb.Settings(**settings), **kwargs)
@@ -239,9 +182,7 @@ class Reporter:
 
     @property
     def wandb_info(self) -> dict:
-        """``wandb/run_id``, ``wandb/run_dir``, ``wandb/group`` (and ``wandb/previous_run_id``) of the started W&B
-        run; waits for the start. Empty without W&B."""
-        if not self._wandb_settle():
+        if self.wandb_run is None:
             return {}
         info = {
             "wandb/run_id": self.wandb_run.id,
@@ -253,10 +194,6 @@ class Reporter:
         return info
 
     def _wandb_log(self, rec: dict) -> None:
-        """``_wandb_log_now(rec)`` now, or once W&B has started."""
-        self._wandb_call(lambda: self._wandb_log_now(rec))
-
-    def _wandb_log_now(self, rec: dict) -> None:
         """One strict-JSON record (``strict_record``) into the W&B history at its ``step``: numbers only
         (``null`` for a non-finite value, strings, lists and the ``nonfinite`` map are left out)."""
         self.wandb_run.log(
@@ -297,11 +234,9 @@ class Reporter:
         tmp = target.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(rec, sort_keys=True) + "\n" for rec in kept))
         os.replace(tmp, target)
-        if self._wandb_start is not None:
-            self._wandb_call(
-                lambda: self.wandb_run.config.update(
-                    {"resumed": {"previous_wandb_run_id": self.previous_run_id, "step": step}}, allow_val_change=True
-                )
+        if self.wandb_run is not None:
+            self.wandb_run.config.update(
+                {"resumed": {"previous_wandb_run_id": self.previous_run_id, "step": step}}, allow_val_change=True
             )
             for rec in kept:
                 self._wandb_log(rec)
@@ -333,8 +268,8 @@ class Reporter:
         for rec in records:
             rec = strict_record(rec)
             self._jsonl.write(json.dumps(rec, sort_keys=True, allow_nan=False) + "\n")
-            if self._wandb_start is not None:
-                self._wandb_log(rec)  # raises a failed W&B start's error (once)
+            if self.wandb_run is not None:
+                self._wandb_log(rec)
         self._jsonl.flush()
 
     def summary(self, values: dict) -> None:
@@ -363,12 +298,11 @@ class Reporter:
         if self._jsonl is not None:
             self._jsonl.close()
             self._jsonl = None
-        if not self._wandb_settle():
-            return
-        try:
-            self.wandb_run.finish(exit_code=exit_code)
-        finally:
-            self.wandb_run, self._wandb_start = None, None
+        if self.wandb_run is not None:
+            try:
+                self.wandb_run.finish(exit_code=exit_code)
+            finally:
+                self.wandb_run = None
 
 
 def console(line: str) -> None:

@@ -169,7 +169,7 @@ def make_hooks(prep: Prepared, reporter: Reporter, bar, stats: WindowStats, targ
         StopOnSignal().install(),
         n_steps,
         prep.ckpt_plan.directory,
-        wandb_run_id=lambda: reporter.wandb_run_id,
+        wandb_run_id=lambda: reporter.wandb_info.get("wandb/run_id"),
     )
     window = WindowLog(
         exp.mode,
@@ -210,9 +210,9 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     prep = prepare(cfg, run_dir)
     if isinstance(prep, Finished):  # a rerun of a finished run: its summary, no training, no W&B
         return {**prep.summary, "checkpoint/already_complete": True}
-    if prep.ckpt_plan.directory is not None:
-        checkpoint.preload_orbax()  # in the background, before W&B's import: the first save does not wait for it
     start_reporting(prep, reporter)
+    if prep.ckpt_plan.directory is not None:  # after W&B's import: one import at a time on each side
+        checkpoint.preload_orbax()  # in the background, beside the first steps: the first save need not wait
     loop = LoopState(state=prep.exp.state, clock=clock)
     if prep.restored is not None:  # the summary's training values also when this run trains no step
         loop.last.update(checkpoint.history_values(run_dir / "metrics.jsonl", prep.start))
