@@ -108,13 +108,19 @@ def find_step_dir(path: Path) -> Path:
     raise ConfigError(f"{path} holds no checkpoint (no <step> folder with state/ and meta/)")
 
 
-def load_test_split(cfg):
-    """The host test split named by ``cfg.data`` (synthetic: the same split training evaluated on)."""
+def load_test_split(cfg, p=None):
+    """The host test split named by ``cfg.data`` (synthetic: the same split training evaluated on); for
+    ``model=gpt`` the validation windows training evaluated on (``training.prepare.load_text_data``, which needs
+    the run's ``Plan`` ``p``)."""
     from data.pipeline import synthetic_eval
     from data.sources import load_tfds_split
     from core.errors import ConfigError
 
     d = cfg.data
+    if cfg.model.name == "gpt":
+        from training.prepare import load_text_data
+
+        return load_text_data(cfg, p)[1]
     if d.name == "synthetic":
         return synthetic_eval(d.image_shape, d.num_classes, d.eval_size, cfg.train.seed)
     if not d.tfds_name:
@@ -231,7 +237,8 @@ def model_changes(saved_cfg: dict, cfg) -> list[str]:
 def evaluate_checkpoint(path: Path, overrides: Sequence[str] = ()) -> dict:
     """Restores the checkpoint at ``path`` onto this process's devices and evaluates it on the test split.
 
-    Returns ``{"eval/accuracy", "eval/loss", "step", "examples", "checkpoint"}``. Raises ConfigError/DataError
+    Returns ``{"eval/accuracy", "eval/loss", "step", "examples", "checkpoint"}`` (and ``eval/perplexity`` for a
+    GPT, evaluated on the validation windows its training evaluated on). Raises ConfigError/DataError
     (one line) on bad input.
     """
     from core.errors import ConfigError
@@ -257,9 +264,11 @@ def evaluate_checkpoint(path: Path, overrides: Sequence[str] = ()) -> dict:
     from training.build import build, plan
     from training.run import evaluate
 
-    exp = build(plan(cfg))
+    p = plan(cfg)
+    exp = build(p)
     restored = checkpoint.restore_step(step_dir, exp.mode, exp.state)
-    eval_set = make_eval_set(load_test_split(cfg), cfg.train.eval_batch, exp.mode.num_devices, exp.mode.batch_layout())
+    test = load_test_split(cfg, p)
+    eval_set = make_eval_set(test, cfg.train.eval_batch, exp.mode.num_devices, exp.mode.batch_layout())
     metrics = evaluate(exp, restored.state.params, eval_set)
     return {**metrics, "step": restored.step, "examples": eval_set.num_examples, "checkpoint": str(step_dir)}
 

@@ -476,8 +476,9 @@ def test_negative_sample_tokens_is_refused():
 
 
 def test_sample_cli_greedy_is_deterministic_and_bad_folders_are_one_line(tmp_path):
-    """``python -m sample <run folder>``: greedy output is the prompt + N bytes, the same twice; a missing folder
-    and a checkpoint whose saved vocabulary differs from its arrays: one line, exit 1."""
+    """``python -m evaluate <run folder>``: the run's final evaluation again. ``python -m sample <run folder>``:
+    greedy output is the prompt + N bytes, the same twice; a missing folder and a checkpoint whose saved
+    vocabulary differs from its arrays: one line, exit 1."""
     import subprocess
     import sys
 
@@ -499,6 +500,18 @@ def test_sample_cli_greedy_is_deterministic_and_bad_folders_are_one_line(tmp_pat
         cmd = [sys.executable, "-m", "sample", *args]
         return subprocess.run(cmd, cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=300)
 
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "evaluate", str(run), "--json"],
+        cwd=Path(__file__).parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    got, want = json.loads(evaluated.stdout), json.loads((run / "summary.json").read_text())
+    for key in ("eval/loss", "eval/accuracy", "eval/perplexity"):  # the run's own final evaluation, re-run
+        assert got[key] == pytest.approx(want[key], rel=1e-6), key
+    assert got["step"] == 4
     a, b = sample(str(run), "--prompt", "AB", "--tokens", "24"), sample(str(run), "--prompt", "AB", "--tokens", "24")
     assert a.returncode == 0, a.stderr[-2000:]
     assert a.stdout == b.stdout and a.stdout.startswith("AB")
