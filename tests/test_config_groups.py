@@ -734,3 +734,21 @@ def test_train_py_sweeps_the_accum_group(tmp_path):
         summary = json.loads((sweep / job / "summary.json").read_text())
         jobs[job] = (saved["train"]["accum_steps"], summary["status"], summary["train/steps"])
     assert jobs == {"0": (1, "ok", 2), "1": (4, "ok", 2)}
+
+
+@pytest.mark.unit
+def test_wandb_mode_from_the_environment_is_checked_before_anything_runs(monkeypatch):
+    """W&B refuses an unknown WANDB_MODE with a traceback (wandb.Settings); the config check names it first."""
+    from training.report import resolve_wandb_mode
+
+    monkeypatch.setenv("WANDB_MODE", "bogus")
+    for mode in (None, "offline", "online"):
+        with pytest.raises(ValueError, match="WANDB_MODE='bogus' is not a W&B mode; unset it or set it to online"):
+            resolve_wandb_mode(mode)
+    assert resolve_wandb_mode("disabled") == "disabled"  # W&B is never imported
+    for env, want in (("dryrun", "offline"), ("run", "online"), ("disabled", "disabled"), ("offline", "offline")):
+        monkeypatch.setenv("WANDB_MODE", env)
+        assert resolve_wandb_mode(None) == want
+    monkeypatch.setenv("WANDB_MODE", "")
+    with pytest.raises(ValueError, match="WANDB_MODE=''"):
+        resolve_wandb_mode(None)

@@ -117,6 +117,29 @@ def test_job_outcomes_counts_a_job_without_summary(tmp_path):
     assert failure_report(job_outcomes(tmp_path)[:1]) == []
 
 
+@pytest.mark.unit
+def test_job_outcomes_of_a_resumed_sweep_count_the_jobs_it_ran_again(tmp_path):
+    """A resumed sweep reruns its jobs in their folders: Hydra rewrites ``.hydra/*`` in place, so the folder's own
+    time stays that of the first start; a job is this sweep's when its ``.hydra`` files are new."""
+    import os
+    import time
+
+    from training.sweep_summary import failure_report, job_outcomes
+
+    long_ago = time.time() - 3600
+    for name, status in (("0", "ok"), ("1", "failed"), ("old", "failed")):
+        hydra = tmp_path / name / ".hydra"
+        hydra.mkdir(parents=True)
+        (hydra / "config.yaml").write_text("a: 1\n")
+        (tmp_path / name / "summary.json").write_text(json.dumps({"status": status, "error": "loss exploded"}))
+        os.utime(hydra, (long_ago, long_ago))  # created by the first start
+    old_config = tmp_path / "old" / ".hydra" / "config.yaml"
+    os.utime(old_config, (long_ago, long_ago))  # a job of an earlier sweep this one did not run
+    outcomes = job_outcomes(tmp_path, since_s=time.time() - 60)
+    assert [job.name for job, _ in outcomes] == ["0", "1"]
+    assert failure_report(outcomes)[0] == "1 of 2 jobs failed"
+
+
 # ---- evaluate takes train.py's override syntax ----------------------------------------------------------------
 @pytest.mark.unit
 def test_evaluate_overrides_compose_like_train():

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 _OFFLINE_HINT_SHOWN = False  # the offline-W&B hint was logged in this process
 
 WANDB_MODES = ("online", "offline", "disabled")
+_WANDB_ENV_ALIASES = {"dryrun": "offline", "run": "online", "shared": "online"}  # W&B's older and other names
 
 
 NONFINITE_KEY = "nonfinite"
@@ -83,18 +84,26 @@ def write_json(path: Path, obj: dict) -> None:
 
 
 def resolve_wandb_mode(mode: Optional[str]) -> str:
-    """``mode`` or, when None, 'online' if a W&B API key is configured (env or netrc), else 'offline'.
+    """``mode`` or, when None, the environment's ``WANDB_MODE``, else 'online' if a W&B API key is configured
+    (env or netrc), else 'offline'.
 
     Raises:
-      ValueError: unknown mode.
+      ValueError: unknown mode, or a ``WANDB_MODE`` in the environment that W&B would refuse (unless W&B is
+        disabled: then it is never imported).
     """
-    if mode is not None:
-        if mode not in WANDB_MODES:
-            raise ValueError(f"wandb.mode={mode!r} is unknown; choose one of online, offline, disabled (or null)")
-        return mode
+    if mode is not None and mode not in WANDB_MODES:
+        raise ValueError(f"wandb.mode={mode!r} is unknown; choose one of online, offline, disabled (or null)")
     env = os.environ.get("WANDB_MODE")
-    if env in WANDB_MODES or env == "dryrun":
-        return "offline" if env == "dryrun" else env
+    if env is not None and env not in (*WANDB_MODES, *_WANDB_ENV_ALIASES) and mode != "disabled":
+        # W&B itself reads WANDB_MODE and refuses other values with a traceback (wandb.Settings)
+        raise ValueError(
+            f"the environment variable WANDB_MODE={env!r} is not a W&B mode; unset it or set it to online, offline "
+            "or disabled"
+        )
+    if mode is not None:
+        return mode
+    if env is not None:
+        return _WANDB_ENV_ALIASES.get(env, env)
     if os.environ.get("WANDB_API_KEY"):
         return "online"
     try:

@@ -28,13 +28,25 @@ from training.signals import SweepStop
 NOT_STARTED = "not started: the sweep was stopped by "
 
 
+def _written_s(hydra_dir: Path) -> float:
+    """When the job last started: the newest modification time of the files in its ``.hydra/`` (Hydra rewrites
+    them in place at every start, so the folder's own time stays that of the first start)."""
+    times = [hydra_dir.stat().st_mtime]
+    for f in hydra_dir.iterdir():
+        try:
+            times.append(f.stat().st_mtime)
+        except OSError:
+            continue
+    return max(times)
+
+
 def job_outcomes(sweep_dir: Path, since_s: Optional[float] = None) -> list[tuple[Path, Optional[str]]]:
     """``(job folder, error or None)`` of every job folder of ``sweep_dir`` (a folder holding ``.hydra/``).
 
     Args:
       sweep_dir: ``hydra.sweep.dir``.
-      since_s: only folders whose ``.hydra/`` was created at or after this time (seconds since the epoch):
-        jobs of an earlier sweep into the same folder are not counted.
+      since_s: only folders whose ``.hydra/`` files were written at or after this time (seconds since the epoch):
+        jobs of an earlier sweep into the same folder that this sweep did not run again are not counted.
     Returns:
       sorted by folder; error is ``summary.json``'s ``error`` for ``status: failed``, or a sentence saying
       that the summary is missing or unreadable.
@@ -42,7 +54,7 @@ def job_outcomes(sweep_dir: Path, since_s: Optional[float] = None) -> list[tuple
     out = []
     for hydra_dir in sorted(Path(sweep_dir).glob("**/.hydra")):
         job = hydra_dir.parent
-        if since_s is not None and hydra_dir.stat().st_mtime < since_s - 1.0:
+        if since_s is not None and _written_s(hydra_dir) < since_s - 1.0:
             continue
         path = job / "summary.json"
         try:
