@@ -108,7 +108,7 @@ def find_step_dir(path: Path) -> Path:
     raise ConfigError(f"{path} holds no checkpoint (no <step> folder with state/ and meta/)")
 
 
-def load_test_split(cfg, p=None):
+def load_test_split(cfg, p):
     """The host test split named by ``cfg.data`` (synthetic: the same split training evaluated on); for
     ``model=gpt`` the validation windows training evaluated on (``training.prepare.load_text_data``, which needs
     the run's ``Plan`` ``p``)."""

@@ -13,8 +13,8 @@ Functions are wrapped when their module is first imported (an import hook), so t
 ``from module import name`` bindings see the wrapped ones; a target that no longer exists is skipped and
 listed under ``missing``. At exit the seconds are written as JSON to ``$TIMED_TRAIN_OUT``:
 ``{"t0_epoch_s": ..., "end_epoch_s": ..., "regions_s": {...}, "background_regions_s": {...}, "xla_compile_s": ...,
-"missing": [...]}`` (``regions_s``: the main thread; ``background_regions_s``: W&B's thread and background imports,
-inclusive, overlapping the main thread's time).
+"missing": [...]}`` (``regions_s``: the main thread; ``background_regions_s``: other threads, such as orbax's background
+import, inclusive, overlapping the main thread's time).
 
     TIMED_TRAIN_OUT=t.json python benchmarks/timed_train.py runtime.cpu_devices=1 hydra.run.dir=/tmp/x
 """
@@ -46,8 +46,6 @@ TARGETS = [
     ("jax.stages", "Lowered.compile", "compile (train step, AOT)"),
     ("jax.stages", "Traced.lower", "lower (train step, AOT)"),
     ("training.report", "Reporter.start_wandb", "W&B init"),
-    ("training.report", "Reporter._init_wandb", "W&B import + init (W&B thread)"),
-    ("training.report", "Reporter._wandb_log_now", "W&B records (W&B thread)"),
     ("training.report", "Reporter.close", "W&B finish + files closed"),
     ("training.report", "Reporter.log", "metrics written (jsonl + W&B)"),
     ("training.report", "Reporter.summary", "summary written"),
@@ -69,7 +67,7 @@ TARGETS = [
 
 class Clock:
     """Exclusive time per label on the main thread: entering a region pauses the one it is nested in. Regions
-    entered on other threads (W&B's calls, background imports) are timed apart, inclusive, in ``background``
+    entered on other threads (orbax's background import) are timed apart, inclusive, in ``background``
     (they overlap the main thread's regions)."""
 
     def __init__(self):

@@ -211,8 +211,6 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     if isinstance(prep, Finished):  # a rerun of a finished run: its summary, no training, no W&B
         return {**prep.summary, "checkpoint/already_complete": True}
     start_reporting(prep, reporter)
-    if prep.ckpt_plan.directory is not None:  # after W&B's import: one import at a time on each side
-        checkpoint.preload_orbax()  # in the background, beside the first steps: the first save need not wait
     loop = LoopState(state=prep.exp.state, clock=clock)
     if prep.restored is not None:  # the summary's training values also when this run trains no step
         loop.last.update(checkpoint.history_values(run_dir / "metrics.jsonl", prep.start))
