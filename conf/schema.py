@@ -292,6 +292,8 @@ class DataConfig:
     # device, keyed by (train.seed, step, example index) (data/augment.py).
     crop_padding: int = 4
     flip: bool = False
+    # Host batches are gathered and placed this many steps ahead in a background thread; 0: inline, on the
+    # training thread, when the step asks for its batch (no second thread; data/pipeline.py: train_batches).
     prefetch: int = 2
     # Text data (data=tiny_shakespeare, data=text; model=gpt): the UTF-8 file to read (data=text: required;
     # tiny_shakespeare: null = found or downloaded, data/text.py). Tokens are its bytes (vocabulary 256).

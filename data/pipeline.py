@@ -142,9 +142,13 @@ def synthetic_eval(image_shape: Sequence[int], num_classes: int, size: int, seed
 def train_batches(source, layout: BatchLayout, start_step: int, end_step: int, prefetch: int) -> Iterator[Batch]:
     """Device batches for steps ``[start_step, end_step)``, prepared ``prefetch`` batches ahead.
 
-    Host sources are gathered and transferred in a background thread so host work overlaps device work;
-    the synthetic source is generated on the devices.
+    Host sources are gathered and transferred in a background thread so host work overlaps device work
+    (``prefetch`` >= 1), or inline, on the consumer's thread, when the consumer asks for the batch
+    (``prefetch=0``: no second Python thread competing for the GIL and the CPU, as a bare script does it);
+    the synthetic source is generated on the devices. Raises ValueError for a negative ``prefetch``.
     """
+    if prefetch < 0:
+        raise ValueError(f"prefetch={prefetch}: must be >= 0")
     if isinstance(source, SyntheticSource):
         for step in range(start_step, end_step):
             yield source.device_batch(step, layout)
@@ -154,7 +158,11 @@ def train_batches(source, layout: BatchLayout, start_step: int, end_step: int, p
     def produce(step: int) -> Batch:
         return layout.place(source.local_batch(step, rows), source.global_batch)
 
-    yield from _prefetch(produce, range(start_step, end_step), max(1, prefetch))
+    if prefetch == 0:
+        for step in range(start_step, end_step):
+            yield produce(step)
+        return
+    yield from _prefetch(produce, range(start_step, end_step), prefetch)
 
 
 def _prefetch(produce: Callable[[int], Batch], steps: range, depth: int) -> Iterator[Batch]:

@@ -56,6 +56,32 @@ def test_process_slices_make_up_the_global_batch(processes):
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("prefetch", [0, 1, 3])
+def test_prefetch_depth_changes_no_batch_and_zero_starts_no_thread(prefetch):
+    import threading
+
+    import jax
+
+    from data.pipeline import train_batches
+
+    ds = random_dataset(1024)
+    src = TrainSource(ds, 64, seed=0)
+    layout = BatchLayout(jax.sharding.SingleDeviceSharding(jax.devices()[0]), lambda shape: shape, 0, 1)
+    before = {t.name for t in threading.enumerate()}
+    it = train_batches(src, layout, 3, 9, prefetch)
+    first = next(it)
+    started = {t.name for t in threading.enumerate()} - before
+    assert ("batch-prefetch" in started) == (prefetch > 0)
+    got = [first, *it]
+    assert len(got) == 6
+    for step, batch in zip(range(3, 9), got):
+        np.testing.assert_array_equal(np.asarray(batch["index"]), src.global_indices(step))
+        np.testing.assert_array_equal(np.asarray(batch["image"]), ds.images[src.global_indices(step)])
+    with pytest.raises(ValueError, match="prefetch=-1"):
+        next(train_batches(src, layout, 0, 1, -1))
+
+
+@pytest.mark.unit
 def test_eval_batch_is_padded_to_a_multiple_of_the_devices():
     assert eval_batch_size(999, 8, 1) == 1000
     assert eval_batch_size(1000, 8, 1) == 1000

@@ -226,7 +226,7 @@ def check_numbers(cfg: Config) -> None:
         ),
         ("precision.growth_interval", pr.growth_interval, pr.growth_interval > 0, "> 0"),
         ("parallel.min_shard_bytes", cfg.parallel.min_shard_bytes, cfg.parallel.min_shard_bytes >= 0, ">= 0"),
-        ("data.prefetch", cfg.data.prefetch, cfg.data.prefetch >= 1, ">= 1"),
+        ("data.prefetch", cfg.data.prefetch, cfg.data.prefetch >= 0, ">= 0 (0: no background thread)"),
         ("runtime.cpu_devices", cfg.runtime.cpu_devices, cfg.runtime.cpu_devices >= 1, ">= 1"),
         (
             "runtime.compilation_cache_min_compile_time_s",
