@@ -78,6 +78,27 @@ def test_sync_check_catches_a_perturbed_replica(mode):
 
 
 @pytest.mark.unit
+def test_sync_check_compares_values_where_bits_differ():
+    """Copies that differ only in their bits (-0.0 against 0.0) have difference 0; a bfloat16 copy that differs
+    by one step of its precision is measured in its own values."""
+    exp = build(plan(make_cfg(parallel__name="jit_sharding")))
+    devices = list(exp.mode.mesh.devices.flat)
+    sharding = jax.sharding.NamedSharding(exp.mode.mesh, jax.sharding.PartitionSpec())
+
+    def replicated(copies):
+        return jax.make_array_from_single_device_arrays(
+            copies[0].shape, sharding, [jax.device_put(c, d) for c, d in zip(copies, devices)]
+        )
+
+    zeros = [np.zeros(4, np.float32) for _ in devices]
+    zeros[5] = -zeros[5]
+    assert exp.mode.replica_divergence([replicated(zeros)]) == 0.0
+    ones = [np.ones(3, jnp.bfloat16) for _ in devices]
+    ones[2] = np.array([1.0, 1.0078125, 1.0], jnp.bfloat16)  # the next bfloat16 after 1
+    assert exp.mode.replica_divergence([replicated(ones)]) == 0.0078125
+
+
+@pytest.mark.unit
 def test_mesh_shape_rules():
     assert resolve_mesh_shape(None, (-1, 1), 8, "jit_sharding") == (8, 1)
     assert resolve_mesh_shape(None, (1, -1), 8, "fsdp") == (1, 8)
