@@ -256,6 +256,14 @@ def main() -> None:
     args.steps = args.steps or (30 if gpt else 100)
     if gpt and args.mode != "processes":
         ap.error("--model gpt is measured with --mode processes")
+    if args.pairs is not None and args.pairs < 1:
+        ap.error(f"--pairs {args.pairs}: must be >= 1")
+    for item in args.setups.split(","):
+        devices, _, precision = item.partition(":")
+        if not devices.isdigit() or int(devices) < 1 or precision not in ("fp32", "bf16"):
+            ap.error(f"--setups: {item!r} is not devices:precision (devices >= 1, precision fp32 or bf16), e.g. 8:bf16")
+    if args.also and args.mode != "processes":
+        ap.error("--also applies to --mode processes")
     if args.mode == "processes" and args.devices is None:
         args.pairs = args.pairs or 3
         processes(args)

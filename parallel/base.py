@@ -308,7 +308,8 @@ class ParallelMode:
         """Max |difference| between the copies of every replicated piece of ``tree`` held by different devices.
 
         For each array, the addressable shards holding the same slice (same ``index``) must be bitwise equal
-        in data-parallel training; returns 0.0 when they are. Only this process's devices are compared. Copies
+        in data-parallel training; returns 0.0 when they are, ``inf`` where one copy holds NaN or inf and another
+        does not (NaN in both, or the same inf, counts as equal). Only this process's devices are compared. Copies
         are compared bitwise first (their bytes, in their own dtype); only copies that differ are converted to
         float64 for the difference (converting every copy took 55.6 ms per check against 1.4 ms, 8 simulated
         CPU devices, the MNIST MLP's parameters and Adam state: 12 replicated arrays).
@@ -326,7 +327,11 @@ class ParallelMode:
                 for other in copies[1:]:
                     if other.tobytes() == first_bytes:
                         continue  # bitwise equal: difference 0
-                    diff = np.abs(other.astype(np.float64) - first.astype(np.float64))
+                    a, b = other.astype(np.float64), first.astype(np.float64)
+                    same = (a == b) | (np.isnan(a) & np.isnan(b))  # -0.0 == 0.0, inf == inf, NaN "==" NaN
+                    with np.errstate(invalid="ignore"):  # inf - inf, NaN - x: handled below
+                        diff = np.where(same, 0.0, np.abs(a - b))
+                    diff[np.isnan(diff)] = np.inf  # NaN against a number: diverged
                     worst = max(worst, float(np.max(diff, initial=0.0)))
         return worst
 

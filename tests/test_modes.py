@@ -80,7 +80,8 @@ def test_sync_check_catches_a_perturbed_replica(mode):
 @pytest.mark.unit
 def test_sync_check_compares_values_where_bits_differ():
     """Copies that differ only in their bits (-0.0 against 0.0) have difference 0; a bfloat16 copy that differs
-    by one step of its precision is measured in its own values."""
+    by one step of its precision is measured in its own values; a copy that is NaN where another is a number has
+    diverged (inf), however the other copies compare; NaN and inf held by every copy are equal."""
     exp = build(plan(make_cfg(parallel__name="jit_sharding")))
     devices = list(exp.mode.mesh.devices.flat)
     sharding = jax.sharding.NamedSharding(exp.mode.mesh, jax.sharding.PartitionSpec())
@@ -96,6 +97,15 @@ def test_sync_check_compares_values_where_bits_differ():
     ones = [np.ones(3, jnp.bfloat16) for _ in devices]
     ones[2] = np.array([1.0, 1.0078125, 1.0], jnp.bfloat16)  # the next bfloat16 after 1
     assert exp.mode.replica_divergence([replicated(ones)]) == 0.0078125
+    nan_one = [np.ones(3, np.float32) for _ in devices]
+    nan_one[4] = np.array([1.0, np.nan, 1.0], np.float32)  # one device's copy is NaN where the others are 1
+    assert exp.mode.replica_divergence([replicated(nan_one)]) == np.inf
+    nan_first = [np.array([np.nan, 1.0, 5.0], np.float32) for _ in devices]
+    nan_first[0] = np.array([1.0, 1.0, 1.0], np.float32)  # the first copy differs: NaN hides no real difference
+    assert exp.mode.replica_divergence([replicated(nan_first)]) == np.inf
+    nan_all = [np.array([np.nan, np.inf, 2.0], np.float32) for _ in devices]
+    nan_all[6] = np.array([np.nan, np.inf, 2.5], np.float32)  # NaN and inf in every copy: only 2 against 2.5
+    assert exp.mode.replica_divergence([replicated(nan_all)]) == 0.5
 
 
 @pytest.mark.unit
