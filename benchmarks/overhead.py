@@ -216,6 +216,9 @@ def processes(args) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+PRECISIONS = ("fp32", "bf16")  # what both bare scripts implement
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", default="processes", choices=["processes", "in-process"])
@@ -242,7 +245,7 @@ def main() -> None:
     )
     ap.add_argument("--steps", type=int, default=None, help="in-process: steps per trial (100); gpt: steps (30)")
     ap.add_argument("--batch", type=int, default=None, help="global batch (mlp 256, gpt 8 windows)")
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--precision", default="fp32", choices=PRECISIONS)
     ap.add_argument(
         "--repo-bound",
         type=int,
@@ -260,7 +263,7 @@ def main() -> None:
         ap.error(f"--pairs {args.pairs}: must be >= 1")
     for item in args.setups.split(","):
         devices, _, precision = item.partition(":")
-        if not devices.isdigit() or int(devices) < 1 or precision not in ("fp32", "bf16"):
+        if not devices.isdigit() or int(devices) < 1 or precision not in PRECISIONS:
             ap.error(f"--setups: {item!r} is not devices:precision (devices >= 1, precision fp32 or bf16), e.g. 8:bf16")
     if args.also and args.mode != "processes":
         ap.error("--also applies to --mode processes")

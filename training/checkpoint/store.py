@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import logging
 import os
@@ -59,17 +60,13 @@ class _OrbaxInfoFilter(logging.Filter):
         return record.levelno >= logging.WARNING or "orbax" not in record.pathname
 
 
-_PRELOAD: list[threading.Thread] = []  # the import thread, started once per process
-
-
+@functools.cache
 def preload_orbax() -> None:
     """Starts importing ``orbax.checkpoint`` on a background thread (once per process), so that a run's first save
     need not wait for the import (~0.4-0.9 s on 2 CPU cores, beside the first training steps); ``_ocp`` then
     waits for an import still in progress (Python's import lock)."""
-    if _PRELOAD or "orbax.checkpoint" in sys.modules:
-        return
-    _PRELOAD.append(threading.Thread(target=_ocp, name="orbax-import", daemon=True))
-    _PRELOAD[0].start()
+    if "orbax.checkpoint" not in sys.modules:
+        threading.Thread(target=_ocp, name="orbax-import", daemon=True).start()
 
 
 def _ocp():
