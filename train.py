@@ -26,6 +26,7 @@ from conf.schema import ConfigInputError, is_composition_error, one_line, quote_
 from measure.throughput import STARTUP
 from training.console_lines import quiet_known_noise
 from training.paths import absolute_paths
+from training.report import prestart_wandb
 from training.runtime import setup_runtime, without_ipython_probe
 from training.signals import sweep_stopped
 from training.sweep_summary import NOT_STARTED
@@ -71,6 +72,8 @@ def main(cfg: DictConfig) -> None:
 
     STARTUP.mark("imports")
     startup = setup_runtime(typed)  # before anything touches devices: simulated CPU devices, XLA flags, jax.distributed
+    # W&B's own process imports wandb beside the imports below (on another core; training/wandb_process.py)
+    prestart_wandb(typed.wandb.mode, typed.wandb.process_priority)
     STARTUP.mark("runtime")
 
     with without_ipython_probe():  # flax.nnx would import IPython only to learn this is not a notebook

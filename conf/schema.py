@@ -94,6 +94,14 @@ class WandbMode(enum.StrEnum):
     disabled = "disabled"
 
 
+class WandbPriority(enum.StrEnum):
+    """CPU priority of the W&B process (training/wandb_process.py): ``normal`` (the training's own) or ``idle``
+    (Linux ``SCHED_IDLE``, else nice 19: only CPU time the training leaves; starved on a busy machine)."""
+
+    normal = "normal"
+    idle = "idle"
+
+
 # ---- parallel modes: one schema each -----------------------------------------------------------------------------
 @dataclass
 class ParallelConfig:
@@ -410,7 +418,8 @@ class TrainConfig:
 
 @dataclass
 class WandbConfig:
-    """``mode``: null (online with an API key, else offline) | online | offline | disabled."""
+    """``mode``: null (online with an API key, else offline) | online | offline | disabled.
+    ``process_priority``: normal | idle, the CPU priority of the W&B process (README "Offline W&B")."""
 
     mode: Optional[WandbMode] = None
     project: str = "dp-scaling"
@@ -418,6 +427,7 @@ class WandbConfig:
     group: Optional[str] = None
     tags: List[str] = field(default_factory=list)
     init_timeout_s: float = 30.0
+    process_priority: WandbPriority = WandbPriority.normal
 
 
 @dataclass

@@ -21,7 +21,7 @@ History across restarts (a run killed at any moment and started again with the s
   same id and its own step list, merged only at ``wandb sync``), so steps C+1..K of the crashed run would keep
   their old values. Rewinding (``resume_from="<id>?_step=C"``) and forking (``fork_from``) are W&B server
   features in preview, unavailable offline; the replay above is the client-side equivalent of a fork at C.
-  Cost: one ``wandb.log`` per kept record at start (~0.1 ms each).
+  Cost: one ``run.log`` per kept record at start, in the W&B process (``training.wandb_process``).
 """
 
 from __future__ import annotations
@@ -117,6 +117,24 @@ def resolve_wandb_mode(mode: Optional[str]) -> str:
     return "offline"
 
 
+def prestart_wandb(mode: Optional[str], process_priority: str = "normal") -> None:
+    """Starts the W&B process (``training.wandb_process.prestart``: it imports wandb and waits) when this process
+    will report to W&B: process 0 (of a multi-process job: ``training.distributed.settings``) and a ``wandb.mode``
+    that resolves to online or offline. Creates no W&B run; a bad ``WANDB_MODE`` is reported later, at start."""
+    from training import wandb_process
+    from training.distributed import settings
+
+    s = settings()
+    if s is not None and s.process_id > 0:
+        return
+    try:
+        if resolve_wandb_mode(mode) == "disabled":
+            return
+    except ValueError:
+        return
+    wandb_process.prestart(process_priority)
+
+
 class Reporter:
     """Writes records to ``metrics.jsonl`` and W&B; the summary to ``summary.json`` and W&B's summary.
 
@@ -128,7 +146,7 @@ class Reporter:
     def __init__(self, run_dir: Path, enabled: bool = True):
         self.run_dir = Path(run_dir)
         self.enabled = enabled
-        self.wandb_run = None
+        self.wandb_process = None  # training.wandb_process.WandbProcess: W&B in its own process
         self.previous_run_id: Optional[str] = None
         self._jsonl = None
 
@@ -144,6 +162,7 @@ class Reporter:
         config: dict,
         init_timeout_s: float,
         previous_run_id: Optional[str] = None,
+        process_priority: str = "normal",
     ) -> None:
         """Starts a new W&B run (a fresh id, never a resumed one) inside the run folder.
 
@@ -153,10 +172,15 @@ class Reporter:
         into the new run instead (module docstring); the link is kept in the config
         (``resumed.previous_wandb_run_id``, ``resumed.step``), the tag ``resumed`` and the summary
         (``wandb/previous_run_id``). Online failure -> offline within ``init_timeout_s``.
+
+        W&B runs in a process of its own (``training.wandb_process``; the prestarted one when there is one): this
+        returns once ``wandb.init`` is sent, with the run's id chosen (``wandb_run_id``); ``wandb_info`` waits for
+        it to finish; its errors are raised by the next ``log`` (or ``close``). ``process_priority``: ``normal``
+        or ``idle`` (``training.wandb_process.lowest_cpu_priority``, set before ``wandb.init``).
         """
         if not self.enabled or mode == "disabled":
             return
-        import wandb
+        from training import wandb_process
 
         if previous_run_id is not None:
             tags = [*tags, "resumed"]
@@ -173,41 +197,46 @@ class Reporter:
             reinit="finish_previous",
         )
         settings = dict(init_timeout=init_timeout_s, console="off", x_disable_stats=True, silent=True)
-        try:
-            self.wandb_run = wandb.init(mode=mode, settings=wandb.Settings(**settings), **kwargs)
-        except Exception as e:
-            if mode != "online":
-                raise
-            log.warning("W&B could not be reached (%s); continuing offline", str(e).splitlines()[0][:200])
-            self.wandb_run = wandb.init(mode="offline", settings=wandb.Settings(**settings), **kwargs)
-            mode = "offline"
-        if mode == "offline":  # the hint once per process: the jobs of a sweep get one line at its end instead
+        self.wandb_process = wandb_process.take_prestarted() or wandb_process.WandbProcess(process_priority)
+        self.wandb_process.on_started = self._wandb_started
+        self.wandb_process.init(mode, kwargs, settings, process_priority)
+
+    @staticmethod
+    def _wandb_started(info: dict) -> None:
+        """Logs what ``wandb.init`` in the W&B process reported: the fallback to offline, the offline hint."""
+        if info.get("warning"):
+            log.warning("%s", info["warning"])
+        if info["mode"] == "offline":  # the hint once per process: the jobs of a sweep get one line at its end instead
             global _OFFLINE_HINT_SHOWN
             level = logging.DEBUG if _OFFLINE_HINT_SHOWN else logging.INFO
             _OFFLINE_HINT_SHOWN = True
-            log.log(
-                level, "W&B is offline; upload the run later with: wandb sync %s", os.path.dirname(self.wandb_run.dir)
-            )
+            log.log(level, "W&B is offline; upload the run later with: wandb sync %s", info["dir"])
 
     @property
     def wandb_info(self) -> dict:
-        if self.wandb_run is None:
+        """``wandb/run_id``, ``wandb/run_dir``, ``wandb/group`` (and ``wandb/previous_run_id``) of this run's W&B
+        run; waits for ``wandb.init`` in the W&B process. {} without W&B (or when ``wandb.init`` failed)."""
+        if self.wandb_process is None:
             return {}
-        info = {
-            "wandb/run_id": self.wandb_run.id,
-            "wandb/run_dir": os.path.dirname(self.wandb_run.dir),
-            "wandb/group": self.wandb_run.group,
-        }
+        started = self.wandb_process.started()
+        if started is None:
+            return {}
+        info = {"wandb/run_id": started["id"], "wandb/run_dir": started["dir"], "wandb/group": started["group"]}
         if self.previous_run_id is not None:
             info["wandb/previous_run_id"] = self.previous_run_id
         return info
 
+    @property
+    def wandb_run_id(self) -> Optional[str]:
+        """This run's W&B run id (known before ``wandb.init`` has finished: it is chosen here), or None."""
+        return None if self.wandb_process is None else self.wandb_process.run_id
+
     def _wandb_log(self, rec: dict) -> None:
         """One strict-JSON record (``strict_record``) into the W&B history at its ``step``: numbers only
         (``null`` for a non-finite value, strings, lists and the ``nonfinite`` map are left out)."""
-        self.wandb_run.log(
+        self.wandb_process.log(
             {k: v for k, v in rec.items() if k != "step" and v is not None and not isinstance(v, (str, list, dict))},
-            step=int(rec["step"]),
+            int(rec["step"]),
         )
 
     # ---- records ---------------------------------------------------------------------------------
@@ -243,12 +272,11 @@ class Reporter:
         tmp = target.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(rec, sort_keys=True) + "\n" for rec in kept))
         os.replace(tmp, target)
-        if self.wandb_run is not None:
-            self.wandb_run.config.update(
-                {"resumed": {"previous_wandb_run_id": self.previous_run_id, "step": step}}, allow_val_change=True
-            )
+        if self.wandb_process is not None:
+            self.wandb_process.config_update({"resumed": {"previous_wandb_run_id": self.previous_run_id, "step": step}})
             for rec in kept:
                 self._wandb_log(rec)
+            self.wandb_process.flush()
         return len(kept)
 
     def start_metrics(self) -> Optional[Path]:
@@ -277,9 +305,12 @@ class Reporter:
         for rec in records:
             rec = strict_record(rec)
             self._jsonl.write(json.dumps(rec, sort_keys=True, allow_nan=False) + "\n")
-            if self.wandb_run is not None:
+            if self.wandb_process is not None:
                 self._wandb_log(rec)
         self._jsonl.flush()
+        if self.wandb_process is not None:
+            self.wandb_process.flush()
+            self.wandb_process.raise_errors()  # W&B failed in its process (reported since the last records)
 
     def summary(self, values: dict) -> None:
         """Writes summary.json (also for failed runs) and copies the values into the W&B summary (which then
@@ -295,23 +326,34 @@ class Reporter:
                 os.replace(path, backup)
                 log.warning("%s already existed: kept as %s", path, backup.name)
         write_json(path, values)
-        if self.wandb_run is not None:
-            # Commit the pending history row first: W&B commits the last step's row at finish() and would then
-            # overwrite these values with that row's (e.g. the last window's perf/examples_per_s for the median).
-            self.wandb_run.log({}, commit=True)
-            for k, v in strict_record(values).items():
-                self.wandb_run.summary[k] = v
+        if self.wandb_process is not None:
+            # The W&B process commits the pending history row first: W&B commits the last step's row at finish()
+            # and would then overwrite these values with that row's (e.g. the last window's perf/examples_per_s).
+            self.wandb_process.summary_update(strict_record(values))
 
     def close(self, exit_code: int = 0) -> None:
-        """Closes the files and finishes the W&B run (always, also after an error)."""
+        """Closes the files and finishes the W&B run (always, also after an error): waits until the W&B process
+        has finished the run and exited. A prestarted W&B process that no run took ends here.
+
+        Raises:
+          WandbProcessError: W&B failed in its process (errors not raised before) and ``exit_code`` is 0; after a
+            failure (``exit_code`` != 0) they are logged instead, so they do not hide the run's own error.
+        """
+        from training import wandb_process
+
         if self._jsonl is not None:
             self._jsonl.close()
             self._jsonl = None
-        if self.wandb_run is not None:
+        wandb_process.discard_prestarted()
+        if self.wandb_process is not None:
             try:
-                self.wandb_run.finish(exit_code=exit_code)
+                errors = self.wandb_process.finish(exit_code)
             finally:
-                self.wandb_run = None
+                self.wandb_process = None
+            if errors and exit_code == 0:
+                raise wandb_process.WandbProcessError("W&B failed: " + "; ".join(errors))
+            for e in errors:
+                log.error("W&B failed: %s", e)
 
 
 def console(line: str) -> None:

@@ -118,6 +118,7 @@ def start_reporting(prep: Prepared, reporter: Reporter) -> None:
         tags=list(cfg.wandb.tags) + [cfg.parallel.name, cfg.precision.name, f"devices={n}"],
         config=wandb_cfg,
         init_timeout_s=cfg.wandb.init_timeout_s,
+        process_priority=cfg.wandb.process_priority,
         previous_run_id=None if restored is None else restored.metadata.get("wandb_run_id"),
     )
     if restored is None:
@@ -169,7 +170,7 @@ def make_hooks(prep: Prepared, reporter: Reporter, bar, stats: WindowStats, targ
         StopOnSignal().install(),
         n_steps,
         prep.ckpt_plan.directory,
-        wandb_run_id=lambda: reporter.wandb_info.get("wandb/run_id"),
+        wandb_run_id=lambda: reporter.wandb_run_id,
     )
     window = WindowLog(
         exp.mode,

@@ -1,0 +1,212 @@
+"""W&B in its own process (training/wandb_process.py): the same offline run as in-process W&B, its lifetime
+(no run before ``init``, a crashed run when the training process dies, signals ignored), errors surfaced in the
+training process, and a training run that never imports wandb."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from training import wandb_process
+from training.report import Reporter
+from training.wandb_process import WandbProcess, WandbProcessError
+from wandb_reader import assert_history_matches_metrics, offline_runs, read_run, records
+
+REPO = Path(__file__).resolve().parents[1]
+SETTINGS = dict(init_timeout=60.0, console="off", x_disable_stats=True, silent=True)
+
+
+def init_kwargs(run_dir: Path, **extra) -> dict:
+    return dict(project="p", entity=None, group="g", job_type="j", tags=["t"], config={"a": 1, "b": [1, 2]},
+                dir=str(run_dir), reinit="finish_previous", **extra)  # fmt: skip
+
+
+def exit_code(run_dir: str):
+    (path,) = [os.path.join(run_dir, f) for f in os.listdir(run_dir) if f.endswith(".wandb")]
+    exits = [r.exit.exit_code for r in records(path) if r.WhichOneof("record_type") == "exit"]
+    return exits[-1] if exits else None
+
+
+def test_the_w_and_b_process_writes_the_calls_it_is_sent(tmp_path, wandb_env):
+    """init, log, config, summary and finish arrive in order: the offline run holds exactly what was sent, under
+    the id ``init`` returned at once (before W&B started)."""
+    proc = WandbProcess()
+    run_id = proc.init("offline", init_kwargs(tmp_path), SETTINGS)
+    assert len(run_id) == 8 and run_id.isalnum() and run_id == run_id.lower()
+    for step in range(3):
+        proc.log({"train/loss": 0.5 / (step + 1), "train/accuracy": step / 4}, step)
+    proc.config_update({"resumed": {"step": 7}})
+    proc.summary_update({"eval/accuracy": 0.75, "status": "ok"})
+    started = proc.started()
+    assert started["id"] == run_id and started["mode"] == "offline" and started["group"] == "g"
+    assert proc.finish(0) == [] and proc.proc.returncode == 0
+    (run_dir,) = offline_runs(tmp_path)
+    assert os.path.realpath(started["dir"]) == os.path.realpath(run_dir) and run_dir.endswith(run_id)
+    wb = read_run(run_dir)
+    assert wb["run"].run_id == run_id and wb["run"].run_group == "g" and list(wb["run"].tags) == ["t"]
+    rows = [(r["_step"], r["train/loss"], r["train/accuracy"]) for r in wb["history"]]
+    assert rows == [(0, 0.5, 0.0), (1, 0.25, 0.25), (2, 0.5 / 3, 0.5)]
+    assert wb["config"]["a"] == 1 and wb["config"]["b"] == [1, 2] and wb["config"]["resumed"] == {"step": 7}
+    assert wb["summary"]["eval/accuracy"] == 0.75 and wb["summary"]["status"] == "ok"
+    assert exit_code(run_dir) == 0
+
+
+def test_a_process_that_gets_no_init_creates_nothing(tmp_path, wandb_env, monkeypatch):
+    """``prestart`` then a run that stops before W&B (bad input): the process exits, no W&B folder anywhere."""
+    monkeypatch.chdir(tmp_path)
+    wandb_process.prestart()
+    proc = wandb_process._prestarted
+    assert proc is not None and proc.proc.poll() is None
+    wandb_process.discard_prestarted()
+    assert wandb_process.take_prestarted() is None and proc.proc.returncode == 0
+    assert sorted(p.name for p in tmp_path.rglob("*") if "wandb" in p.name.lower() and p.is_dir()) == [
+        "wandb_cache_dir",
+        "wandb_config_dir",
+        "wandb_data_dir",
+        "wandb_dir",
+    ]  # the fixture's empty folders only
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_end_of_input_without_finish_finishes_the_run_as_crashed(tmp_path, wandb_env):
+    """The training process died (its end of the pipe closed): the records sent so far are kept, exit code 1."""
+    proc = WandbProcess()
+    proc.init("offline", init_kwargs(tmp_path), SETTINGS)
+    proc.log({"train/loss": 1.0}, 0)
+    proc.log({"train/loss": 0.5}, 1)
+    proc.close_input()
+    assert proc.proc.wait(timeout=120) == 0
+    (run_dir,) = offline_runs(tmp_path)
+    assert [r["_step"] for r in read_run(run_dir)["history"]] == [0, 1]
+    assert exit_code(run_dir) == 1
+
+
+def test_sigint_and_sigterm_do_not_stop_the_w_and_b_process(tmp_path, wandb_env):
+    """A Ctrl-C or a scheduler's SIGTERM reaches the whole process group: the W&B process stays until the
+    training process finishes the run with its own exit code."""
+    proc = WandbProcess()
+    proc.init("offline", init_kwargs(tmp_path), SETTINGS)
+    proc.log({"x": 1.0}, 0)
+    proc.flush()
+    assert proc.started() is not None
+    proc.proc.send_signal(signal.SIGINT)
+    proc.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert proc.proc.poll() is None
+    proc.log({"x": 2.0}, 1)
+    assert proc.finish(2) == []
+    (run_dir,) = offline_runs(tmp_path)
+    assert [r["x"] for r in read_run(run_dir)["history"]] == [1.0, 2.0] and exit_code(run_dir) == 2
+
+
+def test_a_failed_init_is_raised_by_the_next_log_and_writes_no_run(tmp_path, wandb_env):
+    """``wandb.init`` failing in the W&B process (here a setting W&B refuses) raises WandbProcessError in the
+    training process at its next records, with W&B's own message; nothing is written. (train.py refuses such a
+    tag at start, before any W&B call; a library user of Reporter meets W&B's error.)"""
+    reporter = Reporter(tmp_path)
+    reporter.start_wandb("offline", "p", None, None, "j", ["t" * 70], {}, init_timeout_s=60.0)
+    assert reporter.wandb_run_id is not None
+    assert reporter.wandb_info == {}  # waits for the W&B process: init failed
+    with pytest.raises(WandbProcessError, match=r"W&B failed: W&B init: ValidationError: .*run_tags"):
+        reporter.log([{"step": 0, "x": 1.0}])
+    reporter.log([{"step": 1, "x": 2.0}])  # raised once
+    reporter.close(exit_code=0)
+    assert offline_runs(tmp_path) == []
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0, 1]
+
+
+def test_errors_not_raised_yet_fail_close_of_a_successful_run_only(tmp_path, wandb_env, caplog):
+    """close(0) raises what the W&B process reported since the last records; close(1) (after the run's own
+    error) logs it instead, so the run's error stays the one reported."""
+    for code in (0, 1):
+        reporter = Reporter(tmp_path / str(code))
+        (tmp_path / str(code)).mkdir()
+        reporter.start_wandb("offline", "p", None, None, "j", ["t" * 70], {}, init_timeout_s=60.0)
+        if code == 0:
+            with pytest.raises(WandbProcessError, match="run_tags"):
+                reporter.close(exit_code=0)
+        else:
+            reporter.close(exit_code=1)
+            assert any("W&B failed: W&B init: ValidationError" in r.getMessage() for r in caplog.records)
+
+
+def test_a_training_run_with_w_and_b_offline_never_imports_wandb(tmp_path):
+    """A real run (synthetic data, 1 device, W&B offline): the training process's ``sys.modules`` has no wandb at
+    exit, and the W&B run (written by the W&B process) holds every step of metrics.jsonl with its values, the
+    summary of summary.json and the id the checkpoint recorded."""
+    run_dir, modules = tmp_path / "run", tmp_path / "modules.json"
+    probe = (
+        "import atexit, json, runpy, sys\n"
+        f"atexit.register(lambda: json.dump(sorted(sys.modules), open({str(modules)!r}, 'w')))\n"
+        "sys.path.insert(0, '.')\n"
+        "sys.argv = ['train.py'] + sys.argv[1:]\n"
+        "runpy.run_path('train.py', run_name='__main__')\n"
+    )
+    env = {**os.environ, "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
+    env.pop("WANDB_MODE", None)
+    env.pop("WANDB_API_KEY", None)
+    cmd = [sys.executable, "-c", probe, f"hydra.run.dir={run_dir}", "data=synthetic", "train.steps=30",
+           "train.log_every=5", "runtime.cpu_devices=1", "wandb.mode=offline", "checkpoint.every=10",
+           f"checkpoint.dir={tmp_path / 'ckpt'}"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "wandb" not in json.loads(modules.read_text())
+    s = json.loads((run_dir / "summary.json").read_text())
+    (wb_dir,) = offline_runs(run_dir)
+    assert os.path.realpath(s["wandb/run_dir"]) == os.path.realpath(wb_dir)
+    assert assert_history_matches_metrics(wb_dir, run_dir / "metrics.jsonl") == list(range(31))
+    wb = read_run(wb_dir)
+    assert wb["run"].run_id == s["wandb/run_id"] and exit_code(wb_dir) == 0
+    assert wb["summary"]["eval/accuracy"] == s["eval/accuracy"] and wb["summary"]["status"] == "ok"
+    from training import checkpoint
+
+    saved = checkpoint.read_metadata(tmp_path / "ckpt" / "30")
+    assert saved["wandb_run_id"] == s["wandb/run_id"]
+    assert "upload the run later with: wandb sync" in (run_dir / "train.log").read_text()
+
+
+def test_a_w_and_b_process_that_dies_fails_the_run_at_its_next_records(tmp_path, wandb_env):
+    """The W&B process killed mid-run: the training process's next records raise WandbProcessError with its exit
+    code (the W&B run would be incomplete), and ``close`` after that failure only logs."""
+    reporter = Reporter(tmp_path)
+    reporter.start_wandb("offline", "p", None, None, "j", [], {}, init_timeout_s=60.0)
+    reporter.log([{"step": 0, "x": 1.0}])
+    assert reporter.wandb_info["wandb/run_id"] == reporter.wandb_run_id
+    child = reporter.wandb_process.proc
+    child.kill()
+    child.wait()
+    with pytest.raises(WandbProcessError, match=r"the W&B process exited with code -9"):
+        for step in range(1, 2000):  # until the pipe reports it (the first write may still be buffered)
+            reporter.log([{"step": step, "x": 1.0}])
+    reporter.close(exit_code=1)
+    assert reporter.wandb_process is None
+
+
+def _policies(pid: int) -> set:
+    """Scheduling policies of every thread of ``pid`` and of every thread of its child processes (wandb-core)."""
+    pids, out = [pid], set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        children = Path(f"/proc/{pid}/task/{task}/children").read_text().split()
+        pids += [int(c) for c in children]
+    for p in pids:
+        for task in os.listdir(f"/proc/{p}/task"):
+            out.add(os.sched_getscheduler(int(task)))
+    return out
+
+
+@pytest.mark.parametrize("priority, policy", [("normal", os.SCHED_OTHER), ("idle", os.SCHED_IDLE)])
+def test_process_priority_applies_to_the_w_and_b_process_and_wandb_core(tmp_path, wandb_env, priority, policy):
+    """``wandb.process_priority``: every thread of the W&B process and of the wandb-core it starts runs under the
+    policy (SCHED_IDLE for ``idle``); an unknown priority is refused before anything is sent."""
+    proc = WandbProcess()
+    with pytest.raises(ValueError, match="priority='low' is unknown; choose normal or idle"):
+        proc.init("offline", init_kwargs(tmp_path), SETTINGS, "low")
+    proc.init("offline", init_kwargs(tmp_path), SETTINGS, priority)
+    assert proc.started() is not None
+    assert _policies(proc.proc.pid) == {policy}
+    assert proc.finish(0) == []

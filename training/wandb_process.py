@@ -1,0 +1,375 @@
+"""W&B in a process of its own: the training process sends its W&B calls down a pipe and never imports wandb.
+
+Why: in the training process W&B cost a 1-device MNIST run (10 epochs, ~4 s of bare JAX on 2 cores) 1.7-1.9 s:
+``import wandb`` (~0.45 s), ``wandb.init`` (~0.5 s, waiting for W&B's ``wandb-core`` service to start) before the
+first step, and ~0.25 ms of the training thread per ``run.log`` call (2,340 calls: a blocking hand-off to W&B's
+asyncio thread and socket, and W&B's own OpenTelemetry timing of each call). A writer *thread* was measured
+slower (README "Overhead and start-up": on 2 cores its CPU and its hold on the GIL slowed the step dispatch
+more than it saved). A child process holds no GIL: it imports wandb beside the training process's own imports
+(``prestart``, on the other core), runs ``wandb.init`` while the first steps run, and the training thread's
+per-record cost is one JSON line into a pipe (~10 us).
+
+The W&B run is the same as before: the same ``wandb.init`` arguments (plus an ``id`` chosen here, so that the
+checkpoint can record it without waiting for W&B), the same ``run.log`` calls in the same order, the same
+config updates, summary and ``run.finish(exit_code)``; ``training.report.Reporter`` is the only user.
+
+Protocol: JSON lines. Parent -> child (stdin): ``{"op": "init", "mode", "kwargs", "settings"}``, ``{"op": "log",
+"data", "step"}``, ``{"op": "config", "data"}``, ``{"op": "summary", "data"}`` (commits the pending history row,
+then sets every key), ``{"op": "finish", "exit_code"}``. Child -> parent (a duplicate of its stdout; its own
+stdout is redirected to stderr so nothing W&B prints can corrupt the replies): ``{"op": "started", "id", "dir",
+"group", "mode", "warning"}``, ``{"op": "error", "error"}``, ``{"op": "finished"}``.
+
+Lifetime: the child ignores SIGINT, SIGTERM and SIGHUP (a Ctrl-C or a scheduler's SIGTERM reaches the whole
+process group; the training process decides what happens and finishes the W&B run with its exit code). End of
+input without ``finish`` (the training process died) finishes the run with exit code 1; end of input before
+``init`` (the run stopped at bad input, or W&B was not needed) exits without creating anything. POSIX only
+(``select`` on a pipe).
+
+Priority (``wandb.process_priority``): ``normal`` (default), the training process's own CPU priority: on a machine
+with spare cores W&B's work runs beside the steps at no cost to them; on a machine whose cores the steps keep busy
+it shares them (the steady-state windows slow by its CPU use). ``idle``: ``lowest_cpu_priority`` before
+``wandb.init``: it takes only CPU time the training leaves, but on a busy machine it is starved while the training
+process waits for it (the pipe full, the run's end): one 1-device run beside two busy loops took 148.7 s at
+``SCHED_IDLE`` and 27.0 s at nice 10 against 13.0 s in-process and 11.8 s at normal priority
+(``benchmarks/results/wandb_process_priority.txt``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import select
+import signal
+import string
+import subprocess
+import sys
+import traceback
+from typing import Any, Callable, Optional
+
+log = logging.getLogger(__name__)
+
+_ID_ALPHABET = string.ascii_lowercase + string.digits  # W&B's own run ids: 8 of these (wandb.util.generate_id)
+
+
+class WandbProcessError(RuntimeError):
+    """W&B failed in its process (``wandb.init``, a ``run.log`` or ``run.finish`` raised, or the process died)."""
+
+
+def _plain(value: Any) -> Any:
+    """numpy / jax scalars and arrays as Python numbers and lists (JSON's ``default``). Raises TypeError."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _check_priority(priority: str) -> None:
+    if priority not in ("normal", "idle"):
+        raise ValueError(f"priority={priority!r} is unknown; choose normal or idle")
+
+
+def new_run_id() -> str:
+    """A fresh W&B run id: 8 characters of ``[a-z0-9]``, the format of ``wandb.util.generate_id``."""
+    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(8))
+
+
+class WandbProcess:
+    """The training process's side: starts the child, sends it W&B calls, reads its replies.
+
+    ``on_started`` (set by the caller) is called once with the ``started`` reply (a dict: ``id``, ``dir``,
+    ``mode``, ``warning``) when it is read: the caller logs the fallback warning and the offline hint.
+
+    Raises:
+      OSError: the child could not be started.
+    """
+
+    def __init__(self, priority: str = "normal") -> None:
+        _check_priority(priority)
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), f"--priority={priority}"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+        )
+        self.run_id: Optional[str] = None
+        self.info: Optional[dict] = None  # the ``started`` reply
+        self.on_started: Optional[Callable[[dict], None]] = None
+        self._errors: list[str] = []
+        self._buffer = b""
+        self._finished = False
+        self._stdin_open = True
+
+    # ---- sending -----------------------------------------------------------------------------------
+    def _send(self, msg: dict, flush: bool = True) -> None:
+        if not self._stdin_open:
+            return
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write((json.dumps(msg, default=_plain) + "\n").encode())
+            if flush:
+                self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):  # the child died: its replies (or exit code) say why
+            self._stdin_open = False
+            self.poll(block=False)
+            if not self._errors:
+                self._errors.append(f"the W&B process exited with code {self.proc.wait()}")
+
+    def init(self, mode: str, kwargs: dict, settings: dict, priority: str = "normal") -> str:
+        """Sends ``wandb.init(mode=mode, settings=wandb.Settings(**settings), id=<new id>, **kwargs)``; returns the
+        new run's id at once (``wandb.init`` runs in the child while training goes on). An online start that
+        fails falls back to offline there (``started``'s ``warning``). ``priority``: ``normal`` or ``idle``: the
+        child first moves itself (and so ``wandb-core``, which ``wandb.init`` starts) to ``lowest_cpu_priority``.
+
+        Raises:
+          ValueError: an unknown ``priority``.
+        """
+        _check_priority(priority)
+        self.run_id = new_run_id()
+        msg = {"op": "init", "mode": mode, "kwargs": {**kwargs, "id": self.run_id}, "settings": settings}
+        self._send({**msg, "priority": priority})
+        return self.run_id
+
+    def log(self, data: dict, step: int) -> None:
+        """``run.log(data, step=step)``; buffered until ``flush`` (or 8 KiB)."""
+        self._send({"op": "log", "data": data, "step": step}, flush=False)
+
+    def config_update(self, data: dict) -> None:
+        """``run.config.update(data, allow_val_change=True)``."""
+        self._send({"op": "config", "data": data})
+
+    def summary_update(self, data: dict) -> None:
+        """``run.log({}, commit=True)`` (the pending history row first), then ``run.summary[k] = v`` per key."""
+        self._send({"op": "summary", "data": data})
+
+    def flush(self) -> None:
+        """Sends what ``log`` buffered; reads the replies that arrived (without waiting)."""
+        if self._stdin_open:
+            assert self.proc.stdin is not None
+            try:
+                self.proc.stdin.flush()
+            except (BrokenPipeError, ValueError):
+                self._stdin_open = False
+                if not self._errors:
+                    self._errors.append(f"the W&B process exited with code {self.proc.wait()}")
+        self.poll(block=False)
+
+    # ---- replies -----------------------------------------------------------------------------------
+    def poll(self, block: bool) -> None:
+        """Reads the replies that arrived; with ``block``, waits for at least one (or the child's exit)."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while True:
+            ready, _, _ = select.select([fd], [], [], None if block else 0)
+            if not ready:
+                return
+            chunk = os.read(fd, 65536)
+            if not chunk:  # the child closed its end: it exited
+                if not self._finished:  # without its "finished" reply: it died (killed, or a crash of Python)
+                    self._errors.append(
+                        f"the W&B process exited with code {self.proc.wait()} before it finished the W&B run"
+                    )
+                self._finished = True
+                return
+            self._buffer += chunk
+            *lines, self._buffer = self._buffer.split(b"\n")
+            for line in lines:
+                self._reply(json.loads(line))
+            block = False  # one read satisfied a blocking poll; take what else is there without waiting
+
+    def _reply(self, msg: dict) -> None:
+        if msg["op"] == "started":
+            self.info = msg
+            if self.on_started is not None:
+                self.on_started(msg)
+        elif msg["op"] == "error":
+            self._errors.append(msg["error"])
+        elif msg["op"] == "finished":
+            self._finished = True
+
+    def raise_errors(self) -> None:
+        """Raises WandbProcessError for the errors the child reported so far (once each)."""
+        if self._errors:
+            errors, self._errors = self._errors, []
+            raise WandbProcessError("W&B failed: " + "; ".join(errors))
+
+    def started(self) -> Optional[dict]:
+        """The ``started`` reply, waiting for ``wandb.init`` in the child; None when it failed or the child died."""
+        while self.info is None and not self._errors and not self._finished:
+            self.poll(block=True)
+        return self.info
+
+    def finish(self, exit_code: int) -> list[str]:
+        """``run.finish(exit_code=exit_code)`` and the child's exit (waits for both: W&B has written the run when
+        this returns). Returns the errors the child reported and ``raise_errors`` has not raised."""
+        self._send({"op": "finish", "exit_code": exit_code})
+        self.close_input()
+        while not self._finished:
+            self.poll(block=True)
+        self.proc.wait()
+        errors, self._errors = self._errors, []
+        return errors
+
+    def close_input(self) -> None:
+        """Ends the child's input: before ``init`` it exits creating nothing; after, it finishes the run as crashed
+        unless ``finish`` was sent."""
+        if self._stdin_open:
+            self._stdin_open = False
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
+
+    def discard(self) -> None:
+        """Ends a child that was never given ``init`` (``prestart``'s, when the run stopped first) and reaps it."""
+        self.close_input()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+_prestarted: Optional[WandbProcess] = None
+_atexit_registered = False
+
+
+def prestart(priority: str = "normal") -> None:
+    """Starts the W&B process now (it imports wandb and waits), so that its import overlaps this process's own;
+    at ``priority`` from its start (``idle``: ``lowest_cpu_priority``, its import included). Nothing is created
+    until ``init``; ``take_prestarted`` hands it over, ``discard_prestarted`` ends it."""
+    global _prestarted, _atexit_registered
+    if not _atexit_registered:
+        import atexit
+
+        atexit.register(discard_prestarted)  # a run that stopped before Reporter.close (an error while importing)
+        _atexit_registered = True
+    if _prestarted is None:
+        try:
+            _prestarted = WandbProcess(priority)
+        except OSError as e:  # started again, at wandb.init time, where the error is reported
+            log.debug("the W&B process was not prestarted: %s", e)
+
+
+def take_prestarted() -> Optional[WandbProcess]:
+    """The process ``prestart`` started (and forgets it), or None."""
+    global _prestarted
+    proc, _prestarted = _prestarted, None
+    return proc
+
+
+def discard_prestarted() -> None:
+    """Ends a prestarted process that no run took (the run stopped before starting W&B)."""
+    proc = take_prestarted()
+    if proc is not None:
+        proc.discard()
+
+
+# ---- the child ---------------------------------------------------------------------------------------------
+def lowest_cpu_priority() -> str:
+    """Moves every thread of this process (and the threads and processes they start afterwards) to the lowest CPU
+    priority: Linux's ``SCHED_IDLE`` policy (a thread runs only when a core would otherwise idle), else ``nice``
+    19. Irreversible without privileges. Returns which one."""
+    try:
+        tasks = [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
+        for tid in tasks:  # threads that imports started (a policy is per thread on Linux)
+            try:
+                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))  # type: ignore[attr-defined]
+            except ProcessLookupError:  # the thread has ended
+                pass
+        return "SCHED_IDLE"
+    except (AttributeError, OSError):
+        os.nice(19 - os.nice(0))
+        return "nice 19"
+
+
+def _child() -> int:
+    if "--priority=idle" in sys.argv[1:]:
+        lowest_cpu_priority()
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # whatever W&B prints goes to stderr, never into the replies
+
+    def reply(**msg: Any) -> None:
+        try:
+            replies.write(json.dumps(msg) + "\n")
+        except BrokenPipeError:
+            pass
+
+    def error(what: str) -> None:
+        traceback.print_exc()
+        exc = sys.exc_info()[1]
+        text = " ".join(str(exc).split())  # one line (pydantic's errors span several)
+        reply(op="error", error=f"{what}: {type(exc).__name__}: {text[:400]}")
+
+    try:
+        import wandb
+    except Exception:  # reported at init (a run that never starts W&B needs no wandb)
+        wandb = None
+        import_error = traceback.format_exc()
+    run = None
+    for line in sys.stdin.buffer:
+        msg = json.loads(line)
+        op = msg["op"]
+        try:
+            if op == "init":
+                if wandb is None:
+                    sys.stderr.write(import_error)
+                    reply(op="error", error="import wandb failed: " + import_error.strip().splitlines()[-1])
+                    continue
+                if msg.get("priority") == "idle":
+                    lowest_cpu_priority()
+                mode, kwargs = msg["mode"], msg["kwargs"]
+                settings, warning = wandb.Settings(**msg["settings"]), None
+                try:
+                    run = wandb.init(mode=mode, settings=settings, **kwargs)
+                except Exception as e:
+                    if mode != "online":
+                        raise
+                    warning = f"W&B could not be reached ({str(e).splitlines()[0][:200]}); continuing offline"
+                    mode = "offline"
+                    wandb.teardown()  # the failed start holds the id in its wandb-core ("run ID ... is in use")
+                    run = wandb.init(mode=mode, settings=settings, **kwargs)
+                info = dict(id=run.id, dir=os.path.dirname(run.dir), group=run.group, mode=mode, warning=warning)
+                reply(op="started", **info)
+            elif run is None:
+                continue  # nothing to do before a run (a failed init was reported)
+            elif op == "log":
+                run.log(msg["data"], step=msg["step"])
+            elif op == "config":
+                run.config.update(msg["data"], allow_val_change=True)
+            elif op == "summary":
+                # commit the pending history row first: finish() would commit it after these and overwrite them
+                run.log({}, commit=True)
+                for k, v in msg["data"].items():
+                    run.summary[k] = v
+            elif op == "finish":
+                try:
+                    run.finish(exit_code=msg["exit_code"])
+                finally:
+                    run = None
+        except Exception:
+            error(f"W&B {op}")
+        if op == "finish":
+            break
+    else:  # end of input without finish: the training process died
+        if run is not None:
+            try:
+                run.finish(exit_code=1)
+            except Exception:
+                error("W&B finish")
+    reply(op="finished")
+    return 0
+
+
+if __name__ == "__main__":
+    # run as a script, its folder (training/) heads sys.path: its modules (signals, runtime, paths, ...) must not
+    # shadow what wandb imports
+    if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+        sys.path.pop(0)
+    sys.exit(_child())
