@@ -200,6 +200,7 @@ def test_long_wandb_tag_fails_at_start(tmp_path):
         ({"wandb__project": "p" * 129}, "1 to 128"),
         ({"wandb__group": "g" * 129}, "wandb.group="),
         ({"wandb__entity": "a b"}, "wandb.entity='a b'"),
+        ({"wandb__init_timeout_s": "inf"}, "wandb.init_timeout_s=inf is out of range; it must be finite and > 0"),
         ({"xla__flags": "[xla_gpu_foo=1]"}, "--name or --name=value"),
         ({"xla__flags": "['--xla_not_a_flag=1']"}, "XLA does not know --xla_not_a_flag=1"),
         ({"checkpoint__dir": "'/tmp/a[1]'"}, "checkpoint.dir='/tmp/a[1]' contains [ ]"),

@@ -12,7 +12,7 @@ import pytest
 
 from measure.throughput import STARTUP_PHASES, JobClock, StartupPhases
 from training.console_lines import startup_breakdown_line
-from utils import REPO
+from utils import REPO, modules_probe_cmd
 
 # Imported only when a run needs them: W&B (wandb.mode online/offline), TFDS (a dataset to decode or prepare),
 # orbax (checkpoints), matplotlib (plots of a sweep report), submitit (the submitit launchers).
@@ -77,18 +77,9 @@ def test_run_reports_startup_phases_and_imports_no_unused_library(tmp_path):
     and train.log, add up to ``perf/startup_s``, and W&B, TFDS, orbax, matplotlib and submitit were never
     imported (``sys.modules`` at the process's exit)."""
     run_dir, modules = tmp_path / "run", tmp_path / "modules.json"
-    probe = (
-        "import atexit, json, runpy, sys\n"
-        f"atexit.register(lambda: json.dump(sorted(sys.modules), open({str(modules)!r}, 'w')))\n"
-        "sys.path.insert(0, '.')\n"
-        "sys.argv = ['train.py'] + sys.argv[1:]\n"
-        "runpy.run_path('train.py', run_name='__main__')\n"
-    )
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}  # the config's wandb.mode wins
-    cmd = [
-        sys.executable,
-        "-c",
-        probe,
+    cmd = modules_probe_cmd(
+        modules,
         f"hydra.run.dir={run_dir}",
         "data=synthetic",
         "train.steps=20",
@@ -96,7 +87,7 @@ def test_run_reports_startup_phases_and_imports_no_unused_library(tmp_path):
         "wandb.mode=disabled",
         "checkpoint.enabled=false",
         f"runtime.compilation_cache_dir={tmp_path / 'jax_cache'}",
-    ]
+    )
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads((run_dir / "summary.json").read_text())

@@ -87,6 +87,19 @@ def run_train(
     return subprocess.run(cmd, cwd=cwd, env=e, capture_output=True, text=True, timeout=timeout)
 
 
+def modules_probe_cmd(modules_path: Path, *overrides: str) -> list[str]:
+    """``python -c <probe> <overrides>``: runs train.py as ``__main__`` and, at its exit, writes the sorted names in
+    ``sys.modules`` as JSON to ``modules_path`` (which libraries a run imported)."""
+    probe = (
+        "import atexit, json, runpy, sys\n"
+        f"atexit.register(lambda: json.dump(sorted(sys.modules), open({str(modules_path)!r}, 'w')))\n"
+        "sys.path.insert(0, '.')\n"
+        "sys.argv = ['train.py'] + sys.argv[1:]\n"
+        "runpy.run_path('train.py', run_name='__main__')\n"
+    )
+    return [sys.executable, "-c", probe, *overrides]
+
+
 def assert_matches_reference(run, ref, tol: float, devices: int, steps: int) -> None:
     """``run`` and ``ref`` are ``run_steps`` results (losses, host state, experiment, initial host state): the
     same initial parameters bitwise, losses, parameters and optimizer state within ``tol``, bitwise-identical

@@ -252,7 +252,12 @@ def check_numbers(cfg: Config) -> None:
             cfg.hardware.peak_flops_per_s is None or cfg.hardware.peak_flops_per_s > 0,
             "null or > 0",
         ),
-        ("wandb.init_timeout_s", cfg.wandb.init_timeout_s, cfg.wandb.init_timeout_s > 0, "> 0"),
+        (
+            "wandb.init_timeout_s",
+            cfg.wandb.init_timeout_s,
+            0 < cfg.wandb.init_timeout_s < math.inf,
+            "finite and > 0",
+        ),
     ]
     for k in ("hidden", "width", "depth"):  # each model has its own keys (conf/schema.py MODEL_SCHEMAS)
         if getattr(m, k, None) is not None:  # (gpt: null = the size preset's value)

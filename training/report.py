@@ -147,6 +147,9 @@ class Reporter:
         self.run_dir = Path(run_dir)
         self.enabled = enabled
         self.wandb_process = None  # training.wandb_process.WandbProcess: W&B in its own process
+        self.wandb_error: Optional[str] = None  # W&B failed in its process; the run went on without it
+        self._wandb_started: Optional[dict] = None  # the W&B process's ``started`` reply
+        self._wandb_run_id: Optional[str] = None
         self.previous_run_id: Optional[str] = None
         self._jsonl = None
 
@@ -175,8 +178,9 @@ class Reporter:
 
         W&B runs in a process of its own (``training.wandb_process``; the prestarted one when there is one): this
         returns once ``wandb.init`` is sent, with the run's id chosen (``wandb_run_id``); ``wandb_info`` waits for
-        it to finish; its errors are raised by the next ``log`` (or ``close``). ``process_priority``: ``normal``
-        or ``idle`` (``training.wandb_process.lowest_cpu_priority``, set before ``wandb.init``).
+        it to finish. A failure of W&B there (``wandb.init`` refused, the process died) never stops the run: one
+        warning line, W&B is dropped, ``summary.json`` gets ``wandb/error`` (``_drop_wandb``).
+        ``process_priority``: ``normal`` or ``idle`` (``training.wandb_process.lowest_cpu_priority``).
         """
         if not self.enabled or mode == "disabled":
             return
@@ -198,38 +202,68 @@ class Reporter:
         )
         settings = dict(init_timeout=init_timeout_s, console="off", x_disable_stats=True, silent=True)
         self.wandb_process = wandb_process.take_prestarted() or wandb_process.WandbProcess(process_priority)
-        self.wandb_process.on_started = self._wandb_started
-        self.wandb_process.init(mode, kwargs, settings, process_priority)
+        self.wandb_process.on_started = self._on_wandb_started
+        self._wandb_run_id = self.wandb_process.init(mode, kwargs, settings, process_priority)
 
-    @staticmethod
-    def _wandb_started(info: dict) -> None:
-        """Logs what ``wandb.init`` in the W&B process reported: the fallback to offline, the offline hint."""
+    def _on_wandb_started(self, info: dict) -> None:
+        """Keeps what ``wandb.init`` in the W&B process reported; logs its fallback to offline at once."""
+        self._wandb_started = info
         if info.get("warning"):
             log.warning("%s", info["warning"])
-        if info["mode"] == "offline":  # the hint once per process: the jobs of a sweep get one line at its end instead
-            global _OFFLINE_HINT_SHOWN
-            level = logging.DEBUG if _OFFLINE_HINT_SHOWN else logging.INFO
-            _OFFLINE_HINT_SHOWN = True
-            log.log(level, "W&B is offline; upload the run later with: wandb sync %s", info["dir"])
+
+    def _check_wandb(self) -> None:
+        """Drops W&B (``_drop_wandb``) when its process reported errors since the last check."""
+        if self.wandb_process is not None:
+            errors = self.wandb_process.take_errors()
+            if errors:
+                self._drop_wandb(errors)
+
+    def _drop_wandb(self, errors: list[str]) -> None:
+        """W&B failed in its process: one warning line, the W&B run finished as failed (when its process still
+        runs), no more W&B calls; ``wandb/error`` in the summary. The training and metrics.jsonl go on."""
+        self.wandb_error = "; ".join(errors)
+        log.warning(
+            "W&B failed (%s); the run goes on without W&B: metrics.jsonl and summary.json keep every record",
+            self.wandb_error,
+        )
+        proc, self.wandb_process = self.wandb_process, None
+        if proc is not None:
+            proc.finish(exit_code=1)
+
+    def _offline_hint(self) -> None:
+        """The offline run's ``wandb sync`` line, once per process (the jobs of a sweep get one line at its end)."""
+        info = self._wandb_started
+        if info is None or info["mode"] != "offline" or self.wandb_error is not None:
+            return
+        global _OFFLINE_HINT_SHOWN
+        level = logging.DEBUG if _OFFLINE_HINT_SHOWN else logging.INFO
+        _OFFLINE_HINT_SHOWN = True
+        log.log(level, "W&B is offline; upload the run later with: wandb sync %s", info["dir"])
 
     @property
     def wandb_info(self) -> dict:
         """``wandb/run_id``, ``wandb/run_dir``, ``wandb/group`` (and ``wandb/previous_run_id``) of this run's W&B
-        run; waits for ``wandb.init`` in the W&B process. {} without W&B (or when ``wandb.init`` failed)."""
-        if self.wandb_process is None:
-            return {}
-        started = self.wandb_process.started()
-        if started is None:
-            return {}
-        info = {"wandb/run_id": started["id"], "wandb/run_dir": started["dir"], "wandb/group": started["group"]}
-        if self.previous_run_id is not None:
+        run, waiting for ``wandb.init`` in the W&B process; ``wandb/error`` when W&B failed there (the W&B run,
+        if it started, is incomplete). {} without W&B."""
+        if self.wandb_process is not None:
+            self.wandb_process.started()
+            self._check_wandb()
+        info: dict[str, Any] = {}
+        started = self._wandb_started
+        if started is not None:
+            info = {"wandb/run_id": started["id"], "wandb/run_dir": started["dir"], "wandb/group": started["group"]}
+        if self.wandb_error is not None:
+            info["wandb/error"] = self.wandb_error
+        if info and self.previous_run_id is not None:
             info["wandb/previous_run_id"] = self.previous_run_id
         return info
 
     @property
     def wandb_run_id(self) -> Optional[str]:
         """This run's W&B run id (known before ``wandb.init`` has finished: it is chosen here), or None."""
-        return None if self.wandb_process is None else self.wandb_process.run_id
+        if self.wandb_error is not None and self._wandb_started is None:  # wandb.init failed: no such run
+            return None
+        return self._wandb_run_id
 
     def _wandb_log(self, rec: dict) -> None:
         """One strict-JSON record (``strict_record``) into the W&B history at its ``step``: numbers only
@@ -277,6 +311,7 @@ class Reporter:
             for rec in kept:
                 self._wandb_log(rec)
             self.wandb_process.flush()
+            self._check_wandb()
         return len(kept)
 
     def start_metrics(self) -> Optional[Path]:
@@ -310,7 +345,7 @@ class Reporter:
         self._jsonl.flush()
         if self.wandb_process is not None:
             self.wandb_process.flush()
-            self.wandb_process.raise_errors()  # W&B failed in its process (reported since the last records)
+            self._check_wandb()
 
     def summary(self, values: dict) -> None:
         """Writes summary.json (also for failed runs) and copies the values into the W&B summary (which then
@@ -333,12 +368,8 @@ class Reporter:
 
     def close(self, exit_code: int = 0) -> None:
         """Closes the files and finishes the W&B run (always, also after an error): waits until the W&B process
-        has finished the run and exited. A prestarted W&B process that no run took ends here.
-
-        Raises:
-          WandbProcessError: W&B failed in its process (errors not raised before) and ``exit_code`` is 0; after a
-            failure (``exit_code`` != 0) they are logged instead, so they do not hide the run's own error.
-        """
+        has finished the run and exited, then logs the offline run's ``wandb sync`` line. A prestarted W&B process
+        that no run took ends here. A W&B failure at finish is one warning line."""
         from training import wandb_process
 
         if self._jsonl is not None:
@@ -350,10 +381,10 @@ class Reporter:
                 errors = self.wandb_process.finish(exit_code)
             finally:
                 self.wandb_process = None
-            if errors and exit_code == 0:
-                raise wandb_process.WandbProcessError("W&B failed: " + "; ".join(errors))
-            for e in errors:
-                log.error("W&B failed: %s", e)
+            if errors:
+                self.wandb_error = "; ".join(errors)
+                log.warning("W&B failed (%s); its run may be incomplete", self.wandb_error)
+        self._offline_hint()
 
 
 def console(line: str) -> None:

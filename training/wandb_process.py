@@ -23,15 +23,17 @@ Lifetime: the child ignores SIGINT, SIGTERM and SIGHUP (a Ctrl-C or a scheduler'
 process group; the training process decides what happens and finishes the W&B run with its exit code). End of
 input without ``finish`` (the training process died) finishes the run with exit code 1; end of input before
 ``init`` (the run stopped at bad input, or W&B was not needed) exits without creating anything. POSIX only
-(``select`` on a pipe).
+(``select`` on a pipe). The training process writes to the pipe without blocking (what it does not take waits in
+``_pending``), so only ``finish`` waits for the child. The child reports the first failed W&B call and skips the
+rest until ``finish``; the caller (``Reporter``) then drops W&B and trains on.
 
 Priority (``wandb.process_priority``): ``normal`` (default), the training process's own CPU priority: on a machine
-with spare cores W&B's work runs beside the steps at no cost to them; on a machine whose cores the steps keep busy
-it shares them (the steady-state windows slow by its CPU use). ``idle``: ``lowest_cpu_priority`` before
-``wandb.init``: it takes only CPU time the training leaves, but on a busy machine it is starved while the training
-process waits for it (the pipe full, the run's end): one 1-device run beside two busy loops took 148.7 s at
-``SCHED_IDLE`` and 27.0 s at nice 10 against 13.0 s in-process and 11.8 s at normal priority
-(``benchmarks/results/wandb_process_priority.txt``).
+with spare cores W&B's work runs beside the steps; on a machine whose cores the steps keep busy it shares them (the
+steady-state windows slow by its CPU use). ``idle``: ``lowest_cpu_priority`` from the child's start: it takes only
+CPU time the training leaves, but on a busy machine it is starved and the run's end waits for it: one 1-device run
+beside two busy loops took 148.7 s at ``SCHED_IDLE`` and 27.0 s at nice 10 against 13.0 s in-process and 11.8 s
+at normal priority (``benchmarks/results/wandb_process_priority.txt``; then the training also waited whenever the
+pipe was full).
 """
 
 from __future__ import annotations
@@ -51,10 +53,6 @@ from typing import Any, Callable, Optional
 log = logging.getLogger(__name__)
 
 _ID_ALPHABET = string.ascii_lowercase + string.digits  # W&B's own run ids: 8 of these (wandb.util.generate_id)
-
-
-class WandbProcessError(RuntimeError):
-    """W&B failed in its process (``wandb.init``, a ``run.log`` or ``run.finish`` raised, or the process died)."""
 
 
 def _plain(value: Any) -> Any:
@@ -96,24 +94,52 @@ class WandbProcess:
         self.info: Optional[dict] = None  # the ``started`` reply
         self.on_started: Optional[Callable[[dict], None]] = None
         self._errors: list[str] = []
+        self._failed = False  # an error was reported (or the child died): no ``started`` reply will come
         self._buffer = b""
         self._finished = False
         self._stdin_open = True
+        # The training thread never waits for the child while training: what the pipe does not take now waits
+        # here (a stopped or starved child must not hold up a step, a checkpoint or a graceful stop).
+        self._pending = bytearray()
+        assert self.proc.stdin is not None
+        os.set_blocking(self.proc.stdin.fileno(), False)
 
     # ---- sending -----------------------------------------------------------------------------------
     def _send(self, msg: dict, flush: bool = True) -> None:
         if not self._stdin_open:
             return
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write((json.dumps(msg, default=_plain) + "\n").encode())
-            if flush:
-                self.proc.stdin.flush()
-        except (BrokenPipeError, ValueError):  # the child died: its replies (or exit code) say why
-            self._stdin_open = False
-            self.poll(block=False)
-            if not self._errors:
-                self._errors.append(f"the W&B process exited with code {self.proc.wait()}")
+        self._pending += (json.dumps(msg, default=_plain) + "\n").encode()
+        if flush:
+            self._write(block=False)
+
+    def _write(self, block: bool) -> None:
+        """Writes what is pending as far as the pipe takes it; with ``block``, all of it (waiting for the child,
+        reading its replies meanwhile so that neither side waits on a full pipe)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        fd = self.proc.stdin.fileno()
+        while self._pending and self._stdin_open:
+            if block:
+                readable, _, _ = select.select([self.proc.stdout.fileno()], [fd], [])
+                if readable:
+                    self.poll(block=False)
+            try:
+                written = os.write(fd, self._pending)
+            except BlockingIOError:
+                if not block:
+                    return
+                continue
+            except OSError:  # BrokenPipeError: the child died; its replies (or its exit code) say why
+                self._stdin_open = False
+                self._pending.clear()
+                self.poll(block=False)
+                if not self._failed:
+                    self._error(f"the W&B process exited with code {self.proc.wait()}")
+                return
+            del self._pending[:written]
+
+    def _error(self, text: str) -> None:
+        self._errors.append(text)
+        self._failed = True
 
     def init(self, mode: str, kwargs: dict, settings: dict, priority: str = "normal") -> str:
         """Sends ``wandb.init(mode=mode, settings=wandb.Settings(**settings), id=<new id>, **kwargs)``; returns the
@@ -131,7 +157,7 @@ class WandbProcess:
         return self.run_id
 
     def log(self, data: dict, step: int) -> None:
-        """``run.log(data, step=step)``; buffered until ``flush`` (or 8 KiB)."""
+        """``run.log(data, step=step)``; held until ``flush``."""
         self._send({"op": "log", "data": data, "step": step}, flush=False)
 
     def config_update(self, data: dict) -> None:
@@ -143,15 +169,8 @@ class WandbProcess:
         self._send({"op": "summary", "data": data})
 
     def flush(self) -> None:
-        """Sends what ``log`` buffered; reads the replies that arrived (without waiting)."""
-        if self._stdin_open:
-            assert self.proc.stdin is not None
-            try:
-                self.proc.stdin.flush()
-            except (BrokenPipeError, ValueError):
-                self._stdin_open = False
-                if not self._errors:
-                    self._errors.append(f"the W&B process exited with code {self.proc.wait()}")
+        """Sends what is held as far as the pipe takes it now; reads the replies that arrived (never waits)."""
+        self._write(block=False)
         self.poll(block=False)
 
     # ---- replies -----------------------------------------------------------------------------------
@@ -165,10 +184,8 @@ class WandbProcess:
                 return
             chunk = os.read(fd, 65536)
             if not chunk:  # the child closed its end: it exited
-                if not self._finished:  # without its "finished" reply: it died (killed, or a crash of Python)
-                    self._errors.append(
-                        f"the W&B process exited with code {self.proc.wait()} before it finished the W&B run"
-                    )
+                if not self._finished and not self._failed:  # no "finished" reply: it died (killed, crashed)
+                    self._error(f"the W&B process exited with code {self.proc.wait()} before it finished the W&B run")
                 self._finished = True
                 return
             self._buffer += chunk
@@ -183,26 +200,27 @@ class WandbProcess:
             if self.on_started is not None:
                 self.on_started(msg)
         elif msg["op"] == "error":
-            self._errors.append(msg["error"])
+            self._error(msg["error"])
         elif msg["op"] == "finished":
             self._finished = True
 
-    def raise_errors(self) -> None:
-        """Raises WandbProcessError for the errors the child reported so far (once each)."""
-        if self._errors:
-            errors, self._errors = self._errors, []
-            raise WandbProcessError("W&B failed: " + "; ".join(errors))
+    def take_errors(self) -> list[str]:
+        """The errors the child reported so far (each returned once): ``wandb.init``, a ``run.log`` or
+        ``run.finish`` raised there, or the child died."""
+        errors, self._errors = self._errors, []
+        return errors
 
     def started(self) -> Optional[dict]:
         """The ``started`` reply, waiting for ``wandb.init`` in the child; None when it failed or the child died."""
-        while self.info is None and not self._errors and not self._finished:
+        while self.info is None and not self._failed and not self._finished:
             self.poll(block=True)
         return self.info
 
     def finish(self, exit_code: int) -> list[str]:
         """``run.finish(exit_code=exit_code)`` and the child's exit (waits for both: W&B has written the run when
-        this returns). Returns the errors the child reported and ``raise_errors`` has not raised."""
-        self._send({"op": "finish", "exit_code": exit_code})
+        this returns). Returns the errors the child reported that ``take_errors`` has not returned."""
+        self._send({"op": "finish", "exit_code": exit_code}, flush=False)
+        self._write(block=True)
         self.close_input()
         while not self._finished:
             self.poll(block=True)
@@ -302,7 +320,8 @@ def _child() -> int:
             pass
 
     def error(what: str) -> None:
-        traceback.print_exc()
+        if os.environ.get("WANDB_DEBUG", "").lower() in ("1", "true"):  # W&B's own debug switch
+            traceback.print_exc()
         exc = sys.exc_info()[1]
         text = " ".join(str(exc).split())  # one line (pydantic's errors span several)
         reply(op="error", error=f"{what}: {type(exc).__name__}: {text[:400]}")
@@ -313,13 +332,13 @@ def _child() -> int:
         wandb = None
         import_error = traceback.format_exc()
     run = None
+    broken = False  # a W&B call failed: the rest are skipped (one error, not one per record) until finish
     for line in sys.stdin.buffer:
         msg = json.loads(line)
         op = msg["op"]
         try:
             if op == "init":
                 if wandb is None:
-                    sys.stderr.write(import_error)
                     reply(op="error", error="import wandb failed: " + import_error.strip().splitlines()[-1])
                     continue
                 if msg.get("priority") == "idle":
@@ -331,14 +350,15 @@ def _child() -> int:
                 except Exception as e:
                     if mode != "online":
                         raise
-                    warning = f"W&B could not be reached ({str(e).splitlines()[0][:200]}); continuing offline"
+                    why = str(e).splitlines()[0][:200] if str(e).strip() else type(e).__name__
+                    warning = f"W&B could not be reached ({why}); continuing offline"
                     mode = "offline"
                     wandb.teardown()  # the failed start holds the id in its wandb-core ("run ID ... is in use")
                     run = wandb.init(mode=mode, settings=settings, **kwargs)
                 info = dict(id=run.id, dir=os.path.dirname(run.dir), group=run.group, mode=mode, warning=warning)
                 reply(op="started", **info)
-            elif run is None:
-                continue  # nothing to do before a run (a failed init was reported)
+            elif run is None or (broken and op != "finish"):
+                continue  # nothing to do before a run (a failed init was reported), or after a failed call
             elif op == "log":
                 run.log(msg["data"], step=msg["step"])
             elif op == "config":
@@ -355,6 +375,7 @@ def _child() -> int:
                     run = None
         except Exception:
             error(f"W&B {op}")
+            broken = True
         if op == "finish":
             break
     else:  # end of input without finish: the training process died
