@@ -150,6 +150,7 @@ class Reporter:
         self.wandb_error: Optional[str] = None  # W&B failed in its process; the run went on without it
         self._wandb_started: Optional[dict] = None  # the W&B process's ``started`` reply
         self._wandb_run_id: Optional[str] = None
+        self._abandoned: list = []  # W&B processes dropped after a failure, reaped at close
         self.previous_run_id: Optional[str] = None
         self._jsonl = None
 
@@ -219,8 +220,9 @@ class Reporter:
                 self._drop_wandb(errors)
 
     def _drop_wandb(self, errors: list[str]) -> None:
-        """W&B failed in its process: one warning line, the W&B run finished as failed (when its process still
-        runs), no more W&B calls; ``wandb/error`` in the summary. The training and metrics.jsonl go on."""
+        """W&B failed in its process: one warning line, no more W&B calls (its process, if alive, finishes the W&B run
+        with exit code 1 on its own; nothing here waits for it); ``wandb/error`` in the summary. The training and
+        metrics.jsonl go on."""
         self.wandb_error = "; ".join(errors)
         log.warning(
             "W&B failed (%s); the run goes on without W&B: metrics.jsonl and summary.json keep every record",
@@ -228,7 +230,8 @@ class Reporter:
         )
         proc, self.wandb_process = self.wandb_process, None
         if proc is not None:
-            proc.finish(exit_code=1)
+            proc.abandon()
+            self._abandoned.append(proc)
 
     def _offline_hint(self) -> None:
         """The offline run's ``wandb sync`` line, once per process (the jobs of a sweep get one line at its end)."""
@@ -376,6 +379,8 @@ class Reporter:
             self._jsonl.close()
             self._jsonl = None
         wandb_process.discard_prestarted()
+        while self._abandoned:
+            self._abandoned.pop().reap()
         if self.wandb_process is not None:
             try:
                 errors = self.wandb_process.finish(exit_code)

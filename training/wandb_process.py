@@ -239,6 +239,22 @@ class WandbProcess:
             except BrokenPipeError:
                 pass
 
+    def abandon(self) -> None:
+        """Gives up on a child that failed, without waiting: drops what is held and ends its input (it finishes
+        the W&B run with exit code 1 and exits); ``reap`` waits for it later."""
+        self._pending.clear()
+        self.close_input()
+
+    def reap(self, timeout_s: float = 60.0) -> None:
+        """Waits up to ``timeout_s`` for an abandoned child to exit, then kills it."""
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
     def discard(self) -> None:
         """Ends a child that was never given ``init`` (``prestart``'s, when the run stopped first) and reaps it."""
         self.close_input()
@@ -384,6 +400,12 @@ def _child() -> int:
                 run.finish(exit_code=1)
             except Exception:
                 error("W&B finish")
+    if wandb is not None:
+        try:  # unregisters W&B's exit hook, which would print a traceback when wandb-core has died
+            wandb.teardown()
+        except Exception:
+            if os.environ.get("WANDB_DEBUG", "").lower() in ("1", "true"):
+                traceback.print_exc()
     reply(op="finished")
     return 0
 
