@@ -254,11 +254,17 @@ def _policies(pid: int) -> set:
 @pytest.mark.parametrize("priority, policy", [("normal", os.SCHED_OTHER), ("idle", os.SCHED_IDLE)])
 def test_process_priority_applies_to_the_w_and_b_process_and_wandb_core(tmp_path, wandb_env, priority, policy):
     """``wandb.process_priority``: every thread of the W&B process and of the wandb-core it starts runs under the
-    policy (SCHED_IDLE for ``idle``); an unknown priority is refused before anything is sent."""
-    proc = WandbProcess()
+    policy (SCHED_IDLE for ``idle``); a process prestarted at another priority is not used; an unknown priority
+    is refused before a process starts."""
     with pytest.raises(ValueError, match="priority='low' is unknown; choose normal or idle"):
-        proc.init("offline", init_kwargs(tmp_path), SETTINGS, "low")
-    proc.init("offline", init_kwargs(tmp_path), SETTINGS, priority)
-    assert proc.started() is not None
-    assert _policies(proc.proc.pid) == {policy}
-    assert proc.finish(0) == []
+        WandbProcess("low")
+    wandb_process.prestart("idle" if priority == "normal" else "normal")
+    other = wandb_process._prestarted
+    reporter = Reporter(tmp_path)
+    reporter.start_wandb("offline", "p", None, None, "j", [], {}, init_timeout_s=60.0, process_priority=priority)
+    assert other.proc.returncode == 0 and reporter.wandb_process is not other  # discarded, creating nothing
+    assert reporter.wandb_info["wandb/run_id"] == reporter.wandb_run_id
+    assert _policies(reporter.wandb_process.proc.pid) == {policy}
+    reporter.close(exit_code=0)
+    (run_dir,) = offline_runs(tmp_path)
+    assert exit_code(run_dir) == 0

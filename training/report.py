@@ -150,7 +150,7 @@ class Reporter:
         self.wandb_error: Optional[str] = None  # W&B failed in its process; the run went on without it
         self._wandb_started: Optional[dict] = None  # the W&B process's ``started`` reply
         self._wandb_run_id: Optional[str] = None
-        self._abandoned: list = []  # W&B processes dropped after a failure, reaped at close
+        self._abandoned = None  # the W&B process dropped after a failure, reaped at close
         self.previous_run_id: Optional[str] = None
         self._jsonl = None
 
@@ -202,9 +202,13 @@ class Reporter:
             reinit="finish_previous",
         )
         settings = dict(init_timeout=init_timeout_s, console="off", x_disable_stats=True, silent=True)
-        self.wandb_process = wandb_process.take_prestarted() or wandb_process.WandbProcess(process_priority)
+        proc = wandb_process.take_prestarted()
+        if proc is not None and proc.priority != process_priority:  # prestarted for another config: not this one
+            proc.discard()
+            proc = None
+        self.wandb_process = proc or wandb_process.WandbProcess(process_priority)
         self.wandb_process.on_started = self._on_wandb_started
-        self._wandb_run_id = self.wandb_process.init(mode, kwargs, settings, process_priority)
+        self._wandb_run_id = self.wandb_process.init(mode, kwargs, settings)
 
     def _on_wandb_started(self, info: dict) -> None:
         """Keeps what ``wandb.init`` in the W&B process reported; logs its fallback to offline at once."""
@@ -228,10 +232,9 @@ class Reporter:
             "W&B failed (%s); the run goes on without W&B: metrics.jsonl and summary.json keep every record",
             self.wandb_error,
         )
-        proc, self.wandb_process = self.wandb_process, None
-        if proc is not None:
-            proc.abandon()
-            self._abandoned.append(proc)
+        self._abandoned, self.wandb_process = self.wandb_process, None
+        if self._abandoned is not None:
+            self._abandoned.abandon()
 
     def _offline_hint(self) -> None:
         """The offline run's ``wandb sync`` line, once per process (the jobs of a sweep get one line at its end)."""
@@ -379,8 +382,9 @@ class Reporter:
             self._jsonl.close()
             self._jsonl = None
         wandb_process.discard_prestarted()
-        while self._abandoned:
-            self._abandoned.pop().reap()
+        if self._abandoned is not None:
+            self._abandoned.reap()
+            self._abandoned = None
         if self.wandb_process is not None:
             try:
                 errors = self.wandb_process.finish(exit_code)

@@ -84,6 +84,7 @@ class WandbProcess:
 
     def __init__(self, priority: str = "normal") -> None:
         _check_priority(priority)
+        self.priority = priority  # the child's CPU priority, from its start (``idle``: ``lowest_cpu_priority``)
         self.proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), f"--priority={priority}"],
             stdin=subprocess.PIPE,
@@ -141,19 +142,13 @@ class WandbProcess:
         self._errors.append(text)
         self._failed = True
 
-    def init(self, mode: str, kwargs: dict, settings: dict, priority: str = "normal") -> str:
+    def init(self, mode: str, kwargs: dict, settings: dict) -> str:
         """Sends ``wandb.init(mode=mode, settings=wandb.Settings(**settings), id=<new id>, **kwargs)``; returns the
         new run's id at once (``wandb.init`` runs in the child while training goes on). An online start that
-        fails falls back to offline there (``started``'s ``warning``). ``priority``: ``normal`` or ``idle``: the
-        child first moves itself (and so ``wandb-core``, which ``wandb.init`` starts) to ``lowest_cpu_priority``.
-
-        Raises:
-          ValueError: an unknown ``priority``.
-        """
-        _check_priority(priority)
+        fails falls back to offline there (``started``'s ``warning``). ``wandb-core``, which ``wandb.init``
+        starts, inherits the child's priority."""
         self.run_id = new_run_id()
-        msg = {"op": "init", "mode": mode, "kwargs": {**kwargs, "id": self.run_id}, "settings": settings}
-        self._send({**msg, "priority": priority})
+        self._send({"op": "init", "mode": mode, "kwargs": {**kwargs, "id": self.run_id}, "settings": settings})
         return self.run_id
 
     def log(self, data: dict, step: int) -> None:
@@ -257,14 +252,8 @@ class WandbProcess:
 
     def discard(self) -> None:
         """Ends a child that was never given ``init`` (``prestart``'s, when the run stopped first) and reaps it."""
-        self.close_input()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        self.abandon()
+        self.reap(timeout_s=30.0)
 
 
 _prestarted: Optional[WandbProcess] = None
@@ -357,8 +346,6 @@ def _child() -> int:
                 if wandb is None:
                     reply(op="error", error="import wandb failed: " + import_error.strip().splitlines()[-1])
                     continue
-                if msg.get("priority") == "idle":
-                    lowest_cpu_priority()
                 mode, kwargs = msg["mode"], msg["kwargs"]
                 settings, warning = wandb.Settings(**msg["settings"]), None
                 try:
