@@ -10,6 +10,11 @@ value of the wrong type or outside its choices (``conf/schema.py: one_line``).
 
 from __future__ import annotations
 
+from training import startup_gc
+
+if __name__ == "__main__":  # the collector off until the imports are done (training/startup_gc.py); a script only
+    startup_gc.pause()
+
 import atexit
 import gc
 import logging
@@ -79,6 +84,7 @@ def main(cfg: DictConfig) -> None:
     with without_ipython_probe():  # flax.nnx would import IPython only to learn this is not a notebook
         from training.app import run_and_report  # imports jax-dependent modules after the runtime is set up
 
+    startup_gc.resume()  # the modules and the config are in: freeze them, the collector back on
     STARTUP.mark("imports")
 
     ok = run_and_report(typed, run_dir, startup)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +104,83 @@ def test_run_reports_startup_phases_and_imports_no_unused_library(tmp_path):
     assert [m for m in LAZY if m in loaded] == []
     assert "IPython" not in loaded and "prompt_toolkit" not in loaded  # training.runtime.without_ipython_probe
     assert "jax" in loaded and "optax" in loaded  # the probe saw the run's modules
+
+
+# ---- the garbage collector during start-up (training/startup_gc.py) ------------------------------------------
+@pytest.fixture
+def collector():
+    """Restores the collector after a test that pauses, freezes or releases it."""
+    import gc
+
+    from training import startup_gc
+
+    yield gc
+    startup_gc._paused = False
+    gc.unfreeze()
+    gc.enable()
+
+
+@pytest.mark.unit
+def test_pause_then_resume_freezes_what_is_alive_and_turns_the_collector_back_on(collector):
+    from training import startup_gc
+
+    gc = collector
+    startup_gc.resume()  # not paused (a library user, a test): nothing changes
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    startup_gc.pause()
+    assert not gc.isenabled()
+    kept = [[]]  # alive at resume: frozen
+    startup_gc.resume()
+    assert gc.isenabled() and gc.get_freeze_count() > 1000 and kept
+    gc.unfreeze()
+    startup_gc.resume()  # once only
+    assert gc.get_freeze_count() == 0
+    startup_gc.pause()
+    startup_gc.release()  # a sweep: back on, nothing frozen
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    startup_gc.resume()
+    assert gc.get_freeze_count() == 0
+
+
+def _gc_probe(out: Path, *overrides: str) -> list[str]:
+    """``python -c <probe> <overrides>``: runs train.py as ``__main__``; then writes the collector's state (on,
+    objects frozen, full collections so far) as JSON to ``out``."""
+    probe = (
+        "import gc, json, runpy, sys\n"
+        "sys.path.insert(0, '.')\n"
+        "sys.argv = ['train.py'] + sys.argv[1:]\n"
+        "try:\n"
+        "    runpy.run_path('train.py', run_name='__main__')\n"
+        "finally:\n"
+        "    state = dict(on=gc.isenabled(), frozen=gc.get_freeze_count(), full=gc.get_stats()[2]['collections'])\n"
+        f"    json.dump(state, open({str(out)!r}, 'w'))\n"
+    )
+    return [sys.executable, "-c", probe, *overrides]
+
+
+def test_train_py_runs_its_start_up_without_full_collections_and_a_sweep_keeps_the_collector(tmp_path):
+    """A run: no full (generation 2) collection at all (without the pause: three during start-up), ~180k objects of
+    the start-up frozen, the collector on. A sweep (``-m``, Hydra's default launcher: the job in this process):
+    the collector on, nothing frozen."""
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    common = (
+        "data=synthetic",
+        "train.steps=20",
+        "train.log_every=10",
+        "wandb.mode=disabled",
+        "checkpoint.enabled=false",
+    )
+    state = {}
+    for kind, extra in (
+        ("run", [f"hydra.run.dir={tmp_path / 'run'}"]),
+        ("sweep", ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}"]),
+    ):
+        out = tmp_path / f"{kind}.json"
+        proc = subprocess.run(
+            _gc_probe(out, *extra, *common), cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        state[kind] = json.loads(out.read_text())
+    assert state["run"]["on"] and state["run"]["full"] == 0 and state["run"]["frozen"] > 100_000, state
+    assert state["sweep"]["on"] and state["sweep"]["frozen"] == 0, state
+    assert json.loads((tmp_path / "sweep" / "0" / "summary.json").read_text())["status"] == "ok"

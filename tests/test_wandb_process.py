@@ -268,3 +268,57 @@ def test_process_priority_applies_to_the_w_and_b_process_and_wandb_core(tmp_path
     reporter.close(exit_code=0)
     (run_dir,) = offline_runs(tmp_path)
     assert exit_code(run_dir) == 0
+
+
+def _environ(pid: int) -> dict[str, str]:
+    """The environment a process was started with (read once it is readable: empty while the exec is under way)."""
+    for _ in range(500):
+        items = [i for i in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in i]
+        if items:
+            return dict(item.decode().split("=", 1) for item in items)
+        time.sleep(0.01)
+    raise AssertionError(f"/proc/{pid}/environ stayed empty for 5 s")
+
+
+def test_an_offline_w_and_b_process_is_offline_process_wide(tmp_path, wandb_env, monkeypatch):
+    """For an offline run the W&B process runs with ``WANDB_MODE=offline`` (W&B's process-wide mode), whatever the
+    user's environment says; a process prestarted for another mode is not used. The next test shows why."""
+    monkeypatch.delenv("WANDB_MODE")
+    proc = WandbProcess(mode="offline")
+    assert _environ(proc.proc.pid).get("WANDB_MODE") == "offline"
+    proc.discard()
+    proc = WandbProcess(mode="online")  # never initialised: nothing is contacted
+    assert "WANDB_MODE" not in _environ(proc.proc.pid)
+    proc.discard()
+    wandb_process.prestart("normal", "online")
+    other = wandb_process._prestarted
+    reporter = Reporter(tmp_path)
+    reporter.start_wandb("offline", "p", None, None, "j", [], {}, init_timeout_s=60.0)
+    assert (
+        other.proc.returncode == 0 and reporter.wandb_process is not other and reporter.wandb_process.mode == "offline"
+    )
+    assert _environ(reporter.wandb_process.proc.pid).get("WANDB_MODE") == "offline"
+    reporter.close(exit_code=0)
+    (run_dir,) = offline_runs(tmp_path)
+    assert exit_code(run_dir) == 0
+
+
+@pytest.mark.parametrize("process_wide", [False, True])
+def test_w_and_b_analytics_is_off_only_when_the_process_wide_mode_is_offline(
+    tmp_path, wandb_env, monkeypatch, process_wide
+):
+    """What the test above relies on (wandb 0.31): ``wandb.init(mode="offline")`` alone leaves W&B's own
+    OpenTelemetry analytics on (a histogram per ``run.log``, exported to W&B's servers at exit); with
+    ``WANDB_MODE=offline`` in the environment it is off."""
+    if not process_wide:
+        monkeypatch.delenv("WANDB_MODE")
+    code = (
+        "import wandb\n"
+        "from wandb.analytics.opentelemetry import opentelemetry_proxy as p\n"
+        f"run = wandb.init(mode='offline', dir={str(tmp_path)!r}, settings=wandb.Settings(silent=True))\n"
+        "run.log({'x': 1.0})\n"
+        "print('proxy', p.get_open_telemetry_proxy() is not None)\n"
+        "run.finish()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True).stdout
+    assert f"proxy {not process_wide}" in out

@@ -128,11 +128,11 @@ def prestart_wandb(mode: Optional[str], process_priority: str = "normal") -> Non
     if s is not None and s.process_id > 0:
         return
     try:
-        if resolve_wandb_mode(mode) == "disabled":
-            return
+        resolved = resolve_wandb_mode(mode)
     except ValueError:
         return
-    wandb_process.prestart(process_priority)
+    if resolved != "disabled":
+        wandb_process.prestart(process_priority, resolved)
 
 
 class Reporter:
@@ -203,10 +203,10 @@ class Reporter:
         )
         settings = dict(init_timeout=init_timeout_s, console="off", x_disable_stats=True, silent=True)
         proc = wandb_process.take_prestarted()
-        if proc is not None and proc.priority != process_priority:  # prestarted for another config: not this one
+        if proc is not None and (proc.priority, proc.mode) != (process_priority, mode):  # for another config
             proc.discard()
             proc = None
-        self.wandb_process = proc or wandb_process.WandbProcess(process_priority)
+        self.wandb_process = proc or wandb_process.WandbProcess(process_priority, mode)
         self.wandb_process.on_started = self._on_wandb_started
         self._wandb_run_id = self.wandb_process.init(mode, kwargs, settings)
 

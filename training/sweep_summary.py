@@ -22,6 +22,7 @@ from typing import Any, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from training import startup_gc
 from training.signals import SweepStop
 
 # summary.json "error" of a job that never started because its sweep received a signal (then the signal's name)
@@ -129,6 +130,7 @@ class SweepSummary(Callback):
         self.stop: Optional[SweepStop] = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        startup_gc.release()  # a sweep's process keeps Python's garbage collector on (training/startup_gc.py)
         self.start_s = time.time()
         self.stop = SweepStop().install()
 
