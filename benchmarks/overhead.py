@@ -16,7 +16,9 @@ temporary folder: a user's second run) and the OS file cache. Per pair:
 Printed: every pair (with both sides' start-up to the first step), then per setup the median with min-max over
 the pairs, and ``train.py``'s start-up phases (``perf/startup/*_s``, median over the pairs). ``--also OVERRIDES``
 adds ``train.py OVERRIDES`` to every round (e.g. ``--also wandb.mode=disabled`` prices W&B), with its own ratios
-to the same bare runs. ``--bare-cache``: the bare script uses JAX's persistent compilation cache too (its own
+to the same bare runs. ``--before DIR`` adds every ``train.py`` variant again, run in the checkout ``DIR`` (``git
+worktree add DIR <commit>``), to the same rounds: a change measured against the code before it under the same
+drift of the machine. ``--bare-cache``: the bare script uses JAX's persistent compilation cache too (its own
 folder, warmed by its uncounted run), so that neither side compiles in the counted runs; without it the bare
 script compiles every run, as a bare script does, while ``train.py`` loads its programs from its cache.
 
@@ -67,10 +69,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STARTUP_PHASES = ("imports", "config", "runtime", "checkpoint", "data", "build", "compile", "reporting", "first_step")
 
 
-def timed_process(cmd: list[str], env: dict) -> float:
-    """Runs ``cmd`` in the repository; returns its wall seconds (``Popen`` to exit). Raises RuntimeError."""
+def timed_process(cmd: list[str], env: dict, cwd: str = REPO) -> float:
+    """Runs ``cmd`` in ``cwd`` (the repository); returns its wall seconds (``Popen`` to exit). Raises RuntimeError."""
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr[-1500:]}")
@@ -95,6 +97,10 @@ def processes(args) -> None:
     for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
         env[var] = os.path.join(work, "wandb_aux")
     variants = [("train.py", [])] + [(f"train.py {' '.join(a)}", list(a)) for a in (args.also or [])]
+    where = {name: REPO for name, _ in variants}  # the checkout each variant's train.py runs in
+    if args.before:  # every variant again, from the other checkout
+        where.update({f"before: {name}": os.path.abspath(args.before) for name, _ in variants})
+        variants += [(f"before: {name}", extra) for name, extra in variants]
     table = []
     bare_script = "bare_train.py" if args.model == "mlp" else "bare_gpt.py"
     rate = "examples/s" if args.model == "mlp" else "tokens/s"
@@ -108,7 +114,8 @@ def processes(args) -> None:
             else f"{args.steps} steps GPT size tiny on Tiny Shakespeare, global batch {args.batch} x 128 tokens"
         )
         + f", windows of {args.window} steps (train.log_every), bare script benchmarks/{bare_script} "
-        + ("with its own persistent compilation cache (--bare-cache)" if args.bare_cache else "compiling every run"),
+        + ("with its own persistent compilation cache (--bare-cache)" if args.bare_cache else "compiling every run")
+        + (f"; 'before:' variants run in {os.path.abspath(args.before)}" if args.before else ""),
         flush=True,
     )
     try:
@@ -164,6 +171,8 @@ def processes(args) -> None:
 
             print(f"\n=== {args.model}: {devices} device(s), {precision} ===", flush=True)
             timed_process(train([])[0], env)  # not counted: compilation cache, OS file cache
+            if args.before:
+                timed_process(train([])[0], env, cwd=os.path.abspath(args.before))
             timed_process(bare()[0], env)
             whole: dict[str, list[float]] = {name: [] for name, _ in variants}
             steady: dict[str, list[float]] = {name: [] for name, _ in variants}
@@ -175,7 +184,7 @@ def processes(args) -> None:
                 walls, results = {}, {}
                 for name, extra in order:
                     cmd, out = bare() if extra is None else train(extra)
-                    walls[name] = timed_process(cmd, env)
+                    walls[name] = timed_process(cmd, env, cwd=where.get(name, REPO))
                     with open(out if extra is None else os.path.join(out, "summary.json")) as f:
                         results[name] = json.load(f)
                 bare_eps = results["bare"]["window_examples_per_s_median"]
@@ -239,6 +248,13 @@ def main() -> None:
         "--also", nargs="+", action="append", help="processes: another train.py variant in every round (overrides)"
     )
     ap.add_argument(
+        "--before",
+        default=None,
+        metavar="DIR",
+        help="processes: every train.py variant also from this checkout (e.g. a git worktree of the previous commit), "
+        "in the same rounds",
+    )
+    ap.add_argument(
         "--bare-cache",
         action="store_true",
         help="processes: the bare script uses JAX's persistent compilation cache too (warmed by its uncounted run)",
@@ -265,8 +281,10 @@ def main() -> None:
         devices, _, precision = item.partition(":")
         if not devices.isdigit() or int(devices) < 1 or precision not in PRECISIONS:
             ap.error(f"--setups: {item!r} is not devices:precision (devices >= 1, precision fp32 or bf16), e.g. 8:bf16")
-    if args.also and args.mode != "processes":
-        ap.error("--also applies to --mode processes")
+    if (args.also or args.before) and args.mode != "processes":
+        ap.error("--also and --before apply to --mode processes")
+    if args.before and not os.path.isfile(os.path.join(args.before, "train.py")):
+        ap.error(f"--before {args.before}: no train.py there; give a checkout of this repository")
     if args.mode == "processes" and args.devices is None:
         args.pairs = args.pairs or 3
         processes(args)
