@@ -3,17 +3,16 @@
 Importing jax, flax, Hydra and the repository and composing the config leave ~180,000 objects that the
 collector tracks, nearly all of them alive for the whole run; with the collector on, every full (generation 2)
 collection walks all of them (and what orbax, the data and the traced step add later). On 2 CPU cores one
-1-device MNIST run of ``train.py`` spent 0.27 s in the collector: four full collections of 14, 34 and 63 ms
-during start-up and one of 98 ms inside the training windows, plus 61 ms of young ones. Python's documented idiom
+1-device MNIST run of ``train.py`` spent 0.27 s in the collector: four full collections (14, 34 and 63 ms during
+start-up, 98 ms inside the training windows) and 61 ms of young ones. Python's documented idiom
 (the ``gc.freeze`` docs: "call gc.disable() early ... gc.freeze() ..."; Instagram's "Dismissing Python Garbage
 Collection at Instagram", 2017) is used: ``pause`` at the entry point's first line, ``resume`` once its imports
 (and Hydra's composition) are done, which moves every object alive then into the permanent generation that
 collections skip and turns the collector back on. The same run then spent 21 ms in the collector, none of it in
-full collections. The cost: the start-up's garbage not yet collected (22k objects, 2.6 MB, Hydra's composition
-nodes; no arrays) is kept for the life of the process.
+full collections. The cost: the start-up's garbage not yet collected (~20,000 objects, 2.4 MB, Hydra's
+composition nodes; no arrays) is kept for the life of the process.
 
-Only the entry points pause (``train.py`` run as a script; the W&B process, until ``wandb.init`` is done): a
-library user or a test keeps the collector as it is (``resume`` does nothing unless ``pause`` was called). A
+Only ``train.py`` run as a script pauses: a library user or a test keeps the collector as it is (``resume`` does nothing unless ``pause`` was called). A
 sweep (``-m``) gives the pause up when it starts (``release``): its process runs as long as its jobs, or runs
 them all itself with Hydra's default launcher, so it keeps the collector as Python sets it.
 """
