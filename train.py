@@ -10,16 +10,19 @@ value of the wrong type or outside its choices (``conf/schema.py: one_line``).
 
 from __future__ import annotations
 
+import sys
+
 from training import startup_gc
 
-if __name__ == "__main__":  # the collector off until the imports are done (training/startup_gc.py); a script only
+# the collector off until the imports are done (training/startup_gc.py): only as the program itself (not in an IPython
+# session's %run, whose own objects would be frozen)
+if __name__ == "__main__" and "IPython" not in sys.modules:
     startup_gc.pause()
 
 import atexit
 import gc
 import logging
 import os
-import sys
 from pathlib import Path
 
 import hydra
@@ -129,4 +132,7 @@ def cli(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    cli(sys.argv[1:])
+    try:
+        cli(sys.argv[1:])
+    finally:  # the collector back on however the run ended (a run stopped before its imports were done)
+        startup_gc.release()

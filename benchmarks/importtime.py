@@ -65,12 +65,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--before", default=None, help="another checkout to compare with")
     args = ap.parse_args()
+    if args.before is not None and not os.path.isfile(os.path.join(args.before, "train.py")):
+        ap.error(f"--before {args.before}: no train.py there; give a checkout of this repository")
     work = tempfile.mkdtemp(prefix="importtime_")
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     env.pop("WANDB_API_KEY", None)
     for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
         env[var] = os.path.join(work, "wandb_aux")
-    checkouts = {"this checkout": REPO} | ({"before": os.path.abspath(args.before)} if args.before else {})
+    checkouts = {"this checkout": REPO} | ({"before": os.path.abspath(args.before)} if args.before is not None else {})
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
     try:
         count = 0

@@ -94,6 +94,8 @@ def processes(args) -> None:
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
     for var in ("WANDB_API_KEY", "JAX_COMPILATION_CACHE_DIR", "JAX_NUM_CPU_DEVICES", "XLA_FLAGS"):
         env.pop(var, None)
+    if env.get("TFDS_DATA_DIR"):  # the same folder from another checkout (--before)
+        env["TFDS_DATA_DIR"] = os.path.abspath(env["TFDS_DATA_DIR"])
     for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
         env[var] = os.path.join(work, "wandb_aux")
     variants = [("train.py", [])] + [(f"train.py {' '.join(a)}", list(a)) for a in (args.also or [])]
@@ -281,9 +283,9 @@ def main() -> None:
         devices, _, precision = item.partition(":")
         if not devices.isdigit() or int(devices) < 1 or precision not in PRECISIONS:
             ap.error(f"--setups: {item!r} is not devices:precision (devices >= 1, precision fp32 or bf16), e.g. 8:bf16")
-    if (args.also or args.before) and args.mode != "processes":
-        ap.error("--also and --before apply to --mode processes")
-    if args.before and not os.path.isfile(os.path.join(args.before, "train.py")):
+    if (args.also or args.before is not None) and (args.mode != "processes" or args.devices is not None):
+        ap.error("--also and --before apply to --mode processes without --devices")
+    if args.before is not None and not os.path.isfile(os.path.join(args.before, "train.py")):
         ap.error(f"--before {args.before}: no train.py there; give a checkout of this repository")
     if args.mode == "processes" and args.devices is None:
         args.pairs = args.pairs or 3

@@ -62,6 +62,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--records", type=int, default=2340)
     args = ap.parse_args()
+    if args.rounds < 1 or args.records < 0:
+        ap.error(f"--rounds {args.rounds} --records {args.records}: need at least one round and no negative records")
     results: dict[bool, list[dict]] = {False: [], True: []}
     for r in range(args.rounds):
         order = (False, True) if r % 2 == 0 else (True, False)

@@ -140,17 +140,22 @@ def test_pause_then_resume_freezes_what_is_alive_and_turns_the_collector_back_on
     assert gc.isenabled() and gc.get_freeze_count() == 0
     startup_gc.resume()
     assert gc.get_freeze_count() == 0
+    gc.disable()  # not paused here (the caller's own choice): release leaves it
+    startup_gc.release()
+    assert not gc.isenabled()
 
 
-def _gc_probe(out: Path, *overrides: str) -> list[str]:
-    """``python -c <probe> <overrides>``: runs train.py as ``__main__``; then writes the collector's state (on,
-    objects frozen, full collections so far) as JSON to ``out``."""
+def _gc_probe(out: Path, *overrides: str, ipython: bool = False) -> list[str]:
+    """``python -c <probe> <overrides>``: runs train.py as ``__main__`` (``ipython``: as IPython's ``%run`` would,
+    IPython imported); then writes the collector's state (on, objects frozen, full collections so far) as JSON to
+    ``out``."""
     probe = (
-        "import gc, json, runpy, sys\n"
-        "sys.path.insert(0, '.')\n"
+        "import gc, json, runpy, sys\n" + ("import IPython\n" if ipython else "") + "sys.path.insert(0, '.')\n"
         "sys.argv = ['train.py'] + sys.argv[1:]\n"
         "try:\n"
         "    runpy.run_path('train.py', run_name='__main__')\n"
+        "except SystemExit:\n"
+        "    pass\n"
         "finally:\n"
         "    state = dict(on=gc.isenabled(), frozen=gc.get_freeze_count(), full=gc.get_stats()[2]['collections'])\n"
         f"    json.dump(state, open({str(out)!r}, 'w'))\n"
@@ -158,10 +163,11 @@ def _gc_probe(out: Path, *overrides: str) -> list[str]:
     return [sys.executable, "-c", probe, *overrides]
 
 
-def test_train_py_runs_its_start_up_without_full_collections_and_a_sweep_keeps_the_collector(tmp_path):
-    """A run: no full (generation 2) collection at all (without the pause: three during start-up), ~180k objects of
-    the start-up frozen, the collector on. A sweep (``-m``, Hydra's default launcher: the job in this process):
-    the collector on, nothing frozen."""
+def test_train_py_runs_its_start_up_without_full_collections_and_leaves_the_collector_on(tmp_path):
+    """A run: no full (generation 2) collection at all (without the pause: three), ~180k objects of the start-up
+    frozen, the collector on. A sweep (``-m``, Hydra's default launcher: the job in this process): the collector
+    on, nothing frozen. A run stopped at bad input (before its imports were done): the collector back on. Inside an
+    IPython session (``%run train.py``): nothing paused or frozen."""
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
     common = (
         "data=synthetic",
@@ -171,16 +177,21 @@ def test_train_py_runs_its_start_up_without_full_collections_and_a_sweep_keeps_t
         "checkpoint.enabled=false",
     )
     state = {}
-    for kind, extra in (
-        ("run", [f"hydra.run.dir={tmp_path / 'run'}"]),
-        ("sweep", ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}"]),
+    for kind, extra, ipython in (
+        ("run", [f"hydra.run.dir={tmp_path / 'run'}"], False),
+        ("sweep", ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}"], False),
+        ("bad input", [f"hydra.run.dir={tmp_path / 'bad'}", "optim.lr=abc"], False),
+        ("ipython", [f"hydra.run.dir={tmp_path / 'ipython'}"], True),
     ):
         out = tmp_path / f"{kind}.json"
-        proc = subprocess.run(
-            _gc_probe(out, *extra, *common), cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-        )
+        cmd = _gc_probe(out, *extra, *common, ipython=ipython)
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         state[kind] = json.loads(out.read_text())
     assert state["run"]["on"] and state["run"]["full"] == 0 and state["run"]["frozen"] > 100_000, state
     assert state["sweep"]["on"] and state["sweep"]["frozen"] == 0, state
     assert json.loads((tmp_path / "sweep" / "0" / "summary.json").read_text())["status"] == "ok"
+    assert state["bad input"]["on"] and state["bad input"]["frozen"] == 0, state
+    assert not (tmp_path / "bad").exists()  # refused at composition (one error line), before any run folder
+    assert state["ipython"]["on"] and state["ipython"]["frozen"] == 0, state
+    assert json.loads((tmp_path / "ipython" / "summary.json").read_text())["status"] == "ok"

@@ -12,7 +12,9 @@ collections skip and turns the collector back on. The same run then spent 21 ms 
 full collections. The cost: the start-up's garbage not yet collected (~20,000 objects, 2.4 MB, Hydra's
 composition nodes; no arrays) is kept for the life of the process.
 
-Only ``train.py`` run as a script pauses: a library user or a test keeps the collector as it is (``resume`` does nothing unless ``pause`` was called). A
+Only ``train.py`` run as the program pauses (not inside an IPython session's ``%run``, whose objects would be
+frozen): a library user or a test keeps the collector as it is (``resume`` does nothing unless ``pause`` was
+called), and ``train.py`` releases the pause however it ends (a run stopped before its imports were done). A
 sweep (``-m``) gives the pause up when it starts (``release``): its process runs as long as its jobs, or runs
 them all itself with Hydra's default launcher, so it keeps the collector as Python sets it.
 """
@@ -42,9 +44,10 @@ def resume() -> None:
 
 
 def release() -> None:
-    """Turns the collector back on without freezing anything (``pause`` undone). Called when a sweep starts
-    (``training.sweep_summary``): a sweep's process runs as long as its jobs (or runs them all itself, with
-    Hydra's default launcher), so it keeps the collector as Python sets it."""
+    """After ``pause``: turns the collector back on without freezing anything. Otherwise does nothing. Called when
+    a sweep starts (``training.sweep_summary``: a sweep's process runs as long as its jobs, or runs them all itself
+    with Hydra's default launcher, so it keeps the collector as Python sets it) and when ``train.py`` ends."""
     global _paused
-    _paused = False
-    gc.enable()
+    if _paused:
+        _paused = False
+        gc.enable()
