@@ -13,7 +13,7 @@ import pytest
 
 from measure.throughput import STARTUP_PHASES, JobClock, StartupPhases
 from training.console_lines import startup_breakdown_line
-from utils import REPO, modules_probe_cmd
+from utils import REPO, modules_probe_cmd, train_probe_cmd
 
 # Imported only when a run needs them: W&B (wandb.mode online/offline), TFDS (a dataset to decode or prepare),
 # orbax (checkpoints), matplotlib (plots of a sweep report), submitit (the submitit launchers).
@@ -146,21 +146,13 @@ def test_pause_then_resume_freezes_what_is_alive_and_turns_the_collector_back_on
 
 
 def _gc_probe(out: Path, *overrides: str, ipython: bool = False) -> list[str]:
-    """``python -c <probe> <overrides>``: runs train.py as ``__main__`` (``ipython``: as IPython's ``%run`` would,
-    IPython imported); then writes the collector's state (on, objects frozen, full collections so far) as JSON to
-    ``out``."""
-    probe = (
-        "import gc, json, runpy, sys\n" + ("import IPython\n" if ipython else "") + "sys.path.insert(0, '.')\n"
-        "sys.argv = ['train.py'] + sys.argv[1:]\n"
-        "try:\n"
-        "    runpy.run_path('train.py', run_name='__main__')\n"
-        "except SystemExit:\n"
-        "    pass\n"
-        "finally:\n"
-        "    state = dict(on=gc.isenabled(), frozen=gc.get_freeze_count(), full=gc.get_stats()[2]['collections'])\n"
-        f"    json.dump(state, open({str(out)!r}, 'w'))\n"
+    """``train_probe_cmd`` (``ipython``: with IPython imported, as in IPython's ``%run``) that writes the
+    collector's state after the run (on, objects frozen, full collections so far) as JSON to ``out``."""
+    after = (
+        "state = dict(on=gc.isenabled(), frozen=gc.get_freeze_count(), full=gc.get_stats()[2]['collections'])\n"
+        f"json.dump(state, open({str(out)!r}, 'w'))"
     )
-    return [sys.executable, "-c", probe, *overrides]
+    return train_probe_cmd("import gc, json" + ("\nimport IPython" if ipython else ""), after, *overrides)
 
 
 def test_train_py_runs_its_start_up_without_full_collections_and_leaves_the_collector_on(tmp_path):
@@ -186,7 +178,7 @@ def test_train_py_runs_its_start_up_without_full_collections_and_leaves_the_coll
         out = tmp_path / f"{kind}.json"
         cmd = _gc_probe(out, *extra, *common, ipython=ipython)
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.returncode == (1 if kind == "bad input" else 0), proc.stderr[-3000:]
         state[kind] = json.loads(out.read_text())
     assert state["run"]["on"] and state["run"]["full"] == 0 and state["run"]["frozen"] > 100_000, state
     assert state["sweep"]["on"] and state["sweep"]["frozen"] == 0, state

@@ -87,17 +87,33 @@ def run_train(
     return subprocess.run(cmd, cwd=cwd, env=e, capture_output=True, text=True, timeout=timeout)
 
 
-def modules_probe_cmd(modules_path: Path, *overrides: str) -> list[str]:
-    """``python -c <probe> <overrides>``: runs train.py as ``__main__`` and, at its exit, writes the sorted names in
-    ``sys.modules`` as JSON to ``modules_path`` (which libraries a run imported)."""
+def train_probe_cmd(before: str, after: str, *overrides: str) -> list[str]:
+    """``python -c <probe> <overrides>``: runs the code ``before``, then train.py as ``__main__`` with
+    ``overrides``, then the code ``after`` (also when train.py exits), and exits with train.py's exit code. Run it in
+    the repository."""
     probe = (
-        "import atexit, json, runpy, sys\n"
-        f"atexit.register(lambda: json.dump(sorted(sys.modules), open({str(modules_path)!r}, 'w')))\n"
+        f"{before}\n"
+        "import runpy, sys\n"
         "sys.path.insert(0, '.')\n"
         "sys.argv = ['train.py'] + sys.argv[1:]\n"
-        "runpy.run_path('train.py', run_name='__main__')\n"
+        "code = 0\n"
+        "try:\n"
+        "    runpy.run_path('train.py', run_name='__main__')\n"
+        "except SystemExit as e:\n"
+        "    code = e.code\n"
+        "finally:\n" + "".join(f"    {line}\n" for line in (after or "pass").splitlines()) + "raise SystemExit(code)\n"
     )
     return [sys.executable, "-c", probe, *overrides]
+
+
+def modules_probe_cmd(modules_path: Path, *overrides: str) -> list[str]:
+    """``train_probe_cmd`` that, at the process's exit, writes the sorted names in ``sys.modules`` as JSON to
+    ``modules_path`` (which libraries a run imported)."""
+    before = (
+        "import atexit, json, sys\n"
+        f"atexit.register(lambda: json.dump(sorted(sys.modules), open({str(modules_path)!r}, 'w')))"
+    )
+    return train_probe_cmd(before, "", *overrides)
 
 
 def assert_matches_reference(run, ref, tol: float, devices: int, steps: int) -> None:

@@ -202,11 +202,7 @@ class Reporter:
             reinit="finish_previous",
         )
         settings = dict(init_timeout=init_timeout_s, console="off", x_disable_stats=True, silent=True)
-        proc = wandb_process.take_prestarted()
-        if proc is not None and (proc.priority, proc.mode) != (process_priority, mode):  # for another config
-            proc.discard()
-            proc = None
-        self.wandb_process = proc or wandb_process.WandbProcess(process_priority, mode)
+        self.wandb_process = wandb_process.for_run(process_priority, mode)
         self.wandb_process.on_started = self._on_wandb_started
         self._wandb_run_id = self.wandb_process.init(mode, kwargs, settings)
 

@@ -294,6 +294,20 @@ def take_prestarted() -> Optional[WandbProcess]:
     return proc
 
 
+def for_run(priority: str, mode: str) -> WandbProcess:
+    """The W&B process for a run at ``priority`` in W&B ``mode``: the prestarted one when it was started for both,
+    else a new one (a prestarted process for another priority or mode is discarded, having created nothing).
+
+    Raises:
+      OSError: a new process could not be started.
+    """
+    proc = take_prestarted()
+    if proc is not None and (proc.priority, proc.mode) != (priority, mode):
+        proc.discard()
+        proc = None
+    return proc or WandbProcess(priority, mode)
+
+
 def discard_prestarted() -> None:
     """Ends a prestarted process that no run took (the run stopped before starting W&B)."""
     proc = take_prestarted()
