@@ -186,8 +186,14 @@ class ParallelMode:
         """The full state as numpy arrays (gathers shards), for saving and comparing."""
         return jax.tree.map(_to_host, state)
 
-    def metrics_to_host(self, metrics) -> dict:
-        """Per-step metrics (device) -> numpy scalars."""
+    def metrics_to_host(self, metrics):
+        """Device metrics -> numpy arrays, any pytree (one step's ``{name: scalar}``, or a logging window's list of
+        them). When this process holds every array whole (one process), one ``jax.device_get`` of the whole tree
+        (its copies start together: ~0.6 against ~0.9 ms for a 50-step window of two scalars per step, 1 CPU
+        device); else array by array (``_to_host``: a multi-process array is gathered, a collective)."""
+        leaves = jax.tree.leaves(metrics)
+        if all(isinstance(x, jax.Array) and x.is_fully_addressable for x in leaves):
+            return jax.tree.map(np.asarray, jax.device_get(metrics))
         return jax.tree.map(_to_host, metrics)
 
     # ---- checkpoints: the mode says how its state is restored ----------------------------------------

@@ -30,6 +30,7 @@ from utils import REPO, SHARED_TFDS, make_cfg, random_dataset, run_steps
 from wandb_reader import assert_history_matches_metrics, offline_runs, read_run
 
 STEPS, EVERY = 120, 20
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch.BACKEND_COMPILE_EVENT
 COMMON = [
     "data=synthetic",
     f"train.steps={STEPS}",
@@ -280,6 +281,47 @@ def test_reshard_fsdp8_to_2_1_and_pmap4(tmp_path, optim, tol):
         )
         print(f"{optim}: fsdp/8 -> {name}/{n}: next-step max |param diff| = {diff:.3g}")
         assert diff <= tol
+
+
+@pytest.mark.parametrize("mode,devices", [("jit_sharding", 8), ("fsdp", 8), ("jit_sharding", 1)])
+def test_a_save_in_one_process_writes_host_arrays(tmp_path, mode, devices):
+    """One process holds every array whole, so the state goes to orbax as host numpy (``store.host_form``): a
+    save compiles no program (orbax's replica-parallel path for device arrays compiles one slicing program per
+    device and shape: 8 or more here), and the step folder reads back bitwise, also from FSDP shards."""
+    # a hidden width no other test uses: programs compiled by earlier tests cannot hide this save's own
+    overrides = {"parallel": {"name": mode}, "mesh": {"devices": devices}, "model": {"hidden": 72}}
+    cfg = make_cfg({"data": {"name": "synthetic"}, **overrides})
+    exp = build(plan(cfg))
+    want = _host(exp, exp.state)
+    host = checkpoint.store.host_form(exp.state)
+    assert all(type(x) is np.ndarray for x in jax.tree.leaves(host))
+    for a, b in zip(jax.tree.leaves(host), jax.tree.leaves(want)):
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    checkpoint.store.finite_flags(exp.state)  # the NaN guard's own program, compiled before counting
+    compiled: list[str] = []
+
+    def on_compile(event: str, duration_s: float, **kwargs) -> None:
+        if event == BACKEND_COMPILE_EVENT:
+            compiled.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(on_compile)
+    try:
+        jax.jit(lambda x: x * 3.0 + 72.0).lower(np.float32(1)).compile()  # the listener sees compilations
+        assert len(compiled) == 1
+        saver = checkpoint.Saver(tmp_path / "ckpt", keep=1)
+        step_dir = saver.save(exp.state, 5, {"step": 5}, exp.mode)
+        saver.close()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_compile)
+    assert len(compiled) == 1  # none in the save
+    arrays = checkpoint.read_arrays(step_dir)
+    assert len(arrays) == len(jax.tree.leaves(want))
+    for (name, a), b in zip(sorted(arrays.items()), [x for _, x in sorted(_named(want).items())]):
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), name
+
+
+def _named(tree) -> dict:
+    return {checkpoint.store._name(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def test_restore_rejects_another_model(tmp_path):

@@ -48,6 +48,8 @@ class Plan:
     scaling: str  # strong | weak
     compute_dtype: Any
     peak_lr: float
+    # the model's nnx graph (structure, no arrays), from the abstract model plan() checks
+    graphdef: Any = dataclasses.field(default=None, compare=False)
 
 
 def resolve_batch(global_batch: Optional[int], per_device_batch: Optional[int], num_devices: int) -> tuple[int, str]:
@@ -144,7 +146,8 @@ def plan(cfg: Config) -> Plan:
         peak = effective_lr(cfg.optim.lr, cfg.optim.lr_scaling, gb, cfg.optim.base_batch)
         _optimizer(cfg, peak)
         resolve_wandb_mode(cfg.wandb.mode)
-        nnx.eval_shape(lambda: _model(cfg))  # the model's own checks (shapes, names), without computing
+        # the model's own checks (shapes, names), without computing; its graph is what build() uses
+        graphdef = nnx.graphdef(nnx.eval_shape(lambda: _model(cfg)))
     except ValueError as e:
         raise ConfigError(str(e).splitlines()[0]) from None
     return Plan(
@@ -156,6 +159,7 @@ def plan(cfg: Config) -> Plan:
         scaling=scaling,
         compute_dtype=COMPUTE_DTYPES[cfg.precision.compute_dtype],
         peak_lr=peak,
+        graphdef=graphdef,
     )
 
 
@@ -327,13 +331,16 @@ class Experiment:
     graphdef: Any
 
 
-def state_init_fn(cfg: Config, tx) -> tuple[Any, Any]:
+def state_init_fn(cfg: Config, tx, graphdef: Any = None) -> tuple[Any, Any]:
     """``(graphdef, init_fn)``: the model's graph and a pure function ``() -> TrainState`` creating the initial
     state from ``train.seed`` (run by the mode under ``jax.jit`` with its shardings: ``ParallelMode.init_state``).
+    ``graphdef``: the graph when the caller has it (``Plan.graphdef``); None builds it from an abstract model
+    (``nnx.eval_shape``: ~50 ms of Python for GPT size tiny, nothing computed).
 
     The params are a plain nested dict of float32 arrays (``nnx.merge`` takes it back): jit flattens it in C++,
     while an ``nnx.State`` of ``Param`` variables costs ~60 us of Python per step to flatten/unflatten."""
-    graphdef = nnx.graphdef(nnx.eval_shape(lambda: _model(cfg)))
+    if graphdef is None:
+        graphdef = nnx.graphdef(nnx.eval_shape(lambda: _model(cfg)))
 
     def init_fn() -> TrainState:
         _, params = nnx.split(_model(cfg), nnx.Param)
@@ -365,7 +372,7 @@ def build(p: Plan) -> Experiment:
         **({"fsdp_rules": cfg.parallel.fsdp_rules} if hasattr(cfg.parallel, "fsdp_rules") else {}),
     )
     tx, schedule = _optimizer(cfg, p.peak_lr)
-    graphdef, init_fn = state_init_fn(cfg, tx)
+    graphdef, init_fn = state_init_fn(cfg, tx, p.graphdef)
     local = LocalGrads(
         graphdef=graphdef,
         compute_dtype=p.compute_dtype,

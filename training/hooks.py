@@ -274,11 +274,12 @@ def flush_window(mode, updater, window_records, perf: dict, extra: dict) -> list
     Raises:
       TrainingError: a step's loss or gradients were not finite (names the first bad step).
     """
-    records = []
-    for step, item in window_records:
-        metrics, more = item if isinstance(item, tuple) else (item, {})
-        host = {k: float(v) for k, v in mode.metrics_to_host(metrics).items()}
-        records.append({"step": step, **host, **more})
+    items = [item if isinstance(item, tuple) else (item, {}) for _, item in window_records]
+    hosts = mode.metrics_to_host([metrics for metrics, _ in items])  # the window's metrics in one transfer
+    records = [
+        {"step": step, **{k: float(v) for k, v in host.items()}, **more}
+        for (step, _), host, (_, more) in zip(window_records, hosts, items)
+    ]
     bad = updater.complete(records)
     if bad is not None:
         raise TrainingError(
