@@ -13,7 +13,8 @@ applied on top. By default the test split is evaluated with ``parallel=jit_shard
 used, padded and masked, so the denominator is exact (10,000 for MNIST).
 
 Output: one line on stdout, ``eval/accuracy=<fraction> eval/loss=<mean cross-entropy, nats> step=<optimizer
-steps> examples=<test examples> checkpoint=<step folder>``; with ``--json`` one JSON object with the same keys.
+steps> examples=<test examples> checkpoint=<step folder>`` (for the language model ``eval/perplexity=<exp of the
+loss>`` after the loss); with ``--json`` one JSON object with the same keys.
 Errors (no such checkpoint, unreadable checkpoint, missing data set, bad override): one line ``error: ...`` on
 stderr and exit code 1.
 """
@@ -46,21 +47,32 @@ EVAL_DEFAULTS = [
 
 def run_checkpoint_dir(run_dir: Path) -> Optional[Path]:
     """The checkpoint folder of a run folder (the one a run prints as "outputs in"): its ``checkpoint.dir``
-    from ``.hydra/config.yaml`` when set, else ``<run folder>/checkpoints``; None when ``run_dir`` is not a run
-    folder (neither ``.hydra/`` nor ``checkpoints/`` in it)."""
+    from ``.hydra/config.yaml`` when set (a relative one taken from the folder the run was started in, Hydra's
+    ``hydra.runtime.cwd`` in ``.hydra/hydra.yaml``, as the run itself took it), else ``<run folder>/checkpoints``;
+    None when ``run_dir`` is not a run folder (neither ``.hydra/`` nor ``checkpoints/`` in it)."""
     if (run_dir / "checkpoints").is_dir():
         return run_dir / "checkpoints"
     config = run_dir / ".hydra" / "config.yaml"
     if not config.is_file():
         return None
-    try:
-        from omegaconf import OmegaConf
+    from omegaconf import OmegaConf
 
+    try:
         saved = OmegaConf.to_container(OmegaConf.load(config), resolve=False)
         folder = ((saved or {}).get("checkpoint") or {}).get("dir")
     except Exception:  # an unreadable config: fall back to the default location
         folder = None
-    return Path(str(folder)).expanduser() if folder else run_dir / "checkpoints"
+    if not folder:
+        return run_dir / "checkpoints"
+    path = Path(str(folder)).expanduser()
+    if path.is_absolute():
+        return path
+    try:
+        hydra_cfg = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "hydra.yaml"), resolve=False)
+        started_in = Path(str(((hydra_cfg or {}).get("hydra") or {})["runtime"]["cwd"]))
+    except Exception:  # no readable hydra.yaml: the current folder, as before
+        return path.absolute()
+    return started_in / path
 
 
 def find_step_dir(path: Path) -> Path:
@@ -296,8 +308,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
+        perplexity = f" eval/perplexity={result['eval/perplexity']:.2f}" if "eval/perplexity" in result else ""
         print(
-            f"eval/accuracy={result['eval/accuracy']:.4f} eval/loss={result['eval/loss']:.4f} "
+            f"eval/accuracy={result['eval/accuracy']:.4f} eval/loss={result['eval/loss']:.4f}{perplexity} "
             f"step={result['step']} examples={result['examples']} checkpoint={result['checkpoint']}"
         )
     return 0

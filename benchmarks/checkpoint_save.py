@@ -54,8 +54,10 @@ def main() -> None:
     setups = []
     for item in args.setups.split(","):
         model, _, devices = item.partition(":")
-        if model not in MODELS or not devices.isdigit() or not 1 <= int(devices) <= 8:
+        if model not in MODELS or devices not in {str(n) for n in range(1, 9)}:
             ap.error(f"--setups item {item!r}: use model:devices with model in {sorted(MODELS)}, devices 1-8")
+        if (model, int(devices)) in setups:
+            ap.error(f"--setups item {item!r} is given twice; give each setup once")
         setups.append((model, int(devices)))
 
     import jax

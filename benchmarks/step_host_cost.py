@@ -12,7 +12,9 @@ step with the repository's extra leaves (a step counter, three loss-scale scalar
   min over the trials is printed beside the median);
 - the compiled programs' XLA cost analysis (flops, bytes accessed);
 - batch placement: main-thread CPU per batch, ``BatchLayout.place`` of ``TrainSource.local_batch`` (the
-  prefetch thread's work) against the bare ``jax.device_put((images[idx], labels[idx]))``.
+  prefetch thread's work) against the bare ``jax.device_put((images[idx], labels[idx]))``;
+- a logging window's metrics to the host: main-thread CPU per 50-step window, ``ParallelMode.metrics_to_host``
+  of the window's list in one call (``training.hooks.flush_window``) against one call per step.
 
     python benchmarks/step_host_cost.py [--trials 9] [--steps 100]
 
@@ -28,6 +30,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WINDOW = 50  # steps per logging window (train.log_every)
 
 
 def main() -> None:
@@ -133,8 +136,28 @@ def main() -> None:
             jax.block_until_ready(jax.device_put((train.images[idx], train.labels[idx]), split))
         return (time.thread_time() - c0) / n, 0.0
 
+    def window_of_metrics():
+        """The device metrics of 50 fresh steps (a logging window; fresh: a converted array keeps its copy)."""
+        st, window = state["repo"][0], []
+        for _ in range(WINDOW):
+            st, m = step_repo(st, batch)
+            window.append(m)
+        state["repo"] = (st,)
+        return jax.block_until_ready(window)
+
+    def transfer(at_once: bool):
+        window = window_of_metrics()
+        c0 = time.thread_time()
+        if at_once:
+            exp.mode.metrics_to_host(window)  # training.hooks.flush_window: the window's list in one call
+        else:
+            [exp.mode.metrics_to_host(m) for m in window]  # the code before: one call per step
+        return time.thread_time() - c0, 0.0
+
     runs = {name: (lambda n, name=name: trial(name, n)) for name in state}
     runs["placement: repo"], runs["placement: bare"] = place_repo, place_bare
+    runs["window: one call"] = lambda n: transfer(True)
+    runs["window: per step"] = lambda n: transfer(False)
     for run in runs.values():
         run(10)
     print(
@@ -149,6 +172,12 @@ def main() -> None:
             results[name].append(runs[name](args.steps))
     for name, rs in results.items():
         cpu = [r[0] * 1e6 for r in rs]
+        if name.startswith("window"):
+            print(
+                f"  {name:<22} main-thread CPU per {WINDOW}-step window of metrics to the host: median "
+                f"{statistics.median(cpu):.0f} us, min {min(cpu):.0f} us"
+            )
+            continue
         line = f"  {name:<22} main-thread CPU per call: median {statistics.median(cpu):.0f} us, min {min(cpu):.0f} us"
         if not name.startswith("placement"):
             wall = [r[1] * 1e3 for r in rs]

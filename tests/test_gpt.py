@@ -512,6 +512,14 @@ def test_sample_cli_greedy_is_deterministic_and_bad_folders_are_one_line(tmp_pat
     for key in ("eval/loss", "eval/accuracy", "eval/perplexity"):  # the run's own final evaluation, re-run
         assert got[key] == pytest.approx(want[key], rel=1e-6), key
     assert got["step"] == 4
+    line = subprocess.run(  # the one-line output names the perplexity too (README "Language model")
+        [sys.executable, "-m", "evaluate", str(run)],
+        cwd=Path(__file__).parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert line.returncode == 0 and f"eval/perplexity={got['eval/perplexity']:.2f} step=4 " in line.stdout, line.stdout
     a, b = sample(str(run), "--prompt", "AB", "--tokens", "24"), sample(str(run), "--prompt", "AB", "--tokens", "24")
     assert a.returncode == 0, a.stderr[-2000:]
     assert a.stdout == b.stdout and a.stdout.startswith("AB")

@@ -91,6 +91,29 @@ def test_evaluate_run_folder_and_missing_step_lines(tmp_path):
     assert run_checkpoint_dir(tmp_path / "ckpt") is None  # a checkpoint folder is not a run folder
 
 
+@pytest.mark.unit
+def test_evaluate_run_folder_with_a_relative_checkpoint_dir(tmp_path, monkeypatch):
+    """A run's relative ``checkpoint.dir`` is taken from the folder the run was started in (Hydra's
+    ``hydra.runtime.cwd``), as the run took it, whichever folder ``evaluate`` runs in."""
+    from evaluate import find_step_dir, run_checkpoint_dir
+
+    started_in = tmp_path / "project"
+    run_dir = started_in / "outputs" / "2026-12-03" / "18-00-03"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "config.yaml").write_text("checkpoint:\n  dir: ckpt/ref\n")
+    (run_dir / ".hydra" / "hydra.yaml").write_text(f"hydra:\n  runtime:\n    cwd: {started_in}\n")
+    (started_in / "ckpt" / "ref" / "120" / "state").mkdir(parents=True)
+    (started_in / "ckpt" / "ref" / "120" / "meta").mkdir()
+    (started_in / "ckpt" / "ref" / "120" / "meta" / "metadata").write_text('{"step": 120}')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert run_checkpoint_dir(run_dir) == started_in / "ckpt" / "ref"
+    assert find_step_dir(run_dir) == started_in / "ckpt" / "ref" / "120"
+    (run_dir / ".hydra" / "hydra.yaml").unlink()  # no record of where it started: the current folder, as before
+    assert run_checkpoint_dir(run_dir) == elsewhere / "ckpt" / "ref"
+
+
 @pytest.mark.slow
 def test_readme_sweep_example_runs_clean(tmp_path):
     """The README's `-m accum=1,2,4,8 ...` example runs its 4 jobs without a warning."""
