@@ -575,3 +575,11 @@ def test_config_changes_are_listed():
         "parallel.name: 'jit_sharding' -> 'pmap'",
     ]
     assert checkpoint.config_changes(saved, saved) == []
+    # another mode: its own keys (fsdp_rules, min_shard_bytes) are not changes the user made; the name says it
+    fsdp = as_dict(make_cfg({"parallel": {"name": "fsdp"}}))
+    assert {"fsdp_rules", "min_shard_bytes"} <= set(fsdp["parallel"]) - set(saved["parallel"])
+    assert checkpoint.config_changes(saved, fsdp) == ["parallel.name: 'jit_sharding' -> 'fsdp'"]
+    assert checkpoint.config_changes(fsdp, saved) == ["parallel.name: 'fsdp' -> 'jit_sharding'"]
+    # a key both options have (lr) still shows its change; adam's b1/b2/eps and sgd's momentum do not
+    sgd = as_dict(make_cfg({"optim": {"name": "sgd", "lr": 0.5}}))
+    assert checkpoint.config_changes(saved, sgd) == ["optim.lr: 0.001 -> 0.5", "optim.name: 'adam' -> 'sgd'"]

@@ -171,9 +171,18 @@ IGNORED_CHANGES = ("checkpoint.", "wandb.", "profile.", "data.cache_dir", "data.
 def config_changes(saved_cfg: dict, cfg_dict: dict, limit: int = 6) -> list[str]:
     """``key: saved -> now`` for every config value that differs from the checkpoint's (where to save, W&B,
     profiling and data paths are left out), at most ``limit`` of them: a resumed run with another device count
-    or mode is legitimate, a checkpoint.dir shared by the jobs of a sweep is a mistake; the user sees which."""
+    or mode is legitimate, a checkpoint.dir shared by the jobs of a sweep is a mistake; the user sees which.
+    When a model, mode or optimizer changes (``parallel.name: 'jit_sharding' -> 'fsdp'``), the keys only one of
+    the two options has (``parallel.fsdp_rules``) are not listed: that line says it."""
     old, new = _flat(saved_cfg), _flat(cfg_dict)
-    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and not k.startswith(IGNORED_CHANGES))
+    switched = tuple(node for node in OPTION_NODES if old.get(f"{node}name") != new.get(f"{node}name"))
+
+    def listed(k: str) -> bool:
+        if k.startswith(IGNORED_CHANGES) or old.get(k) == new.get(k):
+            return False
+        return not ((k not in old or k not in new) and k.startswith(switched))
+
+    keys = sorted(k for k in set(old) | set(new) if listed(k))
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys[:limit]] + (
         [f"... {len(keys) - limit} more"] if len(keys) > limit else []
     )
