@@ -70,7 +70,7 @@ def run_checkpoint_dir(run_dir: Path) -> Optional[Path]:
     try:
         hydra_cfg = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "hydra.yaml"), resolve=False)
         started_in = Path(str(((hydra_cfg or {}).get("hydra") or {})["runtime"]["cwd"]))
-    except Exception:  # no readable hydra.yaml: the current folder, as before
+    except Exception:  # no readable hydra.yaml: the current folder
         return path.absolute()
     return started_in / path
 

@@ -1,5 +1,5 @@
 """What one checkpoint save costs, as ``train.py`` saves (host arrays in one process) against orbax's own
-``jax.Array`` path (the code before: the placed state handed to orbax as it is).
+``jax.Array`` path (the placed state handed to orbax as it is).
 
 For each setup (``--setups``: the main job's MLP on 1 and 8 devices, and GPT size tiny on 8) the state that
 ``train.py`` builds (``training.build``) is saved ``--saves`` times by each way in turn through the
@@ -70,7 +70,7 @@ def main() -> None:
     jax.monitoring.register_event_duration_secs_listener(
         lambda event, duration_s, **kw: compiled.append(event) if event == COMPILE_EVENT else None
     )
-    as_placed = lambda state: state  # noqa: E731  (the code before: orbax gets the placed state)
+    as_placed = lambda state: state  # noqa: E731  (orbax gets the placed state)
     ways = {"host arrays (train.py)": store.host_form, "device arrays (orbax's path)": as_placed}
     print(
         f"checkpoint_save: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; {args.saves} timed saves "

@@ -151,7 +151,7 @@ def main() -> None:
         if at_once:
             exp.mode.metrics_to_host(window)  # training.hooks.flush_window: the window's list in one call
         else:
-            [exp.mode.metrics_to_host(m) for m in window]  # the code before: one call per step
+            [exp.mode.metrics_to_host(m) for m in window]  # one call per step
         return time.thread_time() - c0, 0.0
 
     runs = {name: (lambda n, name=name: trial(name, n)) for name in state}

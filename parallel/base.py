@@ -192,9 +192,8 @@ class ParallelMode:
         (its copies start together: 1.35 against 1.63 ms of main-thread CPU for a 50-step window of the main
         job on 1 CPU device, medians, ``benchmarks/step_host_cost.py``); else array by array (``_to_host``: a
         multi-process array is gathered, a collective)."""
-        leaves = jax.tree.leaves(metrics)
-        if all(isinstance(x, jax.Array) and x.is_fully_addressable for x in leaves):
-            return jax.tree.map(np.asarray, jax.device_get(metrics))
+        if held_whole(metrics):
+            return jax.device_get(metrics)  # numpy arrays
         return jax.tree.map(_to_host, metrics)
 
     # ---- checkpoints: the mode says how its state is restored ----------------------------------------
@@ -341,6 +340,12 @@ class ParallelMode:
                     diff[np.isnan(diff)] = np.inf  # NaN (or an inf) against a number: diverged
                     worst = max(worst, float(np.max(diff, initial=0.0)))
         return worst
+
+
+def held_whole(tree) -> bool:
+    """Whether every leaf of ``tree`` is a ``jax.Array`` this process holds whole (``is_fully_addressable``: true
+    of every array in a one-process run), so that one ``jax.device_get`` brings the whole tree to the host."""
+    return all(isinstance(x, jax.Array) and x.is_fully_addressable for x in jax.tree.leaves(tree))
 
 
 def _to_host(x) -> np.ndarray:

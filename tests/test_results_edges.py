@@ -110,7 +110,7 @@ def test_evaluate_run_folder_with_a_relative_checkpoint_dir(tmp_path, monkeypatc
     monkeypatch.chdir(elsewhere)
     assert run_checkpoint_dir(run_dir) == started_in / "ckpt" / "ref"
     assert find_step_dir(run_dir) == started_in / "ckpt" / "ref" / "120"
-    (run_dir / ".hydra" / "hydra.yaml").unlink()  # no record of where it started: the current folder, as before
+    (run_dir / ".hydra" / "hydra.yaml").unlink()  # no record of where it started: the current folder
     assert run_checkpoint_dir(run_dir) == elsewhere / "ckpt" / "ref"
 
 

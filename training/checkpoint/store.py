@@ -43,7 +43,7 @@ import jax
 import numpy as np
 
 from core.errors import ConfigError
-from parallel.base import device_finite_flags, host_finite_flags
+from parallel.base import device_finite_flags, held_whole, host_finite_flags
 
 STATE, META = "state", "meta"
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
@@ -158,8 +158,7 @@ def host_form(state):
     buffers to the next step (it never donates a buffer with an outside reference) and the step
     writes new ones.
     """
-    leaves = jax.tree.leaves(state)
-    if jax.process_count() > 1 or not all(isinstance(x, jax.Array) and x.is_fully_addressable for x in leaves):
+    if jax.process_count() > 1 or not held_whole(state):
         return state
     return jax.device_get(state)
 
