@@ -13,11 +13,14 @@ from __future__ import annotations
 import sys
 
 from training import startup_gc
+from training.interrupt import interrupt_hook
 
-# the collector off until the imports are done (training/startup_gc.py): only as the program itself (not in an IPython
-# session's %run, whose own objects would be frozen)
-if __name__ == "__main__" and "IPython" not in sys.modules:
-    startup_gc.pause()
+if __name__ == "__main__":
+    sys.excepthook = interrupt_hook  # a Ctrl-C outside the training steps: one line, no traceback
+    if "IPython" not in sys.modules:
+        # the collector off until the imports are done (training/startup_gc.py): only as the program itself (not
+        # in an IPython session's %run, whose own objects would be frozen)
+        startup_gc.pause()
 
 import atexit
 import gc
@@ -120,6 +123,13 @@ def cli(argv: list[str]) -> None:
             raise
         if is_composition_error(e):
             print(f"error: {one_line(e)}", file=sys.stderr)
+        elif isinstance(e, ValueError) and str(e).startswith("Only one of --run, --multirun"):
+            # Hydra's refusal of two run flags together, e.g. -m with --cfg (before any folder is made)
+            print(
+                f"error: {e}; to print a sweep job's config, give one job's values without -m "
+                "(python train.py --cfg job mesh.devices=2)",
+                file=sys.stderr,
+            )
         elif isinstance(e, OSError):  # before the job started: Hydra could not create the run (or sweep) folder
             print(
                 f"error: cannot create the run folder: {e.strerror or e}: {e.filename}; set hydra.run.dir "

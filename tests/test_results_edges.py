@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -11,7 +12,7 @@ import sys
 import pytest
 
 from measure.throughput import WindowStats
-from tests.utils import REPO, run_train
+from tests.utils import REPO, run_train, train_probe_cmd
 from training.console_lines import throughput_text
 
 
@@ -144,6 +145,75 @@ def test_run_folder_that_cannot_be_created_is_one_line(tmp_path, flag):
         "(hydra.sweep.dir with -m) to a folder you can write"
     ]
     assert "Traceback" not in res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("args", [["-m", "--cfg", "job"], ["--cfg", "job", "--multirun", "mesh.devices=1,2"]])
+def test_sweep_flag_with_cfg_is_one_line(tmp_path, args):
+    """Hydra refuses -m with --cfg (two run flags) by raising before anything is written: one line naming the
+    flags and how to print one job's config, exit 1, no traceback, no folder."""
+    res = _python("train.py", *args, f"hydra.sweep.dir={tmp_path / 'sweep'}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        "error: Only one of --run, --multirun, --cfg, --info and --shell_completion can be specified; to print a "
+        "sweep job's config, give one job's values without -m (python train.py --cfg job mesh.devices=2)"
+    ]
+    assert "Traceback" not in res.stdout + res.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# Ctrl-C at a known point of the start-up: the patched function sends the process SIGINT, whose default handler
+# raises KeyboardInterrupt there, as a Ctrl-C in a terminal does
+_SIGINT_IN = """
+import os, signal, {module} as m
+real = m.{name}
+def interrupted(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)
+    return real(*args, **kwargs)
+m.{name} = interrupted
+"""
+
+
+@pytest.mark.parametrize(
+    "module, name, summary",
+    [("training.report", "prestart_wandb", False), ("training.run", "run", True)],
+    ids=["before-the-run", "in-the-run"],
+)
+@pytest.mark.parametrize("full_error", [False, True], ids=["default", "HYDRA_FULL_ERROR"])
+def test_ctrl_c_outside_the_steps_is_one_line(tmp_path, module, name, summary, full_error):
+    """Ctrl-C before the training steps (W&B's start, the run's start-up): one line instead of a traceback, exit by
+    SIGINT (status 130 in a shell), nothing written but Hydra's files and, once the run started, a failed
+    summary.json; with HYDRA_FULL_ERROR=1 set by the user the traceback is printed instead."""
+    import signal
+
+    from training.interrupt import INTERRUPTED_LINE
+
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "1" if full_error else ""}
+    cmd = train_probe_cmd(_SIGINT_IN.format(module=module, name=name), "", f"hydra.run.dir={run_dir}", "data=synthetic")
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == -signal.SIGINT, res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
+    if full_error:
+        assert "Traceback" in res.stderr and lines[-1] == "KeyboardInterrupt"
+    else:
+        assert "Traceback" not in res.stderr and lines[-1] == INTERRUPTED_LINE
+    assert INTERRUPTED_LINE not in res.stdout
+    expected = {".hydra", "train.log"} | ({"summary.json"} if summary else set())
+    assert {p.name for p in run_dir.iterdir()} == expected
+    if summary:
+        written = json.loads((run_dir / "summary.json").read_text())
+        assert (written["status"], written["error"]) == ("failed", "KeyboardInterrupt")
+
+
+@pytest.mark.unit
+def test_interrupt_hook_passes_other_exceptions_on():
+    """train.py's excepthook words only KeyboardInterrupt; any other exception reaches Python's own hook."""
+    from training.interrupt import interrupt_hook
+
+    seen = []
+    fallback = lambda *exc: seen.append(exc[0])  # noqa: E731
+    interrupt_hook(ValueError, ValueError("x"), None, fallback)
+    assert seen == [ValueError]
 
 
 @pytest.mark.unit

@@ -42,7 +42,8 @@ def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None
         reporter.close(exit_code=1)
         return False
     except BaseException as e:
-        reporter.summary({**describe(cfg), "status": "failed", "error": f"{type(e).__name__}: {e}".splitlines()[0]})
+        error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__  # KeyboardInterrupt() has no message
+        reporter.summary({**describe(cfg), "status": "failed", "error": error.splitlines()[0]})
         reporter.close(exit_code=1)
         raise
     if summary.get("checkpoint/already_complete"):
