@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 
 from training import startup_gc
-from training.interrupt import interrupt_hook
+from training.interrupt import interrupt_as_keyboard, interrupt_hook
 
 if __name__ == "__main__":
     sys.excepthook = interrupt_hook  # a Ctrl-C outside the training steps: one line, no traceback
@@ -79,21 +79,23 @@ def main(cfg: DictConfig) -> None:
             sys.exit(1)
         return  # in a sweep the failure is recorded and the sweep goes on (it exits 1 at the end)
     STARTUP.mark("config")
-    import jax  # noqa: F401  (importing JAX starts no backend: setup_runtime still sets the device count)
+    with interrupt_as_keyboard():  # a Ctrl-C in a C extension's import is an ImportError: Hydra would report it
+        import jax  # noqa: F401  (importing JAX starts no backend: setup_runtime still sets the device count)
 
-    STARTUP.mark("imports")
-    startup = setup_runtime(typed)  # before anything touches devices: simulated CPU devices, XLA flags, jax.distributed
-    # W&B's own process imports wandb beside the imports below (on another core; training/wandb_process.py)
-    prestart_wandb(typed.wandb.mode, typed.wandb.process_priority)
-    STARTUP.mark("runtime")
+        STARTUP.mark("imports")
+        # before anything touches devices: simulated CPU devices, XLA flags, jax.distributed
+        startup = setup_runtime(typed)
+        # W&B's own process imports wandb beside the imports below (on another core; training/wandb_process.py)
+        prestart_wandb(typed.wandb.mode, typed.wandb.process_priority)
+        STARTUP.mark("runtime")
 
-    with without_ipython_probe():  # flax.nnx would import IPython only to learn this is not a notebook
-        from training.app import run_and_report  # imports jax-dependent modules after the runtime is set up
+        with without_ipython_probe():  # flax.nnx would import IPython only to learn this is not a notebook
+            from training.app import run_and_report  # imports jax-dependent modules after the runtime is set up
 
-    startup_gc.resume()  # the modules and the config are in: freeze them, the collector back on
-    STARTUP.mark("imports")
+        startup_gc.resume()  # the modules and the config are in: freeze them, the collector back on
+        STARTUP.mark("imports")
 
-    ok = run_and_report(typed, run_dir, startup)
+        ok = run_and_report(typed, run_dir, startup)
     if not ok and hc.mode != RunMode.MULTIRUN:
         sys.exit(1)  # in a sweep the failure is recorded in the job's summary.json and the sweep goes on
 
@@ -126,8 +128,8 @@ def cli(argv: list[str]) -> None:
         elif isinstance(e, ValueError) and str(e).startswith("Only one of --run, --multirun"):
             # Hydra's refusal of two run flags together, e.g. -m with --cfg (before any folder is made)
             print(
-                f"error: {e}; to print a sweep job's config, give one job's values without -m "
-                "(python train.py --cfg job mesh.devices=2)",
+                f"error: {e}; drop -m (--multirun) and give one job's values, e.g. python train.py --cfg job "
+                "mesh.devices=2",
                 file=sys.stderr,
             )
         elif isinstance(e, OSError):  # before the job started: Hydra could not create the run (or sweep) folder

@@ -147,15 +147,17 @@ def test_run_folder_that_cannot_be_created_is_one_line(tmp_path, flag):
     assert "Traceback" not in res.stdout + res.stderr
 
 
-@pytest.mark.parametrize("args", [["-m", "--cfg", "job"], ["--cfg", "job", "--multirun", "mesh.devices=1,2"]])
+@pytest.mark.parametrize(
+    "args", [["-m", "--cfg", "job"], ["--cfg", "job", "--multirun", "mesh.devices=1,2"], ["-m", "--info", "config"]]
+)
 def test_sweep_flag_with_cfg_is_one_line(tmp_path, args):
-    """Hydra refuses -m with --cfg (two run flags) by raising before anything is written: one line naming the
-    flags and how to print one job's config, exit 1, no traceback, no folder."""
+    """Hydra refuses -m with --cfg or --info (two run flags) by raising before anything is written: one line
+    naming the flags and what to do, exit 1, no traceback, no folder."""
     res = _python("train.py", *args, f"hydra.sweep.dir={tmp_path / 'sweep'}", f"hydra.run.dir={tmp_path / 'run'}")
     assert res.returncode == 1
     assert res.stderr.strip().splitlines() == [
-        "error: Only one of --run, --multirun, --cfg, --info and --shell_completion can be specified; to print a "
-        "sweep job's config, give one job's values without -m (python train.py --cfg job mesh.devices=2)"
+        "error: Only one of --run, --multirun, --cfg, --info and --shell_completion can be specified; drop -m "
+        "(--multirun) and give one job's values, e.g. python train.py --cfg job mesh.devices=2"
     ]
     assert "Traceback" not in res.stdout + res.stderr
     assert list(tmp_path.iterdir()) == []
@@ -205,15 +207,40 @@ def test_ctrl_c_outside_the_steps_is_one_line(tmp_path, module, name, summary, f
         assert (written["status"], written["error"]) == ("failed", "KeyboardInterrupt")
 
 
+def _raised_during_interrupt() -> ImportError:
+    """An ImportError raised while a KeyboardInterrupt is handled, as numpy's or jaxlib's import raises one when a
+    Ctrl-C lands in their C extension's set-up."""
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise ImportError("numpy._core.multiarray failed to import")
+    except ImportError as e:
+        return e
+
+
 @pytest.mark.unit
-def test_interrupt_hook_passes_other_exceptions_on():
-    """train.py's excepthook words only KeyboardInterrupt; any other exception reaches Python's own hook."""
-    from training.interrupt import interrupt_hook
+def test_interrupt_hook_words_interrupts_and_passes_other_exceptions_on(capsys):
+    """train.py's excepthook words a KeyboardInterrupt, and an error a Ctrl-C caused, as one line; any other
+    exception reaches Python's own hook. interrupt_as_keyboard turns such an error into a KeyboardInterrupt (which
+    Hydra's job report does not catch) and lets others through unchanged."""
+    from training.interrupt import INTERRUPTED_LINE, interrupt_as_keyboard, interrupt_hook, interrupted
 
     seen = []
     fallback = lambda *exc: seen.append(exc[0])  # noqa: E731
+    caused = _raised_during_interrupt()
+    for exc in (KeyboardInterrupt(), caused):
+        interrupt_hook(type(exc), exc, None, fallback)
+        assert capsys.readouterr().err == INTERRUPTED_LINE + "\n"
     interrupt_hook(ValueError, ValueError("x"), None, fallback)
     assert seen == [ValueError]
+    assert interrupted(caused) and not interrupted(ValueError("x")) and not interrupted(None)
+    with pytest.raises(KeyboardInterrupt):
+        with interrupt_as_keyboard():
+            raise caused
+    with pytest.raises(ImportError, match="plain"):
+        with interrupt_as_keyboard():
+            raise ImportError("plain")
 
 
 @pytest.mark.unit

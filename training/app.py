@@ -12,6 +12,7 @@ from conf.schema import Config
 from core.errors import USER_ERRORS
 from training.console_lines import throughput_text
 from training.distributed import Startup, check_device_counts
+from training.interrupt import interrupted
 from training.prepare import describe
 from training.report import Reporter, console
 from training.run import run
@@ -42,7 +43,10 @@ def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None
         reporter.close(exit_code=1)
         return False
     except BaseException as e:
-        error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__  # KeyboardInterrupt() has no message
+        if interrupted(e):  # a Ctrl-C (or an error it caused, e.g. in a C extension's import)
+            error = "KeyboardInterrupt"
+        else:
+            error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         reporter.summary({**describe(cfg), "status": "failed", "error": error.splitlines()[0]})
         reporter.close(exit_code=1)
         raise
