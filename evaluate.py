@@ -317,4 +317,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    from training import interrupt
+
+    interrupt.install("error: interrupted by SIGINT (Ctrl-C) and stopped (HYDRA_FULL_ERROR=1 prints where)")
     sys.exit(main())

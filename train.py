@@ -13,10 +13,11 @@ from __future__ import annotations
 import sys
 
 from training import startup_gc
-from training.interrupt import interrupt_as_keyboard, interrupt_hook
+from training import interrupt
+from training.interrupt import interrupt_as_keyboard
 
 if __name__ == "__main__":
-    sys.excepthook = interrupt_hook  # a Ctrl-C outside the training steps: one line, no traceback
+    interrupt.install()  # a Ctrl-C outside the training steps: one line, no traceback
     if "IPython" not in sys.modules:
         # the collector off until the imports are done (training/startup_gc.py): only as the program itself (not
         # in an IPython session's %run, whose own objects would be frozen)
@@ -127,11 +128,9 @@ def cli(argv: list[str]) -> None:
             print(f"error: {one_line(e)}", file=sys.stderr)
         elif isinstance(e, ValueError) and str(e).startswith("Only one of --run, --multirun"):
             # Hydra's refusal of two run flags together, e.g. -m with --cfg (before any folder is made)
-            print(
-                f"error: {e}; drop -m (--multirun) and give one job's values, e.g. python train.py --cfg job "
-                "mesh.devices=2",
-                file=sys.stderr,
-            )
+            sweep = any(a in ("-m", "--multirun") for a in argv)
+            hint = "; drop -m (--multirun) and give one job's values, e.g. python train.py --cfg job mesh.devices=2"
+            print(f"error: {e}{hint if sweep else ''}", file=sys.stderr)
         elif isinstance(e, OSError):  # before the job started: Hydra could not create the run (or sweep) folder
             print(
                 f"error: cannot create the run folder: {e.strerror or e}: {e.filename}; set hydra.run.dir "

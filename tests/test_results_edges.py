@@ -148,16 +148,23 @@ def test_run_folder_that_cannot_be_created_is_one_line(tmp_path, flag):
 
 
 @pytest.mark.parametrize(
-    "args", [["-m", "--cfg", "job"], ["--cfg", "job", "--multirun", "mesh.devices=1,2"], ["-m", "--info", "config"]]
+    "args, sweep",
+    [
+        (["-m", "--cfg", "job"], True),
+        (["--cfg", "job", "--multirun", "mesh.devices=1,2"], True),
+        (["-m", "--info", "config"], True),
+        (["--info", "config", "--cfg", "job"], False),
+    ],
 )
-def test_sweep_flag_with_cfg_is_one_line(tmp_path, args):
-    """Hydra refuses -m with --cfg or --info (two run flags) by raising before anything is written: one line
-    naming the flags and what to do, exit 1, no traceback, no folder."""
+def test_two_run_flags_are_one_line(tmp_path, args, sweep):
+    """Hydra refuses two run flags (-m with --cfg or --info, --info with --cfg) by raising before anything is
+    written: one line naming the flags (with -m, what to do instead), exit 1, no traceback, no folder."""
     res = _python("train.py", *args, f"hydra.sweep.dir={tmp_path / 'sweep'}", f"hydra.run.dir={tmp_path / 'run'}")
     assert res.returncode == 1
+    hint = "; drop -m (--multirun) and give one job's values, e.g. python train.py --cfg job mesh.devices=2"
     assert res.stderr.strip().splitlines() == [
-        "error: Only one of --run, --multirun, --cfg, --info and --shell_completion can be specified; drop -m "
-        "(--multirun) and give one job's values, e.g. python train.py --cfg job mesh.devices=2"
+        "error: Only one of --run, --multirun, --cfg, --info and --shell_completion can be specified"
+        + (hint if sweep else "")
     ]
     assert "Traceback" not in res.stdout + res.stderr
     assert list(tmp_path.iterdir()) == []
@@ -241,6 +248,28 @@ def test_interrupt_hook_words_interrupts_and_passes_other_exceptions_on(capsys):
     with pytest.raises(ImportError, match="plain"):
         with interrupt_as_keyboard():
             raise ImportError("plain")
+
+
+@pytest.mark.unit
+def test_a_ctrl_c_in_an_exit_handler_or_in_orbax_log_is_one_line(capsys):
+    """A Ctrl-C inside an exit handler (reported through sys.unraisablehook) prints the one line; orbax's log
+    record of a Ctrl-C in its save thread keeps its message and loses the traceback; other records keep theirs."""
+    import logging
+    import types
+
+    from training.interrupt import INTERRUPTED_LINE, NoInterruptTraceback, unraisable_hook
+
+    seen = []
+    for exc in (KeyboardInterrupt(), ValueError("x")):
+        unraisable = types.SimpleNamespace(exc_type=type(exc), exc_value=exc, exc_traceback=None, err_msg=None)
+        unraisable_hook(unraisable, fallback=seen.append)
+    assert capsys.readouterr().err == INTERRUPTED_LINE + "\n"
+    assert [u.exc_type for u in seen] == [ValueError]
+    keep = NoInterruptTraceback()
+    for exc, traceback_kept in ((KeyboardInterrupt(), False), (_raised_during_interrupt(), False), (OSError(), True)):
+        record = logging.LogRecord("absl", logging.ERROR, __file__, 1, "failed", None, (type(exc), exc, None))
+        assert keep.filter(record) and record.getMessage() == "failed"
+        assert (record.exc_info is not None) == traceback_kept
 
 
 @pytest.mark.unit

@@ -88,6 +88,43 @@ def test_end_of_input_without_finish_finishes_the_run_as_crashed(tmp_path, wandb
     assert exit_code(run_dir) == 1
 
 
+def test_the_w_and_b_process_is_started_with_sigint_and_sigterm_ignored(monkeypatch):
+    """The W&B process inherits SIGINT and SIGTERM ignored (a Ctrl-C during its own imports would print their
+    traceback): they are ignored while it is started, and the training process's handlers are back afterwards,
+    also when the start fails."""
+    seen = {}
+
+    def popen(*args, **kwargs):
+        seen.update({name: signal.getsignal(getattr(signal, name)) for name in ("SIGINT", "SIGTERM")})
+        raise OSError("no process started")
+
+    monkeypatch.setattr(wandb_process.subprocess, "Popen", popen)
+    handler = lambda signum, frame: None  # noqa: E731
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        with pytest.raises(OSError, match="no process started"):
+            WandbProcess()
+        assert seen == {"SIGINT": signal.SIG_IGN, "SIGTERM": signal.SIG_IGN}
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGTERM) is handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_summary_is_written_when_a_ctrl_c_comes_while_w_and_b_starts(tmp_path, monkeypatch):
+    """Writing summary.json waits for W&B's start (its run id goes in); a Ctrl-C in that wait still leaves the
+    summary, without W&B's run, and the interrupt goes on."""
+
+    def interrupted_wait(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Reporter, "wandb_info", property(interrupted_wait))
+    reporter = Reporter(tmp_path, enabled=True)
+    with pytest.raises(KeyboardInterrupt):
+        reporter.summary({"status": "ok", "eval/accuracy": 0.5})
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"status": "ok", "eval/accuracy": 0.5}
+
+
 def test_sigint_and_sigterm_do_not_stop_the_w_and_b_process(tmp_path, wandb_env):
     """A Ctrl-C or a scheduler's SIGTERM reaches the whole process group: the W&B process stays until the
     training process finishes the run with its own exit code."""

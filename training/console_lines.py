@@ -28,7 +28,8 @@ class _DropMessages(logging.Filter):
 
 
 def quiet_known_noise() -> None:
-    """Drops the ``KNOWN_NOISE`` messages (only those exact messages: every other warning stays). Idempotent."""
+    """Drops the ``KNOWN_NOISE`` messages (only those exact messages: every other warning stays), and the traceback
+    of a Ctrl-C that orbax logs (``training.interrupt.NoInterruptTraceback``; its message stays). Idempotent."""
     try:  # absl must create its own logger class first (else orbax's filter in training.checkpoint sees the
         import absl.logging  # noqa: F401  wrong caller and its INFO chatter comes through)
     except ImportError:
@@ -40,6 +41,11 @@ def quiet_known_noise() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropMessages) for f in logger.filters):
             logger.addFilter(_DropMessages(needles))
+    from training.interrupt import NoInterruptTraceback
+
+    absl_logger = logging.getLogger("absl")  # orbax logs through absl
+    if not any(isinstance(f, NoInterruptTraceback) for f in absl_logger.filters):
+        absl_logger.addFilter(NoInterruptTraceback())
 
 
 def startup_line(info: dict[str, Any], *, accum_steps: int, model: str, param_count: int, dataset: str) -> str:

@@ -3,12 +3,15 @@
 Inside the training steps ``training.signals.StopOnSignal`` turns the first Ctrl-C into a checkpoint and a stop;
 anywhere else (the imports, Hydra's composition, the start-up, the end, or a second, impatient Ctrl-C) Python
 raises ``KeyboardInterrupt``, whose traceback says nothing a user needs. Only the standard library is imported
-here: ``train.py`` installs the hook before its other imports.
+here: ``train.py`` installs the hooks before its other imports. ``python -m evaluate`` installs them too, with its
+own line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import os
 import sys
 from typing import Iterator
@@ -46,12 +49,39 @@ def interrupt_as_keyboard() -> Iterator[None]:
         raise
 
 
-def interrupt_hook(exc_type, exc, tb, fallback=sys.excepthook) -> None:
-    """An uncaught ``KeyboardInterrupt``, or an exception a Ctrl-C caused (``interrupted``), prints
-    ``INTERRUPTED_LINE`` on stderr (after a ``KeyboardInterrupt`` Python still exits by SIGINT: exit status 130 in a
-    shell); anything else, or any exception when the user set ``HYDRA_FULL_ERROR=1``, goes to ``fallback``
-    (Python's own hook: the traceback)."""
+def interrupt_hook(exc_type, exc, tb, fallback=sys.excepthook, line: str = INTERRUPTED_LINE) -> None:
+    """An uncaught ``KeyboardInterrupt``, or an exception a Ctrl-C caused (``interrupted``), prints ``line`` on
+    stderr (after a ``KeyboardInterrupt`` Python still exits by SIGINT: exit status 130 in a shell); anything else,
+    or any exception when the user set ``HYDRA_FULL_ERROR=1``, goes to ``fallback`` (Python's own hook: the
+    traceback)."""
     if interrupted(exc if exc is not None else exc_type()) and not _USER_FULL_ERROR:
-        print(INTERRUPTED_LINE, file=sys.stderr, flush=True)
+        print(line, file=sys.stderr, flush=True)
         return
     fallback(exc_type, exc, tb)
+
+
+def unraisable_hook(unraisable, fallback=sys.unraisablehook, line: str = INTERRUPTED_LINE) -> None:
+    """``sys.unraisablehook`` of the same kind: a Ctrl-C inside an exit handler (``atexit``, e.g. JAX's clean-up,
+    reported as "Exception ignored in atexit callback") prints ``line`` instead of the traceback."""
+    if interrupted(unraisable.exc_value) and not _USER_FULL_ERROR:
+        print(line, file=sys.stderr, flush=True)
+        return
+    fallback(unraisable)
+
+
+def install(line: str = INTERRUPTED_LINE) -> None:
+    """Makes ``interrupt_hook`` and ``unraisable_hook`` (with ``line``) this process's hooks (a script's
+    ``__main__``)."""
+    sys.excepthook = functools.partial(interrupt_hook, fallback=sys.excepthook, line=line)
+    sys.unraisablehook = functools.partial(unraisable_hook, fallback=sys.unraisablehook, line=line)
+
+
+class NoInterruptTraceback(logging.Filter):
+    """Keeps a log record but drops its traceback when the exception logged is a Ctrl-C (orbax logs "Save
+    Finalize thread (save_finalize) failed." with the ``KeyboardInterrupt`` of a Ctrl-C during the final save's
+    wait)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and interrupted(record.exc_info[1]) and not _USER_FULL_ERROR:
+            record.exc_info, record.exc_text = None, None
+        return True

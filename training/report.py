@@ -354,7 +354,18 @@ class Reporter:
         equals summary.json: the values set here are the last summary updates of the W&B run)."""
         if not self.enabled:
             return
-        values = {**values, **self.wandb_info}
+        try:
+            values = {**values, **self.wandb_info}  # waits for wandb.init in the W&B process
+        except KeyboardInterrupt:  # a Ctrl-C while W&B starts: the summary is still written, without W&B's run
+            self._write_summary(values)
+            raise
+        self._write_summary(values)
+        if self.wandb_process is not None:
+            # The W&B process commits the pending history row first: W&B commits the last step's row at finish()
+            # and would then overwrite these values with that row's (e.g. the last window's perf/examples_per_s).
+            self.wandb_process.summary_update(strict_record(values))
+
+    def _write_summary(self, values: dict) -> None:
         path = self.run_dir / "summary.json"
         if path.exists():  # a reused run folder: keep the earlier run's summary (nothing a user saved is lost)
             stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
@@ -363,10 +374,6 @@ class Reporter:
                 os.replace(path, backup)
                 log.warning("%s already existed: kept as %s", path, backup.name)
         write_json(path, values)
-        if self.wandb_process is not None:
-            # The W&B process commits the pending history row first: W&B commits the last step's row at finish()
-            # and would then overwrite these values with that row's (e.g. the last window's perf/examples_per_s).
-            self.wandb_process.summary_update(strict_record(values))
 
     def close(self, exit_code: int = 0) -> None:
         """Closes the files and finishes the W&B run (always, also after an error): waits until the W&B process

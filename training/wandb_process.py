@@ -38,6 +38,7 @@ pipe was full).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -47,8 +48,9 @@ import signal
 import string
 import subprocess
 import sys
+import threading
 import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,27 @@ def _plain(value: Any) -> Any:
 def _check_priority(priority: str) -> None:
     if priority not in ("normal", "idle"):
         raise ValueError(f"priority={priority!r} is unknown; choose normal or idle")
+
+
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP ignored in this process for the block (a few ms: the ``Popen`` of the W&B process,
+    which then inherits them ignored from its first instruction, before its own imports; ``_child`` ignores them
+    too). Only on the main thread, and only signals whose handler Python set (one set outside Python is left
+    alone); a signal that arrives inside the block is lost."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+            sig = getattr(signal, name, None)
+            handler = signal.getsignal(sig) if sig is not None else None
+            if handler is not None:
+                previous[sig] = handler
+                signal.signal(sig, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def new_run_id() -> str:
@@ -93,13 +116,14 @@ class WandbProcess:
             # connects to nothing (strace: without it, a DNS lookup at exit), and import, init, 2,340 records and
             # finish take 1.25 s of CPU instead of 1.43 s (medians of 10; benchmarks/wandb_offline_env.py).
             env = {**os.environ, "WANDB_MODE": "offline"}
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), f"--priority={priority}"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            close_fds=True,
-            env=env,
-        )
+        with _signals_ignored():  # inherited: a Ctrl-C during the child's own imports does not reach them
+            self.proc = subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), f"--priority={priority}"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                close_fds=True,
+                env=env,
+            )
         self.run_id: Optional[str] = None
         self.info: Optional[dict] = None  # the ``started`` reply
         self.on_started: Optional[Callable[[dict], None]] = None
