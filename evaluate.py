@@ -320,4 +320,6 @@ if __name__ == "__main__":
     from training import interrupt
 
     interrupt.install("error: interrupted by SIGINT (Ctrl-C) and stopped (HYDRA_FULL_ERROR=1 prints where)")
-    sys.exit(main())
+    with interrupt.interrupt_as_keyboard():  # a Ctrl-C in numpy's or jaxlib's import surfaces as an ImportError
+        code = main()
+    sys.exit(code)

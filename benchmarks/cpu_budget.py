@@ -12,6 +12,7 @@ compilation caches. Printed, per side, the median (min-max) over the pairs of CP
   ``wandb-core``): ``RUSAGE_CHILDREN`` of this script around the run;
 - ``exit + children``: process tree minus the process: the interpreter's shutdown after the record is taken
   (``train.py`` freezes its objects at exit, the bare script does not) and the child processes (W&B's);
+- ``process``: the process itself (``os.times`` at exit), split into the rows below;
 - ``main thread``; ``XLA's threads``: threads alive at exit that Python did not start, named ``tf_XLAEigen``
   (the compute pool) or ``python`` (the XLA runtime's own); ``tensorstore``: ``ts_pool_worker`` (orbax's writes);
 - Python threads by name: ``batch-prefetch`` (the data pipeline), ``orbax-import`` (orbax imported beside the
@@ -136,7 +137,7 @@ def main() -> None:
     variants = [("train.py", [])] + [(f"train.py {' '.join(a)}", list(a)) for a in (args.also or [])]
     print(
         f"cpu_budget: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, {args.pairs} interleaved pairs, "
-        f"{args.epochs} epochs MNIST MLP; CPU seconds per run, median (min-max)",
+        f"{args.epochs} epoch{'s' if args.epochs != 1 else ''} MNIST MLP; CPU seconds per run, median (min-max)",
         flush=True,
     )
     runs = [0]

@@ -227,18 +227,22 @@ def _raised_during_interrupt() -> ImportError:
 
 
 @pytest.mark.unit
-def test_interrupt_hook_words_interrupts_and_passes_other_exceptions_on(capsys):
+def test_interrupt_hook_words_interrupts_and_passes_other_exceptions_on(capsys, monkeypatch):
     """train.py's excepthook words a KeyboardInterrupt, and an error a Ctrl-C caused, as one line; any other
     exception reaches Python's own hook. interrupt_as_keyboard turns such an error into a KeyboardInterrupt (which
     Hydra's job report does not catch) and lets others through unchanged."""
     from training.interrupt import INTERRUPTED_LINE, interrupt_as_keyboard, interrupt_hook, interrupted
 
-    seen = []
+    import training.interrupt
+
+    seen, exits = [], []
     fallback = lambda *exc: seen.append(exc[0])  # noqa: E731
+    monkeypatch.setattr(training.interrupt.os, "_exit", exits.append)
     caused = _raised_during_interrupt()
     for exc in (KeyboardInterrupt(), caused):
         interrupt_hook(type(exc), exc, None, fallback)
         assert capsys.readouterr().err == INTERRUPTED_LINE + "\n"
+    assert exits == [130]  # after the ImportError (after a KeyboardInterrupt Python exits by SIGINT itself)
     interrupt_hook(ValueError, ValueError("x"), None, fallback)
     assert seen == [ValueError]
     assert interrupted(caused) and not interrupted(ValueError("x")) and not interrupted(None)
@@ -252,18 +256,27 @@ def test_interrupt_hook_words_interrupts_and_passes_other_exceptions_on(capsys):
 
 @pytest.mark.unit
 def test_a_ctrl_c_in_an_exit_handler_or_in_orbax_log_is_one_line(capsys):
-    """A Ctrl-C inside an exit handler (reported through sys.unraisablehook) prints the one line; orbax's log
-    record of a Ctrl-C in its save thread keeps its message and loses the traceback; other records keep theirs."""
+    """A Ctrl-C that Python ignores (inside an exit handler or a gc callback: sys.unraisablehook) prints one line
+    saying so; orbax's log record of a Ctrl-C in its save thread keeps its message and loses the traceback; other
+    records keep theirs."""
     import logging
     import types
 
-    from training.interrupt import INTERRUPTED_LINE, NoInterruptTraceback, unraisable_hook
+    from training.interrupt import NoInterruptTraceback, unraisable_hook
 
     seen = []
-    for exc in (KeyboardInterrupt(), ValueError("x")):
-        unraisable = types.SimpleNamespace(exc_type=type(exc), exc_value=exc, exc_traceback=None, err_msg=None)
+    for exc, err_msg in (
+        (KeyboardInterrupt(), "Exception ignored in atexit callback"),
+        (KeyboardInterrupt(), "Exception ignored in"),
+        (ValueError("x"), None),
+    ):
+        unraisable = types.SimpleNamespace(exc_type=type(exc), exc_value=exc, exc_traceback=None, err_msg=err_msg)
         unraisable_hook(unraisable, fallback=seen.append)
-    assert capsys.readouterr().err == INTERRUPTED_LINE + "\n"
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: a Ctrl-C (SIGINT) came during Python's exit handlers and was ignored there; the run had ended",
+        "warning: a Ctrl-C (SIGINT) came inside a callback Python does not interrupt and was ignored; press Ctrl-C "
+        "again to stop",
+    ]
     assert [u.exc_type for u in seen] == [ValueError]
     keep = NoInterruptTraceback()
     for exc, traceback_kept in ((KeyboardInterrupt(), False), (_raised_during_interrupt(), False), (OSError(), True)):

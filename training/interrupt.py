@@ -51,29 +51,42 @@ def interrupt_as_keyboard() -> Iterator[None]:
 
 def interrupt_hook(exc_type, exc, tb, fallback=sys.excepthook, line: str = INTERRUPTED_LINE) -> None:
     """An uncaught ``KeyboardInterrupt``, or an exception a Ctrl-C caused (``interrupted``), prints ``line`` on
-    stderr (after a ``KeyboardInterrupt`` Python still exits by SIGINT: exit status 130 in a shell); anything else,
-    or any exception when the user set ``HYDRA_FULL_ERROR=1``, goes to ``fallback`` (Python's own hook: the
-    traceback)."""
+    stderr and the process exits with status 130 (after a ``KeyboardInterrupt`` Python exits by SIGINT itself;
+    after another exception, ``os._exit(130)``); anything else, or any exception when the user set
+    ``HYDRA_FULL_ERROR=1``, goes to ``fallback`` (Python's own hook: the traceback)."""
     if interrupted(exc if exc is not None else exc_type()) and not _USER_FULL_ERROR:
         print(line, file=sys.stderr, flush=True)
+        if not issubclass(exc_type, KeyboardInterrupt):  # e.g. an ImportError: exit as a Ctrl-C does
+            sys.stdout.flush()
+            os._exit(130)
         return
     fallback(exc_type, exc, tb)
 
 
-def unraisable_hook(unraisable, fallback=sys.unraisablehook, line: str = INTERRUPTED_LINE) -> None:
-    """``sys.unraisablehook`` of the same kind: a Ctrl-C inside an exit handler (``atexit``, e.g. JAX's clean-up,
-    reported as "Exception ignored in atexit callback") prints ``line`` instead of the traceback."""
+def unraisable_hook(unraisable, fallback=sys.unraisablehook) -> None:
+    """``sys.unraisablehook`` of the same kind. Python ignores an exception raised inside an exit handler
+    (``atexit``, e.g. JAX's clean-up) or a garbage-collector callback, a Ctrl-C included, and goes on; instead of
+    its traceback this prints one line saying so: at exit, that the run had ended; elsewhere, to press Ctrl-C
+    again."""
     if interrupted(unraisable.exc_value) and not _USER_FULL_ERROR:
-        print(line, file=sys.stderr, flush=True)
+        at_exit = "atexit" in (unraisable.err_msg or "")
+        print(
+            "warning: a Ctrl-C (SIGINT) came during Python's exit handlers and was ignored there; the run had ended"
+            if at_exit
+            else "warning: a Ctrl-C (SIGINT) came inside a callback Python does not interrupt and was ignored; "
+            "press Ctrl-C again to stop",
+            file=sys.stderr,
+            flush=True,
+        )
         return
     fallback(unraisable)
 
 
 def install(line: str = INTERRUPTED_LINE) -> None:
-    """Makes ``interrupt_hook`` and ``unraisable_hook`` (with ``line``) this process's hooks (a script's
+    """Makes ``interrupt_hook`` (with ``line``) and ``unraisable_hook`` this process's hooks (a script's
     ``__main__``)."""
     sys.excepthook = functools.partial(interrupt_hook, fallback=sys.excepthook, line=line)
-    sys.unraisablehook = functools.partial(unraisable_hook, fallback=sys.unraisablehook, line=line)
+    sys.unraisablehook = functools.partial(unraisable_hook, fallback=sys.unraisablehook)
 
 
 class NoInterruptTraceback(logging.Filter):
