@@ -81,7 +81,8 @@ def main(cfg: DictConfig) -> None:
         return  # in a sweep the failure is recorded and the sweep goes on (it exits 1 at the end)
     STARTUP.mark("config")
     with interrupt_as_keyboard():  # a Ctrl-C in a C extension's import is an ImportError: Hydra would report it
-        import jax  # noqa: F401  (importing JAX starts no backend: setup_runtime still sets the device count)
+        with interrupt.sigint_deferred():  # a Ctrl-C inside jaxlib's initialisation can abort the process
+            import jax  # noqa: F401  (importing JAX starts no backend: setup_runtime still sets the device count)
 
         STARTUP.mark("imports")
         # before anything touches devices: simulated CPU devices, XLA flags, jax.distributed

@@ -240,9 +240,18 @@ def test_interrupt_hook_words_interrupts_and_passes_other_exceptions_on(capsys, 
     monkeypatch.setattr(training.interrupt.os, "_exit", exits.append)
     caused = _raised_during_interrupt()
     for exc in (KeyboardInterrupt(), caused):
+        monkeypatch.setattr(training.interrupt, "_reported", False)
         interrupt_hook(type(exc), exc, None, fallback)
         assert capsys.readouterr().err == INTERRUPTED_LINE + "\n"
     assert exits == [130]  # after the ImportError (after a KeyboardInterrupt Python exits by SIGINT itself)
+    # numpy's import prints the Ctrl-C through the hook, then raises an ImportError with no KeyboardInterrupt in
+    # its chain: the hook's report stands for it (one line, exit 130), and later errors count as interrupted
+    monkeypatch.setattr(training.interrupt, "_reported", False)
+    interrupt_hook(KeyboardInterrupt, KeyboardInterrupt(), None, fallback)
+    interrupt_hook(ImportError, ImportError("numpy._core.multiarray failed to import"), None, fallback)
+    assert capsys.readouterr().err == INTERRUPTED_LINE + "\n" and exits == [130, 130] and seen == []
+    assert interrupted(ValueError("after a reported Ctrl-C"))
+    monkeypatch.setattr(training.interrupt, "_reported", False)
     interrupt_hook(ValueError, ValueError("x"), None, fallback)
     assert seen == [ValueError]
     assert interrupted(caused) and not interrupted(ValueError("x")) and not interrupted(None)
@@ -252,6 +261,29 @@ def test_interrupt_hook_words_interrupts_and_passes_other_exceptions_on(capsys, 
     with pytest.raises(ImportError, match="plain"):
         with interrupt_as_keyboard():
             raise ImportError("plain")
+
+
+@pytest.mark.unit
+def test_a_ctrl_c_during_a_deferred_block_is_raised_after_it():
+    """sigint_deferred (around jaxlib's import, whose initialisation can abort when interrupted): a SIGINT inside
+    the block raises nothing there; KeyboardInterrupt comes when the block ends, and Python's handler is back."""
+    import signal
+
+    from training.interrupt import sigint_deferred
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        reached_end = []
+        with pytest.raises(KeyboardInterrupt):
+            with sigint_deferred():
+                signal.raise_signal(signal.SIGINT)
+                reached_end.append(True)
+        assert reached_end == [True]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with sigint_deferred():  # no signal: nothing raised
+            pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.mark.unit

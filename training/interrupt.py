@@ -13,7 +13,9 @@ import contextlib
 import functools
 import logging
 import os
+import signal
 import sys
+import threading
 from typing import Iterator
 
 # read at import, i.e. as train.py starts: its cli() sets HYDRA_FULL_ERROR itself later, for Hydra's composition
@@ -24,10 +26,17 @@ INTERRUPTED_LINE = (
 )
 
 
+_reported = False  # interrupt_hook printed a Ctrl-C and the process went on (numpy's import does: see interrupted)
+
+
 def interrupted(exc: BaseException | None) -> bool:
-    """Whether ``exc`` is a ``KeyboardInterrupt`` or was raised while handling one (its ``__cause__`` /
-    ``__context__`` chain holds one): a Ctrl-C inside a C extension's import (numpy, jaxlib) surfaces as an
-    ``ImportError`` raised during the ``KeyboardInterrupt``."""
+    """Whether ``exc`` is a ``KeyboardInterrupt``, was raised while handling one (its ``__cause__`` /
+    ``__context__`` chain holds one), or came after ``interrupt_hook`` reported a Ctrl-C in this process. A Ctrl-C
+    inside a C extension's import surfaces as an ``ImportError``: raised during the ``KeyboardInterrupt``, or, in
+    numpy's, after printing it through ``sys.excepthook`` (``_import_array``: ``PyErr_Print``), which clears it from
+    the chain."""
+    if _reported:
+        return True
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         if isinstance(exc, KeyboardInterrupt):
@@ -49,13 +58,37 @@ def interrupt_as_keyboard() -> Iterator[None]:
         raise
 
 
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Holds a Ctrl-C (SIGINT) back until the block ends, then raises ``KeyboardInterrupt``: for imports of C
+    extensions (jaxlib), whose initialisation can abort (``nanobind::python_error``, exit status 134) or crash
+    (139) when a ``KeyboardInterrupt`` is raised inside it. Only on the main thread and when Python's default
+    SIGINT handler is installed; otherwise the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    received: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if received:
+        raise KeyboardInterrupt
+
+
 def interrupt_hook(exc_type, exc, tb, fallback=sys.excepthook, line: str = INTERRUPTED_LINE) -> None:
     """An uncaught ``KeyboardInterrupt``, or an exception a Ctrl-C caused (``interrupted``), prints ``line`` on
     stderr and the process exits with status 130 (after a ``KeyboardInterrupt`` Python exits by SIGINT itself;
     after another exception, ``os._exit(130)``); anything else, or any exception when the user set
     ``HYDRA_FULL_ERROR=1``, goes to ``fallback`` (Python's own hook: the traceback)."""
+    global _reported
     if interrupted(exc if exc is not None else exc_type()) and not _USER_FULL_ERROR:
-        print(line, file=sys.stderr, flush=True)
+        if not _reported:  # once: numpy's import prints the Ctrl-C through this hook, then fails on
+            print(line, file=sys.stderr, flush=True)
+            _reported = True
         if not issubclass(exc_type, KeyboardInterrupt):  # e.g. an ImportError: exit as a Ctrl-C does
             sys.stdout.flush()
             os._exit(130)
