@@ -56,8 +56,13 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"
 _RAISE_FLAG, _RAISE_MARK = "HYDRA_FULL_ERROR", "DP_SCALING_REWORDS_HYDRA_ERRORS"
 
 
+# A Ctrl-C during Hydra's composition is held until the job starts (training/interrupt.py: HeldSigint)
+_COMPOSING = interrupt.HeldSigint()
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    _COMPOSING.release()  # a Ctrl-C held during the composition: KeyboardInterrupt now
     STARTUP.mark("config")  # Hydra: arguments, composition, run folder, logging
     if os.environ.pop(_RAISE_MARK, None):
         os.environ.pop(_RAISE_FLAG, None)  # errors of the run itself: Hydra's usual report
@@ -120,9 +125,12 @@ def cli(argv: list[str]) -> None:
     sys.argv = [sys.argv[0], *quote_numeric_options(multirun_flag_first(argv), CONF_DIR)]
     if _RAISE_FLAG not in os.environ:
         os.environ[_RAISE_FLAG] = os.environ[_RAISE_MARK] = "1"
+    _COMPOSING.hold()
     try:
         main()
     except Exception as e:
+        if interrupt.interrupted(e):  # a Ctrl-C (e.g. in a sweep job's composition) that became another error
+            raise KeyboardInterrupt from None
         if not os.environ.get(_RAISE_MARK):
             raise
         if is_composition_error(e):
@@ -141,6 +149,8 @@ def cli(argv: list[str]) -> None:
         else:
             raise
         sys.exit(1)
+    finally:
+        _COMPOSING.release()  # no job ran (an error, --cfg, --help): a Ctrl-C held meanwhile raises now
 
 
 if __name__ == "__main__":

@@ -226,6 +226,40 @@ def _raised_during_interrupt() -> ImportError:
         return e
 
 
+_SIGINT_IN_COMPOSITION = """
+import json, os, signal
+from hydra._internal import config_loader_impl as m
+real = m.ConfigLoaderImpl.load_configuration
+def composing(self, *args, **kwargs):
+    if not os.path.exists({out!r}):  # the first composition (Hydra's get_mode)
+        held = signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+        open({out!r}, "w").write(json.dumps(held))
+        os.kill(os.getpid(), signal.SIGINT)
+    return real(self, *args, **kwargs)
+m.ConfigLoaderImpl.load_configuration = composing
+"""
+
+
+def test_ctrl_c_during_hydras_composition_stops_the_run(tmp_path):
+    """A Ctrl-C during Hydra's composition is held until the job starts (Hydra's get_mode catches every Exception,
+    and OmegaConf's clean-up can turn the KeyboardInterrupt into one: the Ctrl-C was lost and the run went on),
+    then stops the run with the one line before anything but Hydra's files is written."""
+    import signal
+
+    from training.interrupt import INTERRUPTED_LINE
+
+    run_dir, held = tmp_path / "run", tmp_path / "held.json"
+    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": ""}
+    cmd = train_probe_cmd(
+        _SIGINT_IN_COMPOSITION.format(out=str(held)), "", f"hydra.run.dir={run_dir}", "data=synthetic"
+    )
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert json.loads(held.read_text()) is True  # SIGINT was held while Hydra composed
+    assert res.returncode == -signal.SIGINT, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr and res.stderr.strip().splitlines()[-1] == INTERRUPTED_LINE
+    assert not (run_dir / "summary.json").exists() and not (run_dir / "metrics.jsonl").exists()
+
+
 @pytest.mark.unit
 def test_interrupt_hook_words_interrupts_and_passes_other_exceptions_on(capsys, monkeypatch):
     """train.py's excepthook words a KeyboardInterrupt, and an error a Ctrl-C caused, as one line; any other
@@ -282,33 +316,42 @@ def test_a_ctrl_c_during_a_deferred_block_is_raised_after_it():
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
         with sigint_deferred():  # no signal: nothing raised
             pass
+        with pytest.raises(ValueError):  # the block's own error goes on, the handler is back
+            with sigint_deferred():
+                signal.raise_signal(signal.SIGINT)
+                raise ValueError("the block's own")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, previous)
 
 
 @pytest.mark.unit
-def test_a_ctrl_c_in_an_exit_handler_or_in_orbax_log_is_one_line(capsys):
-    """A Ctrl-C that Python ignores (inside an exit handler or a gc callback: sys.unraisablehook) prints one line
-    saying so; orbax's log record of a Ctrl-C in its save thread keeps its message and loses the traceback; other
-    records keep theirs."""
+def test_a_ctrl_c_in_an_exit_handler_or_in_orbax_log_is_one_line(capsys, monkeypatch):
+    """A Ctrl-C that Python ignores (sys.unraisablehook): inside an exit handler, one line saying so; inside a gc
+    callback, passed on to the main thread as if it came again. orbax's log record of a Ctrl-C in its save thread
+    keeps its message and loses the traceback; other records keep theirs."""
     import logging
     import types
 
     from training.interrupt import NoInterruptTraceback, unraisable_hook
 
-    seen = []
+    import signal
+
+    import training.interrupt
+
+    seen, passed_on = [], []
+    monkeypatch.setattr(training.interrupt._thread, "interrupt_main", passed_on.append)
     for exc, err_msg in (
         (KeyboardInterrupt(), "Exception ignored in atexit callback"),
-        (KeyboardInterrupt(), "Exception ignored in"),
+        (KeyboardInterrupt(), "Exception ignored in"),  # a gc callback: passed on to the main thread
         (ValueError("x"), None),
     ):
         unraisable = types.SimpleNamespace(exc_type=type(exc), exc_value=exc, exc_traceback=None, err_msg=err_msg)
         unraisable_hook(unraisable, fallback=seen.append)
     assert capsys.readouterr().err.splitlines() == [
         "warning: a Ctrl-C (SIGINT) came during Python's exit handlers and was ignored there; the run had ended",
-        "warning: a Ctrl-C (SIGINT) came inside a callback Python does not interrupt and was ignored; press Ctrl-C "
-        "again to stop",
     ]
+    assert passed_on == [signal.SIGINT]
     assert [u.exc_type for u in seen] == [ValueError]
     keep = NoInterruptTraceback()
     for exc, traceback_kept in ((KeyboardInterrupt(), False), (_raised_during_interrupt(), False), (OSError(), True)):

@@ -9,6 +9,7 @@ own line.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import functools
 import logging
@@ -58,23 +59,52 @@ def interrupt_as_keyboard() -> Iterator[None]:
         raise
 
 
+class HeldSigint:
+    """A Ctrl-C (SIGINT) held back from ``hold()`` to ``release()``, which then raises ``KeyboardInterrupt``.
+
+    For code that cannot be interrupted safely: imports of C extensions (jaxlib's initialisation aborts,
+    ``nanobind::python_error``, exit status 134, or crashes, 139, when a ``KeyboardInterrupt`` is raised inside
+    it), and Hydra's composition (``Hydra.get_mode`` catches every ``Exception``, so a ``KeyboardInterrupt`` turned
+    into another error by OmegaConf's clean-up there was lost and the run went on). Holds only on the main thread
+    and when Python's default SIGINT handler is installed; otherwise both calls do nothing.
+    """
+
+    def __init__(self) -> None:
+        self.holding, self.received = False, False
+
+    def hold(self) -> None:
+        if self.holding or threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            return
+        self.holding, self.received = True, False
+        signal.signal(signal.SIGINT, self._record)
+
+    def _record(self, signum, frame) -> None:
+        self.received = True
+
+    def release(self) -> None:
+        """Python's handler back; raises ``KeyboardInterrupt`` if a SIGINT came while held (once)."""
+        if not self.holding:
+            return
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        self.holding = False
+        if self.received:
+            self.received = False
+            raise KeyboardInterrupt
+
+
 @contextlib.contextmanager
 def sigint_deferred() -> Iterator[None]:
-    """Holds a Ctrl-C (SIGINT) back until the block ends, then raises ``KeyboardInterrupt``: for imports of C
-    extensions (jaxlib), whose initialisation can abort (``nanobind::python_error``, exit status 134) or crash
-    (139) when a ``KeyboardInterrupt`` is raised inside it. Only on the main thread and when Python's default
-    SIGINT handler is installed; otherwise the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
-        yield
-        return
-    received: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    """``HeldSigint`` around a block: a Ctrl-C inside it raises ``KeyboardInterrupt`` when the block ends (an
+    error of the block itself goes on instead)."""
+    held = HeldSigint()
+    held.hold()
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        received, held.received = held.received, False
+        held.release()  # Python's handler back
     if received:
         raise KeyboardInterrupt
 
@@ -98,19 +128,19 @@ def interrupt_hook(exc_type, exc, tb, fallback=sys.excepthook, line: str = INTER
 
 def unraisable_hook(unraisable, fallback=sys.unraisablehook) -> None:
     """``sys.unraisablehook`` of the same kind. Python ignores an exception raised inside an exit handler
-    (``atexit``, e.g. JAX's clean-up) or a garbage-collector callback, a Ctrl-C included, and goes on; instead of
-    its traceback this prints one line saying so: at exit, that the run had ended; elsewhere, to press Ctrl-C
-    again."""
+    (``atexit``, e.g. JAX's clean-up) or a garbage-collector callback (JAX's), a Ctrl-C included, and goes on.
+    At exit this prints one line saying so (the run had ended); elsewhere the Ctrl-C is passed on to the main
+    thread (``_thread.interrupt_main``: as if it arrived again), so it stops the process as any other."""
     if interrupted(unraisable.exc_value) and not _USER_FULL_ERROR:
-        at_exit = "atexit" in (unraisable.err_msg or "")
-        print(
-            "warning: a Ctrl-C (SIGINT) came during Python's exit handlers and was ignored there; the run had ended"
-            if at_exit
-            else "warning: a Ctrl-C (SIGINT) came inside a callback Python does not interrupt and was ignored; "
-            "press Ctrl-C again to stop",
-            file=sys.stderr,
-            flush=True,
-        )
+        if "atexit" in (unraisable.err_msg or ""):
+            print(
+                "warning: a Ctrl-C (SIGINT) came during Python's exit handlers and was ignored there; the run had "
+                "ended",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            _thread.interrupt_main(signal.SIGINT)
         return
     fallback(unraisable)
 
