@@ -27,6 +27,7 @@ INTERRUPTED_LINE = (
 )
 
 
+PASS_ON_DELAY_S = 0.01  # unraisable_hook: after it has returned
 _reported = False  # interrupt_hook printed a Ctrl-C and the process went on (numpy's import does: see interrupted)
 
 
@@ -130,7 +131,8 @@ def unraisable_hook(unraisable, fallback=sys.unraisablehook) -> None:
     """``sys.unraisablehook`` of the same kind. Python ignores an exception raised inside an exit handler
     (``atexit``, e.g. JAX's clean-up) or a garbage-collector callback (JAX's), a Ctrl-C included, and goes on.
     At exit this prints one line saying so (the run had ended); elsewhere the Ctrl-C is passed on to the main
-    thread (``_thread.interrupt_main``: as if it arrived again), so it stops the process as any other."""
+    thread (``_thread.interrupt_main`` from a timer thread ``PASS_ON_DELAY_S`` later: as if it arrived again once
+    the hook has returned), so it stops the process as any other."""
     if interrupted(unraisable.exc_value) and not _USER_FULL_ERROR:
         if "atexit" in (unraisable.err_msg or ""):
             print(
@@ -139,8 +141,10 @@ def unraisable_hook(unraisable, fallback=sys.unraisablehook) -> None:
                 file=sys.stderr,
                 flush=True,
             )
-        else:
-            _thread.interrupt_main(signal.SIGINT)
+        else:  # from another thread, a moment later: on the main thread it would raise inside this hook, ignored
+            timer = threading.Timer(PASS_ON_DELAY_S, _thread.interrupt_main, args=(signal.SIGINT,))
+            timer.daemon = True
+            timer.start()
         return
     fallback(unraisable)
 
