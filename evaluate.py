@@ -321,7 +321,7 @@ if __name__ == "__main__":
 
     interrupt.install("error: interrupted by SIGINT (Ctrl-C) and stopped (HYDRA_FULL_ERROR=1 prints where)")
     with interrupt.interrupt_as_keyboard():  # a Ctrl-C in numpy's or jaxlib's import surfaces as an ImportError
-        with interrupt.sigint_deferred():  # a Ctrl-C inside jaxlib's initialisation can abort the process
+        with interrupt.HeldSigint():  # a Ctrl-C inside jaxlib's initialisation can abort the process
             import jax  # noqa: F401
         code = main()
     sys.exit(code)

@@ -86,7 +86,7 @@ def main(cfg: DictConfig) -> None:
         return  # in a sweep the failure is recorded and the sweep goes on (it exits 1 at the end)
     STARTUP.mark("config")
     with interrupt_as_keyboard():  # a Ctrl-C in a C extension's import is an ImportError: Hydra would report it
-        with interrupt.sigint_deferred():  # a Ctrl-C inside jaxlib's initialisation can abort the process
+        with interrupt.HeldSigint():  # a Ctrl-C inside jaxlib's initialisation can abort the process
             import jax  # noqa: F401  (importing JAX starts no backend: setup_runtime still sets the device count)
 
         STARTUP.mark("imports")
@@ -127,10 +127,9 @@ def cli(argv: list[str]) -> None:
         os.environ[_RAISE_FLAG] = os.environ[_RAISE_MARK] = "1"
     _COMPOSING.hold()
     try:
-        main()
+        with interrupt_as_keyboard():  # a Ctrl-C (e.g. in a sweep job's composition) that became another error
+            main()
     except Exception as e:
-        if interrupt.interrupted(e):  # a Ctrl-C (e.g. in a sweep job's composition) that became another error
-            raise KeyboardInterrupt from None
         if not os.environ.get(_RAISE_MARK):
             raise
         if is_composition_error(e):

@@ -300,25 +300,26 @@ def test_interrupt_hook_words_interrupts_and_passes_other_exceptions_on(capsys, 
 
 @pytest.mark.unit
 def test_a_ctrl_c_during_a_deferred_block_is_raised_after_it():
-    """sigint_deferred (around jaxlib's import, whose initialisation can abort when interrupted): a SIGINT inside
-    the block raises nothing there; KeyboardInterrupt comes when the block ends, and Python's handler is back."""
+    """HeldSigint around a block (jaxlib's import, whose initialisation can abort when interrupted): a SIGINT inside
+    the block raises nothing there; KeyboardInterrupt comes when the block ends, and Python's handler is back; an
+    error of the block itself goes on instead."""
     import signal
 
-    from training.interrupt import sigint_deferred
+    from training.interrupt import HeldSigint
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         reached_end = []
         with pytest.raises(KeyboardInterrupt):
-            with sigint_deferred():
+            with HeldSigint():
                 signal.raise_signal(signal.SIGINT)
                 reached_end.append(True)
         assert reached_end == [True]
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        with sigint_deferred():  # no signal: nothing raised
+        with HeldSigint():  # no signal: nothing raised
             pass
         with pytest.raises(ValueError):  # the block's own error goes on, the handler is back
-            with sigint_deferred():
+            with HeldSigint():
                 signal.raise_signal(signal.SIGINT)
                 raise ValueError("the block's own")
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -61,13 +61,14 @@ def interrupt_as_keyboard() -> Iterator[None]:
 
 
 class HeldSigint:
-    """A Ctrl-C (SIGINT) held back from ``hold()`` to ``release()``, which then raises ``KeyboardInterrupt``.
+    """A Ctrl-C (SIGINT) held back from ``hold()`` to ``release()``, which then raises ``KeyboardInterrupt``; as a
+    context manager, around a block (an error of the block itself goes on instead).
 
     For code that cannot be interrupted safely: imports of C extensions (jaxlib's initialisation aborts,
     ``nanobind::python_error``, exit status 134, or crashes, 139, when a ``KeyboardInterrupt`` is raised inside
-    it), and Hydra's composition (``Hydra.get_mode`` catches every ``Exception``, so a ``KeyboardInterrupt`` turned
-    into another error by OmegaConf's clean-up there was lost and the run went on). Holds only on the main thread
-    and when Python's default SIGINT handler is installed; otherwise both calls do nothing.
+    it), and Hydra's composition (``Hydra.get_mode`` catches every ``Exception``: a ``KeyboardInterrupt`` that
+    OmegaConf's clean-up turns into another error there would be lost and the run would go on). Holds only on the
+    main thread and when Python's default SIGINT handler is installed; otherwise nothing changes.
     """
 
     def __init__(self) -> None:
@@ -94,20 +95,14 @@ class HeldSigint:
             self.received = False
             raise KeyboardInterrupt
 
+    def __enter__(self) -> HeldSigint:
+        self.hold()
+        return self
 
-@contextlib.contextmanager
-def sigint_deferred() -> Iterator[None]:
-    """``HeldSigint`` around a block: a Ctrl-C inside it raises ``KeyboardInterrupt`` when the block ends (an
-    error of the block itself goes on instead)."""
-    held = HeldSigint()
-    held.hold()
-    try:
-        yield
-    finally:
-        received, held.received = held.received, False
-        held.release()  # Python's handler back
-    if received:
-        raise KeyboardInterrupt
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.received = False  # the block's own error goes on
+        self.release()
 
 
 def interrupt_hook(exc_type, exc, tb, fallback=sys.excepthook, line: str = INTERRUPTED_LINE) -> None:

@@ -69,6 +69,9 @@ def _check_priority(priority: str) -> None:
         raise ValueError(f"priority={priority!r} is unknown; choose normal or idle")
 
 
+IGNORED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")  # by the W&B process: the training process finishes its run
+
+
 @contextlib.contextmanager
 def _signals_ignored() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP ignored in this process for the block (a few ms: the ``Popen`` of the W&B process,
@@ -77,7 +80,7 @@ def _signals_ignored() -> Iterator[None]:
     alone); a signal that arrives inside the block is lost."""
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        for name in IGNORED_SIGNALS:
             sig = getattr(signal, name, None)
             handler = signal.getsignal(sig) if sig is not None else None
             if handler is not None:
@@ -360,7 +363,7 @@ def lowest_cpu_priority() -> str:
 def _child() -> int:
     if "--priority=idle" in sys.argv[1:]:
         lowest_cpu_priority()
-    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+    for name in IGNORED_SIGNALS:
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
     replies = os.fdopen(os.dup(1), "w", buffering=1)
