@@ -187,3 +187,76 @@ def test_train_py_runs_its_start_up_without_full_collections_and_leaves_the_coll
     assert not (tmp_path / "bad").exists()  # refused at composition (one error line), before any run folder
     assert state["ipython"]["on"] and state["ipython"]["frozen"] == 0, state
     assert json.loads((tmp_path / "ipython" / "summary.json").read_text())["status"] == "ok"
+
+
+@pytest.mark.unit
+def test_composes_once_only_where_no_command_line_flag_override_or_config_file_can_set_the_run_mode(tmp_path):
+    import train
+
+    assert train.composes_once(["mesh.devices=2", "hydra.run.dir=/x/y", "wandb.name=my-model-cd"])
+    assert train.composes_once([])
+    for argv in (
+        ["-m", "mesh.devices=1,2"],
+        ["mesh.devices=1", "--multirun"],
+        ["hydra.mode=MULTIRUN"],
+        ["+hydra.mode=RUN"],
+        ["hydra/launcher=submitit_local"],
+        ["hydra.searchpath=[file:///x]"],
+        ["--config-dir=/x"],
+        ["-cn", "other"],
+        ["hydra={mode: MULTIRUN}"],
+    ):
+        assert not train.composes_once(argv), argv
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "config.yaml").write_text("defaults:\n  - _self_\nwandb:\n  mode: offline\n")
+    assert train.composes_once([], conf_dir=tmp_path)
+    (tmp_path / "experiment" / "sweep.yaml").write_text("# @package _global_\nhydra:\n  mode: MULTIRUN\n")
+    assert not train.composes_once([], conf_dir=tmp_path)  # a config file that sets it: Hydra decides
+
+
+@pytest.mark.unit
+def test_the_first_composition_is_skipped_without_composing_and_hydra_is_restored(monkeypatch):
+    from hydra._internal.hydra import Hydra
+
+    import train
+
+    composed = []
+    monkeypatch.setattr(Hydra, "compose_config", lambda self, *a, **k: composed.append(k))
+    original = Hydra.get_mode
+    with train.first_composition_skipped(["mesh.devices=2"]):
+        assert Hydra.get_mode(object.__new__(Hydra), "config", ["mesh.devices=2"]) is None
+    assert composed == [] and Hydra.get_mode is original
+    with train.first_composition_skipped(["-m", "mesh.devices=1,2"]):  # a sweep: Hydra's own get_mode
+        assert Hydra.get_mode is original
+
+
+def test_a_run_composes_its_config_once_into_the_same_config_as_hydras_two_compositions(tmp_path):
+    """``python train.py``: one composition (Hydra's ``get_mode`` skipped, ``train.composes_once``), where Hydra's path
+    (taken here by naming ``hydra.mode=RUN`` on the command line) composes twice; the run folders' configs,
+    overrides included, are the same."""
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    before = (
+        "import hydra._internal.hydra as H\n"
+        "calls = []\n"
+        "_compose = H.Hydra.compose_config\n"
+        "def compose(self, *a, **k):\n"
+        "    calls.append(str(k.get('run_mode')))\n"
+        "    return _compose(self, *a, **k)\n"
+        "H.Hydra.compose_config = compose"
+    )
+    common = ("data=synthetic", "train.steps=2", "wandb.mode=disabled", "checkpoint.enabled=false")
+    hydra_cfg = {}
+    for kind, extra in (("once", []), ("hydra", ["hydra.mode=RUN"])):
+        run_dir = tmp_path / kind
+        cmd = train_probe_cmd(before, "print('compositions:', calls)", f"hydra.run.dir={run_dir}", *extra, *common)
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        expected = "['RunMode.RUN']" if kind == "once" else "['RunMode.MULTIRUN', 'RunMode.RUN']"
+        assert f"compositions: {expected}" in proc.stdout, proc.stdout[-2000:]
+        text = (run_dir / ".hydra" / "hydra.yaml").read_text().replace(str(run_dir), "<run_dir>")
+        hydra_cfg[kind] = [line for line in text.splitlines() if "hydra.mode=RUN" not in line]
+        assert (run_dir / ".hydra" / "config.yaml").read_text() == (
+            tmp_path / "once" / ".hydra" / "config.yaml"
+        ).read_text()
+    assert "  mode: RUN" in hydra_cfg["once"]
+    assert hydra_cfg["once"] == hydra_cfg["hydra"]
