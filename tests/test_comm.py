@@ -455,3 +455,18 @@ def test_live_module_and_its_text_agree(mesh8):
         "a2a": [("all-to-all", 256, 8, False, "f32")],
         "scatter": [("reduce-scatter", 256, 8, False, "f32")],
     }
+
+
+def test_a_module_without_collective_opcodes_is_not_parsed(monkeypatch):
+    """No ``<collective opcode>(`` anywhere in the text (a one-device step): [] without splitting the module. Every
+    fixture gives what the full parse gives (forced by a comment naming an opcode, which the parse drops)."""
+    import measure.hlo_text as hlo_text
+
+    for path in sorted(FIXTURES.glob("*.hlo")):
+        text = path.read_text()
+        assert parse_hlo_collectives(text, num_devices=4) == parse_hlo_collectives(
+            text + "\n/* all-reduce( */\n", num_devices=4
+        ), path.name
+    plain = "HloModule m\nENTRY %main (p: f32[4]) -> f32[4] {\n  ROOT %p = f32[4] parameter(0)\n}\n"
+    monkeypatch.setattr(hlo_text, "_split_hlo", lambda text: pytest.fail("parsed a module without collectives"))
+    assert parse_hlo_collectives(plain, num_devices=8) == []
