@@ -194,6 +194,7 @@ def test_composes_once_only_where_no_command_line_flag_override_or_config_file_c
     import train
 
     assert train.composes_once(["mesh.devices=2", "hydra.run.dir=/x/y", "wandb.name=my-model-cd"])
+    assert train.composes_once(["model=gpt", "data=tiny_shakespeare", "accum=4", "+experiment=cnn_mnist"])
     assert train.composes_once([])
     for argv in (
         ["-m", "mesh.devices=1,2"],
@@ -205,13 +206,42 @@ def test_composes_once_only_where_no_command_line_flag_override_or_config_file_c
         ["--config-dir=/x"],
         ["-cn", "other"],
         ["hydra={mode: MULTIRUN}"],
+        ["+experiment=not_in_conf"],  # a group option from elsewhere (a plugin's search path) could set the mode
+        ["model@other=gpt"],
     ):
         assert not train.composes_once(argv), argv
-    (tmp_path / "experiment").mkdir()
-    (tmp_path / "config.yaml").write_text("defaults:\n  - _self_\nwandb:\n  mode: offline\n")
-    assert train.composes_once([], conf_dir=tmp_path)
-    (tmp_path / "experiment" / "sweep.yaml").write_text("# @package _global_\nhydra:\n  mode: MULTIRUN\n")
-    assert not train.composes_once([], conf_dir=tmp_path)  # a config file that sets it: Hydra decides
+
+    def conf(files: dict[str, str]) -> Path:
+        root = tmp_path / f"conf{len(list(tmp_path.iterdir()))}"
+        for name, text in {
+            "config.yaml": "defaults:\n  - _self_\n",
+            "wandb/offline.yaml": "mode: offline\n",
+            **files,
+        }.items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_text(text)
+        return root
+
+    assert train.composes_once([], conf_dir=conf({"mesh/a.yaml": "# every parallel mode (a comment)\ndevices: 2\n"}))
+    for files in (  # each a config file that sets the mode, or might: Hydra decides
+        {"experiment/a.yaml": "# @package _global_\nhydra:\n  mode: MULTIRUN\n"},
+        {"experiment/a.yaml": "# @package _global_\nhydra: {mode: MULTIRUN}\n"},
+        {"experiment/a.yaml": '# @package _global_\nhydra:\n  "mode": MULTIRUN\n'},
+        {"experiment/a.yaml": "# @package _global_\nhydra:\n  mode: ${oc.env:RUN_MODE,MULTIRUN}\n"},
+        {"experiment/a.yaml": "# @package _global_\nx: &m MULTIRUN\nhydra:\n  mode: *m\n"},
+        {"experiment/a.yaml": '# @package _global_\nhydra: {"mo\\x64e": MULTIRUN}\n'},
+        {"experiment/a.yaml": "# @package hydra\nmode: MULTIRUN\n"},
+        {"wandb/odd.yaml": "# @package hydra\nmode: MULTIRUN\n"},
+        {"config.yaml": "defaults:\n  - wandb@hydra: offline\n"},
+        {"config.yaml": "hydra:\n  searchpath: [file:///elsewhere]\n"},
+    ):
+        assert not train.composes_once([], conf_dir=conf(files)), files
+    unreadable = conf({})
+    (unreadable / ".#config.yaml").symlink_to("user@host.1234:1700000000")  # an editor's lock file: a dangling link
+    assert not train.composes_once([], conf_dir=unreadable)
+    (unreadable / ".#config.yaml").unlink()
+    (unreadable / "folder.yaml").mkdir()
+    assert not train.composes_once([], conf_dir=unreadable)
 
 
 @pytest.mark.unit
