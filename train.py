@@ -24,13 +24,10 @@ if __name__ == "__main__":
         startup_gc.pause()
 
 import atexit
-import contextlib
 import gc
 import logging
 import os
-import re
 from pathlib import Path
-from typing import Iterator
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -117,75 +114,6 @@ def multirun_flag_first(argv: list[str]) -> list[str]:
     return flags + [a for a in argv if a not in ("-m", "--multirun")]
 
 
-# Override keys that may set ``hydra.mode`` or change where the configs come from
-_MODE_KEYS = ("hydra.mode", "hydra/", "hydra.searchpath")
-_MODE_WORD = re.compile(r"\bmode\b")
-_OPTION = re.compile(r"[\w\-]+")
-
-
-def _may_set_run_mode(path: Path, conf_dir: Path) -> bool:
-    """Whether the config file ``path`` might set ``hydra.mode`` (or add a config folder): any key, value or
-    defaults entry that names ``mode``, ``searchpath`` or the ``hydra`` package, in any YAML style, outside
-    whole-line comments; a backslash (a YAML escape could spell a key). The one exception: ``mode:`` at the top of
-    a ``wandb/`` option without a ``@package`` header, which is ``wandb.mode``. Raises OSError or
-    UnicodeDecodeError for a file that cannot be read."""
-    text = path.read_text(encoding="utf-8")
-    code = [line for line in text.splitlines() if not line.lstrip().startswith("#") or "@package" in line]
-    body = "\n".join(code)
-    if "searchpath" in body or "@hydra" in body or "\\" in body:
-        return True
-    named = [line for line in code if _MODE_WORD.search(line)]
-    if path.parent == conf_dir / "wandb" and "@package" not in body:
-        return any(not line.startswith("mode:") for line in named)
-    return bool(named)
-
-
-def composes_once(argv: list[str], conf_dir: Path = CONF_DIR) -> bool:
-    """Whether Hydra's first composition of a run (``Hydra.get_mode``: the whole config composed only to read
-    ``hydra.mode``) can be skipped: a run whose command line and config files cannot set ``hydra.mode``.
-
-    Hydra 1.3 (``hydra._internal.utils._run_hydra``) composes the config twice per run: once in ``get_mode``,
-    once for the job. When ``hydra.mode`` is unset ``get_mode`` returns None and ``_run_app`` runs one job with
-    ``hydra.mode=RUN`` added to the overrides; skipping it gives that same job and config (82 ms of the main job's
-    ``config`` start-up phase on 2 CPU cores). A composition error still stops the run: the job's own composition
-    raises it (``get_mode`` swallowed it). Hydra's path is kept, conservatively, for:
-
-    - any flag (``-m``, ``--config-dir``, ...); an override of ``hydra.mode``, of a ``hydra/`` group, of
-      ``hydra`` or of the search path; a key with a package (``@``);
-    - an override of a key without a dot that is not an option file under ``conf_dir`` (``model=gpt`` needs
-      ``conf_dir/model/gpt.yaml``): a group from elsewhere (a plugin's search path) could set the mode;
-    - any YAML file under ``conf_dir`` that might set it (``_may_set_run_mode``) or cannot be read (an editor's
-      lock file, a folder named ``*.yaml``). The scan reads the 56 files in ~2 ms.
-    """
-    for arg in argv:
-        key, _, value = arg.partition("=")
-        key = key.lstrip("+~")
-        if arg.startswith("-") or key == "hydra" or key.startswith(_MODE_KEYS) or "@" in key:
-            return False
-        if "." not in key and not (_OPTION.fullmatch(value) and (conf_dir / key / f"{value}.yaml").is_file()):
-            return False
-    try:
-        return not any(_may_set_run_mode(path, conf_dir) for path in conf_dir.rglob("*.yaml"))
-    except (OSError, UnicodeDecodeError):
-        return False
-
-
-@contextlib.contextmanager
-def first_composition_skipped(argv: list[str]) -> Iterator[None]:
-    """Within: Hydra's ``get_mode`` answers None without composing when ``composes_once(argv)`` (see there)."""
-    if not composes_once(argv):
-        yield
-        return
-    from hydra._internal.hydra import Hydra
-
-    get_mode = Hydra.get_mode
-    Hydra.get_mode = lambda self, config_name, overrides: None  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        Hydra.get_mode = get_mode  # type: ignore[method-assign]
-
-
 def cli(argv: list[str]) -> None:
     """Runs ``main`` on the command line ``argv``; composition errors become one line and exit code 1.
 
@@ -199,8 +127,8 @@ def cli(argv: list[str]) -> None:
         os.environ[_RAISE_FLAG] = os.environ[_RAISE_MARK] = "1"
     _COMPOSING.hold()
     try:
-        with interrupt_as_keyboard(), first_composition_skipped(argv):
-            main()  # interrupt_as_keyboard: a Ctrl-C (e.g. in a sweep job's composition) that became another error
+        with interrupt_as_keyboard():  # a Ctrl-C (e.g. in a sweep job's composition) that became another error
+            main()
     except Exception as e:
         if not os.environ.get(_RAISE_MARK):
             raise
