@@ -116,8 +116,37 @@ def _parse_instruction(stmt: str) -> _Instr | None:
     return _Instr(head.group("name"), shape, op.group("op"), stmt[operands_end + 1 :])
 
 
-def _split_hlo(text: str) -> tuple[str, dict[str, list[_Instr]]]:
-    """Split HLO text into (module header line, {computation: instructions}).
+# What the collectives need of an instruction: its opcode is a collective, ``while`` or ``async-start``, or it calls
+# other computations (the call graph that says which collectives run per loop iteration). Statements that match
+# none of these are not parsed: most of a compiled step (the GPT size tiny's step on 8 devices, bf16: 732 of 6,937
+# instructions are parsed). A superset of what ``_HLO_OPCODES``, ``_loop_computations``, ``_async_wrapper_names``
+# and ``_CALLEE_ATTR_RE`` read, so the result is the same (``tests/test_comm.py``).
+_MAY_MATTER = (
+    "all-reduce",
+    "all-gather",
+    "reduce-scatter",
+    "all-to-all",
+    "collective-permute",  # every opcode of _HLO_OPCODES holds one of these five
+    "while(",
+    "async-start(",
+    "calls=",
+    "to_apply=",
+    "body=",
+    "condition=",
+    "_computation=",
+    "_computations=",  # every attribute of _CALLEE_ATTR_RE ends with one of these six
+)
+
+
+def _may_matter(stmt: str) -> bool:
+    """Whether ``stmt`` may be a collective, a ``while``, an ``async-start`` or a call of other computations
+    (substring tests: ~4x faster than one regular expression here)."""
+    return any(key in stmt for key in _MAY_MATTER)
+
+
+def _split_hlo(text: str, keep=_may_matter) -> tuple[str, dict[str, list[_Instr]]]:
+    """Split HLO text into (module header line, {computation: instructions}); only the instructions whose
+    statement passes ``keep`` (default ``_may_matter``) are parsed and listed.
 
     Instructions spanning several lines (hand-written HLO) are joined until
     their brackets balance.
@@ -140,7 +169,7 @@ def _split_hlo(text: str) -> tuple[str, dict[str, list[_Instr]]]:
         pending = f"{pending} {line.strip()}" if pending else line
         if _balance(pending) > 0 or pending.endswith(","):
             continue
-        instr = _parse_instruction(pending)
+        instr = _parse_instruction(pending) if keep(pending) else None
         pending = ""
         if instr is not None:
             current.append(instr)

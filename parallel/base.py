@@ -385,7 +385,8 @@ def host_finite_flags(params, opt_state) -> tuple[bool, bool]:
     )
     host = jax.tree.map(first, (params, opt_state))
     params_ok, opt_ok = (
-        bool(all(np.all(np.isfinite(x)) for x in jax.tree.leaves(t) if np.issubdtype(x.dtype, np.inexact)))
+        # jnp.issubdtype: numpy's own says bfloat16 and the float8 types (ml_dtypes) are not inexact
+        bool(all(np.all(np.isfinite(x)) for x in jax.tree.leaves(t) if jnp.issubdtype(x.dtype, jnp.inexact)))
         for t in host
     )
     return params_ok, opt_ok

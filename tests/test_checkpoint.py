@@ -287,7 +287,8 @@ def test_reshard_fsdp8_to_2_1_and_pmap4(tmp_path, optim, tol):
 def test_a_save_in_one_process_writes_host_arrays(tmp_path, mode, devices):
     """One process holds every array whole, so the state goes to orbax as host numpy (``store.host_form``): a
     save compiles no program (orbax's replica-parallel path for device arrays compiles one slicing program per
-    device and shape: 8 or more here), and the step folder reads back bitwise, also from FSDP shards."""
+    device and shape: 8 or more here; on the CPU backend the NaN guard reads that host copy instead of running
+    its own program), and the step folder reads back bitwise, also from FSDP shards."""
     # a hidden width no other test uses: programs compiled by earlier tests cannot hide this save's own
     overrides = {"parallel": {"name": mode}, "mesh": {"devices": devices}, "model": {"hidden": 72}}
     cfg = make_cfg({"data": {"name": "synthetic"}, **overrides})
@@ -297,7 +298,7 @@ def test_a_save_in_one_process_writes_host_arrays(tmp_path, mode, devices):
     assert all(type(x) is np.ndarray for x in jax.tree.leaves(host))
     for a, b in zip(jax.tree.leaves(host), jax.tree.leaves(want)):
         assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
-    checkpoint.store.finite_flags(exp.state)  # the NaN guard's own program, compiled before counting
+    assert checkpoint.store.on_cpu_backend(exp.state)
     compiled: list[str] = []
 
     def on_compile(event: str, duration_s: float, **kwargs) -> None:
@@ -395,6 +396,22 @@ def test_nan_params_are_never_saved(tmp_path, capsys, monkeypatch):
     assert all(np.all(np.isfinite(v)) for v in arrays.values())
     host = exp.mode.state_to_host(restored.state)
     np.testing.assert_array_equal(np.asarray(host.params["hidden"]["kernel"]), arrays["params.hidden.kernel"])
+
+
+@pytest.mark.unit
+def test_host_nan_guard_sees_bfloat16_and_float8():
+    """The host NaN guard (``parallel.base.host_finite_flags``) checks every floating leaf, also the ml_dtypes
+    ones that numpy's own ``issubdtype(..., np.inexact)`` calls not inexact."""
+    from ml_dtypes import bfloat16, float8_e4m3fn
+
+    from parallel.base import host_finite_flags
+
+    finite = {"w": np.ones(3, np.float32), "count": np.int32(7)}
+    assert host_finite_flags(finite, finite) == (True, True)
+    for dtype in (bfloat16, float8_e4m3fn, np.float16):
+        bad = {"w": np.array([1.0, np.nan], dtype), "count": np.int32(7)}
+        assert host_finite_flags(bad, finite) == (False, True), dtype
+        assert host_finite_flags(finite, bad) == (True, False), dtype
 
 
 @pytest.mark.unit

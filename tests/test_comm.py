@@ -470,3 +470,37 @@ def test_a_module_without_collective_opcodes_is_not_parsed(monkeypatch):
     plain = "HloModule m\nENTRY %main (p: f32[4]) -> f32[4] {\n  ROOT %p = f32[4] parameter(0)\n}\n"
     monkeypatch.setattr(hlo_text, "_split_hlo", lambda text: pytest.fail("parsed a module without collectives"))
     assert parse_hlo_collectives(plain, num_devices=8) == []
+
+
+def _full_parse(monkeypatch, text: str, **kw) -> list[Collective]:
+    """``parse_hlo_collectives`` with every instruction parsed (no pre-filter)."""
+    import measure.hlo_text as hlo_text
+
+    split = hlo_text._split_hlo
+    with monkeypatch.context() as m:
+        m.setattr(hlo_text, "_split_hlo", lambda t: split(t, keep=lambda stmt: True))
+        return parse_hlo_collectives(text, **kw)
+
+
+def test_the_prefilter_keeps_what_the_collectives_need(monkeypatch):
+    """Only instructions that may be a collective, a loop, an async wrapper or a call are parsed
+    (``hlo_text._may_matter``); every fixture gives what parsing every instruction gives, and most
+    instructions of a real module are skipped."""
+    import re
+
+    import measure.hlo_text as hlo_text
+
+    for path in sorted(FIXTURES.glob("*.hlo")):
+        text = path.read_text()
+        assert parse_hlo_collectives(text, num_devices=4) == _full_parse(monkeypatch, text, num_devices=4), path.name
+    for opcode in [*hlo_text._HLO_OPCODES, "while", "async-start"]:
+        assert hlo_text._may_matter(f"%x.1 = f32[4]{{0}} {opcode}(f32[4]{{0}} %p)"), opcode
+    attrs = re.search(r"\(\?P<attr>([^)]*)\)", hlo_text._CALLEE_ATTR_RE.pattern).group(1).split("|")
+    assert len(attrs) == 8
+    for attr in attrs:
+        assert hlo_text._may_matter(f"%x.1 = f32[4]{{0}} fusion(f32[4]{{0}} %p), {attr}=%comp"), attr
+    assert not hlo_text._may_matter("%x.1 = f32[4]{0} add(f32[4]{0} %p, f32[4]{0} %q)")
+    text = _read("real_dp_grad_combined.hlo")
+    parsed = sum(len(v) for v in hlo_text._split_hlo(text)[1].values())
+    every = sum(len(v) for v in hlo_text._split_hlo(text, keep=lambda stmt: True)[1].values())
+    assert 0 < parsed < every / 2, (parsed, every)

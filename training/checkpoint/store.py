@@ -136,6 +136,12 @@ def finite_flags(state, mode=None) -> tuple[bool, bool]:
     return device_finite_flags(state)
 
 
+def on_cpu_backend(state) -> bool:
+    """Whether the placed ``state``'s arrays live on JAX's CPU backend (their device memory is host memory)."""
+    leaf = jax.tree.leaves(state.params)[0]
+    return isinstance(leaf, jax.Array) and all(d.platform == "cpu" for d in leaf.devices())
+
+
 # ---- saving -----------------------------------------------------------------------------------------------
 def host_form(state):
     """What ``Saver.save`` hands orbax: ``state`` as host numpy arrays when this process holds every array whole
@@ -191,7 +197,13 @@ class Saver:
           NonFiniteError: params or optimizer state hold NaN/inf; nothing is written and the previous
             checkpoints stay as they are.
         """
-        params_ok, opt_ok = finite_flags(state, mode)
+        # The NaN guard reads the host copy that orbax is given (``host_form``) where that copy is made anyway and
+        # the device is the host CPU: the same check without loading a program (its first call in a run cost 90
+        # ms for GPT size tiny, 18 ms for the MNIST MLP: trace, lowering, cache read) against ~2 ms of numpy on
+        # the 10 MB GPT state. On an accelerator the device checks its own arrays (one small program), before
+        # any copy.
+        host = host_form(state) if on_cpu_backend(state) else None
+        params_ok, opt_ok = finite_flags(state if host is None or host is state else host, mode)
         if not (params_ok and opt_ok):
             what = "parameters" if not params_ok else "optimizer state"
             prev = (
@@ -207,7 +219,10 @@ class Saver:
         self.manager.save(
             step,
             args=ocp.args.Composite(
-                **{STATE: ocp.args.StandardSave(host_form(state)), META: ocp.args.JsonSave(metadata)}
+                **{
+                    STATE: ocp.args.StandardSave(host_form(state) if host is None else host),
+                    META: ocp.args.JsonSave(metadata),
+                }
             ),
             force=True,
         )
