@@ -5,7 +5,8 @@ fp32 and 8 simulated devices bf16) the main job ``python train.py runtime.cpu_de
 MNIST MLP, its defaults otherwise: W&B offline, a checkpoint every epoch, the persistent compilation cache)
 against ``benchmarks/bare_train.py`` (the same model, data, order, optimizer and batch as a bare JAX script:
 raw arrays, one jitted step, no framework), as whole processes in ``--pairs`` interleaved pairs, the order
-alternating (train bare, bare train, ...) so that a drift of the shared machine favours neither. One
+alternating (train bare, bare train, ...; with ``--also`` or ``--before``, odd rounds run every variant in the
+reverse order too) so that a drift of the shared machine favours neither. One
 ``train.py`` and one bare run first, not counted, fill the compilation cache (``train.py``'s own, in a
 temporary folder: a user's second run) and the OS file cache. Per pair:
 
@@ -182,7 +183,7 @@ def processes(args) -> None:
             cache = []
             for i in range(args.pairs):
                 members = [("bare", None)] + variants
-                order = members if i % 2 else members[1:] + members[:1]  # train first, then bare first, ...
+                order = round_order(members, i)
                 walls, results = {}, {}
                 for name, extra in order:
                     cmd, out = bare() if extra is None else train(extra)
@@ -228,6 +229,13 @@ def processes(args) -> None:
 
 
 PRECISIONS = ("fp32", "bf16")  # what both bare scripts implement
+
+
+def round_order(members: list, i: int) -> list:
+    """The order of round ``i``'s processes, ``members`` = [bare, variant 1, variant 2, ...]: even rounds run the
+    variants in order, then bare; odd rounds the reverse (bare, then the variants last to first), so that neither
+    bare nor any variant (a ``--before`` one included) always runs first among them."""
+    return members[1:] + members[:1] if i % 2 == 0 else members[:1] + members[:0:-1]
 
 
 def main() -> None:

@@ -432,6 +432,24 @@ def test_nan_guard_in_saver(tmp_path):
     assert checkpoint.complete_steps(tmp_path / "ckpt") == [1]
 
 
+@pytest.mark.unit
+def test_a_refused_first_save_waits_for_orbaxs_cleanup(tmp_path):
+    """A run whose first save is refused (non-finite state) never calls orbax's save, the only call that waits for
+    the clean-up of leftover temporary folders that creating the manager starts in the background; ``close`` waits
+    for it, so the process does not exit with it running (an absl traceback at interpreter shutdown)."""
+    exp = build(plan(make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 2}})))
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "7.orbax-checkpoint-tmp-123").mkdir()  # an earlier run's unfinished save
+    saver = checkpoint.Saver(tmp_path / "ckpt", keep=3)
+    assert saver.manager._cleanup_tmp_directory_future is not None  # orbax 0.12.8's background clean-up
+    bad = exp.state.replace(params=jax.tree.map(lambda x: x * np.nan, exp.state.params))
+    with pytest.raises(checkpoint.NonFiniteError, match=r"^parameters are not finite after step 1: no checkpoint"):
+        saver.save(bad, 1, {"step": 1}, exp.mode)
+    saver.close()
+    assert saver.manager._cleanup_tmp_directory_future is None  # awaited (orbax resets it once done)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == []
+
+
 # tensorstore's pending reads of the broken folder complete on orbax's closed event loop: harmless noise.
 @pytest.mark.unit
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")

@@ -234,9 +234,17 @@ class Saver:
         self.manager.wait_until_finished()
 
     def close(self) -> None:
-        """Waits for pending saves and releases orbax's threads (also after an error)."""
+        """Waits for pending saves and for orbax's clean-up of leftover temporary folders, then releases orbax's
+        threads (also after an error)."""
         try:
             self.manager.wait_until_finished()
+            # orbax 0.12: CheckpointManager.__init__ starts removing unfinished step folders of earlier runs in a
+            # background future, and only save() waits for it (wait_until_finished and close do not). A run whose
+            # first save is refused (NonFiniteError, ~1 ms on the CPU backend) would exit with it still running:
+            # an absl traceback at interpreter shutdown.
+            await_cleanup = getattr(self.manager, "_maybe_await_cleanup_tmp_directory", None)
+            if await_cleanup is not None:
+                await_cleanup()
         finally:
             self.manager.close()
 
