@@ -83,3 +83,22 @@ timeout 60 python3 train.py train.epochs=1 hydra.run.dir=/tmp/s1 > $OUT/smoke_wa
 grep -E "W&B|wandb|start-up|eval/acc|rc" $OUT/smoke_wandb.txt | cut -c1-220
 timeout 230 python3 benchmarks/overhead.py --setups 1:fp32 --pairs 3 --bare-cache --also wandb.mode=disabled > $OUT/overhead_gpu_wandb.txt 2>&1; echo "rc $?" >> $OUT/overhead_gpu_wandb.txt
 tail -9 $OUT/overhead_gpu_wandb.txt
+
+# Part 4 (fourth device call): 30 epochs
+#!/usr/bin/env bash
+# A 3x longer run (30 epochs) on the GPU host, W&B offline (the defaults) and disabled: is the gap a fixed cost?
+set -u
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
+unset WANDB_MODE
+export XDG_CACHE_HOME=/tmp/xdg TFDS_DATA_DIR=/tmp/tfds WANDB_SILENT=true
+mkdir -p /tmp/xdg/dp_scaling /tmp/tfds/mnist/3.0.1
+cp .gpudata/dataset_info.json /tmp/tfds/mnist/3.0.1/
+python3 -c "
+import numpy as np
+for s in ('train', 'test'):
+    with np.load('.gpudata/mnist-%s-compressed.npz' % s) as f:
+        np.savez('/tmp/xdg/dp_scaling/mnist-3.0.1-%s.npz' % s, images=f['images'], labels=f['labels'])
+"
+timeout 175 python3 benchmarks/overhead.py --setups 1:fp32 --pairs 3 --epochs 30 --bare-cache --also wandb.mode=disabled > $OUT/overhead_gpu_30epochs.txt 2>&1; echo "rc $?" >> $OUT/overhead_gpu_30epochs.txt
+tail -6 $OUT/overhead_gpu_30epochs.txt
