@@ -116,31 +116,9 @@ def _parse_instruction(stmt: str) -> _Instr | None:
     return _Instr(head.group("name"), shape, op.group("op"), stmt[operands_end + 1 :])
 
 
-# What the collectives need of an instruction: its opcode is a collective, ``while`` or ``async-start``, or it calls
-# other computations (the call graph that says which collectives run per loop iteration). Statements that match
-# none of these are not parsed: most of a compiled step (the GPT size tiny's step on 8 devices, bf16: 786 of 6,937
-# instructions are parsed). A superset of what ``_HLO_OPCODES``, ``_loop_computations``, ``_async_wrapper_names``
-# and ``_CALLEE_ATTR_RE`` read, so the result is the same (``tests/test_comm.py``).
-_MAY_MATTER = (
-    "all-reduce",
-    "all-gather",
-    "reduce-scatter",
-    "all-to-all",
-    "collective-permute",  # every opcode of _HLO_OPCODES holds one of these five
-    "while(",
-    "async-start(",
-    "calls=",
-    "to_apply=",
-    "body=",
-    "condition=",
-    "_computation=",
-    "_computations=",  # every attribute of _CALLEE_ATTR_RE ends with one of these six
-)
-
-
 def _may_matter(stmt: str) -> bool:
     """Whether ``stmt`` may be a collective, a ``while``, an ``async-start`` or a call of other computations
-    (substring tests: ~4x faster than one regular expression here)."""
+    (``_MAY_MATTER``; substring tests: ~4x faster than one regular expression here)."""
     return any(key in stmt for key in _MAY_MATTER)
 
 
@@ -182,10 +160,17 @@ def _balance(s: str) -> int:
 
 # -- call graph / loops -----------------------------------------------------
 
-_CALLEE_ATTR_RE = re.compile(
-    r"\b(?P<attr>calls|to_apply|body|condition|true_computation|false_computation"
-    r"|branch_computations|called_computations)=(?P<val>\{[^{}]*\}|%?[\w.\-]+)"
+_CALLEE_ATTRS = (
+    "calls",
+    "to_apply",
+    "body",
+    "condition",
+    "true_computation",
+    "false_computation",
+    "branch_computations",
+    "called_computations",
 )
+_CALLEE_ATTR_RE = re.compile(rf"\b(?P<attr>{'|'.join(_CALLEE_ATTRS)})=(?P<val>\{{[^{{}}]*\}}|%?[\w.\-]+)")
 _NAME_RE = re.compile(r"%?([\w.\-]+)")
 
 
@@ -284,6 +269,17 @@ _HLO_OPCODES: dict[str, tuple[str, int | None]] = {
     "collective-permute": ("collective-permute", None),
     "collective-permute-start": ("collective-permute", 0),
 }
+
+# What the collectives need of an instruction: its opcode is a collective, ``while`` or ``async-start``, or it calls
+# other computations (the call graph that says which collectives run per loop iteration). ``_split_hlo`` parses
+# only the statements holding one of these (the GPT size tiny's step on 8 devices, bf16: 786 of 6,937 instructions);
+# a superset of what ``parse_hlo_collectives`` reads, so the result is the same (``tests/test_comm.py``).
+_MAY_MATTER = (
+    *sorted({opcode.removesuffix("-start") for opcode in _HLO_OPCODES}),
+    "while(",
+    "async-start(",
+    *(f"{attr}=" for attr in _CALLEE_ATTRS),
+)
 
 
 def _hlo_payload(instr: _Instr, n: int) -> tuple[int, str]:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from measure.hlo_text import parse_hlo_collectives
-from utils import make_cfg, max_abs_diff, random_dataset, run_steps
+from utils import full_hlo_parse, make_cfg, max_abs_diff, random_dataset, run_steps
 
 DATA = random_dataset(4096)
 MODES = ("pmap", "jit_sharding", "shard_map", "fsdp")
@@ -54,16 +54,7 @@ def _compiled_collectives(mode, k, **kw):
     batch = layout.place(src.local_batch(0, layout.local_rows(exp.plan.global_batch)), exp.plan.global_batch)
     text = exp.steps.train.lower(exp.state, batch).compile().as_text()
     colls = parse_hlo_collectives(text, num_devices=8)
-    # the parse skips instructions that cannot matter (measure/hlo_text.py: _may_matter): the same as parsing all
-    import measure.hlo_text as hlo_text
-
-    header, every = hlo_text._split_hlo(text, keep=lambda stmt: True)
-    split = hlo_text._split_hlo
-    try:
-        hlo_text._split_hlo = lambda t: (header, every)
-        assert parse_hlo_collectives(text, num_devices=8) == colls
-    finally:
-        hlo_text._split_hlo = split
+    assert colls == full_hlo_parse(text, num_devices=8)  # the pre-filter skips nothing that matters
     return colls, exp
 
 

@@ -19,6 +19,7 @@ from jax.extend.mlir import ir
 from measure.collectives import KINDS, Collective, comm_metrics
 from measure.hlo_text import parse_hlo_collectives
 from measure.stablehlo import lowered_payload_bytes, parse_stablehlo_collectives
+from utils import full_hlo_parse
 
 pytestmark = pytest.mark.unit  # all in-process and quick: make test-unit runs them
 
@@ -472,34 +473,63 @@ def test_a_module_without_collective_opcodes_is_not_parsed(monkeypatch):
     assert parse_hlo_collectives(plain, num_devices=8) == []
 
 
-def _full_parse(monkeypatch, text: str, **kw) -> list[Collective]:
-    """``parse_hlo_collectives`` with every instruction parsed (no pre-filter)."""
-    import measure.hlo_text as hlo_text
+CALL_IN_LOOP_HLO = """HloModule m, replica_count=4
 
-    split = hlo_text._split_hlo
-    with monkeypatch.context() as m:
-        m.setattr(hlo_text, "_split_hlo", lambda t: split(t, keep=lambda stmt: True))
-        return parse_hlo_collectives(text, **kw)
+%sum (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %add = f32[] add(f32[] %a, f32[] %b)
+}
+
+%inner (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  ROOT %ar = f32[8]{0} all-reduce(f32[8]{0} %p), replica_groups={{0,1,2,3}}, to_apply=%sum
+}
+
+%body (t: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %t = (s32[], f32[8]{0}) parameter(0)
+  %i = s32[] get-tuple-element((s32[], f32[8]{0}) %t), index=0
+  %x = f32[8]{0} get-tuple-element((s32[], f32[8]{0}) %t), index=1
+  %y = f32[8]{0} call(f32[8]{0} %x), to_apply=%inner
+  ROOT %r = (s32[], f32[8]{0}) tuple(s32[] %i, f32[8]{0} %y)
+}
+
+%cond (t: (s32[], f32[8])) -> pred[] {
+  %t = (s32[], f32[8]{0}) parameter(0)
+  ROOT %c = pred[] constant(true)
+}
+
+ENTRY %main (x: f32[8]) -> f32[8] {
+  %x = f32[8]{0} parameter(0)
+  %z = s32[] constant(0)
+  %t = (s32[], f32[8]{0}) tuple(s32[] %z, f32[8]{0} %x)
+  %w = (s32[], f32[8]{0}) while((s32[], f32[8]{0}) %t), condition=%cond, body=%body
+  ROOT %o = f32[8]{0} get-tuple-element((s32[], f32[8]{0}) %w), index=1
+}
+"""
 
 
 def test_the_prefilter_keeps_what_the_collectives_need(monkeypatch):
     """Only instructions that may be a collective, a loop, an async wrapper or a call are parsed
     (``hlo_text._may_matter``); every fixture gives what parsing every instruction gives, and most
     instructions of a real module are skipped."""
-    import re
-
     import measure.hlo_text as hlo_text
 
     for path in sorted(FIXTURES.glob("*.hlo")):
         text = path.read_text()
-        assert parse_hlo_collectives(text, num_devices=4) == _full_parse(monkeypatch, text, num_devices=4), path.name
+        assert parse_hlo_collectives(text, num_devices=4) == full_hlo_parse(text, num_devices=4), path.name
     for opcode in [*hlo_text._HLO_OPCODES, "while", "async-start"]:
         assert hlo_text._may_matter(f"%x.1 = f32[4]{{0}} {opcode}(f32[4]{{0}} %p)"), opcode
-    attrs = re.search(r"\(\?P<attr>([^)]*)\)", hlo_text._CALLEE_ATTR_RE.pattern).group(1).split("|")
-    assert len(attrs) == 8
-    for attr in attrs:
+    for attr in hlo_text._CALLEE_ATTRS:
         assert hlo_text._may_matter(f"%x.1 = f32[4]{{0}} fusion(f32[4]{{0}} %p), {attr}=%comp"), attr
     assert not hlo_text._may_matter("%x.1 = f32[4]{0} add(f32[4]{0} %p, f32[4]{0} %q)")
+    # a collective reached from a loop body only through a call: the call's statement must be parsed
+    (c,) = parse_hlo_collectives(CALL_IN_LOOP_HLO)
+    assert (c.kind, c.payload_bytes, c.group_size, c.in_loop) == ("all-reduce", 32, 4, True)
+    assert [c] == full_hlo_parse(CALL_IN_LOOP_HLO)
+    with monkeypatch.context() as m:  # a filter that skips the call loses the loop: the check above can fail
+        m.setattr(hlo_text, "_MAY_MATTER", tuple(k for k in hlo_text._MAY_MATTER if k != "to_apply="))
+        assert [x.in_loop for x in parse_hlo_collectives(CALL_IN_LOOP_HLO)] == [False]
     text = _read("real_dp_grad_combined.hlo")
     parsed = sum(len(v) for v in hlo_text._split_hlo(text)[1].values())
     every = sum(len(v) for v in hlo_text._split_hlo(text, keep=lambda stmt: True)[1].values())

@@ -144,3 +144,15 @@ def quantisation_scales(tree: Any, axis_name: Any, residual: Optional[dict] = No
         jnp.stack([jnp.max(jnp.abs(flat[o : o + s])) for o, s in zip(lay.offsets, lay.sizes)]), axis_name
     )
     return jnp.where(amax > 0, amax / compress.QMAX, 1.0)
+
+
+def full_hlo_parse(text: str, **kw) -> list:
+    """``measure.hlo_text.parse_hlo_collectives(text, **kw)`` with every instruction parsed (its pre-filter
+    ``_may_matter`` off): the reference the pre-filtered parse must equal."""
+    from unittest import mock
+
+    import measure.hlo_text as hlo
+
+    split = hlo._split_hlo
+    with mock.patch.object(hlo, "_split_hlo", lambda t: split(t, keep=lambda stmt: True)):
+        return hlo.parse_hlo_collectives(text, **kw)
