@@ -78,6 +78,33 @@ def test_sync_check_catches_a_perturbed_replica(mode):
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("devices,mode,shape", [(1, "jit_sharding", None), (8, "fsdp", [1, 8])])
+def test_sync_check_copies_only_slices_held_more_than_once(monkeypatch, devices, mode, shape):
+    """A slice this process holds once (one device; an fsdp shard) has nothing to compare: the check copies none
+    of it to the host (on one GPU that copy of the whole state was most of the check's cost); a replicated array
+    on 8 devices is copied 8 times."""
+    cfg = make_cfg({"mesh": {"shape": shape}} if shape else {}, parallel__name=mode, mesh__devices=devices)
+    exp = build(plan(cfg))
+    tree = (exp.state.params, exp.state.opt_state)
+    Shard = type(jax.tree.leaves(tree)[0].addressable_shards[0])  # jax's own class (no private import)
+    copied: list[tuple] = []  # the shape of every shard whose data the check reads (to copy it to the host)
+    real = Shard.data
+
+    def counting(self):
+        data = real.fget(self)
+        copied.append(data.shape)
+        return data
+
+    monkeypatch.setattr(Shard, "data", property(counting))
+    assert exp.mode.replica_divergence(tree) == 0.0
+    leaves = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
+    replicated = [x.shape for x in leaves if x.sharding.is_fully_replicated] * (devices if devices > 1 else 0)
+    assert sorted(copied) == sorted(replicated)
+    if mode == "fsdp":  # the sharded arrays (most of the state) were not copied at all
+        assert any(not x.sharding.is_fully_replicated for x in leaves) and replicated
+
+
+@pytest.mark.unit
 def test_sync_check_compares_values_where_bits_differ():
     """Copies that differ only in their bits (-0.0 against 0.0) have difference 0; a bfloat16 copy that differs
     by one step of its precision is measured in its own values; a copy that is NaN where another is a number has
