@@ -78,15 +78,21 @@ def test_sync_check_catches_a_perturbed_replica(mode):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("devices,mode,shape", [(1, "jit_sharding", None), (8, "fsdp", [1, 8])])
+@pytest.mark.parametrize("devices,mode,shape", [(1, "jit_sharding", None), (8, "fsdp", [1, 8]), (8, "fsdp", [2, 4])])
 def test_sync_check_copies_only_slices_held_more_than_once(monkeypatch, devices, mode, shape):
-    """A slice this process holds once (one device; an fsdp shard) has nothing to compare: the check copies none
-    of it to the host (on one GPU that copy of the whole state was most of the check's cost); a replicated array
-    on 8 devices is copied 8 times."""
+    """A slice this process holds once (one device; an fsdp shard on mesh [1,8]) has nothing to compare: the check
+    copies none of it to the host (on one GPU that copy of the whole state was most of the check's cost); a
+    replicated array on 8 devices is copied 8 times, and on mesh [2,4] every fsdp shard is held twice, so every
+    shard is copied."""
     cfg = make_cfg({"mesh": {"shape": shape}} if shape else {}, parallel__name=mode, mesh__devices=devices)
     exp = build(plan(cfg))
     tree = (exp.state.params, exp.state.opt_state)
-    Shard = type(jax.tree.leaves(tree)[0].addressable_shards[0])  # jax's own class (no private import)
+    leaves = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
+    if shape == [2, 4]:  # every slice is held by 2 (sharded) or 8 (replicated) devices
+        expected = [s.data.shape for x in leaves for s in x.addressable_shards]
+    else:
+        expected = [x.shape for x in leaves if x.sharding.is_fully_replicated] * (devices if devices > 1 else 0)
+    Shard = type(leaves[0].addressable_shards[0])  # jax's own class (no private import)
     copied: list[tuple] = []  # the shape of every shard whose data the check reads (to copy it to the host)
     real = Shard.data
 
@@ -97,11 +103,9 @@ def test_sync_check_copies_only_slices_held_more_than_once(monkeypatch, devices,
 
     monkeypatch.setattr(Shard, "data", property(counting))
     assert exp.mode.replica_divergence(tree) == 0.0
-    leaves = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
-    replicated = [x.shape for x in leaves if x.sharding.is_fully_replicated] * (devices if devices > 1 else 0)
-    assert sorted(copied) == sorted(replicated)
-    if mode == "fsdp":  # the sharded arrays (most of the state) were not copied at all
-        assert any(not x.sharding.is_fully_replicated for x in leaves) and replicated
+    assert sorted(copied) == sorted(expected)
+    if mode == "fsdp":  # most of the state is sharded
+        assert any(not x.sharding.is_fully_replicated for x in leaves) and expected
 
 
 @pytest.mark.unit
