@@ -339,7 +339,8 @@ class ParallelMode:
                 for other in copies[1:]:
                     if other.tobytes() == first_bytes:
                         continue  # bitwise equal: difference 0
-                    a, b = other.astype(np.float64), first.astype(np.float64)
+                    # at least 1-d: a 0-d difference is a numpy scalar, which the masked assignments below cannot change
+                    a, b = np.atleast_1d(other.astype(np.float64)), np.atleast_1d(first.astype(np.float64))
                     with np.errstate(invalid="ignore"):  # inf - inf, NaN - x: set just below
                         diff = np.abs(a - b)
                     diff[(a == b) | (np.isnan(a) & np.isnan(b))] = 0.0  # -0.0 and 0.0, the same inf, NaN in both
