@@ -137,7 +137,7 @@ def test_sync_check_compares_values_where_bits_differ():
     nan_all = [np.array([np.nan, np.inf, 2.0], np.float32) for _ in devices]
     nan_all[6] = np.array([np.nan, np.inf, 2.5], np.float32)  # NaN and inf in every copy: only 2 against 2.5
     assert exp.mode.replica_divergence([replicated(nan_all)]) == 0.5
-    # scalars (Adam's step count is one): a diverged copy is measured, not an error (it was a TypeError)
+    # 0-d arrays (Adam's step count is one): a diverged copy is measured like any other
     count = [np.array(7, np.int32) for _ in devices]
     count[3] = np.array(8, np.int32)
     assert exp.mode.replica_divergence([replicated(count)]) == 1.0
