@@ -106,6 +106,44 @@ def test_run_reports_startup_phases_and_imports_no_unused_library(tmp_path):
     assert "jax" in loaded and "optax" in loaded  # the probe saw the run's modules
 
 
+def test_orbax_import_ends_before_the_first_step(tmp_path):
+    """With checkpoints on, orbax is imported on a background thread during the start-up, and that import has
+    ended when the step loop starts: no import thread runs beside the steps (beside a dispatch-bound step loop it
+    took the interpreter lock from the steps; README "Overhead and start-up", "On a TPU host"). The run still
+    saves its final checkpoint, and the wait is timed in the ``checkpoint`` phase."""
+    run_dir, probe = tmp_path / "run", tmp_path / "probe.json"
+    before = (
+        "import json, sys, threading\n"
+        "import training.loop as L\n"
+        "real = L.train_loop\n"
+        "def probed(*a, **k):\n"
+        "    json.dump({'orbax': 'orbax.checkpoint' in sys.modules,\n"
+        "               'threads': [t.name for t in threading.enumerate()]},\n"
+        f"              open({str(probe)!r}, 'w'))\n"
+        "    return real(*a, **k)\n"
+        "L.train_loop = probed\n"
+    )
+    cmd = train_probe_cmd(
+        before,
+        "",
+        f"hydra.run.dir={run_dir}",
+        "data=synthetic",
+        "train.steps=20",
+        "train.log_every=10",
+        "wandb.mode=disabled",
+        f"runtime.compilation_cache_dir={tmp_path / 'jax_cache'}",
+    )
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(probe.read_text())
+    assert seen["orbax"] is True  # imported (checkpoints are on) ...
+    assert "orbax-import" not in seen["threads"], seen["threads"]  # ... and the import ended before the loop
+    assert (run_dir / "checkpoints" / "20" / "state").is_dir()
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["perf/startup/checkpoint_s"] >= 0.0
+    assert sum(s[f"perf/startup/{p}_s"] for p in STARTUP_PHASES) == pytest.approx(s["perf/startup_s"], abs=0.01)
+
+
 # ---- the garbage collector during start-up (training/startup_gc.py) ------------------------------------------
 @pytest.fixture
 def collector():

@@ -380,6 +380,8 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
     check_run_folder(run_dir, cfg.checkpoint)
     STARTUP.mark("config")  # perf/startup/*_s (measure.throughput.StartupPhases)
     ckpt_plan = checkpoint.prepare(cfg.checkpoint, run_dir, jax.process_count())  # the resume path exists
+    if ckpt_plan.directory is not None:  # orbax's import overlaps data, build and compile; ended before the loop
+        checkpoint.preload_orbax()
     STARTUP.mark("checkpoint")
     source, test = load_data(cfg, p)
     n_steps = total_steps(cfg, source.steps_per_epoch)

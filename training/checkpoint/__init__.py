@@ -37,10 +37,12 @@ from training.checkpoint.store import (
     finite_flags,
     is_step_dir,
     metadata,
+    preload_orbax,
     read_arrays,
     read_metadata,
     restore_step,
     unfinished_saves,
+    wait_for_orbax,
 )
 
 __all__ = [
@@ -65,6 +67,7 @@ __all__ = [
     "history_windows",
     "is_step_dir",
     "metadata",
+    "preload_orbax",
     "prepare",
     "read_arrays",
     "read_metadata",
@@ -73,5 +76,6 @@ __all__ = [
     "resume_conflicts",
     "restore_step",
     "unfinished_saves",
+    "wait_for_orbax",
     "warn",
 ]
