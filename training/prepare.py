@@ -380,7 +380,7 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
     check_run_folder(run_dir, cfg.checkpoint)
     STARTUP.mark("config")  # perf/startup/*_s (measure.throughput.StartupPhases)
     ckpt_plan = checkpoint.prepare(cfg.checkpoint, run_dir, jax.process_count())  # the resume path exists
-    if ckpt_plan.directory is not None:  # orbax's import overlaps data, build and compile; ended before the loop
+    if ckpt_plan.directory is not None:  # orbax's import overlaps data, build and compile
         checkpoint.preload_orbax()
     STARTUP.mark("checkpoint")
     source, test = load_data(cfg, p)
@@ -407,6 +407,8 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
     STARTUP.mark("data")
     lowered, compiled, peak_flops = compile_step(cfg, p, exp, first, info)
     STARTUP.mark("compile")
+    checkpoint.wait_for_orbax()  # no import beside the steps (it would take the interpreter lock from them)
+    STARTUP.mark("checkpoint")
     return Prepared(
         cfg=cfg,
         plan=p,

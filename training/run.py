@@ -244,9 +244,6 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
             dynamic_ncols=True,
             mininterval=1.0,
         )
-        STARTUP.mark("reporting")
-        checkpoint.wait_for_orbax()  # no import beside the steps (it would take the interpreter lock from them)
-        STARTUP.mark("checkpoint")
         hooks = make_hooks(prep, reporter, bar, stats, target)
         STARTUP.mark("reporting")  # the loop's first dispatch ends the start-up (perf/startup/*_s)
         loop.clock.on_first_step = lambda: log.info(

@@ -10,7 +10,7 @@ from typing import Optional
 import jax
 
 from training.checkpoint.plan import CheckpointPlan
-from training.checkpoint.store import Saver, metadata, preload_orbax
+from training.checkpoint.store import Saver, metadata
 
 log = logging.getLogger("training.checkpoint")  # one logger for the package: the log lines name it as before
 
@@ -43,13 +43,11 @@ class RunCheckpoints:
         self.plan, self.cfg_dict, self.mode = plan, cfg_dict, mode
         self.mesh_shape, self.global_batch, self.steps_per_epoch = list(mesh_shape), global_batch, steps_per_epoch
         self.n_steps, self.run_dir = n_steps, Path(run_dir)
-        self._saver: Optional[Saver] = None  # created at the first save; orbax is imported meanwhile
+        self._saver: Optional[Saver] = None  # created at the first save (training.prepare has imported orbax by then)
         self.last_step: Optional[int] = None  # newest step saved (or restored) in this folder by this run
         self.last_path: Optional[Path] = None
         if plan.directory is not None and restored_step is not None and plan.resume_path is None:
             self.last_step, self.last_path = restored_step, Path(plan.directory) / str(restored_step)
-        if plan.directory is not None:
-            preload_orbax()
 
     @property
     def enabled(self) -> bool:

@@ -65,8 +65,8 @@ _preload: Optional[threading.Thread] = None  # the background import of orbax, o
 def preload_orbax() -> None:
     """Starts importing ``orbax.checkpoint`` on a background thread (once per process; nothing when it is imported
     already), so that the import (~0.4-0.9 s on 2 CPU cores, ~1.4 s on a TPU v5e host) overlaps the start-up's
-    compilation and data loading; ``wait_for_orbax`` ends it before the first step, and ``_ocp`` waits for an
-    import still in progress (Python's import lock)."""
+    data loading and compilation (``training.prepare`` calls ``wait_for_orbax`` after the compilation); ``_ocp``
+    waits for an import still in progress (Python's import lock)."""
     global _preload
     if _preload is None and "orbax.checkpoint" not in sys.modules:
         _preload = threading.Thread(target=_ocp, name="orbax-import", daemon=True)
