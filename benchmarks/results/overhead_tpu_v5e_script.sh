@@ -2,8 +2,9 @@
 # .tpudata/ (MNIST cache compressed, TFDS dataset_info.json, Tiny Shakespeare) and .tpurun/ (these scripts) carried.
 # call 1: bash .tpurun/tpu.sh mlp; call 2: bash .tpurun/tpu.sh gpt (the in-process lines added after call 1);
 # call 3: bash .tpurun/tpu.sh diag; calls 4 and 5: the inline commands at the end.
+# Second session: call 6 bash .tpurun/tpu.sh fix; call 7 mlpdiag; call 8 knobs.
 
-# ---- .tpurun/tpu.sh
+# ---- .tpurun/tpu.sh (as of the second session: phases fix, mlpdiag, knobs added)
 #!/usr/bin/env bash
 # Overhead and the prepared accelerator check on a TPU v5e host (one chip), prepared for two device calls:
 #   bash .tpurun/tpu.sh mlp   # install, versions, smoke, benchmarks/overhead.py for the MLP
@@ -73,6 +74,48 @@ if [ "$phase" = diag ]; then
   br bmlp_2 bare_train.py --epochs=10 --batch=256 --window=50
   echo "## in-process step comparison (GPT)" >> $D
   TRIALS=5 timeout 120 python3 /tmp/w/main/.tpurun/gpt_step.py 2>&1 | grep -v -i warn | tee -a $D
+elif [ "$phase" = knobs ]; then  # MLP: 3 pairs with the knobs that give steady state back; GPT 300 steps as in diag
+  timeout 330 python3 benchmarks/overhead.py --setups 1:fp32 --pairs 3 --bare-cache --also data.prefetch=0 \
+    --also wandb.mode=disabled checkpoint.enabled=false data.prefetch=0 > $OUT/overhead_mlp_knobs.txt 2>&1
+  echo "overhead mlp knobs rc $?" | tee -a $OUT/overhead_mlp_knobs.txt; tail -7 $OUT/overhead_mlp_knobs.txt
+  D=$OUT/gpt300.txt
+  echo "## GPT tiny, 300 steps, batch 8 x 128, windows of 5 steps (examples/s = windows/s; x128 for tokens/s)" >> $D
+  for i in 1 2; do
+    s=$(date +%s.%N); timeout 60 python3 benchmarks/bare_gpt.py --devices=1 --precision=fp32 --compilation-cache=/tmp/bjc \
+      --timings=/tmp/bg$i.json --steps=300 --batch=8 --window=5 > /tmp/bg$i.log 2>&1
+    echo "bare_gpt rc $? wall $(python3 -c "print(round($(date +%s.%N)-$s,2))") $(python3 -c "import json; s=json.load(open('/tmp/bg$i.json')); print('examples/s', round(s['window_examples_per_s_median']))" 2>&1 | tail -1)" | tee -a $D
+    s=$(date +%s.%N); WANDB_MODE=offline timeout 60 python3 train.py hydra.run.dir=/tmp/g$i runtime.compilation_cache_dir=/tmp/jc \
+      model=gpt data=tiny_shakespeare train.global_batch=8 train.log_every=5 train.steps=300 > /tmp/g$i.log 2>&1
+    echo "train.py defaults rc $? wall $(python3 -c "print(round($(date +%s.%N)-$s,2))") $(python3 -c "import json; s=json.load(open('/tmp/g$i/summary.json')); print('examples/s', round(s['perf/examples_per_s']), 'p25-p75', round(s['perf/examples_per_s_p25']), round(s['perf/examples_per_s_p75']), 'startup', round(s['perf/startup_s'], 2))" 2>&1 | tail -1)" | tee -a $D
+  done
+elif [ "$phase" = mlpdiag ]; then  # MLP: which part of train.py's defaults costs steady state on the TPU
+  mkdir -p $HOME/.cache && ln -sfn /tmp/xdg/dp_scaling $HOME/.cache/dp_scaling
+  D=$OUT/mlpdiag.txt
+  tr() { local name=$1; shift; local s=$(date +%s.%N)
+    WANDB_MODE=offline timeout 60 python3 train.py hydra.run.dir=/tmp/d_$name runtime.compilation_cache_dir=/tmp/jc runtime.cpu_devices=1 precision=fp32 "$@" > /tmp/d_$name.log 2>&1
+    local rc=$? w=$(python3 -c "print(round($(date +%s.%N)-$s,2))")
+    echo "$name $* rc $rc wall $w $(python3 -c "import json; s=json.load(open('/tmp/d_$name/summary.json')); print('examples/s', round(s['perf/examples_per_s']), 'p25-p75', round(s['perf/examples_per_s_p25']), round(s['perf/examples_per_s_p75']), 'startup', round(s['perf/startup_s'], 2))" 2>&1 | tail -1)" | tee -a $D; }
+  br() { local name=$1; local s=$(date +%s.%N)
+    timeout 60 python3 benchmarks/bare_train.py --devices=1 --precision=fp32 --compilation-cache=/tmp/bjc --timings=/tmp/$name.json --epochs=10 --batch=256 --window=50 > /tmp/$name.log 2>&1
+    local rc=$? w=$(python3 -c "print(round($(date +%s.%N)-$s,2))")
+    echo "$name bare rc $rc wall $w $(python3 -c "import json; s=json.load(open('/tmp/$name.json')); print('examples/s', round(s['window_examples_per_s_median']))" 2>&1 | tail -1)" | tee -a $D; }
+  br b0; tr t0; br b1; tr def; tr nowb wandb.mode=disabled; tr nock checkpoint.enabled=false; tr pf0 data.prefetch=0
+  tr off3 wandb.mode=disabled checkpoint.enabled=false data.prefetch=0; br b2
+  timeout 100 python3 benchmarks/step_host_cost.py > $OUT/step_host_cost.txt 2>&1
+  echo "step_host_cost rc $?" | tee -a $OUT/step_host_cost.txt; tail -14 $OUT/step_host_cost.txt
+elif [ "$phase" = fix ]; then  # the orbax-import and runtime-phase changes re-measured: MLP and GPT, 3 pairs each
+  { date -u; nproc; python3 -c "import jax; d = jax.devices(); print(jax.__version__, d, d[0].device_kind)"
+    git -C /tmp/w/main log --oneline -1 2>/dev/null || true; } > $OUT/versions.txt 2>&1
+  cat $OUT/versions.txt
+  s=$(date +%s.%N)
+  WANDB_MODE=offline timeout 120 python3 train.py train.epochs=1 hydra.run.dir=/tmp/smoke > $OUT/smoke.txt 2>&1
+  echo "smoke rc $? wall $(python3 -c "print(round($(date +%s.%N)-$s,2))")" | tee -a $OUT/smoke.txt
+  grep -E "start-up|eval/accuracy" $OUT/smoke.txt | tail -3
+  timeout 250 python3 benchmarks/overhead.py --setups 1:fp32 --pairs 3 --bare-cache > $OUT/overhead_mlp.txt 2>&1
+  echo "overhead mlp rc $?" | tee -a $OUT/overhead_mlp.txt; tail -5 $OUT/overhead_mlp.txt
+  timeout 200 python3 benchmarks/overhead.py --model gpt --setups 1:fp32 --pairs 3 --bare-cache \
+    > $OUT/overhead_gpt.txt 2>&1; echo "overhead gpt rc $?" | tee -a $OUT/overhead_gpt.txt
+  tail -5 $OUT/overhead_gpt.txt
 elif [ "$phase" = mlp ]; then
   { date -u; nproc; uptime; python3 -c 'import platform; print(platform.libc_ver())'
     python3 -c "import sys, jax, flax, optax, orbax.checkpoint as o, numpy, ml_dtypes, wandb, hydra; print(sys.version.split()[0], 'jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, 'orbax', o.__version__, 'numpy', numpy.__version__, 'ml_dtypes', ml_dtypes.__version__, 'wandb', wandb.__version__, 'hydra', hydra.__version__); d = jax.devices(); print(d, d[0].device_kind)"
