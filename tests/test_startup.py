@@ -123,54 +123,46 @@ def test_orbax_import_ends_before_the_first_step(tmp_path):
         "    return real(*a, **k)\n"
         "L.train_loop = probed\n"
     )
-    cmd = train_probe_cmd(
-        before,
-        "",
-        f"hydra.run.dir={run_dir}",
-        "data=synthetic",
-        "train.steps=20",
-        "train.log_every=10",
-        "wandb.mode=disabled",
-        f"runtime.compilation_cache_dir={tmp_path / 'jax_cache'}",
-    )
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = run_synthetic_probe(tmp_path, before, "train.steps=20", "train.log_every=10")
     seen = json.loads(probe.read_text())
     assert seen["orbax"] is True  # imported (checkpoints are on) ...
     assert "orbax-import" not in seen["threads"], seen["threads"]  # ... and the import ended before the loop
     assert (run_dir / "checkpoints" / "20" / "state").is_dir()
-    s = json.loads((run_dir / "summary.json").read_text())
     assert s["perf/startup/checkpoint_s"] >= 0.0
-    assert sum(s[f"perf/startup/{p}_s"] for p in STARTUP_PHASES) == pytest.approx(s["perf/startup_s"], abs=0.01)
 
 
 def test_backend_start_is_timed_as_runtime_not_config(tmp_path):
-    """The backend's start (on a TPU host the chip opens in 6-10 s) is booked to the ``runtime`` phase: a backend
-    made to take 2 s to start shows in ``perf/startup/runtime_s``, and ``config`` stays below it (README "On a
-    TPU host": the chip's start was booked to ``config``, because the run asked for the devices there first)."""
-    run_dir = tmp_path / "run"
+    """The backend's start (on a TPU host the chip opens in 6-10 s) is in the ``runtime`` phase: a backend made to
+    take 2 s to start shows in ``perf/startup/runtime_s``, and ``config`` stays below it (README "On a TPU host")."""
     before = (
         "import time\n"
         "from jax._src import xla_bridge\n"
         "xla_bridge.register_backend_initialization_hook(lambda backend: time.sleep(2.0))\n"
     )
+    s = run_synthetic_probe(tmp_path, before, "train.steps=4", "train.log_every=2", "checkpoint.enabled=false")
+    assert s["perf/startup/runtime_s"] >= 2.0, s
+    assert s["perf/startup/config_s"] < 2.0, s
+
+
+def run_synthetic_probe(tmp_path, before: str, *overrides: str) -> dict:
+    """Runs ``train.py`` on synthetic data with W&B disabled in ``tmp_path / "run"`` after the code ``before``
+    (``train_probe_cmd``); checks it exits 0 and that its start-up phases add up to ``perf/startup_s``; returns its
+    summary."""
+    run_dir = tmp_path / "run"
     cmd = train_probe_cmd(
         before,
         "",
         f"hydra.run.dir={run_dir}",
         "data=synthetic",
-        "train.steps=4",
-        "train.log_every=2",
         "wandb.mode=disabled",
-        "checkpoint.enabled=false",
         f"runtime.compilation_cache_dir={tmp_path / 'jax_cache'}",
+        *overrides,
     )
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads((run_dir / "summary.json").read_text())
-    assert s["perf/startup/runtime_s"] >= 2.0, s
-    assert s["perf/startup/config_s"] < 2.0, s
     assert sum(s[f"perf/startup/{p}_s"] for p in STARTUP_PHASES) == pytest.approx(s["perf/startup_s"], abs=0.01)
+    return s
 
 
 # ---- the garbage collector during start-up (training/startup_gc.py) ------------------------------------------

@@ -10,11 +10,11 @@ import jax
 
 from conf.schema import Config
 from core.errors import USER_ERRORS
+from measure.throughput import STARTUP
 from training.console_lines import throughput_text
 from training.distributed import Startup, check_device_counts
 from training.interrupt import interrupted
 from training.prepare import describe
-from measure.throughput import STARTUP
 from training.report import Reporter, console
 from training.run import run
 
@@ -29,7 +29,7 @@ def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None
     ``summary.json`` with ``status: failed`` and the error; anything else is a bug and propagates with its
     traceback (after the summary and W&B are closed).
     """
-    jax.devices()  # the backend starts here (a TPU chip opens in seconds): timed as `runtime`, not `config`
+    jax.devices()  # the backend starts here (a TPU chip opens in seconds), inside the `runtime` start-up phase
     STARTUP.mark("runtime")
     reporter = Reporter(run_dir, enabled=jax.process_index() == 0)
     try:
