@@ -334,16 +334,6 @@ def main() -> None:
     from training.build import build, plan
     from training.run import batches_need_index
 
-    tfds_dir = os.environ.get("TFDS_DATA_DIR")
-    if tfds_dir and os.path.isdir(os.path.join(tfds_dir, "mnist")):
-        train = load_tfds_split("mnist", "train", tfds_dir, os.path.expanduser("~/.cache/dp_scaling"))
-        data_name = "MNIST"
-    else:
-        rng = np.random.default_rng(0)
-        train = HostDataset(
-            rng.integers(0, 256, (60000, 28, 28, 1), dtype=np.uint8), rng.integers(0, 10, 60000).astype(np.int32)
-        )
-        data_name = "random host data (set TFDS_DATA_DIR for MNIST)"
     dtype = {"fp32": jnp.float32, "bf16": jnp.bfloat16}[args.precision]
     cfg = from_dict(
         {
@@ -352,6 +342,17 @@ def main() -> None:
             "precision": {"name": args.precision, "compute_dtype": jnp.dtype(dtype).name},
         }
     )
+    tfds_dir = os.environ.get("TFDS_DATA_DIR")
+    if tfds_dir and os.path.isdir(os.path.join(tfds_dir, "mnist")):
+        # the decoded cache where train.py keeps it (data.cache_dir: $XDG_CACHE_HOME or ~/.cache, then dp_scaling)
+        train = load_tfds_split("mnist", "train", tfds_dir, cfg.data.cache_dir)
+        data_name = "MNIST"
+    else:
+        rng = np.random.default_rng(0)
+        train = HostDataset(
+            rng.integers(0, 256, (60000, 28, 28, 1), dtype=np.uint8), rng.integers(0, 10, 60000).astype(np.int32)
+        )
+        data_name = "random host data (set TFDS_DATA_DIR for MNIST)"
 
     # ---- A: the repository -------------------------------------------------------------------------
     p = plan(cfg)

@@ -52,10 +52,9 @@ def main() -> None:
     from training.build import build, plan
     from training.prepare import batches_need_index
 
-    train = load_tfds_split(
-        "mnist", "train", os.environ.get("TFDS_DATA_DIR"), os.path.expanduser("~/.cache/dp_scaling")
-    )
     cfg = from_dict({"mesh": {"devices": 1}, "train": {"global_batch": 256}})
+    # the decoded cache where train.py keeps it (data.cache_dir: $XDG_CACHE_HOME or ~/.cache, then dp_scaling)
+    train = load_tfds_split("mnist", "train", os.environ.get("TFDS_DATA_DIR"), cfg.data.cache_dir)
     exp = build(plan(cfg))
     layout = exp.mode.batch_layout()
     source = TrainSource(train, 256, 0, with_index=batches_need_index(cfg))
