@@ -4,10 +4,10 @@ Why: in the training process W&B cost a 1-device MNIST run (10 epochs, ~4 s of b
 ``import wandb`` (~0.45 s), ``wandb.init`` (~0.5 s, waiting for W&B's ``wandb-core`` service to start) before the
 first step, and ~0.25 ms of the training thread per ``run.log`` call (2,340 calls: a blocking hand-off to W&B's
 asyncio thread and socket, and W&B's own OpenTelemetry timing of each call). A writer *thread* was measured
-slower (README "Overhead and start-up": on 2 cores its CPU and its hold on the GIL slowed the step dispatch
-more than it saved). A child process holds no GIL: it imports wandb beside the training process's own imports
-(``prestart``, on the other core), runs ``wandb.init`` while the first steps run, and the training thread's
-per-record cost is one JSON line into a pipe (~10 us).
+slower (``benchmarks/results/overhead_history.md``, "Tried and not kept: W&B's calls on a writer thread": on 2
+cores its CPU and its hold on the GIL slowed the step dispatch more than it saved). A child process holds no GIL:
+it imports wandb beside the training process's own imports (``prestart``, on the other core), runs ``wandb.init``
+while the first steps run, and the training thread's per-record cost is one JSON line into a pipe (~10 us).
 
 The W&B run is the same as before: the same ``wandb.init`` arguments (plus an ``id`` chosen here, so that the
 checkpoint can record it without waiting for W&B), the same ``run.log`` calls in the same order, the same
