@@ -76,8 +76,8 @@ def preload_orbax() -> None:
 def wait_for_orbax() -> None:
     """Waits until the import started by ``preload_orbax`` has finished (at once when none was started), so that
     no import runs beside the training steps: a Python import holds the interpreter lock for most of its time,
-    and beside the steps of a dispatch-bound step loop it slowed them ~2.4x on a TPU v5e host (README "Overhead
-    and start-up", "On a TPU host"). Imports nothing itself."""
+    and beside the steps of a dispatch-bound step loop it slowed them ~2.4x on a TPU v5e host
+    (``benchmarks/results/overhead_history.md``, "TPU v5e, first session"). Imports nothing itself."""
     if _preload is not None:
         _preload.join()
 
