@@ -109,8 +109,8 @@ def test_run_reports_startup_phases_and_imports_no_unused_library(tmp_path):
 def test_orbax_import_ends_before_the_first_step(tmp_path):
     """With checkpoints on, orbax is imported on a background thread during the start-up, and that import has
     ended when the step loop starts: no import thread runs beside the steps (beside a dispatch-bound step loop it
-    took the interpreter lock from the steps; ``benchmarks/results/overhead_history.md``, "TPU v5e, first session"). The run still
-    saves its final checkpoint, and the wait is timed in the ``checkpoint`` phase."""
+    took the interpreter lock from the steps; ``benchmarks/results/overhead_history.md``, "TPU v5e, first
+    session"). The run still saves its final checkpoint, and the wait is timed in the ``checkpoint`` phase."""
     run_dir, probe = tmp_path / "run", tmp_path / "probe.json"
     before = (
         "import json, sys, threading\n"
