@@ -26,7 +26,7 @@ from training.checkpoint.store import (
     unfinished_saves,
 )
 
-log = logging.getLogger("training.checkpoint")  # one logger for the package: the log lines name it as before
+log = logging.getLogger("training.checkpoint")  # one logger for the package: every log line of it names training.checkpoint
 
 
 def warn(line: str) -> None:

@@ -12,7 +12,7 @@ import jax
 from training.checkpoint.plan import CheckpointPlan
 from training.checkpoint.store import Saver, metadata
 
-log = logging.getLogger("training.checkpoint")  # one logger for the package: the log lines name it as before
+log = logging.getLogger("training.checkpoint")  # one logger for the package: every log line of it names training.checkpoint
 
 
 class RunCheckpoints:
