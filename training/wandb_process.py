@@ -9,9 +9,10 @@ cores its CPU and its hold on the GIL slowed the step dispatch more than it save
 it imports wandb beside the training process's own imports (``prestart``, on the other core), runs ``wandb.init``
 while the first steps run, and the training thread's per-record cost is one JSON line into a pipe (~10 us).
 
-The W&B run is the one W&B in the training process would make: the same ``wandb.init`` arguments (plus an ``id`` chosen here, so that the
-checkpoint can record it without waiting for W&B), the same ``run.log`` calls in the same order, the same
-config updates, summary and ``run.finish(exit_code)``; ``training.report.Reporter`` is the only user.
+The W&B run is the one W&B in the training process would make: the same ``wandb.init`` arguments (plus an ``id``
+chosen here, so that the checkpoint can record it without waiting for W&B), the same ``run.log`` calls in the same
+order, the same config updates, summary and ``run.finish(exit_code)``; ``training.report.Reporter`` is the only
+user.
 
 Protocol: JSON lines. Parent -> child (stdin): ``{"op": "init", "mode", "kwargs", "settings"}``, ``{"op": "log",
 "data", "step"}``, ``{"op": "config", "data"}``, ``{"op": "summary", "data"}`` (commits the pending history row,

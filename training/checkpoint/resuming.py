@@ -26,7 +26,9 @@ from training.checkpoint.store import (
     unfinished_saves,
 )
 
-log = logging.getLogger("training.checkpoint")  # one logger for the package: every log line of it names training.checkpoint
+log = logging.getLogger(
+    "training.checkpoint"
+)  # one logger for the package: every log line of it names training.checkpoint
 
 
 def warn(line: str) -> None:

@@ -12,7 +12,9 @@ import jax
 from training.checkpoint.plan import CheckpointPlan
 from training.checkpoint.store import Saver, metadata
 
-log = logging.getLogger("training.checkpoint")  # one logger for the package: every log line of it names training.checkpoint
+log = logging.getLogger(
+    "training.checkpoint"
+)  # one logger for the package: every log line of it names training.checkpoint
 
 
 class RunCheckpoints:
