@@ -26,9 +26,8 @@ from training.checkpoint.store import (
     unfinished_saves,
 )
 
-log = logging.getLogger(
-    "training.checkpoint"
-)  # one logger for the package: every log line of it names training.checkpoint
+# one logger for the package: its log lines all name training.checkpoint
+log = logging.getLogger("training.checkpoint")
 
 
 def warn(line: str) -> None:

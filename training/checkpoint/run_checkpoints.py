@@ -12,9 +12,8 @@ import jax
 from training.checkpoint.plan import CheckpointPlan
 from training.checkpoint.store import Saver, metadata
 
-log = logging.getLogger(
-    "training.checkpoint"
-)  # one logger for the package: every log line of it names training.checkpoint
+# one logger for the package: its log lines all name training.checkpoint
+log = logging.getLogger("training.checkpoint")
 
 
 class RunCheckpoints:
