@@ -276,13 +276,18 @@ def test_a_stopped_w_and_b_process_never_holds_up_the_training_thread(tmp_path, 
     assert assert_history_matches_metrics(run_dir, tmp_path / "metrics.jsonl") == list(range(2000))
 
 
+def _wandb_core_pids(pid: int) -> list[int]:
+    """The processes the W&B process ``pid`` started (wandb-core): its threads' children, read from /proc."""
+    out: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        out += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+    return out
+
+
 def _policies(pid: int) -> set:
     """Scheduling policies of every thread of ``pid`` and of every thread of its child processes (wandb-core)."""
-    pids, out = [pid], set()
-    for task in os.listdir(f"/proc/{pid}/task"):
-        children = Path(f"/proc/{pid}/task/{task}/children").read_text().split()
-        pids += [int(c) for c in children]
-    for p in pids:
+    out = set()
+    for p in [pid, *_wandb_core_pids(pid)]:
         for task in os.listdir(f"/proc/{p}/task"):
             out.add(os.sched_getscheduler(int(task)))
     return out
@@ -338,6 +343,29 @@ def test_an_offline_w_and_b_process_is_offline_process_wide(tmp_path, wandb_env,
     reporter.close(exit_code=0)
     (run_dir,) = offline_runs(tmp_path)
     assert exit_code(run_dir) == 0
+
+
+@pytest.mark.parametrize("user_value, expected", [(None, "1"), ("3", "3")])
+def test_wandb_core_runs_on_one_go_thread_unless_the_environment_says_otherwise(
+    tmp_path, wandb_env, monkeypatch, user_value, expected
+):
+    """The W&B process starts wandb-core (Go) with ``GOMAXPROCS=1``; a ``GOMAXPROCS`` the user exported is kept.
+    Read from wandb-core's own environment, once ``wandb.init`` has started it; the run is written as usual."""
+    if user_value is None:
+        monkeypatch.delenv("GOMAXPROCS", raising=False)
+    else:
+        monkeypatch.setenv("GOMAXPROCS", user_value)
+    proc = WandbProcess(mode="offline")
+    proc.init("offline", init_kwargs(tmp_path), SETTINGS)
+    proc.log({"train/loss": 1.0}, 0)
+    assert proc.started()["mode"] == "offline"
+    (core,) = _wandb_core_pids(proc.proc.pid)
+    assert Path(f"/proc/{core}/comm").read_text().strip() == "wandb-core"
+    assert _environ(core).get("GOMAXPROCS") == expected
+    assert "GOMAXPROCS" not in os.environ or os.environ["GOMAXPROCS"] == user_value  # this process: untouched
+    assert proc.finish(0) == []
+    (run_dir,) = offline_runs(tmp_path)
+    assert [r["_step"] for r in read_run(run_dir)["history"]] == [0]
 
 
 @pytest.mark.parametrize("process_wide", [False, True])

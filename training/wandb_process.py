@@ -20,6 +20,10 @@ then sets every key), ``{"op": "finish", "exit_code"}``. Child -> parent (a dupl
 stdout is redirected to stderr so nothing W&B prints can corrupt the replies): ``{"op": "started", "id", "dir",
 "group", "mode", "warning"}``, ``{"op": "error", "error"}``, ``{"op": "finished"}``.
 
+Environment: the child inherits the training process's, with ``WANDB_MODE=offline`` for an offline run (W&B's
+process-wide mode) and ``GOMAXPROCS=1`` unless it is set (W&B's service, ``wandb-core``, is a Go program; on one
+thread it spends less CPU per record: README "Offline W&B").
+
 Lifetime: the child ignores SIGINT, SIGTERM and SIGHUP (a Ctrl-C or a scheduler's SIGTERM reaches the whole
 process group; the training process decides what happens and finishes the W&B run with its exit code). End of
 input without ``finish`` (the training process died) finishes the run with exit code 1; end of input before
@@ -113,13 +117,19 @@ class WandbProcess:
         _check_priority(priority)
         self.priority = priority  # the child's CPU priority, from its start (``idle``: ``lowest_cpu_priority``)
         self.mode = mode  # the W&B mode the child is started for (``offline``: W&B's process-wide mode too)
-        env = None
+        env = dict(os.environ)
         if mode == "offline":
             # W&B's process-wide mode (WANDB_MODE), not only the run's: W&B's own analytics (an OpenTelemetry
             # histogram per run.log call, exported to W&B's servers at exit) is off only then. An offline run then
             # connects to nothing (strace: without it, a DNS lookup at exit), and import, init, 2,340 records and
             # finish take 1.25 s of CPU instead of 1.43 s (medians of 10; benchmarks/wandb_offline_env.py).
-            env = {**os.environ, "WANDB_MODE": "offline"}
+            env["WANDB_MODE"] = "offline"
+        # W&B's service (wandb-core, a Go program this process starts) on one OS thread at a time, unless the
+        # environment says otherwise: Go's default (one per core) spends CPU waking and parking threads for each
+        # record. 2,340 records offline: 0.175 s of wandb-core CPU instead of 0.235 (medians of 8); the 1-device
+        # MNIST run 7.22 s instead of 7.45 (medians of 12 interleaved pairs on 2 cores;
+        # benchmarks/results/wandb_core_gomaxprocs.txt).
+        env.setdefault("GOMAXPROCS", "1")
         with _signals_ignored():  # inherited: a Ctrl-C during the child's own imports does not reach them
             self.proc = subprocess.Popen(
                 [sys.executable, os.path.abspath(__file__), f"--priority={priority}"],
