@@ -125,10 +125,10 @@ class WandbProcess:
             # finish take 1.25 s of CPU instead of 1.43 s (medians of 10; benchmarks/wandb_offline_env.py).
             env["WANDB_MODE"] = "offline"
         # W&B's service (wandb-core, a Go program this process starts) on one OS thread at a time, unless the
-        # environment says otherwise: Go's default (one per core) spends CPU waking and parking threads for each
-        # record. 2,340 records offline: 0.175 s of wandb-core CPU instead of 0.235 (medians of 8); the 1-device
-        # MNIST run 7.22 s instead of 7.45 (medians of 12 interleaved pairs on 2 cores;
-        # benchmarks/results/wandb_core_gomaxprocs.txt).
+        # environment says otherwise: with Go's default (one per core) it spends more CPU per record (most likely
+        # waking and parking threads: futex and nanosleep under strace). 2,340 records offline: 0.175 s of
+        # wandb-core CPU instead of 0.235 (medians of 8); the 1-device MNIST run 7.22 s instead of 7.45 (medians of
+        # 12 interleaved pairs on 2 cores; benchmarks/results/wandb_core_gomaxprocs.txt).
         env.setdefault("GOMAXPROCS", "1")
         with _signals_ignored():  # inherited: a Ctrl-C during the child's own imports does not reach them
             self.proc = subprocess.Popen(
