@@ -39,7 +39,7 @@ from measure.throughput import STARTUP
 from training.console_lines import quiet_known_noise
 from training.paths import absolute_paths
 from training.report import prestart_wandb
-from training.runtime import setup_runtime, without_ipython_probe
+from training.runtime import setup_runtime, start_backend, without_ipython_probe
 from training.signals import sweep_stopped
 from training.sweep_summary import NOT_STARTED
 
@@ -94,6 +94,8 @@ def main(cfg: DictConfig) -> None:
         startup = setup_runtime(typed)
         # W&B's own process imports wandb beside the imports below (on another core; training/wandb_process.py)
         prestart_wandb(typed.wandb.mode, typed.wandb.process_priority)
+        # the accelerator opens (seconds on a TPU) beside the imports below; run_and_report waits for it
+        start_backend()
         STARTUP.mark("runtime")
 
         with without_ipython_probe():  # flax.nnx would import IPython only to learn this is not a notebook

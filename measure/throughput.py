@@ -178,7 +178,8 @@ def in_multirun() -> bool:
 STARTUP_PHASES = (
     "imports",  # interpreter start, then Hydra, JAX, flax, optax and the repository's modules
     "config",  # Hydra composition, the typed config and every check that needs neither data nor devices
-    "runtime",  # devices, XLA flags, the compilation cache, a multi-process job's jax.distributed join
+    "runtime",  # XLA flags, devices, the compilation cache, a multi-process join; the backend's start left
+    # when the imports are in (it begins on a thread beside them: training.runtime.start_backend)
     "checkpoint",  # the checkpoint folder prepared, a checkpoint looked up and restored (orbax)
     "data",  # the dataset loaded (decoded-array cache or TFDS), the eval set placed, the first batch placed
     "build",  # model, optimizer, the placed train state

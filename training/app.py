@@ -29,7 +29,9 @@ def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None
     ``summary.json`` with ``status: failed`` and the error; anything else is a bug and propagates with its
     traceback (after the summary and W&B are closed).
     """
-    jax.devices()  # the backend starts here (a TPU chip opens in seconds), inside the `runtime` start-up phase
+    # the backend (started beside the imports by train.py: training.runtime.start_backend, else here); what is
+    # left of its start is timed as the `runtime` start-up phase
+    jax.devices()
     STARTUP.mark("runtime")
     reporter = Reporter(run_dir, enabled=jax.process_index() == 0)
     try:
