@@ -135,9 +135,9 @@ def test_backend_starts_beside_the_imports_and_its_rest_is_timed_as_runtime(tmp_
     """The backend's start (on a TPU host the chip opens in ~10 s) runs on its own thread
     (``training.runtime.start_backend``) while ``train.py`` imports the training modules; what is left of it when
     they are in is the ``runtime`` phase, never ``config``. Here a backend start that waits until
-    ``training.app`` is fully imported (up to 20 s) and then 1 s more: it ran on the ``jax-backend-start`` thread,
+    ``training.app`` is fully imported (up to 20 s) and then 2 s more: it ran on the ``jax-backend-start`` thread,
     saw the import end (a start that blocked the imports would wait the whole 20 s), and ``runtime`` holds the
-    second it kept the run waiting (README "On a TPU host")."""
+    seconds it kept the run waiting (README "On a TPU host")."""
     probe = tmp_path / "backend.json"
     before = (
         "import json, sys, threading, time\n"
@@ -147,7 +147,7 @@ def test_backend_starts_beside_the_imports_and_its_rest_is_timed_as_runtime(tmp_
         "    while not hasattr(sys.modules.get('training.app'), 'run_and_report') and time.perf_counter() - t0 < 20:\n"
         "        time.sleep(0.01)\n"
         "    imported = hasattr(sys.modules.get('training.app'), 'run_and_report')\n"
-        "    time.sleep(1.0)\n"
+        "    time.sleep(2.0)\n"
         "    json.dump({'thread': threading.current_thread().name, 'imported': imported,\n"
         "               'waited_s': time.perf_counter() - t0}, open(%r, 'w'))\n"
         "xla_bridge.register_backend_initialization_hook(hook)\n"
@@ -156,8 +156,8 @@ def test_backend_starts_beside_the_imports_and_its_rest_is_timed_as_runtime(tmp_
     seen = json.loads(probe.read_text())
     assert seen["thread"] == "jax-backend-start", seen
     assert seen["imported"] is True and seen["waited_s"] < 20, seen
-    assert s["perf/startup/runtime_s"] >= 0.9, s
-    assert s["perf/startup/config_s"] < 0.9, s
+    assert s["perf/startup/runtime_s"] >= 1.5, s
+    assert s["perf/startup/config_s"] < 1.5, s
 
 
 def test_start_backend_honours_the_settings_before_it_and_reports_a_failed_start_on_the_main_thread():

@@ -1,4 +1,5 @@
-"""Process set-up that must happen before the JAX backend starts: simulated CPU devices, XLA flags."""
+"""Process set-up that must happen before the JAX backend starts (simulated CPU devices, XLA flags, a multi-process
+join), and the backend's start itself, on a thread beside the imports that follow (``start_backend``)."""
 
 from __future__ import annotations
 
@@ -58,14 +59,14 @@ def start_backend() -> Optional[threading.Thread]:
     the imports that follow it; returns the thread, or None when a backend is already up.
 
     Call it after ``setup_runtime`` (the device count, XLA flags and a multi-process job's join must come first).
-    Opening a TPU chip takes seconds (one TPU v5e host: 9.6-11.9 s), much of it holding the interpreter lock
-    (a stack sampler got no sample for 5.8-6.6 s), so the imports overlap only the rest: ``train.py`` ran 1.4-5.0 s
+    Opening a TPU chip takes seconds (one TPU v5e host: 9.6-11.5 s), much of it, by a stack sampler's gaps of
+    5.8-6.6 s, holding the interpreter lock, so the imports overlap only the rest: ``train.py`` ran 1.4-5.0 s
     shorter there (``benchmarks/results/backend_start_tpu_v5e.txt``); a CPU backend takes ~20 ms. The main
     thread's own first ``jax.devices()`` (``training.app.run_and_report``) waits for it under JAX's backend lock
     and raises what a failed start raises (the thread swallows it, so a failure is reported on the main thread, as
-    before; ``tests/test_startup.py`` checks the message is the same). The thread
-    is not a daemon: a process that ends early (bad input, Ctrl-C) waits for the backend's start to finish
-    instead of tearing the runtime down under it.
+    before; ``tests/test_startup.py`` checks the message is the same). The thread is not a daemon: a process
+    that ends during the imports (a Ctrl-C) waits for the backend's start to finish, so it never exits while the
+    start still runs in C++ beside its teardown.
     """
     if backend_started():
         return None
