@@ -63,10 +63,10 @@ def start_backend() -> Optional[threading.Thread]:
     5.8-6.6 s, holding the interpreter lock, so the imports overlap only the rest: ``train.py`` ran 1.4-5.0 s
     shorter there (``benchmarks/results/backend_start_tpu_v5e.txt``); a CPU backend takes ~20 ms. The main
     thread's own first ``jax.devices()`` (``training.app.run_and_report``) waits for it under JAX's backend lock
-    and raises what a failed start raises (the thread swallows it, so a failure is reported on the main thread, as
-    before; ``tests/test_startup.py`` checks the message is the same). The thread is not a daemon: a process
-    that ends during the imports (a Ctrl-C) waits for the backend's start to finish, so it never exits while the
-    start still runs in C++ beside its teardown.
+    and raises what a failed start raises (the thread swallows it, so a failure is reported once, by the main
+    thread, with the message a start on that thread gives: ``tests/test_startup.py``). The thread is not a
+    daemon: a process that ends during the imports (a Ctrl-C) waits for the backend's start to finish, so it
+    never exits while the start still runs in C++ beside its teardown.
     """
     if backend_started():
         return None
