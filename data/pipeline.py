@@ -5,6 +5,8 @@ The global batch of step ``s`` is a pure function of (seed, s): epoch ``e = s //
 indices (the final partial batch is dropped). Process ``p`` of ``P`` reads only rows
 ``[p*B/P, (p+1)*B/P)`` of that batch, so a batch's contents never depend on how many processes there are,
 and the slices are assembled into one global ``jax.Array`` with ``jax.make_array_from_process_local_data``.
+With ``data.on_device`` (``DeviceSource``) the whole split lives on the devices instead and the same global
+batch is gathered there, in the same sharding.
 
 Every batch is a dict: ``image`` uint8 ``[B, H, W, C]`` (scaled to [0, 1] float32 on the device, inside the
 step), ``label`` int32 ``[B]``, ``index`` int32 ``[B]`` (global example index, used for per-example
@@ -62,6 +64,73 @@ class TrainSource:
         if self.with_index:
             batch["index"] = idx
         return batch
+
+
+class DeviceSource(TrainSource):
+    """A ``TrainSource`` whose whole training split lives in device memory: each step's batch is gathered ON the
+    devices, so the host neither gathers nor transfers a batch per step.
+
+    The split (``image`` uint8 ``[N, H, W, C]``, ``label`` int32 ``[N]``) is placed once, replicated on every
+    device of the mesh; each epoch's order (``epoch_permutation``, int32 ``[steps_per_epoch, global_batch]``)
+    and the position in it are placed once per epoch. A step is then one jitted gather whose output has the
+    layout's sharding (each device gathers only its own rows), and which returns the next position, so the loop
+    transfers nothing per step. Batches are the same as ``TrainSource``'s, value for value, in the same
+    sharding: a run's results do not depend on where the split lives.
+
+    Costs: ``split_bytes`` of device memory per device (``nbytes`` of images and labels), placed at start-up.
+    """
+
+    @property
+    def split_bytes(self) -> int:
+        """Bytes of device memory the split takes on each device (images + labels, unpadded)."""
+        return int(self.dataset.images.nbytes + self.dataset.labels.nbytes)
+
+    def device_batches(self, layout: BatchLayout, start_step: int, end_step: int) -> Iterator[Batch]:
+        """Device batches for steps ``[start_step, end_step)`` (the same values and sharding as
+        ``train_batches`` of a ``TrainSource``), gathered on the devices. The split is placed when the first batch
+        is asked for."""
+        mesh = layout.sharding.mesh
+        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        images, labels, with_index = self.dataset.images, self.dataset.labels, self.with_index
+        # images as rows of H*W*C bytes: a TPU lays an array's two minor dimensions out in tiles (128 wide),
+        # which would pad [N, 28, 28, 1]'s (28, 1) many-fold; the gathered rows are reshaped back to [B, H, W, C]
+        split = (_replicate(images.reshape(len(images), -1), replicated), _replicate(labels, replicated))
+
+        def gather(split_, order, pos):
+            idx = jax.lax.dynamic_index_in_dim(order, pos, keepdims=False)  # int32 [global_batch]
+            batch = {"image": split_[0][idx].reshape((-1, *images.shape[1:])), "label": split_[1][idx]}
+            if with_index:
+                batch["index"] = idx
+            return {k: v.reshape(layout.reshape(v.shape)) for k, v in batch.items()}, pos + 1
+
+        fn = jax.jit(gather, out_shardings=(layout.sharding, replicated))
+        spe, b = self.steps_per_epoch, self.global_batch
+        epoch_now, order, pos = -1, None, None
+        for step in range(start_step, end_step):
+            epoch, at = divmod(step, spe)
+            if epoch != epoch_now:  # explicit transfers, once per epoch (train.transfer_guard=disallow allows them)
+                perm = epoch_permutation(self.seed, epoch, len(self.dataset))[: spe * b]
+                order = _replicate(perm.astype(np.int32).reshape(spe, b), replicated)
+                pos = _replicate(np.asarray(at, np.int32), replicated)
+                epoch_now = epoch
+            batch, pos = fn(split, order, pos)
+            yield batch
+
+
+def split_fits_on_device(split_bytes: int, bytes_limit: Optional[int]) -> bool:
+    """``data.on_device=null``: whether a training split of ``split_bytes`` goes to device memory: when it takes
+    at most 1/8 of a device's ``bytes_limit`` (``Device.memory_stats()``: GPU, TPU); never where the backend
+    reports no limit (None: the CPU backend, whose devices are the host's own cores, so a gather there is the
+    same host work: measured no faster, ``benchmarks/results/on_device_cpu.txt``)."""
+    return bool(bytes_limit) and split_bytes <= bytes_limit // 8
+
+
+def _replicate(value: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
+    """``value`` on every device of ``sharding`` (replicated), also across processes (each process passes the
+    same value; ``jax.make_array_from_callback``)."""
+    if jax.process_count() == 1:
+        return jax.device_put(value, sharding)
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
 
 
 class SyntheticSource:
@@ -145,13 +214,17 @@ def train_batches(source, layout: BatchLayout, start_step: int, end_step: int, p
     Host sources are gathered and transferred in a background thread so host work overlaps device work
     (``prefetch`` >= 1), or inline, on the consumer's thread, when the consumer asks for the batch
     (``prefetch=0``: no second Python thread competing for the GIL and the CPU, as a bare script does it);
-    the synthetic source is generated on the devices. Raises ValueError for a negative ``prefetch``.
+    the synthetic source is generated on the devices, and a ``DeviceSource``'s batches are gathered there
+    (``prefetch`` does not apply to either). Raises ValueError for a negative ``prefetch``.
     """
     if prefetch < 0:
         raise ValueError(f"prefetch={prefetch}: must be >= 0")
     if isinstance(source, SyntheticSource):
         for step in range(start_step, end_step):
             yield source.device_batch(step, layout)
+        return
+    if isinstance(source, DeviceSource):
+        yield from source.device_batches(layout, start_step, end_step)
         return
     rows = layout.local_rows(source.global_batch)
 

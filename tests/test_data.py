@@ -145,3 +145,60 @@ def test_decoded_arrays_are_cached(tmp_path):
     assert np.array_equal(first.images, second.images) and np.array_equal(first.labels, second.labels)
     # canonical MNIST test label counts
     assert np.bincount(first.labels).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+
+
+def _host_and_device_batches(mode: str, start: int, end: int, with_index: bool, global_batch: int = 64):
+    import jax
+
+    from data.pipeline import DeviceSource, train_batches
+
+    ds = random_dataset(1000)  # 15 steps of 64 per epoch (40 examples dropped)
+    exp = build(plan(make_cfg(parallel={"name": mode}, mesh__devices=8, train__global_batch=global_batch)))
+    layout = exp.mode.batch_layout()
+    host = list(train_batches(TrainSource(ds, global_batch, 3, with_index), layout, start, end, prefetch=0))
+    device_source = DeviceSource(ds, global_batch, 3, with_index)
+    it = device_source.device_batches(layout, start, end)
+    first = next(it)  # places the split and the epoch's order
+    with jax.transfer_guard("disallow_explicit"):  # nothing, not even explicitly, goes to the devices per step
+        rest = [next(it) for _ in range(min(end, 15) - start - 1)]
+    return host, [first, *rest, *it], device_source
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("mode", ["jit_sharding", "pmap", "fsdp"])
+@pytest.mark.parametrize("with_index", [True, False])
+def test_device_source_gathers_the_host_batches_value_for_value_in_their_sharding(mode, with_index):
+    # from the middle of epoch 0 (a resumed run) across the epoch boundary at step 15 into epoch 1
+    host, device, source = _host_and_device_batches(mode, 11, 19, with_index)
+    assert len(host) == len(device) == 8
+    assert source.split_bytes == 1000 * 28 * 28 + 1000 * 4
+    for h, d in zip(host, device):
+        assert sorted(h) == sorted(d) == sorted(["image", "label"] + (["index"] if with_index else []))
+        for key in h:
+            assert d[key].dtype == h[key].dtype and d[key].shape == h[key].shape
+            assert d[key].sharding == h[key].sharding
+            np.testing.assert_array_equal(np.asarray(d[key]), np.asarray(h[key]))
+
+
+@pytest.mark.unit
+def test_on_device_default_is_a_split_within_an_eighth_of_accelerator_memory_and_never_on_cpu():
+    from unittest import mock
+
+    from data.pipeline import DeviceSource, split_fits_on_device
+    from training.prepare import device_bytes_limit, load_data
+
+    assert split_fits_on_device(2 << 30, 16 << 30) and not split_fits_on_device((2 << 30) + 1, 16 << 30)
+    assert not split_fits_on_device(1, None) and device_bytes_limit() is None  # the CPU backend reports none
+    ds = random_dataset(512)
+    split_bytes = ds.images.nbytes + ds.labels.nbytes
+    with mock.patch("training.prepare.load_tfds_split", return_value=ds):
+        for on_device, kind in ((None, TrainSource), (True, DeviceSource), (False, TrainSource)):
+            chosen = {} if on_device is None else {"data": {"on_device": on_device}}  # None: the default
+            cfg = make_cfg(chosen, mesh__devices=1, train__global_batch=64)
+            assert cfg.data.on_device is on_device and type(load_data(cfg, plan(cfg))[0]) is kind
+        for limit, kind in ((8 * split_bytes, DeviceSource), (8 * split_bytes - 8, TrainSource)):
+            with mock.patch("training.prepare.device_bytes_limit", return_value=limit):
+                cfg = make_cfg(mesh__devices=1, train__global_batch=64)
+                assert type(load_data(cfg, plan(cfg))[0]) is kind
+                cfg = make_cfg(data={"on_device": False}, mesh__devices=1, train__global_batch=64)
+                assert type(load_data(cfg, plan(cfg))[0]) is TrainSource

@@ -475,6 +475,14 @@ def test_negative_sample_tokens_is_refused():
         plan(gpt_cfg(train__sample_tokens=-1))
 
 
+@pytest.mark.unit
+def test_on_device_true_is_refused_for_text_windows_and_null_or_false_pass():
+    with pytest.raises(ConfigError, match=r"^data.on_device=true keeps an image data set .*set data.on_device=null"):
+        plan(gpt_cfg(data__on_device=True))
+    plan(gpt_cfg(data__on_device=False))
+    plan(gpt_cfg())
+
+
 def test_sample_cli_greedy_is_deterministic_and_bad_folders_are_one_line(tmp_path):
     """``python -m evaluate <run folder>``: the run's final evaluation again. ``python -m sample <run folder>``:
     greedy output is the prompt + N bytes, the same twice; a missing folder and a checkpoint whose saved

@@ -398,8 +398,9 @@ def test_unequal_device_counts_stop_at_start(tmp_path):
     assert not list(tmp_path.rglob("*.wandb")) and not (run_dir / "metrics.jsonl").exists()
 
 
-def check_equivalence(tmp_path: Path, parallel: str, checkpoints: bool) -> None:
-    """2 processes x 4 devices (scripts/launch_local.py) == 1 process x 8 devices, run at the same time."""
+def check_equivalence(tmp_path: Path, parallel: str, checkpoints: bool, extra: tuple = ()) -> None:
+    """2 processes x 4 devices (scripts/launch_local.py) == 1 process x 8 devices, run at the same time (both
+    with the overrides ``extra``)."""
     one, two = tmp_path / "one", tmp_path / "two"
     env = clean_env(tmp_path)
     ckpt = [f"checkpoint.dir={tmp_path / 'shared_ckpt'}"] if checkpoints else ["checkpoint.enabled=false"]
@@ -411,6 +412,7 @@ def check_equivalence(tmp_path: Path, parallel: str, checkpoints: bool) -> None:
             f"parallel={parallel}",
             "checkpoint.enabled=false",
             *TRAIN,
+            *extra,
         ],
         env,
         tmp_path / "one.txt",
@@ -428,6 +430,7 @@ def check_equivalence(tmp_path: Path, parallel: str, checkpoints: bool) -> None:
             f"parallel={parallel}",
             *ckpt,
             *TRAIN,
+            *extra,
         ],
         env,
         tmp_path / "two.txt",
@@ -495,6 +498,15 @@ def test_two_processes_equal_one_process(tmp_path):
 @pytest.mark.parametrize("parallel", ["fsdp", "pmap"])
 def test_two_processes_equal_one_process_other_modes(tmp_path, parallel):
     check_equivalence(tmp_path, parallel, checkpoints=True)
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_process_with_the_split_on_the_devices(tmp_path):
+    # data.on_device=true: each process places the replicated split with make_array_from_callback
+    check_equivalence(tmp_path, "jit_sharding", checkpoints=False, extra=("data.on_device=true",))
+    for run in ("one", "two"):
+        summary = json.loads((tmp_path / run / "summary.json").read_text())
+        assert summary["data/on_device"] is True and summary["data/on_device_bytes"] == 60000 * (784 + 4)
 
 
 @pytest.mark.slow

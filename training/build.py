@@ -135,6 +135,11 @@ def plan(cfg: Config) -> Plan:
         raise ConfigError(
             f"train.grad_norm_every={cfg.train.grad_norm_every} must be in [1, {2**31 - 1}] (or null: no gradient norm)"
         )
+    if cfg.data.on_device and cfg.model.name == "gpt":
+        raise ConfigError(
+            f"data.on_device=true keeps an image data set on the devices; model=gpt's text windows "
+            f"(data={cfg.data.name}) are gathered on the host: set data.on_device=null or false"
+        )
     check_compression(cfg.parallel.grad_compression, cfg.parallel.grad_reduce_dtype, mode)
     check_rules(getattr(cfg.parallel, "fsdp_rules", ()))
     check_numbers(cfg)

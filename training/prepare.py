@@ -19,7 +19,15 @@ import numpy as np
 
 from conf.schema import Config, as_dict
 from core.errors import ConfigError
-from data.pipeline import SyntheticSource, TrainSource, make_eval_set, synthetic_eval, train_batches
+from data.pipeline import (
+    DeviceSource,
+    SyntheticSource,
+    TrainSource,
+    make_eval_set,
+    split_fits_on_device,
+    synthetic_eval,
+    train_batches,
+)
 from data.sources import load_tfds_split
 from measure.compiled import (
     compiled_step_metrics,
@@ -169,7 +177,21 @@ def load_data(cfg: Config, p: Plan):
             f"train.global_batch={p.global_batch} exceeds the {len(train)} examples of "
             f"{d.tfds_name}/train; lower train.global_batch"
         )
-    return TrainSource(train, p.global_batch, cfg.train.seed, with_index=batches_need_index(cfg)), test
+    on_device = d.on_device
+    if on_device is None:
+        on_device = split_fits_on_device(train.images.nbytes + train.labels.nbytes, device_bytes_limit())
+    kind = DeviceSource if on_device else TrainSource
+    return kind(train, p.global_batch, cfg.train.seed, with_index=batches_need_index(cfg)), test
+
+
+def device_bytes_limit() -> Optional[int]:
+    """A local device's memory in bytes (``memory_stats()['bytes_limit']``: GPU/TPU), None where the backend
+    reports none (CPU)."""
+    try:
+        stats = jax.local_devices()[0].memory_stats()
+    except Exception:
+        return None
+    return int(stats["bytes_limit"]) if stats and stats.get("bytes_limit") else None
 
 
 def total_steps(cfg: Config, steps_per_epoch: int) -> int:
@@ -399,6 +421,9 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
         return Finished(finished)
     STARTUP.mark("checkpoint")
     info = static_info(cfg, p, exp, n_steps, source.steps_per_epoch)
+    info["data/on_device"] = isinstance(source, DeviceSource)  # the split in device memory (data.on_device)
+    if isinstance(source, DeviceSource):
+        info["data/on_device_bytes"] = source.split_bytes  # per device
     first_step = min(start, n_steps - 1)  # a resumed run continues the data order at its step
     batches = train_batches(source, layout, first_step, n_steps, cfg.data.prefetch)
     if cfg.train.debug_dump_indices:  # debug aid: which examples each process placed, per step
