@@ -421,7 +421,8 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
         return Finished(finished)
     STARTUP.mark("checkpoint")
     info = static_info(cfg, p, exp, n_steps, source.steps_per_epoch)
-    info["data/on_device"] = isinstance(source, DeviceSource)  # the split in device memory (data.on_device)
+    # batches made on the devices: the split in device memory (data.on_device) or synthetic data generated there
+    info["data/on_device"] = isinstance(source, (DeviceSource, SyntheticSource))
     if isinstance(source, DeviceSource):
         info["data/on_device_bytes"] = source.split_bytes  # per device
     first_step = min(start, n_steps - 1)  # a resumed run continues the data order at its step
