@@ -16,6 +16,11 @@ by its first run), so both read the same bytes the same cheap way; ``--data`` po
 
     python benchmarks/bare_train.py [--devices 8] [--precision bf16] [--epochs 10] [--timings out.json]
 
+``--on-device``: the training split is placed on the devices once (replicated, images as rows of 784 bytes) and
+each step's jitted function takes the batch's 256 indices and gathers its rows itself, as a hand-written script
+keeping the data on the chip would (the comparison for ``train.py``'s ``data.on_device``, the default on a GPU or
+TPU; ``benchmarks/overhead.py --bare-on-device``). The same batches, so the same losses.
+
 ``--compilation-cache DIR``: JAX's persistent compilation cache, as ``train.py`` has one by default (a bare script
 compiles every run; ``benchmarks/overhead.py --bare-cache`` compares with both warm).
 
@@ -55,6 +60,7 @@ def main() -> None:
     ap.add_argument("--timings", default=None, help="write phase times (s since start) to this JSON file")
     ap.add_argument("--window", type=int, default=50, help="steps per throughput window (train.py's train.log_every)")
     ap.add_argument("--compilation-cache", default=None, help="JAX's persistent compilation cache folder (off)")
+    ap.add_argument("--on-device", action="store_true", help="the training split on the devices, gathered in the step")
     args = ap.parse_args()
     marks: dict[str, float] = {}
 
@@ -114,6 +120,18 @@ def main() -> None:
         train_step, in_shardings=(repl, repl, split, split), out_shardings=(repl, repl, repl), donate_argnums=(0, 1)
     )
     evaluate = jax.jit(eval_step, in_shardings=(repl, split, split), out_shardings=repl)
+    if args.on_device:  # the split on the devices; each step sends its indices and gathers the rows itself
+        x_all, y_all = jax.device_put((x_train.reshape(len(x_train), -1), y_train), repl)
+
+        def indexed_step(params, opt_state, x_all, y_all, idx):
+            return train_step(params, opt_state, x_all[idx], y_all[idx])
+
+        step_on_device = jax.jit(
+            indexed_step,
+            in_shardings=(repl, repl, repl, repl, split),
+            out_shardings=(repl, repl, repl),
+            donate_argnums=(0, 1),
+        )
     steps_per_epoch = len(y_train) // args.batch
     bound = 2 if args.devices > 1 else None
     in_flight: list = []
@@ -124,8 +142,12 @@ def main() -> None:
         perm = np.random.default_rng([args.seed, epoch]).permutation(len(y_train))
         for i in range(steps_per_epoch):
             idx = perm[i * args.batch : (i + 1) * args.batch]
-            x, y = jax.device_put((x_train[idx], y_train[idx]), split)
-            params, opt_state, loss = step(params, opt_state, x, y)
+            if args.on_device:
+                idx_d = jax.device_put(idx.astype(np.int32), split)
+                params, opt_state, loss = step_on_device(params, opt_state, x_all, y_all, idx_d)
+            else:
+                x, y = jax.device_put((x_train[idx], y_train[idx]), split)
+                params, opt_state, loss = step(params, opt_state, x, y)
             if first:
                 mark("first_step")
                 first = False

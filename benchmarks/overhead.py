@@ -22,6 +22,9 @@ worktree add DIR <commit>``), to the same rounds: a change measured against the 
 drift of the machine. ``--bare-cache``: the bare script uses JAX's persistent compilation cache too (its own
 folder, warmed by its uncounted run), so that neither side compiles in the counted runs; without it the bare
 script compiles every run, as a bare script does, while ``train.py`` loads its programs from its cache.
+``--bare-on-device``: the bare script keeps the training split on the devices and gathers each batch inside its
+step (``bare_train.py --on-device``), the like-for-like comparison where ``train.py`` does the same
+(``data.on_device``, its default on a GPU or TPU; on the CPU backend add ``--also data.on_device=true``).
 
 ``--model gpt``: the same four ratios for the language model: ``python train.py model=gpt data=tiny_shakespeare
 train.steps=S train.global_batch=B train.log_every=W`` (size tiny: 4 layers, 128 wide, context 128 bytes;
@@ -118,6 +121,7 @@ def processes(args) -> None:
         )
         + f", windows of {args.window} steps (train.log_every), bare script benchmarks/{bare_script} "
         + ("with its own persistent compilation cache (--bare-cache)" if args.bare_cache else "compiling every run")
+        + (", the training split on the devices (--bare-on-device)" if args.bare_on_device else "")
         + (f"; 'before:' variants run in {os.path.abspath(args.before)}" if args.before else ""),
         flush=True,
     )
@@ -168,6 +172,7 @@ def processes(args) -> None:
                         if args.bare_cache
                         else []
                     ),
+                    *(["--on-device"] if args.bare_on_device else []),
                     f"--timings={out}",
                 ]
                 return cmd, out
@@ -269,6 +274,12 @@ def main() -> None:
         action="store_true",
         help="processes: the bare script uses JAX's persistent compilation cache too (warmed by its uncounted run)",
     )
+    ap.add_argument(
+        "--bare-on-device",
+        action="store_true",
+        help="processes, mlp: the bare script keeps the training split on the devices and gathers each batch in its "
+        "step (bare_train.py --on-device), the comparison for train.py's data.on_device",
+    )
     ap.add_argument("--steps", type=int, default=None, help="in-process: steps per trial (100); gpt: steps (30)")
     ap.add_argument("--batch", type=int, default=None, help="global batch (mlp 256, gpt 8 windows)")
     ap.add_argument("--precision", default="fp32", choices=PRECISIONS)
@@ -293,6 +304,8 @@ def main() -> None:
             ap.error(f"--setups: {item!r} is not devices:precision (devices >= 1, precision fp32 or bf16), e.g. 8:bf16")
     if (args.also or args.before is not None) and (args.mode != "processes" or args.devices is not None):
         ap.error("--also and --before apply to --mode processes without --devices")
+    if args.bare_on_device and (gpt or args.mode != "processes"):
+        ap.error("--bare-on-device applies to --model mlp with --mode processes")
     if args.before is not None and not os.path.isfile(os.path.join(args.before, "train.py")):
         ap.error(f"--before {args.before}: no train.py there; give a checkout of this repository")
     if args.mode == "processes" and args.devices is None:
