@@ -354,6 +354,19 @@ def test_resume_policy_ignores_optimizer_keys_only_the_old_union_had():
     assert resume_conflicts(old, adam, 256, 256) == ["optim.lr: 0.1 -> 0.001", "optim.name: 'sgd' -> 'adam'"]
 
 
+@pytest.mark.unit
+def test_resume_policy_allows_where_the_batches_are_made_and_refuses_their_contents():
+    from training.checkpoint import resume_conflicts
+
+    base = schema.as_dict(schema.from_dict({}))
+    for on_device in (True, False):  # the same batches on the host or the devices (data/pipeline.py: DeviceSource)
+        moved = schema.as_dict(schema.from_dict({"data": {"on_device": on_device, "prefetch": 0}}))
+        assert resume_conflicts(base, moved, 256, 256) == []
+        assert resume_conflicts(moved, base, 256, 256) == []
+    augmented = schema.as_dict(schema.from_dict({"data": {"on_device": True, "augment": True}}))
+    assert resume_conflicts(base, augmented, 256, 256) == ["data.augment: False -> True"]
+
+
 def test_train_py_resumes_and_evaluates_a_checkpoint_saved_with_the_union_optimizer(tmp_path):
     """A checkpoint whose metadata holds the old union's optim keys resumes (train.py) and evaluates."""
     ckpt = tmp_path / "ck"

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from data.pipeline import BatchLayout, TrainSource, eval_batch_size, make_eval_set
+from core.errors import ConfigError
 from data.sources import DataError, HostDataset, load_tfds_split
 from training.build import build, plan
 from training.run import evaluate
@@ -157,11 +158,11 @@ def _host_and_device_batches(mode: str, start: int, end: int, with_index: bool, 
     layout = exp.mode.batch_layout()
     host = list(train_batches(TrainSource(ds, global_batch, 3, with_index), layout, start, end, prefetch=0))
     device_source = DeviceSource(ds, global_batch, 3, with_index)
-    it = device_source.device_batches(layout, start, end)
-    first = next(it)  # places the split and the epoch's order
-    with jax.transfer_guard("disallow_explicit"):  # nothing, not even explicitly, goes to the devices per step
-        rest = [next(it) for _ in range(min(end, 15) - start - 1)]
-    return host, [first, *rest, *it], device_source
+    # under the strictest guard (train.transfer_guard=disallow_explicit): the pipeline's own placements (the split,
+    # each epoch's order) are allowed, and nothing else goes to the devices, per step or at an epoch boundary
+    with jax.transfer_guard("disallow_explicit"):
+        device = list(device_source.device_batches(layout, start, end))
+    return host, device, device_source
 
 
 @pytest.mark.unit
@@ -202,3 +203,8 @@ def test_on_device_default_is_a_split_within_an_eighth_of_accelerator_memory_and
                 assert type(load_data(cfg, plan(cfg))[0]) is kind
                 cfg = make_cfg(data={"on_device": False}, mesh__devices=1, train__global_batch=64)
                 assert type(load_data(cfg, plan(cfg))[0]) is TrainSource
+        with mock.patch("training.prepare.device_bytes_limit", return_value=split_bytes - 1):
+            cfg = make_cfg(data={"on_device": True}, mesh__devices=1, train__global_batch=64)
+            too_big = rf"^data.on_device=true: the mnist training split takes {split_bytes} bytes .* or false"
+            with pytest.raises(ConfigError, match=too_big):
+                load_data(cfg, plan(cfg))

@@ -24,6 +24,7 @@ from data.pipeline import (
     SyntheticSource,
     TrainSource,
     make_eval_set,
+    split_bytes,
     split_fits_on_device,
     synthetic_eval,
     train_batches,
@@ -129,8 +130,13 @@ def load_text_data(cfg: Config, p: Plan):
 
 
 def load_data(cfg: Config, p: Plan):
-    """(train source, host test split). Raises DataError with one line when the dataset is missing, ConfigError
-    when the data does not fit the config (image shape, labels, fewer examples than one global batch)."""
+    """(train source, host test split). The train source of an image data set is a ``DeviceSource`` (the split in
+    device memory) or a ``TrainSource`` (host batches), as ``data.on_device`` says (null: ``split_fits_on_device``
+    of the split's bytes and ``device_bytes_limit()``); synthetic data is generated on the devices either way.
+
+    Raises DataError with one line when the dataset is missing, ConfigError when the data does not fit the config
+    (image shape, labels, fewer examples than one global batch, ``data.on_device=true`` with a split larger than
+    a device's memory limit)."""
     d = cfg.data
     if cfg.model.name == "gpt":
         return load_text_data(cfg, p)
@@ -177,19 +183,24 @@ def load_data(cfg: Config, p: Plan):
             f"train.global_batch={p.global_batch} exceeds the {len(train)} examples of "
             f"{d.tfds_name}/train; lower train.global_batch"
         )
-    on_device = d.on_device
-    if on_device is None:
-        on_device = split_fits_on_device(train.images.nbytes + train.labels.nbytes, device_bytes_limit())
+    needed, limit = split_bytes(train), device_bytes_limit()
+    if d.on_device and limit and needed > limit:
+        raise ConfigError(
+            f"data.on_device=true: the {d.tfds_name} training split takes {needed} bytes on every device, more "
+            f"than the {limit} bytes JAX may use on one; set data.on_device=null or false (host batches)"
+        )
+    on_device = split_fits_on_device(needed, limit) if d.on_device is None else d.on_device
     kind = DeviceSource if on_device else TrainSource
     return kind(train, p.global_batch, cfg.train.seed, with_index=batches_need_index(cfg)), test
 
 
 def device_bytes_limit() -> Optional[int]:
-    """A local device's memory in bytes (``memory_stats()['bytes_limit']``: GPU/TPU), None where the backend
-    reports none (CPU)."""
+    """Bytes JAX's allocator may use on a local device (``memory_stats()['bytes_limit']``: GPU, TPU; on a GPU
+    with JAX's default preallocation ~75% of its memory), None where the backend reports none (CPU) or the
+    statistics cannot be read."""
     try:
         stats = jax.local_devices()[0].memory_stats()
-    except Exception:
+    except Exception:  # a backend without memory statistics: treated as reporting none
         return None
     return int(stats["bytes_limit"]) if stats and stats.get("bytes_limit") else None
 

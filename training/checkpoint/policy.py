@@ -7,7 +7,8 @@ the step a run would resume, before anything is restored):
 - Allowed: keys that only extend or re-place the run: ``train.steps``/``train.epochs``, logging, evaluation,
   sync-check and in-flight settings, the checkpoint period/keep/folder, W&B, profiling, device count and mesh
   (``mesh.*``, ``runtime.cpu_devices``), the parallel mode (``parallel.name``, ``parallel.min_shard_bytes``:
-  the state restores onto any layout), XLA flags, hardware figures, data paths and prefetch, ``distributed.*``,
+  the state restores onto any layout), XLA flags, hardware figures, data paths, prefetch and ``data.on_device``
+  (the same batches), ``distributed.*``,
   the GPT's end-of-run sample length (``train.sample_tokens``).
 - Adapted by an exact rule: ``train.global_batch`` / ``train.per_device_batch`` may change as long as the
   resolved global batch (per-device batch x devices under weak scaling) equals the checkpoint's, so the same
@@ -55,6 +56,7 @@ ALLOWED = (
     "data.cache_dir",
     "data.data_dir",
     "data.prefetch",
+    "data.on_device",  # where the same batches are made (data/pipeline.py: DeviceSource)
 )
 BATCH_KEYS = ("train.global_batch", "train.per_device_batch")
 # Nodes whose keys depend on the chosen option (conf/schema.py OPTION_SCHEMAS); checkpoints saved before hold
