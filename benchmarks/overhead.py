@@ -23,8 +23,8 @@ drift of the machine. ``--bare-cache``: the bare script uses JAX's persistent co
 folder, warmed by its uncounted run), so that neither side compiles in the counted runs; without it the bare
 script compiles every run, as a bare script does, while ``train.py`` loads its programs from its cache.
 ``--bare-on-device``: the bare script keeps the training split on the devices and gathers each batch inside its
-step (``bare_train.py --on-device``), the like-for-like comparison where ``train.py`` does the same
-(``data.on_device``, its default on a GPU or TPU; on the CPU backend add ``--also data.on_device=true``).
+step (``bare_train.py --on-device``), and every ``train.py`` variant gets ``data.on_device=true`` (its default on
+a GPU or TPU; off by default on the CPU backend): the like-for-like comparison for the split on the devices.
 
 ``--model gpt``: the same four ratios for the language model: ``python train.py model=gpt data=tiny_shakespeare
 train.steps=S train.global_batch=B train.log_every=W`` (size tiny: 4 layers, 128 wide, context 128 bytes;
@@ -102,7 +102,10 @@ def processes(args) -> None:
         env["TFDS_DATA_DIR"] = os.path.abspath(env["TFDS_DATA_DIR"])
     for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
         env[var] = os.path.join(work, "wandb_aux")
-    variants = [("train.py", [])] + [(f"train.py {' '.join(a)}", list(a)) for a in (args.also or [])]
+    # --bare-on-device: every train.py variant keeps the split on the devices too (its default on a GPU or TPU, off on
+    # the CPU backend), so that the comparison is like for like; an --also variant may still set it back
+    first = ["data.on_device=true"] if args.bare_on_device else []
+    variants = [("train.py", first)] + [(f"train.py {' '.join(a)}", first + list(a)) for a in (args.also or [])]
     where = {name: REPO for name, _ in variants}  # the checkout each variant's train.py runs in
     if args.before:  # every variant again, from the other checkout
         where.update({f"before: {name}": os.path.abspath(args.before) for name, _ in variants})
@@ -121,7 +124,11 @@ def processes(args) -> None:
         )
         + f", windows of {args.window} steps (train.log_every), bare script benchmarks/{bare_script} "
         + ("with its own persistent compilation cache (--bare-cache)" if args.bare_cache else "compiling every run")
-        + (", the training split on the devices (--bare-on-device)" if args.bare_on_device else "")
+        + (
+            ", the training split on the devices (--bare-on-device; every train.py variant with data.on_device=true)"
+            if args.bare_on_device
+            else ""
+        )
         + (f"; 'before:' variants run in {os.path.abspath(args.before)}" if args.before else ""),
         flush=True,
     )
@@ -178,9 +185,9 @@ def processes(args) -> None:
                 return cmd, out
 
             print(f"\n=== {args.model}: {devices} device(s), {precision} ===", flush=True)
-            timed_process(train([])[0], env)  # not counted: compilation cache, OS file cache
+            timed_process(train(first)[0], env)  # not counted: compilation cache, OS file cache
             if args.before:
-                timed_process(train([])[0], env, cwd=os.path.abspath(args.before))
+                timed_process(train(first)[0], env, cwd=os.path.abspath(args.before))
             timed_process(bare()[0], env)
             whole: dict[str, list[float]] = {name: [] for name, _ in variants}
             steady: dict[str, list[float]] = {name: [] for name, _ in variants}
@@ -278,7 +285,7 @@ def main() -> None:
         "--bare-on-device",
         action="store_true",
         help="processes, mlp: the bare script keeps the training split on the devices and gathers each batch in its "
-        "step (bare_train.py --on-device), the comparison for train.py's data.on_device",
+        "step (bare_train.py --on-device), and every train.py variant gets data.on_device=true: like for like",
     )
     ap.add_argument("--steps", type=int, default=None, help="in-process: steps per trial (100); gpt: steps (30)")
     ap.add_argument("--batch", type=int, default=None, help="global batch (mlp 256, gpt 8 windows)")

@@ -208,3 +208,25 @@ def test_on_device_default_is_a_split_within_an_eighth_of_accelerator_memory_and
             too_big = rf"^data.on_device=true: the mnist training split takes {split_bytes} bytes .* or false"
             with pytest.raises(ConfigError, match=too_big):
                 load_data(cfg, plan(cfg))
+
+
+@pytest.mark.unit
+def test_startup_line_says_when_batches_are_made_on_the_devices():
+    from training.console_lines import startup_line
+
+    info = {
+        "process_count": 1,
+        "mesh/devices": 1,
+        "platform": "tpu",
+        "device_kind": "TPU v5 lite",
+        "parallel": "jit_sharding",
+        "mesh/shape": [1, 1],
+        "precision": "fp32",
+        "train/global_batch": 256,
+        "train/per_device_batch": 256,
+        "train/steps": 2340,
+    }
+    kw = dict(accum_steps=1, model="mlp", param_count=203530, dataset="mnist")
+    assert startup_line(info, **kw).endswith("mlp 203,530 params, data mnist")
+    assert startup_line({**info, "data/on_device": False}, **kw).endswith("params, data mnist")
+    assert startup_line({**info, "data/on_device": True}, **kw).endswith("params, data mnist on the devices")

@@ -50,11 +50,13 @@ def quiet_known_noise() -> None:
 
 def startup_line(info: dict[str, Any], *, accum_steps: int, model: str, param_count: int, dataset: str) -> str:
     """One line with what is about to run, e.g. ``start: 8 cpu devices (cpu), 1 process, jit_sharding mesh
-    [8, 1], fp32, batch 256 global / 32 per device, accum 1, 20 steps, mlp 203,530 params, data mnist``.
+    [8, 1], fp32, batch 256 global / 32 per device, accum 1, 20 steps, mlp 203,530 params, data mnist``
+    (``data mnist on the devices`` when batches are made there: ``data/on_device``).
 
     Args:
       info: the run's resolved values (``training.run``: platform, device_kind, process_count, parallel,
-        mesh/shape, mesh/devices, precision, train/global_batch, train/per_device_batch, train/steps).
+        mesh/shape, mesh/devices, precision, train/global_batch, train/per_device_batch, train/steps, and
+        optionally data/on_device).
       param_count: number of trainable parameters (all leaves of the host-form params).
     """
     procs = info["process_count"]
@@ -63,7 +65,7 @@ def startup_line(info: dict[str, Any], *, accum_steps: int, model: str, param_co
         f"process{'es' if procs > 1 else ''}, {info['parallel']} mesh {list(info['mesh/shape'])}, "
         f"{info['precision']}, batch {info['train/global_batch']} global / {info['train/per_device_batch']} "
         f"per device, accum {accum_steps}, {info['train/steps']} steps, {model} {param_count:,} params, "
-        f"data {dataset}"
+        f"data {dataset}{' on the devices' if info.get('data/on_device') else ''}"
     )
 
 
