@@ -306,8 +306,9 @@ class DataConfig:
     # Image data sets: keep the whole training split in device memory, replicated on every device, and gather
     # each step's batch there (no per-step host gather or transfer; the same batches). null: on a GPU or TPU
     # when the split takes at most 1/8 of the memory JAX may use on a device, never on the CPU backend (its
-    # devices are the host's cores: slower there); false: host batches (data.prefetch); true: always (refused for
-    # model=gpt and for a split larger than that memory). Synthetic data is generated on the devices regardless.
+    # devices are the host's cores: slower at 1 device, mixed at 8); false: host batches (data.prefetch);
+    # true: always (refused for model=gpt and for a split larger than that memory). Synthetic data is generated
+    # on the devices regardless.
     on_device: Optional[bool] = None
     # Text data (data=tiny_shakespeare, data=text; model=gpt): the UTF-8 file to read (data=text: required;
     # tiny_shakespeare: null = found or downloaded, data/text.py). Tokens are its bytes (vocabulary 256).

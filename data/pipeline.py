@@ -77,8 +77,26 @@ class DeviceSource(TrainSource):
     transfers nothing per step. Batches are the same as ``TrainSource``'s, value for value, in the same
     sharding: a run's results do not depend on where the split lives.
 
-    Costs: ``split_bytes`` of device memory per device (``nbytes`` of images and labels), placed at start-up.
+    Costs: ``split_bytes`` of device memory per device (``nbytes`` of images and labels), placed when the first
+    batch is asked for (at start-up, in its ``data`` phase).
     """
+
+    def gather_program(self, layout: BatchLayout):
+        """The jitted step gather ``(split, order, pos) -> (batch, pos + 1)``: ``split`` = (images uint8 ``[N,
+        H*W*C]``, labels int32 ``[N]``) replicated, ``order`` int32 ``[steps_per_epoch, global_batch]`` replicated,
+        ``pos`` int32 ``[]``; ``batch`` in ``layout`` (its sharding and shape). XLA partitions it to the batch's
+        sharding: each device gathers only its own rows, with no collective (``tests/test_data.py``)."""
+        replicated = jax.sharding.NamedSharding(layout.sharding.mesh, jax.sharding.PartitionSpec())
+        image_shape, with_index = self.dataset.images.shape[1:], self.with_index
+
+        def gather(split_, order, pos):
+            idx = jax.lax.dynamic_index_in_dim(order, pos, keepdims=False)  # int32 [global_batch]
+            batch = {"image": split_[0][idx].reshape((-1, *image_shape)), "label": split_[1][idx]}
+            if with_index:
+                batch["index"] = idx
+            return {k: v.reshape(layout.reshape(v.shape)) for k, v in batch.items()}, pos + 1
+
+        return jax.jit(gather, out_shardings=(layout.sharding, replicated))
 
     @property
     def split_bytes(self) -> int:
@@ -89,22 +107,14 @@ class DeviceSource(TrainSource):
         """Device batches for steps ``[start_step, end_step)`` (the same values and sharding as
         ``train_batches`` of a ``TrainSource``), gathered on the devices. The split is placed when the first batch
         is asked for."""
-        mesh = layout.sharding.mesh
-        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-        images, labels, with_index = self.dataset.images, self.dataset.labels, self.with_index
+        replicated = jax.sharding.NamedSharding(layout.sharding.mesh, jax.sharding.PartitionSpec())
+        images, labels = self.dataset.images, self.dataset.labels
         # images as rows of H*W*C bytes, reshaped back to [B, H, W, C] once gathered: a TPU pads an array's minor
-        # dimensions to its tiles (TPU v5e: MNIST's [60000, 28, 28, 1] uint8 took 53.8 MB, [60000, 784] 47.1 MB)
+        # dimensions to its tiles (TPU v5e: MNIST's [60000, 28, 28, 1] uint8 images took 53.8 MB, as [60000, 784]
+        # 47.1 MB)
         with jax.transfer_guard("allow"):
             split = (_replicate(images.reshape(len(images), -1), replicated), _replicate(labels, replicated))
-
-        def gather(split_, order, pos):
-            idx = jax.lax.dynamic_index_in_dim(order, pos, keepdims=False)  # int32 [global_batch]
-            batch = {"image": split_[0][idx].reshape((-1, *images.shape[1:])), "label": split_[1][idx]}
-            if with_index:
-                batch["index"] = idx
-            return {k: v.reshape(layout.reshape(v.shape)) for k, v in batch.items()}, pos + 1
-
-        fn = jax.jit(gather, out_shardings=(layout.sharding, replicated))
+        fn = self.gather_program(layout)
         spe, b = self.steps_per_epoch, self.global_batch
         epoch_now, order, pos = -1, None, None
         for step in range(start_step, end_step):
@@ -129,7 +139,7 @@ def split_fits_on_device(split_bytes: int, bytes_limit: Optional[int]) -> bool:
     """``data.on_device=null``: whether a training split of ``split_bytes`` goes to device memory: when it takes
     at most 1/8 of a device's ``bytes_limit`` (``Device.memory_stats()``: GPU, TPU); never where the backend
     reports no limit (None: the CPU backend, whose devices are the host's own cores, so a gather there is the
-    same host work: measured slower, ``benchmarks/results/on_device_cpu.txt``)."""
+    same host work: measured slower at 1 device and mixed at 8, ``benchmarks/results/on_device_cpu.txt``)."""
     return bool(bytes_limit) and split_bytes <= bytes_limit // 8
 
 

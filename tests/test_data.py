@@ -182,6 +182,26 @@ def test_device_source_gathers_the_host_batches_value_for_value_in_their_shardin
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("mode", ["jit_sharding", "pmap", "fsdp"])
+def test_device_source_gather_is_partitioned_each_device_gathers_its_own_rows_with_no_collective(mode):
+    import re
+
+    import jax
+
+    from data.pipeline import DeviceSource
+
+    exp = build(plan(make_cfg(parallel={"name": mode}, mesh__devices=8, train__global_batch=64)))
+    layout = exp.mode.batch_layout()
+    source = DeviceSource(random_dataset(1000), 64, 0, with_index=False)
+    split = (jax.ShapeDtypeStruct((1000, 784), np.uint8), jax.ShapeDtypeStruct((1000,), np.int32))
+    order, pos = jax.ShapeDtypeStruct((15, 64), np.int32), jax.ShapeDtypeStruct((), np.int32)
+    hlo = source.gather_program(layout).lower(split, order, pos).compile().as_text()
+    assert not re.findall(r"all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute", hlo)
+    gathers = re.findall(r"= u8\[([\d,]+)\]\S* gather\(", hlo)  # the image rows each device gathers
+    assert gathers and all(shape.split(",")[0] == "8" for shape in gathers), gathers  # 64 / 8 devices
+
+
+@pytest.mark.unit
 def test_on_device_default_is_a_split_within_an_eighth_of_accelerator_memory_and_never_on_cpu():
     from unittest import mock
 
