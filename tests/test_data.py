@@ -231,6 +231,19 @@ def test_on_device_default_is_a_split_within_an_eighth_of_accelerator_memory_and
 
 
 @pytest.mark.unit
+def test_on_device_default_with_several_processes_needs_every_process_to_fit():
+    from unittest import mock
+
+    from training.prepare import on_every_process
+
+    assert on_every_process(True) and not on_every_process(False)  # one process: its own answer
+    with mock.patch("jax.process_count", return_value=2):
+        for answers, expected in (([1, 1], True), ([1, 0], False), ([0, 1], False), ([0, 0], False)):
+            with mock.patch("jax.experimental.multihost_utils.process_allgather", return_value=np.array(answers)):
+                assert on_every_process(True) is expected
+
+
+@pytest.mark.unit
 def test_startup_line_says_when_batches_are_made_on_the_devices():
     from training.console_lines import startup_line
 

@@ -189,9 +189,20 @@ def load_data(cfg: Config, p: Plan):
             f"data.on_device=true: the {d.tfds_name} training split takes {needed} bytes on every device, more "
             f"than the {limit} bytes JAX may use on one; set data.on_device=null or false (host batches)"
         )
-    on_device = split_fits_on_device(needed, limit) if d.on_device is None else d.on_device
+    on_device = on_every_process(split_fits_on_device(needed, limit)) if d.on_device is None else d.on_device
     kind = DeviceSource if on_device else TrainSource
     return kind(train, p.global_batch, cfg.train.seed, with_index=batches_need_index(cfg)), test
+
+
+def on_every_process(fits: bool) -> bool:
+    """``data.on_device=null`` with several processes: the split goes to the devices only when it fits on every
+    process's devices (one ``multihost_utils.process_allgather`` of an int32: every process calls it), so that all
+    run the same programs even on hosts with different devices. One process: ``fits``."""
+    if jax.process_count() == 1:
+        return fits
+    from jax.experimental import multihost_utils
+
+    return bool(np.all(multihost_utils.process_allgather(np.int32(fits))))
 
 
 def device_bytes_limit() -> Optional[int]:
