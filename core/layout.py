@@ -27,6 +27,13 @@ class BatchLayout:
     process_index: int
     process_count: int
 
+    @property
+    def replicated(self) -> jax.sharding.NamedSharding:
+        """Every device of the batch's mesh holding the whole value (for the step number, a split kept on the
+        devices and its order). Needs a ``NamedSharding`` batch sharding (every mode's)."""
+        mesh = self.sharding.mesh  # type: ignore[attr-defined]  # a NamedSharding in every mode
+        return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
     def local_rows(self, global_batch: int) -> slice:
         """This process's contiguous rows of a global batch of ``global_batch`` examples."""
         per_process = global_batch // self.process_count
