@@ -81,31 +81,54 @@ class DeviceSource(TrainSource):
     batch is asked for (at start-up, in its ``data`` phase).
     """
 
+    def _gather(self, layout: BatchLayout) -> Callable[[tuple, jax.Array, jax.Array], Batch]:
+        """The traceable gather ``(split, order, row) -> batch``: the global batch of row ``row`` (int32 ``[]``) of
+        the epoch's ``order``, from ``split`` = (images uint8 ``[N, H*W*C]``, labels int32 ``[N]``), in ``layout``'s
+        shape and sharding (a sharding constraint: XLA partitions the gather so that each device gathers only its
+        own rows, with no collective, ``tests/test_data.py``)."""
+        image_shape, with_index = self.dataset.images.shape[1:], self.with_index
+
+        def gather(split_, order, row):
+            idx = jax.lax.dynamic_index_in_dim(order, row, keepdims=False)  # int32 [global_batch]
+            batch = {"image": split_[0][idx].reshape((-1, *image_shape)), "label": split_[1][idx]}
+            if with_index:
+                batch["index"] = idx
+            batch = {k: v.reshape(layout.reshape(v.shape)) for k, v in batch.items()}
+            return jax.lax.with_sharding_constraint(batch, layout.sharding)
+
+        return gather
+
     def gather_program(self, layout: BatchLayout):
         """The jitted step gather ``(split, order, pos) -> (batch, pos + 1)``: ``split`` = (images uint8 ``[N,
         H*W*C]``, labels int32 ``[N]``) replicated, ``order`` int32 ``[steps_per_epoch, global_batch]`` replicated,
         ``pos`` int32 ``[]``; ``batch`` in ``layout`` (its sharding and shape). XLA partitions it to the batch's
-        sharding: each device gathers only its own rows, with no collective (``tests/test_data.py``)."""
-        image_shape, with_index = self.dataset.images.shape[1:], self.with_index
+        sharding: each device gathers only its own rows, with no collective (``tests/test_data.py``). The path of
+        a mode that cannot take the gather into its step (``ParallelMode.fuses_feed``: pmap)."""
+        gather = self._gather(layout)
+        return jax.jit(
+            lambda split_, order, pos: (gather(split_, order, pos), pos + 1),
+            out_shardings=(layout.sharding, layout.replicated),
+        )
 
-        def gather(split_, order, pos):
-            idx = jax.lax.dynamic_index_in_dim(order, pos, keepdims=False)  # int32 [global_batch]
-            batch = {"image": split_[0][idx].reshape((-1, *image_shape)), "label": split_[1][idx]}
-            if with_index:
-                batch["index"] = idx
-            return {k: v.reshape(layout.reshape(v.shape)) for k, v in batch.items()}, pos + 1
-
-        return jax.jit(gather, out_shardings=(layout.sharding, layout.replicated))
+    def feed(self, layout: BatchLayout) -> DeviceFeed:
+        """The gather as part of the train step (``ParallelMode.build(..., feed=)``): ``batch_at((split, order),
+        step)`` gathers the global batch of optimizer step ``step`` (the state's int32 step counter: row ``step %
+        steps_per_epoch`` of the epoch's order, which ``device_feeds`` hands over with the split). One program
+        per step instead of two: on a TPU v5e the MLP's step took 326 us against 519 us as gather + step
+        (``benchmarks/results/gather_fusion_tpu_v5e.txt``)."""
+        gather, spe = self._gather(layout), self.steps_per_epoch
+        return DeviceFeed(
+            batch_at=lambda arrays, step: gather(arrays[0], arrays[1], step % spe), sharding=layout.replicated
+        )
 
     @property
     def split_bytes(self) -> int:
         """``split_bytes`` of the split: what it adds to each device's memory, before the device's own padding."""
         return split_bytes(self.dataset)
 
-    def device_batches(self, layout: BatchLayout, start_step: int, end_step: int) -> Iterator[Batch]:
-        """Device batches for steps ``[start_step, end_step)`` (the same values and sharding as
-        ``train_batches`` of a ``TrainSource``), gathered on the devices. The split is placed when the first batch
-        is asked for."""
+    def _placed(self, layout: BatchLayout, start_step: int, end_step: int) -> Iterator[tuple[tuple, jax.Array, int]]:
+        """``(split, order, at)`` for each step of ``[start_step, end_step)``: the split (placed once, when the first
+        step is asked for), the order of the step's epoch (placed once per epoch) and the step's row in it."""
         replicated = layout.replicated
         images, labels = self.dataset.images, self.dataset.labels
         # images as rows of H*W*C bytes, reshaped back to [B, H, W, C] once gathered: a TPU pads an array's minor
@@ -113,19 +136,46 @@ class DeviceSource(TrainSource):
         # 47.1 MB)
         with jax.transfer_guard("allow"):
             split = (_replicate(images.reshape(len(images), -1), replicated), _replicate(labels, replicated))
-        fn = self.gather_program(layout)
         spe, b = self.steps_per_epoch, self.global_batch
-        epoch_now, order, pos = -1, None, None
+        epoch_now, order = -1, None
         for step in range(start_step, end_step):
             epoch, at = divmod(step, spe)
             if epoch != epoch_now:  # the pipeline's own explicit transfers, once per epoch, outside the loop's guard
                 perm = epoch_permutation(self.seed, epoch, len(self.dataset))[: spe * b]
                 with jax.transfer_guard("allow"):  # (train.transfer_guard guards the step, as the prefetch thread is)
                     order = _replicate(perm.astype(np.int32).reshape(spe, b), replicated)
-                    pos = _replicate(np.asarray(at, np.int32), replicated)
                 epoch_now = epoch
+            yield split, order, at
+
+    def device_feeds(self, layout: BatchLayout, start_step: int, end_step: int) -> Iterator[tuple]:
+        """What a step built with ``feed`` takes in place of a batch, for steps ``[start_step, end_step)``: the
+        device arrays ``(split, order)``, the same objects for every step of an epoch (nothing is placed per
+        step; the step finds its row from its own step counter)."""
+        for split, order, _ in self._placed(layout, start_step, end_step):
+            yield split, order
+
+    def device_batches(self, layout: BatchLayout, start_step: int, end_step: int) -> Iterator[Batch]:
+        """Device batches for steps ``[start_step, end_step)`` (the same values and sharding as
+        ``train_batches`` of a ``TrainSource``), gathered on the devices by ``gather_program``, one program per
+        step. The split is placed when the first batch is asked for."""
+        fn, pos, epoch_order = self.gather_program(layout), None, None
+        for split, order, at in self._placed(layout, start_step, end_step):
+            if order is not epoch_order:  # a new epoch (or the first step): its position, placed once
+                with jax.transfer_guard("allow"):
+                    pos = _replicate(np.asarray(at, np.int32), layout.replicated)
+                epoch_order = order
             batch, pos = fn(split, order, pos)
             yield batch
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceFeed:
+    """A batch made inside the train step from device arrays (``DeviceSource.feed``): ``batch_at(arrays, step)``
+    (traceable; ``step`` the state's int32 step counter) returns the step's global batch in the mode's batch
+    layout; ``sharding`` is that of every array the step takes in place of a batch."""
+
+    batch_at: Callable[[tuple, jax.Array], Batch]
+    sharding: jax.sharding.Sharding
 
 
 def split_bytes(dataset: HostDataset) -> int:

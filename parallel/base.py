@@ -100,6 +100,9 @@ class ParallelMode:
     explicit: bool = True
     # the mapped axes ``reduce`` runs over (pmap: its own axis)
     axes: Any = BATCH_AXES
+    # whether ``build`` can take a ``feed`` (the batch gathered inside the train step; pmap maps a batch that
+    # arrives split over the devices, so it keeps the gather as a program of its own)
+    fuses_feed: bool = True
     # keys of a saved state tree that hold mode-owned state (the current field and older names of it)
     saved_state_keys: tuple[str, ...] = ("mode_state",) + ErrorFeedback.saved_keys
 
@@ -287,24 +290,42 @@ class ParallelMode:
             grad_sums, sums = jax.tree.map(lambda x: x.sum(0), (grad_sums, sums))
         return global_mean(grad_sums, sums, self.global_batch)
 
-    def build(self, local: LocalGrads, updater: Updater, abstract_state: TrainState) -> StepFns:
+    def build(self, local: LocalGrads, updater: Updater, abstract_state: TrainState, feed=None) -> StepFns:
         """The ONE train step of every mode, ``(state, batch) -> (state, metrics)`` (gradients with this mode's
-        reduction, then the optimizer), and the eval step, compiled by ``_compile``."""
+        reduction, then the optimizer), and the eval step, compiled by ``_compile``.
+
+        ``feed``: a ``data.pipeline.DeviceFeed`` (the training split on the devices, ``data.on_device``): the
+        step takes the feed's device arrays in place of a batch and gathers its batch itself, from its own step
+        counter (``feed.batch_at(arrays, state.step)``), so a step is one program with nothing sent to the
+        devices. Raises ValueError for a mode that cannot (``fuses_feed`` False: pmap)."""
 
         def train_step(state: TrainState, batch):
             scale = state.loss_scale.scale
             grads, sums, own = self._gradients(local, state.params, batch, state.step, scale, state.mode_state)
             return updater(state.replace(mode_state=own), grads, sums)
 
-        return self._compile(train_step, local, abstract_state)
+        if feed is None:
+            return self._compile(train_step, local, abstract_state)
+        if not self.fuses_feed:
+            raise ValueError(f"parallel={self.name} cannot gather its batches inside the train step")
 
-    def _compile(self, train_step: Callable, local: LocalGrads, abstract_state: TrainState) -> StepFns:
-        """``jax.jit`` of the train step with the state's and batch's shardings (the state donated), and of the
-        eval step."""
+        def fed_step(state: TrainState, arrays):
+            return train_step(state, feed.batch_at(arrays, state.step))
+
+        return self._compile(fed_step, local, abstract_state, batch_sharding=feed.sharding)
+
+    def _compile(
+        self, train_step: Callable, local: LocalGrads, abstract_state: TrainState, batch_sharding=None
+    ) -> StepFns:
+        """``jax.jit`` of the train step with the state's and batch's shardings (the state donated; the batch's:
+        ``batch_sharding``, or the mode's batch layout), and of the eval step."""
         state_sh = self.state_shardings(abstract_state)
         batch_sh = self.batch_layout().sharding
         train = jax.jit(
-            train_step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, self.replicated), donate_argnums=0
+            train_step,
+            in_shardings=(state_sh, batch_sh if batch_sharding is None else batch_sharding),
+            out_shardings=(state_sh, self.replicated),
+            donate_argnums=0,
         )
         evaluate = jax.jit(local.eval_sums, in_shardings=(state_sh.params, batch_sh), out_shardings=self.replicated)
         return StepFns(train=train, eval=evaluate)

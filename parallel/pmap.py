@@ -21,6 +21,7 @@ AXIS = "data"
 class Pmap(ParallelMode):
     name = "pmap"
     axes = AXIS
+    fuses_feed = False  # the gather stays a program of its own (data.pipeline.DeviceSource.gather_program)
 
     def batch_layout(self) -> BatchLayout:
         n = self.num_devices
@@ -35,7 +36,7 @@ class Pmap(ParallelMode):
         # already inside the map: this device's part (params are not varying-typed under pmap, the gradient is local)
         return self._per_device(local, self.param_specs(params), params, batch, step, scale, mode_state)
 
-    def _compile(self, train_step, local, abstract_state) -> StepFns:
+    def _compile(self, train_step, local, abstract_state, batch_sharding=None) -> StepFns:
         devices = list(self.mesh.devices.flat)
         own_rows = abstract_state.replace(step=None, params=None, opt_state=None, loss_scale=None, mode_state=0)
         state_sh = self.state_shardings(abstract_state)

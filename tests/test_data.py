@@ -201,6 +201,89 @@ def test_device_source_gather_is_partitioned_each_device_gathers_its_own_rows_wi
     assert gathers and all(shape.split(",")[0] == "8" for shape in gathers), gathers  # 64 / 8 devices
 
 
+def _fed_and_host_steps(mode: str, optim: str, start: int, end: int, **dotted):
+    """Steps ``[start, end)`` from the same state at step ``start``: the step built with the split's feed (the
+    gather inside it, under the strictest transfer guard) and the step fed host batches. Returns (fed losses,
+    host losses, fed host state, host host state, fed experiment, host experiment, (lowered, compiled) of the fed
+    step, of the host step)."""
+    import jax
+    import jax.numpy as jnp
+
+    from data.pipeline import DeviceSource, train_batches
+
+    ds = random_dataset(1000)  # 15 steps of 64 per epoch (40 examples dropped)
+    cfg = make_cfg(parallel={"name": mode}, mesh__devices=8, train__global_batch=64, optim__name=optim, **dotted)
+    source = DeviceSource(ds, 64, 3, with_index=cfg.model.dropout > 0)
+    fed, host = build(plan(cfg), feed_for=source.feed), build(plan(cfg))
+    out = {}
+    for exp, feeding in ((fed, True), (host, False)):
+        layout = exp.mode.batch_layout()
+        state = exp.state.replace(step=jax.device_put(jnp.int32(start), exp.state.step.sharding))  # a resumed run
+        if feeding:
+            batches = source.device_feeds(layout, start, end)
+        else:
+            batches = train_batches(TrainSource(ds, 64, 3, source.with_index), layout, start, end, prefetch=0)
+        first = next(batches)
+        lowered = exp.steps.train.lower(state, first)
+        compiled = lowered.compile()
+        losses, batch = [], first
+        with jax.transfer_guard("disallow_explicit" if feeding else "allow"):
+            for step in range(start, end):
+                if step > start:
+                    batch = next(batches)
+                state, metrics = compiled(state, batch)
+                losses.append(metrics["train/loss"])
+        out[feeding] = (np.asarray(jax.device_get(losses)), exp.mode.state_to_host(state), (lowered, compiled))
+    return out[True][0], out[False][0], out[True][1], out[False][1], fed, host, out[True][2], out[False][2]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("mode", ["jit_sharding", "fsdp", "shard_map"])
+@pytest.mark.parametrize("optim", ["adam", "sgd"])
+def test_step_with_the_gather_inside_trains_exactly_as_host_batches(mode, optim):
+    import jax
+
+    # from the middle of epoch 0 (a resumed run) across the epoch boundary at step 15 into epoch 1
+    fed_losses, host_losses, fed_state, host_state, fed, host, _, _ = _fed_and_host_steps(mode, optim, 11, 19)
+    assert fed.feed is not None and host.feed is None
+    assert len(fed_losses) == 8 and np.all(np.diff(fed_losses[:4]) != 0)  # real, changing losses
+    np.testing.assert_array_equal(fed_losses, host_losses)
+    for a, b in zip(jax.tree.leaves(fed_state), jax.tree.leaves(host_state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert int(fed_state.step) == 19
+
+
+@pytest.mark.unit
+def test_step_with_the_gather_inside_uses_the_example_index_for_dropout():
+    # dropout draws per-example keys from the batch's index: the gathered index must be the host batch's
+    fed_losses, host_losses, *_ = _fed_and_host_steps("jit_sharding", "adam", 13, 17, model__dropout=0.5)
+    np.testing.assert_array_equal(fed_losses, host_losses)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("mode", ["jit_sharding", "fsdp", "shard_map"])
+def test_step_with_the_gather_inside_communicates_exactly_what_the_step_on_host_batches_does(mode):
+    from measure.compiled import compiled_step_metrics
+
+    *_, fed, host, fed_compiled, host_compiled = _fed_and_host_steps(mode, "adam", 0, 1)
+    metrics = [compiled_step_metrics(*program, 8) for program in (fed_compiled, host_compiled)]
+    comm = [{k: v for k, v in m.items() if k.startswith("comm/")} for m in metrics]
+    assert comm[0]["comm/bytes_per_step"] > 0 and comm[0]["comm/collectives"]
+    assert comm[0] == comm[1]  # the same collectives, byte for byte: the gather adds none
+
+
+@pytest.mark.unit
+def test_pmap_keeps_the_gather_as_a_program_of_its_own():
+    from data.pipeline import DeviceSource
+
+    source = DeviceSource(random_dataset(1000), 64, 0, with_index=False)
+    exp = build(plan(make_cfg(parallel={"name": "pmap"}, mesh__devices=8, train__global_batch=64)), source.feed)
+    assert exp.feed is None and not exp.mode.fuses_feed
+    with pytest.raises(ValueError, match="^parallel=pmap cannot gather its batches inside the train step$"):
+        feed = source.feed(exp.mode.batch_layout())
+        exp.mode.build(exp.local, exp.updater, exp.mode.host_abstract(exp.state), feed=feed)
+
+
 @pytest.mark.unit
 def test_on_device_default_is_a_split_within_an_eighth_of_accelerator_memory_and_never_on_cpu():
     from unittest import mock

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +17,7 @@ from flax import nnx
 
 from conf.schema import Config, model_kwargs, optimizer_kwargs
 from core.errors import ConfigError
+from core.layout import BatchLayout
 from core.optim import effective_lr, make_optimizer, make_schedule
 from core.precision import LOSS_SCALING_MODES, init_loss_scale
 from core.step import LocalGrads, TrainState, Updater, create_state
@@ -334,6 +335,7 @@ class Experiment:
     state: TrainState  # placed on the devices
     steps: StepFns
     graphdef: Any
+    feed: Any = None  # the data.pipeline.DeviceFeed the train step gathers its batches from, or None (batches)
 
 
 def state_init_fn(cfg: Config, tx, graphdef: Any = None) -> tuple[Any, Any]:
@@ -363,8 +365,12 @@ def init_host_state(cfg: Config, tx) -> tuple[Any, TrainState]:
     return graphdef, jax.device_get(state)
 
 
-def build(p: Plan) -> Experiment:
-    """Mesh, mode, initial state (placed) and the jitted train/eval steps for plan ``p``."""
+def build(p: Plan, feed_for: Optional[Callable[[BatchLayout], Any]] = None) -> Experiment:
+    """Mesh, mode, initial state (placed) and the jitted train/eval steps for plan ``p``.
+
+    ``feed_for``: ``layout -> DeviceFeed`` (``data.pipeline.DeviceSource.feed``): when the mode can
+    (``ParallelMode.fuses_feed``), the train step gathers its own batches from the split on the devices
+    (``Experiment.feed`` is then that feed; else None and the step takes batches)."""
     cfg = p.cfg
     mesh = make_mesh(p.devices, p.mesh_shape)
     mode = mode_class(cfg.parallel.name)(
@@ -395,5 +401,8 @@ def build(p: Plan) -> Experiment:
         grad_norm_every=cfg.train.grad_norm_every or 0,
     )
     state = mode.init_state(init_fn)  # created directly in the mode's layout (fsdp: sharded)
-    steps = mode.build(local, updater, mode.host_abstract(state))
-    return Experiment(plan=p, mode=mode, local=local, updater=updater, state=state, steps=steps, graphdef=graphdef)
+    feed = feed_for(mode.batch_layout()) if feed_for is not None and mode.fuses_feed else None
+    steps = mode.build(local, updater, mode.host_abstract(state), feed=feed)
+    return Experiment(
+        plan=p, mode=mode, local=local, updater=updater, state=state, steps=steps, graphdef=graphdef, feed=feed
+    )

@@ -433,7 +433,10 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
     if window_error:  # with train.steps set, plan() already checked this; with train.epochs it needs the data
         raise ConfigError(window_error)
     STARTUP.mark("data")
-    exp = build(p)
+    # the split on the devices: the train step gathers its own batches (one program per step), except under pmap
+    # (fuses_feed) and with the debug dump of placed indices (it reads each step's batch)
+    fuse = isinstance(source, DeviceSource) and not cfg.train.debug_dump_indices
+    exp = build(p, feed_for=source.feed if fuse else None)
     layout = exp.mode.batch_layout()
     STARTUP.mark("build")
     eval_set = make_eval_set(test, cfg.train.eval_batch, exp.mode.num_devices, layout)
@@ -447,8 +450,12 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
     info["data/on_device"] = isinstance(source, (DeviceSource, SyntheticSource))
     if isinstance(source, DeviceSource):
         info["data/on_device_bytes"] = source.split_bytes  # per device
+        info["data/gather_in_step"] = exp.feed is not None
     first_step = min(start, n_steps - 1)  # a resumed run continues the data order at its step
-    batches = train_batches(source, layout, first_step, n_steps, cfg.data.prefetch)
+    if exp.feed is not None:  # the step's own step counter picks its batch: the loop hands it the split's arrays
+        batches = source.device_feeds(layout, first_step, n_steps)
+    else:
+        batches = train_batches(source, layout, first_step, n_steps, cfg.data.prefetch)
     if cfg.train.debug_dump_indices:  # debug aid: which examples each process placed, per step
         batches = dump_batch_indices(batches, run_dir / f"debug_indices_process{jax.process_index()}.jsonl", first_step)
     first = next(batches)

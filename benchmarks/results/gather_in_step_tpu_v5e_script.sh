@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# TPU v5e, seventh session, second call: train.py with the gather inside the step, against 18bce86 and the bare scripts. bash .tpurun/tpu10.sh
+set -u
+export PYTHONUNBUFFERED=1
+phase=${1:-trace}
+if [ ! -f /tmp/site/.done ]; then
+  t0=$(date +%s)
+  PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target /tmp/site .whl-tpu/*.whl || exit 1
+  PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-deps --no-compile --only-binary=:all: \
+    --index-url file:///opt/pypi/simple --target /tmp/site tensorstore==0.1.86 \
+  || PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-deps --no-compile --only-binary=:all: \
+    --index-url file:///opt/pypi/simple --target /tmp/site tensorstore || exit 1
+  echo "install $(( $(date +%s) - t0 )) s"
+  mkdir -p /tmp/w/main /tmp/w/shared/data/tiny_shakespeare /tmp/xdg/dp_scaling/tiny_shakespeare /tmp/tfds/mnist/3.0.1
+  cp .tpudata/dataset_info.json /tmp/tfds/mnist/3.0.1/
+  cp .tpudata/tiny_shakespeare.txt /tmp/w/shared/data/tiny_shakespeare/input.txt
+  cp .tpudata/tiny_shakespeare.txt /tmp/xdg/dp_scaling/tiny_shakespeare/input.txt
+  PYTHONPATH=${PYTHONPATH:-}:/tmp/site python3 -c "
+import numpy as np
+for s in ('train', 'test'):
+    with np.load('.tpudata/mnist-%s-compressed.npz' % s) as f:
+        np.savez('/tmp/xdg/dp_scaling/mnist-3.0.1-%s.npz' % s, images=f['images'], labels=f['labels'])
+" || exit 1
+  touch /tmp/site/.done
+fi
+rm -rf /tmp/w/main && mkdir -p /tmp/w/main && tar --exclude=./.whl-tpu --exclude=./.tpudata -cf - . | (cd /tmp/w/main && tar xf -)
+export PYTHONPATH=${PYTHONPATH:-}:/tmp/site XDG_CACHE_HOME=/tmp/xdg TFDS_DATA_DIR=/tmp/tfds
+export WANDB_CONFIG_DIR=/tmp/wandb_cfg WANDB_CACHE_DIR=/tmp/wandb_cache WANDB_DATA_DIR=/tmp/wandb_data WANDB_MODE=offline
+cd /tmp/w/main || exit 1
+rm -rf /tmp/w/before && mkdir -p /tmp/w/before && tar xzf .tpurun/before.tar.gz -C /tmp/w/before
+date -u; uptime
+echo "== 1: train.py (the gather inside the step) and train.py at 18bce86 (two programs per step) against bare with the split on the chip"
+python3 benchmarks/overhead.py --setups 1:fp32 --pairs 3 --bare-cache --bare-on-device --before /tmp/w/before 2>&1 | grep -v -i "warn"
+date -u; uptime
+echo "== 2: train.py defaults against the issue's bare script (host batches)"
+python3 benchmarks/overhead.py --setups 1:fp32 --pairs 3 --bare-cache 2>&1 | grep -v -i "warn"
+date -u; uptime
+echo "== 3: gather_fusion.py (train.py's fused step, in one process)"
+python3 benchmarks/gather_fusion.py --trials 9 --steps 1000 2>&1 | grep -v -i "warn"
+date -u
