@@ -72,10 +72,13 @@ class DeviceSource(TrainSource):
 
     The split (``image`` uint8 ``[N, H, W, C]``, ``label`` int32 ``[N]``) is placed once, replicated on every
     device of the mesh; each epoch's order (``epoch_permutation``, int32 ``[steps_per_epoch, global_batch]``)
-    and the position in it are placed once per epoch. A step is then one jitted gather whose output has the
-    layout's sharding (each device gathers only its own rows), and which returns the next position, so the loop
-    transfers nothing per step. Batches are the same as ``TrainSource``'s, value for value, in the same
-    sharding: a run's results do not depend on where the split lives.
+    is placed once per epoch. The gather runs inside the train step (``feed`` and ``device_feeds``: one program
+    per step, which finds its row from the state's step counter) or, where the mode cannot take it
+    (``ParallelMode.fuses_feed``: pmap), as a jitted program of its own that returns the next position
+    (``gather_program`` and ``device_batches``). Either way its output has the layout's sharding (each device
+    gathers only its own rows) and the loop transfers nothing per step. Batches are the same as
+    ``TrainSource``'s, value for value, in the same sharding: a run's results do not depend on where the split
+    lives.
 
     Costs: ``split_bytes`` of device memory per device (``nbytes`` of images and labels), placed when the first
     batch is asked for (at start-up, in its ``data`` phase).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -282,6 +283,55 @@ def test_pmap_keeps_the_gather_as_a_program_of_its_own():
     with pytest.raises(ValueError, match="^parallel=pmap cannot gather its batches inside the train step$"):
         feed = source.feed(exp.mode.batch_layout())
         exp.mode.build(exp.local, exp.updater, exp.mode.host_abstract(exp.state), feed=feed)
+
+
+@pytest.mark.unit
+def test_a_run_with_the_split_on_the_devices_says_where_the_gather_runs(tmp_path):
+    from unittest import mock
+
+    from training.report import Reporter
+    from training.run import run
+
+    def summary(name: str, **dotted) -> dict:
+        cfg = make_cfg(
+            data={"on_device": True},
+            wandb__mode="disabled",
+            checkpoint__enabled="false",
+            mesh__devices=8,
+            train__global_batch=64,
+            train__steps=17,  # across the epoch boundary at step 15
+            train__log_every=5,
+            **dotted,
+        )
+        (tmp_path / name).mkdir()
+        reporter = Reporter(tmp_path / name)
+        try:
+            with mock.patch("training.prepare.load_tfds_split", return_value=random_dataset(1000)):
+                return run(cfg, tmp_path / name, reporter)
+        finally:
+            reporter.close()
+
+    runs = {
+        "in the step": summary("a", parallel__name="jit_sharding"),
+        "pmap": summary("b", parallel__name="pmap"),  # the gather stays a program of its own
+        "index dump": summary("c", parallel__name="jit_sharding", train__debug_dump_indices="true"),
+        "host batches": summary("d", parallel__name="jit_sharding", data__on_device="false"),
+    }
+    assert [r["data/gather_in_step"] for r in list(runs.values())[:3]] == [True, False, False]
+    assert "data/gather_in_step" not in runs["host batches"] and runs["host batches"]["data/on_device"] is False
+    assert all(r["data/on_device"] for r in list(runs.values())[:3])
+    dumped = [json.loads(line) for line in (tmp_path / "c" / "debug_indices_process0.jsonl").read_text().splitlines()]
+    assert [d["step"] for d in dumped] == list(range(17)) and all(len(d["indices"]) == 64 for d in dumped)
+    # the same training whichever way the batch is gathered (pmap reduces in another order: not compared)
+    losses = {
+        k: [
+            json.loads(x)["train/loss"]
+            for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()
+            if "train/loss" in x
+        ]
+        for k, d in (("in the step", "a"), ("index dump", "c"), ("host batches", "d"))
+    }
+    assert len(losses["in the step"]) == 17 and losses["in the step"] == losses["index dump"] == losses["host batches"]
 
 
 @pytest.mark.unit

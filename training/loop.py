@@ -59,7 +59,8 @@ def train_loop(
 
     Args:
       compiled: the compiled train step ``(state, batch) -> (state, metrics)``.
-      first_batch: the placed batch of step ``start``; ``batches`` yields the following ones.
+      first_batch: the placed batch of step ``start`` (with the gather inside the step, ``Experiment.feed``: the
+        device arrays it gathers from, ``DeviceSource.device_feeds``); ``batches`` yields the following ones.
       bound: steps allowed in flight (``in_flight_bound``): after dispatching step t the loop waits for the
         output of step t - ``bound`` before it dispatches the next; None: unbounded (never waits).
       transfer_guard: ``jax.transfer_guard`` level around the dispatch (``disallow``: any implicit host <->

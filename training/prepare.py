@@ -226,7 +226,8 @@ class Prepared:
     """One run, ready for its first step.
 
     ``exp.state`` is the initial (or restored) placed state; ``first`` the batch of step ``start`` (already
-    placed) and ``batches`` the iterator of the following ones; ``compiled`` the compiled train step;
+    placed; with ``exp.feed`` the device arrays the step gathers it from) and ``batches`` the iterator of the
+    following ones; ``compiled`` the compiled train step;
     ``info``: the static figures of the run (summary keys: mesh, batch, ``comm/*``, ``mem/*``, ``perf/*``).
     """
 
