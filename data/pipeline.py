@@ -115,10 +115,14 @@ class DeviceSource(TrainSource):
 
     def feed(self, layout: BatchLayout) -> DeviceFeed:
         """The gather as part of the train step (``ParallelMode.build(..., feed=)``): ``batch_at((split, order),
-        step)`` gathers the global batch of optimizer step ``step`` (the state's int32 step counter: row ``step %
-        steps_per_epoch`` of the epoch's order, which ``device_feeds`` hands over with the split). One program
-        per step instead of two: on a TPU v5e the MLP's step took 326 us against 519 us as gather + step
-        (``benchmarks/results/gather_fusion_tpu_v5e.txt``)."""
+        step)`` gathers the global batch of optimizer step ``step`` (the state's int32 step counter, ``[]``) as
+        row ``step % steps_per_epoch`` of ``order``, from ``split`` = (images uint8 ``[N, H*W*C]``, labels int32
+        ``[N]``) and ``order`` int32 ``[steps_per_epoch, global_batch]``, both replicated, as ``device_feeds``
+        hands them over; the batch has ``layout``'s shapes and sharding. The rule it rests on: the step counter
+        of the state the step is called with is the step ``device_feeds`` yielded the arrays for (true of
+        ``train.py``'s loop, which starts ``device_feeds`` at the restored step; a mismatch would silently pick
+        another batch). One program per step instead of two: on a TPU v5e the MLP's step took 304.9 us against
+        525.7 us as gather + step (``benchmarks/results/gather_in_step_tpu_v5e.txt``)."""
         gather, spe = self._gather(layout), self.steps_per_epoch
         return DeviceFeed(
             batch_at=lambda arrays, step: gather(arrays[0], arrays[1], step % spe), sharding=layout.replicated
@@ -150,10 +154,15 @@ class DeviceSource(TrainSource):
                 epoch_now = epoch
             yield split, order, at
 
-    def device_feeds(self, layout: BatchLayout, start_step: int, end_step: int) -> Iterator[tuple]:
-        """What a step built with ``feed`` takes in place of a batch, for steps ``[start_step, end_step)``: the
-        device arrays ``(split, order)``, the same objects for every step of an epoch (nothing is placed per
-        step; the step finds its row from its own step counter)."""
+    def device_feeds(
+        self, layout: BatchLayout, start_step: int, end_step: int
+    ) -> Iterator[tuple[tuple[jax.Array, jax.Array], jax.Array]]:
+        """What a step built with ``feed`` takes in place of a batch, for steps ``[start_step, end_step)``:
+        ``(split, order)``, replicated device arrays (``split`` = (images uint8 ``[N, H*W*C]``, labels int32
+        ``[N]``), ``order`` int32 ``[steps_per_epoch, global_batch]`` of the step's epoch), the same objects for
+        every step of an epoch: nothing is placed per step, and the step finds its row from its own step counter,
+        which must be the step these arrays were yielded for. The split is placed at the first ``next()``, each
+        epoch's order at its first step."""
         for split, order, _ in self._placed(layout, start_step, end_step):
             yield split, order
 
@@ -174,8 +183,10 @@ class DeviceSource(TrainSource):
 @dataclasses.dataclass(frozen=True)
 class DeviceFeed:
     """A batch made inside the train step from device arrays (``DeviceSource.feed``): ``batch_at(arrays, step)``
-    (traceable; ``step`` the state's int32 step counter) returns the step's global batch in the mode's batch
-    layout; ``sharding`` is that of every array the step takes in place of a batch."""
+    (traceable; ``arrays`` = ``((images uint8 [N, H*W*C], labels int32 [N]), order int32 [steps_per_epoch,
+    global_batch])`` as ``DeviceSource.device_feeds`` yields them, ``step`` the state's int32 step counter
+    ``[]``) returns the step's global batch dict in the mode's batch layout; ``sharding`` (replicated) is that of
+    every array the step takes in place of a batch."""
 
     batch_at: Callable[[tuple, jax.Array], Batch]
     sharding: jax.sharding.Sharding
@@ -191,7 +202,9 @@ def split_fits_on_device(split_bytes: int, bytes_limit: Optional[int]) -> bool:
     """``data.on_device=null``: whether a training split of ``split_bytes`` goes to device memory: when it takes
     at most 1/8 of a device's ``bytes_limit`` (``Device.memory_stats()``: GPU, TPU); never where the backend
     reports no limit (None: the CPU backend, whose devices are the host's own cores, so a gather there is the
-    same host work: measured slower at 1 device and mixed at 8, ``benchmarks/results/on_device_cpu.txt``)."""
+    same host work: with the gather inside the step no difference was resolved at 1 or 8 devices,
+    ``benchmarks/results/gather_in_step_cpu.txt``; as a program of its own it was slower at 1 device and mixed
+    at 8, ``on_device_cpu.txt``)."""
     return bool(bytes_limit) and split_bytes <= bytes_limit // 8
 
 

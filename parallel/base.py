@@ -295,9 +295,12 @@ class ParallelMode:
         reduction, then the optimizer), and the eval step, compiled by ``_compile``.
 
         ``feed``: a ``data.pipeline.DeviceFeed`` (the training split on the devices, ``data.on_device``): the
-        step takes the feed's device arrays in place of a batch and gathers its batch itself, from its own step
-        counter (``feed.batch_at(arrays, state.step)``), so a step is one program with nothing sent to the
-        devices. Raises ValueError for a mode that cannot (``fuses_feed`` False: pmap)."""
+        step is then ``(state, (split, order)) -> (state, metrics)``: it takes the feed's replicated device arrays
+        (``split`` = (images uint8 ``[N, H*W*C]``, labels int32 ``[N]``), ``order`` int32 ``[steps_per_epoch,
+        global_batch]``, the order of the epoch of ``state.step``) in place of a batch and gathers its batch
+        itself, from its own step counter (``feed.batch_at(arrays, state.step)``), so a step is one program with
+        nothing sent to the devices; the program keeps the name ``train_step``. Raises ValueError for a mode that
+        cannot (``fuses_feed`` False: pmap)."""
 
         def train_step(state: TrainState, batch):
             scale = state.loss_scale.scale
@@ -312,6 +315,7 @@ class ParallelMode:
         def fed_step(state: TrainState, arrays):
             return train_step(state, feed.batch_at(arrays, state.step))
 
+        fed_step.__name__ = fed_step.__qualname__ = "train_step"  # one name for the step (cache logs, traces)
         return self._compile(fed_step, local, abstract_state, batch_sharding=feed.sharding)
 
     def _compile(

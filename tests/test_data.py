@@ -211,10 +211,11 @@ def _fed_and_host_steps(mode: str, optim: str, start: int, end: int, **dotted):
     import jax.numpy as jnp
 
     from data.pipeline import DeviceSource, train_batches
+    from training.prepare import batches_need_index
 
     ds = random_dataset(1000)  # 15 steps of 64 per epoch (40 examples dropped)
     cfg = make_cfg(parallel={"name": mode}, mesh__devices=8, train__global_batch=64, optim__name=optim, **dotted)
-    source = DeviceSource(ds, 64, 3, with_index=cfg.model.dropout > 0)
+    source = DeviceSource(ds, 64, 3, with_index=batches_need_index(cfg))
     fed, host = build(plan(cfg), feed_for=source.feed), build(plan(cfg))
     out = {}
     for exp, feeding in ((fed, True), (host, False)):
@@ -248,6 +249,8 @@ def test_step_with_the_gather_inside_trains_exactly_as_host_batches(mode, optim)
     fed_losses, host_losses, fed_state, host_state, fed, host, _, _ = _fed_and_host_steps(mode, optim, 11, 19)
     assert fed.feed is not None and host.feed is None
     assert len(fed_losses) == 8 and np.all(np.diff(fed_losses[:4]) != 0)  # real, changing losses
+    # exact: the same operations on the same values (an XLA release that fused them differently could, in
+    # principle, reorder a float sum; then this would need a tolerance, not a different claim)
     np.testing.assert_array_equal(fed_losses, host_losses)
     for a, b in zip(jax.tree.leaves(fed_state), jax.tree.leaves(host_state)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -255,15 +258,18 @@ def test_step_with_the_gather_inside_trains_exactly_as_host_batches(mode, optim)
 
 
 @pytest.mark.unit
-def test_step_with_the_gather_inside_uses_the_example_index_for_dropout():
-    # dropout draws per-example keys from the batch's index: the gathered index must be the host batch's
-    fed_losses, host_losses, *_ = _fed_and_host_steps("jit_sharding", "adam", 13, 17, model__dropout=0.5)
+@pytest.mark.parametrize("keyed", [{"model__dropout": 0.5}, {"data__augment": "true"}])
+def test_step_with_the_gather_inside_uses_the_example_index_for_per_example_keys(keyed):
+    # dropout and augmentation draw per-example keys from the batch's index: the gathered index must be the host's
+    fed_losses, host_losses, *_ = _fed_and_host_steps("jit_sharding", "adam", 13, 17, **keyed)
     np.testing.assert_array_equal(fed_losses, host_losses)
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize("mode", ["jit_sharding", "fsdp", "shard_map"])
 def test_step_with_the_gather_inside_communicates_exactly_what_the_step_on_host_batches_does(mode):
+    import re
+
     from measure.compiled import compiled_step_metrics
 
     *_, fed, host, fed_compiled, host_compiled = _fed_and_host_steps(mode, "adam", 0, 1)
@@ -271,6 +277,11 @@ def test_step_with_the_gather_inside_communicates_exactly_what_the_step_on_host_
     comm = [{k: v for k, v in m.items() if k.startswith("comm/")} for m in metrics]
     assert comm[0]["comm/bytes_per_step"] > 0 and comm[0]["comm/collectives"]
     assert comm[0] == comm[1]  # the same collectives, byte for byte: the gather adds none
+    # and it is partitioned: each device gathers its own 8 of the 64 image rows (a replicated gather would add
+    # no collective either, so the gathers' shapes are checked)
+    gathers = re.findall(r"= u8\[([\d,]+)\]\S* gather\(", fed_compiled[1].as_text())
+    assert gathers and all(shape.split(",")[0] == "8" for shape in gathers), gathers
+    assert not re.findall(r"= u8\[([\d,]+)\]\S* gather\(", host_compiled[1].as_text())
 
 
 @pytest.mark.unit
@@ -285,31 +296,34 @@ def test_pmap_keeps_the_gather_as_a_program_of_its_own():
         exp.mode.build(exp.local, exp.updater, exp.mode.host_abstract(exp.state), feed=feed)
 
 
-@pytest.mark.unit
-def test_a_run_with_the_split_on_the_devices_says_where_the_gather_runs(tmp_path):
+def _run_on_random_data(run_dir, **dotted) -> dict:
+    """``training.run.run`` in-process on 1,000 random MNIST-shaped examples (15 steps of 64 per epoch), 8
+    devices, the split on the devices, W&B disabled; returns the summary."""
     from unittest import mock
 
     from training.report import Reporter
     from training.run import run
 
+    settings = {"wandb__mode": "disabled", "checkpoint__enabled": "false", "train__log_every": 5, **dotted}
+    cfg = make_cfg(data={"on_device": True}, mesh__devices=8, train__global_batch=64, **settings)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    reporter = Reporter(run_dir)
+    try:
+        with mock.patch("training.prepare.load_tfds_split", return_value=random_dataset(1000)):
+            return run(cfg, run_dir, reporter)
+    finally:
+        reporter.close()
+
+
+def _losses(run_dir) -> dict[int, float]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["train/loss"] for r in records if "train/loss" in r}
+
+
+@pytest.mark.unit
+def test_a_run_with_the_split_on_the_devices_says_where_the_gather_runs(tmp_path):
     def summary(name: str, **dotted) -> dict:
-        cfg = make_cfg(
-            data={"on_device": True},
-            wandb__mode="disabled",
-            checkpoint__enabled="false",
-            mesh__devices=8,
-            train__global_batch=64,
-            train__steps=17,  # across the epoch boundary at step 15
-            train__log_every=5,
-            **dotted,
-        )
-        (tmp_path / name).mkdir()
-        reporter = Reporter(tmp_path / name)
-        try:
-            with mock.patch("training.prepare.load_tfds_split", return_value=random_dataset(1000)):
-                return run(cfg, tmp_path / name, reporter)
-        finally:
-            reporter.close()
+        return _run_on_random_data(tmp_path / name, train__steps=17, **dotted)  # across the epoch boundary at 15
 
     runs = {
         "in the step": summary("a", parallel__name="jit_sharding"),
@@ -323,15 +337,23 @@ def test_a_run_with_the_split_on_the_devices_says_where_the_gather_runs(tmp_path
     dumped = [json.loads(line) for line in (tmp_path / "c" / "debug_indices_process0.jsonl").read_text().splitlines()]
     assert [d["step"] for d in dumped] == list(range(17)) and all(len(d["indices"]) == 64 for d in dumped)
     # the same training whichever way the batch is gathered (pmap reduces in another order: not compared)
-    losses = {
-        k: [
-            json.loads(x)["train/loss"]
-            for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()
-            if "train/loss" in x
-        ]
-        for k, d in (("in the step", "a"), ("index dump", "c"), ("host batches", "d"))
-    }
-    assert len(losses["in the step"]) == 17 and losses["in the step"] == losses["index dump"] == losses["host batches"]
+    losses = {k: _losses(tmp_path / d) for k, d in (("in the step", "a"), ("index dump", "c"), ("host batches", "d"))}
+    assert sorted(losses["in the step"]) == list(range(1, 18))
+    assert losses["in the step"] == losses["index dump"] == losses["host batches"]
+
+
+@pytest.mark.unit
+def test_a_resumed_run_with_the_gather_in_the_step_continues_the_data_order(tmp_path):
+    # 11 steps with a checkpoint, then resumed to 20 (across the epoch boundary at step 15): the same losses and
+    # evaluation as 20 uninterrupted steps on host batches
+    ckpt = {"checkpoint__enabled": "true", "checkpoint__dir": str(tmp_path / "ckpt")}
+    first = _run_on_random_data(tmp_path / "first", train__steps=11, **ckpt)
+    resumed = _run_on_random_data(tmp_path / "resumed", train__steps=20, **ckpt)
+    straight = _run_on_random_data(tmp_path / "straight", train__steps=20, data__on_device="false")
+    assert first["data/gather_in_step"] and resumed["data/gather_in_step"]
+    assert (tmp_path / "ckpt" / "11").is_dir() and sorted(_losses(tmp_path / "resumed")) == list(range(1, 21))
+    assert _losses(tmp_path / "resumed") == _losses(tmp_path / "straight")
+    assert resumed["eval/loss"] == straight["eval/loss"] and resumed["eval/accuracy"] == straight["eval/accuracy"]
 
 
 @pytest.mark.unit

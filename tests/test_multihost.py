@@ -398,10 +398,13 @@ def test_unequal_device_counts_stop_at_start(tmp_path):
     assert not list(tmp_path.rglob("*.wandb")) and not (run_dir / "metrics.jsonl").exists()
 
 
-def check_equivalence(tmp_path: Path, parallel: str, checkpoints: bool, extra: tuple = ()) -> None:
+def check_equivalence(
+    tmp_path: Path, parallel: str, checkpoints: bool, extra: tuple = (), dump: bool = True
+) -> None:
     """2 processes x 4 devices (scripts/launch_local.py) == 1 process x 8 devices, run at the same time (both
-    with the overrides ``extra``)."""
+    with the overrides ``extra``; ``dump``: with ``train.debug_dump_indices=true``, whose files are checked)."""
     one, two = tmp_path / "one", tmp_path / "two"
+    train = TRAIN if dump else [o for o in TRAIN if not o.startswith("train.debug_dump_indices=")]
     env = clean_env(tmp_path)
     ckpt = [f"checkpoint.dir={tmp_path / 'shared_ckpt'}"] if checkpoints else ["checkpoint.enabled=false"]
     ref = start(
@@ -411,7 +414,7 @@ def check_equivalence(tmp_path: Path, parallel: str, checkpoints: bool, extra: t
             "runtime.cpu_devices=8",
             f"parallel={parallel}",
             "checkpoint.enabled=false",
-            *TRAIN,
+            *train,
             *extra,
         ],
         env,
@@ -429,7 +432,7 @@ def check_equivalence(tmp_path: Path, parallel: str, checkpoints: bool, extra: t
             f"hydra.run.dir={two}",
             f"parallel={parallel}",
             *ckpt,
-            *TRAIN,
+            *train,
             *extra,
         ],
         env,
@@ -439,11 +442,12 @@ def check_equivalence(tmp_path: Path, parallel: str, checkpoints: bool, extra: t
     code_two, out_two = finish(multi, tmp_path / "two.txt", 600)
     assert code_one == 0, out_one[-3000:]
     assert code_two == 0, out_two[-3000:]
-    check_outputs(tmp_path, checkpoints)
+    check_outputs(tmp_path, checkpoints, dump)
 
 
-def check_outputs(tmp_path: Path, checkpoints: bool) -> None:
-    """The assertions of ``check_equivalence`` on its finished runs ``tmp_path/one`` and ``tmp_path/two``."""
+def check_outputs(tmp_path: Path, checkpoints: bool, dump: bool = True) -> None:
+    """The assertions of ``check_equivalence`` on its finished runs ``tmp_path/one`` and ``tmp_path/two`` (the
+    placed indices only with ``dump``)."""
     one, two = tmp_path / "one", tmp_path / "two"
 
     # the loss trajectory and the evaluation
@@ -457,9 +461,9 @@ def check_outputs(tmp_path: Path, checkpoints: bool) -> None:
     assert (s_one["process_count"], s_two["process_count"], s_two["mesh/devices"]) == (1, 2, 8)
 
     # the data: per step, process 0's rows then process 1's rows are exactly the global batch, no duplicates
-    single, p0, p1 = dumped(one, 0), dumped(two, 0), dumped(two, 1)
+    single, p0, p1 = (dumped(one, 0), dumped(two, 0), dumped(two, 1)) if dump else ({}, {}, {})
     perm = epoch_permutation(0, 0, 60000)  # MNIST train: 60,000 examples, seed 0, epoch 0
-    for step in range(STEPS):
+    for step in range(STEPS if dump else 0):
         assert len(p0[step]) == len(p1[step]) == GLOBAL_BATCH // 2
         union = p0[step] + p1[step]
         assert len(set(union)) == GLOBAL_BATCH
@@ -480,7 +484,7 @@ def check_outputs(tmp_path: Path, checkpoints: bool) -> None:
     assert config["process_layout"]["coordinator"].startswith("127.0.0.1:")
     # process 1 wrote only its own log (and the requested debug dump); Hydra's files are process 0's
     mine = sorted(p.name for p in two.iterdir() if "process1" in p.name)
-    assert mine == ["debug_indices_process1.jsonl", "train_process1.log"]
+    assert mine == ["debug_indices_process1.jsonl", "train_process1.log"][0 if dump else 1 :]
     log1 = (two / "train_process1.log").read_text().splitlines()
     assert log1 and all(line.startswith("[process 1] ") for line in log1)
     assert "[process 1]" not in (two / "train.log").read_text()
@@ -500,12 +504,15 @@ def test_two_processes_equal_one_process_other_modes(tmp_path, parallel):
     check_equivalence(tmp_path, parallel, checkpoints=True)
 
 
-def test_two_processes_equal_one_process_with_the_split_on_the_devices(tmp_path):
-    # data.on_device=true: each process places the replicated split with make_array_from_callback (~11 s here)
-    check_equivalence(tmp_path, "jit_sharding", checkpoints=False, extra=("data.on_device=true",))
+@pytest.mark.parametrize("dump", [False, True])
+def test_two_processes_equal_one_process_with_the_split_on_the_devices(tmp_path, dump):
+    # data.on_device=true: each process places the replicated split with make_array_from_callback (~11 s here);
+    # the gather inside the train step, or (with the index dump, which reads each batch) a program of its own
+    check_equivalence(tmp_path, "jit_sharding", checkpoints=False, extra=("data.on_device=true",), dump=dump)
     for run in ("one", "two"):
         summary = json.loads((tmp_path / run / "summary.json").read_text())
         assert summary["data/on_device"] is True and summary["data/on_device_bytes"] == 60000 * (784 + 4)
+        assert summary["data/gather_in_step"] is (not dump)
 
 
 @pytest.mark.slow

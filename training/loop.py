@@ -58,7 +58,8 @@ def train_loop(
     first dispatch on ``loop.clock`` (``perf/startup_s``); closes every hook when it ends (also on errors).
 
     Args:
-      compiled: the compiled train step ``(state, batch) -> (state, metrics)``.
+      compiled: the compiled train step ``(state, batch) -> (state, metrics)`` (with the gather inside it,
+        ``Experiment.feed``: ``(state, (split, order)) -> (state, metrics)``).
       first_batch: the placed batch of step ``start`` (with the gather inside the step, ``Experiment.feed``: the
         device arrays it gathers from, ``DeviceSource.device_feeds``); ``batches`` yields the following ones.
       bound: steps allowed in flight (``in_flight_bound``): after dispatching step t the loop waits for the
