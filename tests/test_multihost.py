@@ -398,9 +398,7 @@ def test_unequal_device_counts_stop_at_start(tmp_path):
     assert not list(tmp_path.rglob("*.wandb")) and not (run_dir / "metrics.jsonl").exists()
 
 
-def check_equivalence(
-    tmp_path: Path, parallel: str, checkpoints: bool, extra: tuple = (), dump: bool = True
-) -> None:
+def check_equivalence(tmp_path: Path, parallel: str, checkpoints: bool, extra: tuple = (), dump: bool = True) -> None:
     """2 processes x 4 devices (scripts/launch_local.py) == 1 process x 8 devices, run at the same time (both
     with the overrides ``extra``; ``dump``: with ``train.debug_dump_indices=true``, whose files are checked)."""
     one, two = tmp_path / "one", tmp_path / "two"
