@@ -304,9 +304,10 @@ class DataConfig:
     # training thread, when the step asks for its batch (no second thread; data/pipeline.py: train_batches).
     prefetch: int = 2
     # Image data sets: keep the whole training split in device memory, replicated on every device, and gather
-    # each step's batch there (no per-step host gather or transfer; the same batches). null: on a GPU or TPU
-    # when the split takes at most 1/8 of the memory JAX may use on a device, never on the CPU backend (its
-    # devices are the host's cores: slower at 1 device, mixed at 8); false: host batches (data.prefetch);
+    # each step's batch there, inside the train step (pmap, train.debug_dump_indices: a program of its own; no
+    # per-step host gather or transfer; the same batches). null: on a GPU or TPU when the split takes at most
+    # 1/8 of the memory JAX may use on a device, never on the CPU backend (its devices are the host's cores; no
+    # gain resolved there); false: host batches (data.prefetch);
     # true: always (refused for model=gpt and for a split larger than that memory). Synthetic data is generated
     # on the devices regardless.
     on_device: Optional[bool] = None

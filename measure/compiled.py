@@ -116,12 +116,17 @@ def state_bytes_per_device(state) -> int:
     return int(total)
 
 
-def peak_bytes_per_device() -> Optional[int]:
-    """Peak bytes in use on the first local device (GPU/TPU memory statistics), None where unavailable."""
+def device_memory_stat(key: str) -> Optional[int]:
+    """One figure (bytes) of the first local device's ``Device.memory_stats()`` (GPU, TPU: e.g.
+    ``peak_bytes_in_use``, ``bytes_limit``), None where the backend reports none (CPU), lacks the key or the
+    statistics cannot be read."""
     try:
         stats = jax.local_devices()[0].memory_stats()
-    except Exception:
+    except Exception:  # a backend without memory statistics: treated as reporting none
         return None
-    if not stats or "peak_bytes_in_use" not in stats:
-        return None
-    return int(stats["peak_bytes_in_use"])
+    return int(stats[key]) if stats and key in stats else None
+
+
+def peak_bytes_per_device() -> Optional[int]:
+    """Peak bytes in use on the first local device (GPU/TPU memory statistics), None where unavailable."""
+    return device_memory_stat("peak_bytes_in_use")

@@ -386,6 +386,26 @@ def test_on_device_default_is_a_split_within_an_eighth_of_accelerator_memory_and
 
 
 @pytest.mark.unit
+def test_device_memory_figures_come_from_the_first_local_devices_statistics():
+    from types import SimpleNamespace
+    from unittest import mock
+
+    from measure.compiled import peak_bytes_per_device
+    from training.prepare import device_bytes_limit
+
+    def device(stats):
+        return [SimpleNamespace(memory_stats=stats)]
+
+    with mock.patch("jax.local_devices", return_value=device(lambda: {"bytes_limit": 100, "peak_bytes_in_use": 7})):
+        assert (device_bytes_limit(), peak_bytes_per_device()) == (100, 7)
+    with mock.patch("jax.local_devices", return_value=device(lambda: {"bytes_limit": 0, "peak_bytes_in_use": 0})):
+        assert (device_bytes_limit(), peak_bytes_per_device()) == (None, 0)  # a limit of 0: none known
+    for stats in (lambda: None, lambda: {}, mock.Mock(side_effect=RuntimeError("no statistics"))):
+        with mock.patch("jax.local_devices", return_value=device(stats)):
+            assert (device_bytes_limit(), peak_bytes_per_device()) == (None, None)
+
+
+@pytest.mark.unit
 def test_on_device_default_with_several_processes_needs_every_process_to_fit():
     from unittest import mock
 

@@ -32,6 +32,7 @@ from data.pipeline import (
 from data.sources import load_tfds_split
 from measure.compiled import (
     compiled_step_metrics,
+    device_memory_stat,
     hardware_profile,
     lookup_link_bytes_per_s,
     lookup_peak_flops_per_s,
@@ -209,11 +210,7 @@ def device_bytes_limit() -> Optional[int]:
     """Bytes JAX's allocator may use on a local device (``memory_stats()['bytes_limit']``: GPU, TPU; on a GPU
     with JAX's default preallocation ~75% of its memory), None where the backend reports none (CPU) or the
     statistics cannot be read."""
-    try:
-        stats = jax.local_devices()[0].memory_stats()
-    except Exception:  # a backend without memory statistics: treated as reporting none
-        return None
-    return int(stats["bytes_limit"]) if stats and stats.get("bytes_limit") else None
+    return device_memory_stat("bytes_limit") or None  # a reported 0: no limit known
 
 
 def total_steps(cfg: Config, steps_per_epoch: int) -> int:
