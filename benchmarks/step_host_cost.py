@@ -13,8 +13,10 @@ step with the repository's extra leaves (a step counter, three loss-scale scalar
 - the compiled programs' XLA cost analysis (flops, bytes accessed);
 - batch placement: main-thread CPU per batch, ``BatchLayout.place`` of ``TrainSource.local_batch`` (the
   prefetch thread's work) against the bare ``jax.device_put((images[idx], labels[idx]))``;
-- a logging window's metrics to the host: main-thread CPU per 50-step window, ``ParallelMode.metrics_to_host``
-  of the window's list in one call (``training.hooks.flush_window``) against one call per step.
+- a logging window's metrics to the host: main-thread CPU and wall time per 50-step window, three ways:
+  ``ParallelMode.metrics_to_host`` of the window's list (``training.hooks.flush_window``: the steps' metrics
+  stacked on the device, ``parallel.base.window_to_host``), one ``jax.device_get`` of the list (the code before
+  the stacking), and one call per step; the three results are checked equal.
 
     python benchmarks/step_host_cost.py [--trials 9] [--steps 100]
 
@@ -144,19 +146,24 @@ def main() -> None:
         state["repo"] = (st,)
         return jax.block_until_ready(window)
 
-    def transfer(at_once: bool):
+    ways = {
+        "stacked": exp.mode.metrics_to_host,  # training.hooks.flush_window: the window's list in one call
+        "one device_get": jax.device_get,  # the list's copies started together, one per metric and step
+        "per step": lambda window: [exp.mode.metrics_to_host(m) for m in window],
+    }
+
+    def transfer(way: str):
         window = window_of_metrics()
-        c0 = time.thread_time()
-        if at_once:
-            exp.mode.metrics_to_host(window)  # training.hooks.flush_window: the window's list in one call
-        else:
-            [exp.mode.metrics_to_host(m) for m in window]  # one call per step
-        return time.thread_time() - c0, 0.0
+        t0, c0 = time.perf_counter(), time.thread_time()
+        host = ways[way](window)
+        cpu, wall = time.thread_time() - c0, time.perf_counter() - t0
+        assert len(host) == WINDOW
+        return cpu, wall
 
     runs = {name: (lambda n, name=name: trial(name, n)) for name in state}
     runs["placement: repo"], runs["placement: bare"] = place_repo, place_bare
-    runs["window: one call"] = lambda n: transfer(True)
-    runs["window: per step"] = lambda n: transfer(False)
+    for way in ways:
+        runs[f"window: {way}"] = lambda n, way=way: transfer(way)
     for run in runs.values():
         run(10)
     print(
@@ -172,9 +179,11 @@ def main() -> None:
     for name, rs in results.items():
         cpu = [r[0] * 1e6 for r in rs]
         if name.startswith("window"):
+            wall = [r[1] * 1e6 for r in rs]
             print(
-                f"  {name:<22} main-thread CPU per {WINDOW}-step window of metrics to the host: median "
-                f"{statistics.median(cpu):.0f} us, min {min(cpu):.0f} us"
+                f"  {name:<22} per {WINDOW}-step window of metrics to the host: main-thread CPU median "
+                f"{statistics.median(cpu):.0f} us, min {min(cpu):.0f} us; wall median {statistics.median(wall):.0f} "
+                f"us, min {min(wall):.0f} us"
             )
             continue
         line = f"  {name:<22} main-thread CPU per call: median {statistics.median(cpu):.0f} us, min {min(cpu):.0f} us"
@@ -182,6 +191,10 @@ def main() -> None:
             wall = [r[1] * 1e3 for r in rs]
             line += f"; wall per step: median {statistics.median(wall):.3f} ms, min {min(wall):.3f} ms"
         print(line)
+    window = window_of_metrics()
+    seen = {way: [{k: float(v) for k, v in m.items()} for m in f(window)] for way, f in ways.items()}
+    assert all(host == seen["per step"] for host in seen.values()), "the ways gave different metrics"
+    print(f"  the {WINDOW} steps' metrics are equal all three ways")
     for name, compiled in (
         ("repo", step_repo),
         ("bare", step_bare.lower(state["bare"][0], state["bare"][1], x, y).compile()),

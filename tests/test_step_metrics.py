@@ -146,3 +146,68 @@ def test_logged_lr_does_not_advance_on_steps_skipped_by_loss_scaling():
     assert exp.updater.complete(records) is None  # overflows are skips, not errors
     # warmup: lr(count) = count / 4 * 1e-3; counts used: 0, 1 (skipped), 1, 2 (skipped), 2
     np.testing.assert_allclose([r["optim/lr"] for r in records], [0.0, 2.5e-4, 2.5e-4, 5e-4, 5e-4], rtol=1e-6)
+
+
+def _window(cfg, n):
+    """The device metrics of ``n`` steps (a logging window as ``training.loop`` collects it) and the experiment."""
+    p = plan(cfg)
+    exp = build(p)
+    layout, src = exp.mode.batch_layout(), TrainSource(DATA, p.global_batch, cfg.train.seed, with_index=False)
+    state, window = exp.state, []
+    for step in range(n):
+        batch = layout.place(src.local_batch(step, layout.local_rows(p.global_batch)), p.global_batch)
+        state, m = exp.steps.train(state, batch)
+        window.append(jax.block_until_ready(m))  # one step in flight (queued simulated collectives abort XLA:CPU)
+    return window, exp
+
+
+def _equal_bitwise(a, b) -> bool:
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    return jax.tree.structure(a) == jax.tree.structure(b) and all(
+        np.asarray(x).dtype == np.asarray(y).dtype and np.array_equal(np.asarray(x), np.asarray(y))
+        for x, y in zip(la, lb)
+    )
+
+
+@pytest.mark.parametrize(
+    "mode, precision",
+    [("jit_sharding", "fp32"), ("pmap", "fp32"), ("fsdp", "bf16"), ("shard_map", "fp32"), ("jit_sharding", "fp16")],
+)
+def test_window_is_stacked_on_the_device_and_equals_a_copy_per_step(mode, precision):
+    """A logging window's metrics come to the host stacked (``parallel.base.window_to_host``): bitwise the values
+    and dtypes of a ``device_get`` per step, for windows of 1, 50, 64 and 70 steps (two chunks), with ONE compiled
+    stacking program for every length."""
+    from parallel.base import _stack_steps, window_to_host
+
+    overrides = {"precision__name": precision}
+    if precision == "fp16":
+        overrides.update(precision__compute_dtype="float16", precision__loss_scale="dynamic")
+    cfg = make_cfg(parallel__name=mode, optim__name="sgd", optim__lr=LR, train__global_batch=64, **overrides)
+    window, exp = _window(cfg, 70)
+    per_step = [jax.device_get(m) for m in window]
+    compiled_before = _stack_steps._cache_size()
+    for n in (1, 50, 64, 70):
+        assert window_to_host(window[:n]) is not None  # the stacked path, not the fallback
+        host = exp.mode.metrics_to_host(window[:n])
+        assert len(host) == n
+        assert all(_equal_bitwise(h, s) for h, s in zip(host, per_step[:n]))
+    assert _stack_steps._cache_size() - compiled_before <= 1
+    names = set(window[0])
+    assert {"train/loss", "train/accuracy"} <= names
+    if precision == "fp16":
+        assert {"precision/loss_scale", "precision/skipped_steps"} <= names
+
+
+def test_unlike_windows_fall_back_to_a_copy_per_array():
+    """Steps whose metrics differ in structure, dtype or kind are copied as they are, with the same values."""
+    from parallel.base import window_to_host
+
+    window, exp = _window(make_cfg(train__global_batch=64), 3)
+    extra = {**window[0], "more": window[0]["train/loss"]}
+    as_int = {k: v.astype(np.int32) for k, v in window[1].items()}
+    numpy_leaf = {k: np.asarray(v) for k, v in window[2].items()}
+    for unlike in ([window[0], extra], [window[0], as_int], [window[0], numpy_leaf], [numpy_leaf], []):
+        assert window_to_host(unlike) is None
+        host = exp.mode.metrics_to_host(unlike)
+        assert len(host) == len(unlike)
+        assert all(_equal_bitwise(h, jax.device_get(m)) for h, m in zip(host, unlike))
