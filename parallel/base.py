@@ -405,10 +405,10 @@ def window_to_host(window: list) -> Optional[list]:
 
     The steps' leaves are stacked on the device in chunks of ``WINDOW_CHUNK_STEPS`` steps (the last chunk
     padded with its last step) by one compiled program and copied to the host together: one dispatch and one
-    copy per metric name and chunk instead of one copy per metric and step. On a TPU v5e host a 50-step window
-    of the main job's metrics took 12.5 ms per logging window with a copy per array
-    (``benchmarks/results/hook_times_tpu_v5e.txt``); ``benchmarks/step_host_cost.py`` measures the ways side by
-    side.
+    copy per metric name and chunk instead of one copy per metric and step. A 50-step window of the main job's
+    metrics (2 float32 scalars per step), median wall time on a TPU v5e host: 1.72 ms this way against 9.16 ms
+    for one ``jax.device_get`` of the list (``benchmarks/step_host_cost.py``,
+    ``benchmarks/results/window_stack_tpu_v5e.txt``).
 
     Returns None (the caller copies array by array) when the window is empty, or its steps' trees differ in
     structure, shape, dtype or sharding, or a leaf is not a fully addressable ``jax.Array``.
