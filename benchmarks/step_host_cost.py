@@ -16,7 +16,7 @@ step with the repository's extra leaves (a step counter, three loss-scale scalar
 - a logging window's metrics to the host: main-thread CPU and wall time per 50-step window, three ways:
   ``ParallelMode.metrics_to_host`` of the window's list (``training.hooks.flush_window``: the steps' metrics
   stacked on the device, ``parallel.base.window_to_host``), one ``jax.device_get`` of the list (the code before
-  the stacking), and one call per step; the three results are checked equal.
+  the stacking), and one call per step; the three results are checked bitwise equal.
 
     python benchmarks/step_host_cost.py [--trials 9] [--steps 100]
 
@@ -192,7 +192,8 @@ def main() -> None:
             line += f"; wall per step: median {statistics.median(wall):.3f} ms, min {min(wall):.3f} ms"
         print(line)
     window = window_of_metrics()
-    seen = {way: [{k: float(v) for k, v in m.items()} for m in f(window)] for way, f in ways.items()}
+    # every leaf's dtype and bytes (bitwise, not float equality)
+    seen = {way: [{k: (v.dtype, v.tobytes()) for k, v in m.items()} for m in f(window)] for way, f in ways.items()}
     assert all(host == seen["per step"] for host in seen.values()), "the ways gave different metrics"
     print(f"  the {WINDOW} steps' metrics are equal all three ways")
     for name, compiled in (

@@ -191,9 +191,10 @@ class ParallelMode:
 
     def metrics_to_host(self, metrics):
         """Device metrics -> numpy arrays, any pytree (one step's ``{name: scalar}``, or a logging window's list of
-        them); a window's list comes back as a list of the same trees, each leaf a numpy scalar or array.
+        them); a window's list comes back as a list of the same trees.
 
-        When this process holds every array whole (one process): a window whose steps' metrics are alike
+        When this process holds every array whole (every array fully addressable, as in a one-process run): a
+        window whose steps' metrics are alike
         (``window_to_host``) is stacked on the device by one small program and copied in one transfer per metric
         name; anything else is one ``jax.device_get`` of the whole tree (its copies start together). Else (a
         multi-process array) array by array (``_to_host``: a multi-process array is gathered, a collective).
@@ -392,16 +393,27 @@ def held_whole(tree) -> bool:
 WINDOW_CHUNK_STEPS = 64
 
 
+def _as_bits(x):
+    """A floating array as the unsigned integers of its bits (same width; ``lax.bitcast_convert_type``), so that
+    stacking cannot touch its values (a TPU flushes bfloat16 subnormals and rewrites NaN payloads when it copies
+    floats); any other dtype as it is."""
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        return jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}"))
+    return x
+
+
 @jax.jit
 def _stack_steps(window):
-    """A tuple of ``WINDOW_CHUNK_STEPS`` lists of arrays (one list per step, alike) -> one list of arrays,
-    each of shape ``(WINDOW_CHUNK_STEPS, *leaf shape)``: the window's metrics stacked on the device."""
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *window)
+    """A tuple of ``WINDOW_CHUNK_STEPS`` lists of arrays (one list per step, alike) -> one list of arrays, each of
+    shape ``(WINDOW_CHUNK_STEPS, *leaf shape)``: the window's metrics stacked on the device, floating leaves as
+    the unsigned integers of their bits (``_as_bits``; the host views them back)."""
+    return jax.tree.map(lambda *xs: jnp.stack([_as_bits(x) for x in xs]), *window)
 
 
 def window_to_host(window: list) -> Optional[list]:
-    """A logging window's device metrics (a list of per-step trees) -> the same list of trees of numpy values,
-    bitwise equal to ``jax.device_get(window)``'s (each leaf a numpy scalar, or an array for a non-scalar leaf).
+    """A logging window's device metrics (a list of per-step trees of ``jax.Array``) -> the same list of trees of
+    numpy arrays, bitwise equal to ``jax.device_get(window)``'s (values, dtypes and shapes; a scalar metric comes
+    back as a 0-d array, as from ``device_get``).
 
     The steps' leaves are stacked on the device in chunks of ``WINDOW_CHUNK_STEPS`` steps (the last chunk
     padded with its last step) by one compiled program and copied to the host together: one dispatch and one
@@ -411,13 +423,20 @@ def window_to_host(window: list) -> Optional[list]:
     ``benchmarks/results/window_stack_tpu_v5e.txt``).
 
     Returns None (the caller copies array by array) when the window is empty, or its steps' trees differ in
-    structure, shape, dtype or sharding, or a leaf is not a fully addressable ``jax.Array``.
+    structure, shape, dtype or sharding, or a leaf is not a fully addressable ``jax.Array``, or the leaves of a
+    step are not all on the same devices, or a leaf is complex.
+
+    Raises:
+      RuntimeError: a leaf was deleted (donated), as ``jax.device_get`` raises.
     """
     if not window:
         return None
     flat: list[tuple[list, Any]] = [jax.tree.flatten(m) for m in window]
     first, treedef = flat[0]
     if not first or not all(isinstance(x, jax.Array) and x.is_fully_addressable for x in first):
+        return None
+    devices = first[0].sharding.device_set
+    if any(x.sharding.device_set != devices or jnp.issubdtype(x.dtype, jnp.complexfloating) for x in first):
         return None
     avals = [(x.shape, x.dtype, x.sharding) for x in first]
     steps = [leaves for leaves, _ in flat]
@@ -431,9 +450,9 @@ def window_to_host(window: list) -> Optional[list]:
     for start in range(0, len(steps), WINDOW_CHUNK_STEPS):
         part = steps[start : start + WINDOW_CHUNK_STEPS]
         chunks.append(_stack_steps(tuple(part) + (part[-1],) * (WINDOW_CHUNK_STEPS - len(part))))
-    host = jax.device_get(chunks)  # every chunk's copies start together
+    host = [[leaf.view(dtype) for leaf, (_, dtype, _) in zip(chunk, avals)] for chunk in jax.device_get(chunks)]
     return [
-        jax.tree.unflatten(treedef, [leaf[i - start] for leaf in host[start // WINDOW_CHUNK_STEPS]])
+        jax.tree.unflatten(treedef, [leaf[i - start, ...] for leaf in host[start // WINDOW_CHUNK_STEPS]])
         for start in range(0, len(steps), WINDOW_CHUNK_STEPS)
         for i in range(start, min(start + WINDOW_CHUNK_STEPS, len(steps)))
     ]

@@ -162,9 +162,10 @@ def _window(cfg, n):
 
 
 def _equal_bitwise(a, b) -> bool:
+    """Same tree, and every leaf the same type, dtype, shape and bytes (-0.0 is not 0.0; a NaN's payload counts)."""
     la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
     return jax.tree.structure(a) == jax.tree.structure(b) and all(
-        np.asarray(x).dtype == np.asarray(y).dtype and np.array_equal(np.asarray(x), np.asarray(y))
+        type(x) is type(y) and x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
         for x, y in zip(la, lb)
     )
 
@@ -175,7 +176,7 @@ def _equal_bitwise(a, b) -> bool:
 )
 def test_window_is_stacked_on_the_device_and_equals_a_copy_per_step(mode, precision):
     """A logging window's metrics come to the host stacked (``parallel.base.window_to_host``): bitwise the values
-    and dtypes of a ``device_get`` per step, for windows of 1, 50, 64 and 70 steps (two chunks), with ONE compiled
+    and dtypes of a ``device_get`` per step, for windows of 1, 50, 64, 65 and 70 steps (two chunks), with ONE compiled
     stacking program for every length."""
     from parallel.base import _stack_steps, window_to_host
 
@@ -186,7 +187,7 @@ def test_window_is_stacked_on_the_device_and_equals_a_copy_per_step(mode, precis
     window, exp = _window(cfg, 70)
     per_step = [jax.device_get(m) for m in window]
     compiled_before = _stack_steps._cache_size()
-    for n in (1, 50, 64, 70):
+    for n in (1, 50, 64, 65, 70):
         assert window_to_host(window[:n]) is not None  # the stacked path, not the fallback
         host = exp.mode.metrics_to_host(window[:n])
         assert len(host) == n
@@ -198,15 +199,57 @@ def test_window_is_stacked_on_the_device_and_equals_a_copy_per_step(mode, precis
         assert {"precision/loss_scale", "precision/skipped_steps"} <= names
 
 
+def test_stacking_keeps_every_bit_of_every_dtype_at_chunk_boundaries():
+    """bfloat16 subnormals and NaN payloads, float32 -0.0 and NaN payloads, ints, bools and vectors come back
+    bitwise, for windows that end at, before and after the 64-step chunk boundaries."""
+    import ml_dtypes
+
+    from parallel.base import window_to_host
+
+    bf16 = np.array([0x0001, 0x8001, 0x7F81, 0xFFC1, 0x3F80], np.uint16).view(ml_dtypes.bfloat16)
+    f32 = np.array([0x80000000, 0x7FC00001, 0xFF800001, 0x00000001, 0x3F800000], np.uint32).view(np.float32)
+    window = [
+        {
+            "bf16": jax.numpy.asarray(bf16[i % 5]),
+            "f32": jax.numpy.asarray(f32[i % 5]),
+            "f16": jax.numpy.float16(i / 7),
+            "i32": jax.numpy.int32(i),
+            "flag": jax.numpy.bool_(i % 2),
+            "vector": jax.numpy.arange(3.0) + i,
+        }
+        for i in range(129)
+    ]
+    per_step = [jax.device_get(m) for m in window]
+    for n in (1, 63, 64, 65, 128, 129):
+        host = window_to_host(window[:n])
+        assert host is not None and len(host) == n
+        assert all(_equal_bitwise(h, s) for h, s in zip(host, per_step[:n]))
+
+
 def test_unlike_windows_fall_back_to_a_copy_per_array():
-    """Steps whose metrics differ in structure, dtype or kind are copied as they are, with the same values."""
+    """Steps whose metrics differ in structure, dtype, kind or devices are copied as they are, with the same
+    values."""
     from parallel.base import window_to_host
 
     window, exp = _window(make_cfg(train__global_batch=64), 3)
     extra = {**window[0], "more": window[0]["train/loss"]}
     as_int = {k: v.astype(np.int32) for k, v in window[1].items()}
     numpy_leaf = {k: np.asarray(v) for k, v in window[2].items()}
-    for unlike in ([window[0], extra], [window[0], as_int], [window[0], numpy_leaf], [numpy_leaf], []):
+    d0, d1 = jax.devices()[:2]
+    one_device = {k: jax.device_put(v, d0) for k, v in window[0].items()}
+    other_device = {k: jax.device_put(v, d1) for k, v in window[0].items()}
+    two_devices = {"a": jax.device_put(window[0]["train/loss"], d0), "b": jax.device_put(window[0]["train/loss"], d1)}
+    complex_leaf = {"c": jax.numpy.complex64(1 + 2j)}
+    for unlike in (
+        [window[0], extra],
+        [window[0], as_int],
+        [window[0], numpy_leaf],
+        [numpy_leaf],
+        [one_device, other_device],
+        [two_devices, two_devices],
+        [complex_leaf, complex_leaf],
+        [],
+    ):
         assert window_to_host(unlike) is None
         host = exp.mode.metrics_to_host(unlike)
         assert len(host) == len(unlike)
