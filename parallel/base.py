@@ -391,6 +391,10 @@ def held_whole(tree) -> bool:
 # steps per call of the stacking program: windows are padded to a multiple of it, so that one compiled program
 # serves every window length (the main job's windows are 1-50 steps: 50-step windows cut by epoch-end saves)
 WINDOW_CHUNK_STEPS = 64
+# shorter windows are copied array by array: the stacking program's dispatch and copy cost about as much as ~9
+# steps' copies of 2 scalar metrics on a TPU v5e host (1.7 ms against 9.2 ms for 100 arrays,
+# benchmarks/results/window_stack_tpu_v5e.txt), and more on simulated CPU devices (a replicated program)
+WINDOW_MIN_STACK_STEPS = 8
 
 
 def _as_bits(x):
@@ -422,14 +426,15 @@ def window_to_host(window: list) -> Optional[list]:
     for one ``jax.device_get`` of the list (``benchmarks/step_host_cost.py``,
     ``benchmarks/results/window_stack_tpu_v5e.txt``).
 
-    Returns None (the caller copies array by array) when the window is empty, or its steps' trees differ in
+    Returns None (the caller copies array by array) when the window has fewer than ``WINDOW_MIN_STACK_STEPS``
+    steps (a copy per array is cheaper there), or its steps' trees differ in
     structure, shape, dtype or sharding, or a leaf is not a fully addressable ``jax.Array``, or the leaves of a
     step are not all on the same devices, or a leaf is complex.
 
     Raises:
       RuntimeError: a leaf was deleted (donated), as ``jax.device_get`` raises.
     """
-    if not window:
+    if len(window) < WINDOW_MIN_STACK_STEPS:
         return None
     flat: list[tuple[list, Any]] = [jax.tree.flatten(m) for m in window]
     first, treedef = flat[0]

@@ -176,9 +176,9 @@ def _equal_bitwise(a, b) -> bool:
 )
 def test_window_is_stacked_on_the_device_and_equals_a_copy_per_step(mode, precision):
     """A logging window's metrics come to the host stacked (``parallel.base.window_to_host``): bitwise the values
-    and dtypes of a ``device_get`` per step, for windows of 1, 50, 64, 65 and 70 steps (two chunks), with ONE compiled
-    stacking program for every length."""
-    from parallel.base import _stack_steps, window_to_host
+    and dtypes of a ``device_get`` per step, for windows of 8, 50, 64, 65 and 70 steps (two chunks), with ONE
+    compiled stacking program for every length; windows of 1 and 7 steps are copied array by array, equal too."""
+    from parallel.base import WINDOW_MIN_STACK_STEPS, _stack_steps, window_to_host
 
     overrides = {"precision__name": precision}
     if precision == "fp16":
@@ -187,8 +187,9 @@ def test_window_is_stacked_on_the_device_and_equals_a_copy_per_step(mode, precis
     window, exp = _window(cfg, 70)
     per_step = [jax.device_get(m) for m in window]
     compiled_before = _stack_steps._cache_size()
-    for n in (1, 50, 64, 65, 70):
-        assert window_to_host(window[:n]) is not None  # the stacked path, not the fallback
+    for n in (1, 7, 8, 50, 64, 65, 70):
+        stacked = window_to_host(window[:n])
+        assert (stacked is not None) == (n >= WINDOW_MIN_STACK_STEPS)  # shorter windows: a copy per array
         host = exp.mode.metrics_to_host(window[:n])
         assert len(host) == n
         assert all(_equal_bitwise(h, s) for h, s in zip(host, per_step[:n]))
@@ -201,7 +202,8 @@ def test_window_is_stacked_on_the_device_and_equals_a_copy_per_step(mode, precis
 
 def test_stacking_keeps_every_bit_of_every_dtype_at_chunk_boundaries():
     """bfloat16 subnormals and NaN payloads, float32 -0.0 and NaN payloads, ints, bools and vectors come back
-    bitwise, for windows that end at, before and after the 64-step chunk boundaries."""
+    bitwise, for windows of the shortest stacked length and ending at, before and after the 64-step chunk
+    boundaries."""
     import ml_dtypes
 
     from parallel.base import window_to_host
@@ -220,15 +222,15 @@ def test_stacking_keeps_every_bit_of_every_dtype_at_chunk_boundaries():
         for i in range(129)
     ]
     per_step = [jax.device_get(m) for m in window]
-    for n in (1, 63, 64, 65, 128, 129):
+    for n in (8, 63, 64, 65, 128, 129):
         host = window_to_host(window[:n])
         assert host is not None and len(host) == n
         assert all(_equal_bitwise(h, s) for h, s in zip(host, per_step[:n]))
 
 
 def test_unlike_windows_fall_back_to_a_copy_per_array():
-    """Steps whose metrics differ in structure, dtype, kind or devices are copied as they are, with the same
-    values."""
+    """Windows shorter than ``WINDOW_MIN_STACK_STEPS``, and steps whose metrics differ in structure, dtype, kind or
+    devices, are copied as they are, with the same values."""
     from parallel.base import window_to_host
 
     window, exp = _window(make_cfg(train__global_batch=64), 3)
@@ -240,14 +242,16 @@ def test_unlike_windows_fall_back_to_a_copy_per_array():
     other_device = {k: jax.device_put(v, d1) for k, v in window[0].items()}
     two_devices = {"a": jax.device_put(window[0]["train/loss"], d0), "b": jax.device_put(window[0]["train/loss"], d1)}
     complex_leaf = {"c": jax.numpy.complex64(1 + 2j)}
+    short = [window[0]] * 7  # alike, but shorter than WINDOW_MIN_STACK_STEPS
     for unlike in (
-        [window[0], extra],
-        [window[0], as_int],
-        [window[0], numpy_leaf],
-        [numpy_leaf],
-        [one_device, other_device],
-        [two_devices, two_devices],
-        [complex_leaf, complex_leaf],
+        short,
+        [window[0]] * 8 + [extra],
+        [window[0]] * 8 + [as_int],
+        [window[0]] * 8 + [numpy_leaf],
+        [numpy_leaf] * 8,
+        [one_device] * 8 + [other_device],
+        [two_devices] * 8,
+        [complex_leaf] * 8,
         [],
     ):
         assert window_to_host(unlike) is None
