@@ -193,11 +193,11 @@ class ParallelMode:
         """Device metrics -> numpy arrays, any pytree (one step's ``{name: scalar}``, or a logging window's list of
         them); a window's list comes back as a list of the same trees.
 
-        When this process holds every array whole (every array fully addressable, as in a one-process run): a
-        window whose steps' metrics are alike
-        (``window_to_host``) is stacked on the device by one small program and copied in one transfer per metric
-        name; anything else is one ``jax.device_get`` of the whole tree (its copies start together). Else (a
-        multi-process array) array by array (``_to_host``: a multi-process array is gathered, a collective).
+        A window of at least ``WINDOW_MIN_STACK_STEPS`` steps whose metrics are alike is stacked on the device by
+        one small program and copied in one transfer per metric name (``window_to_host``). Anything else, when
+        this process holds every array whole (every array fully addressable, as in a one-process run), is one
+        ``jax.device_get`` of the whole tree (its copies start together); else array by array (``_to_host``: a
+        multi-process array is gathered, a collective).
         """
         if isinstance(metrics, list):
             stacked = window_to_host(metrics)
@@ -399,8 +399,8 @@ WINDOW_MIN_STACK_STEPS = 8
 
 def _as_bits(x):
     """A floating array as the unsigned integers of its bits (same width; ``lax.bitcast_convert_type``), so that
-    stacking cannot touch its values (a TPU flushes bfloat16 subnormals and rewrites NaN payloads when it copies
-    floats); any other dtype as it is."""
+    the stacking program moves bits and cannot change a value (an accelerator may flush subnormals or rewrite NaN
+    payloads in floating-point operations); any other dtype as it is."""
     if jnp.issubdtype(x.dtype, jnp.floating):
         return jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}"))
     return x
@@ -427,9 +427,9 @@ def window_to_host(window: list) -> Optional[list]:
     ``benchmarks/results/window_stack_tpu_v5e.txt``).
 
     Returns None (the caller copies array by array) when the window has fewer than ``WINDOW_MIN_STACK_STEPS``
-    steps (a copy per array is cheaper there), or its steps' trees differ in
-    structure, shape, dtype or sharding, or a leaf is not a fully addressable ``jax.Array``, or the leaves of a
-    step are not all on the same devices, or a leaf is complex.
+    steps (a copy per array is cheaper there), or its steps' trees differ in structure, shape, dtype or sharding,
+    or a leaf is not a fully addressable ``jax.Array``, or the leaves of a step are not all on the same devices,
+    or a leaf is complex.
 
     Raises:
       RuntimeError: a leaf was deleted (donated), as ``jax.device_get`` raises.
