@@ -15,8 +15,8 @@ step with the repository's extra leaves (a step counter, three loss-scale scalar
   prefetch thread's work) against the bare ``jax.device_put((images[idx], labels[idx]))``;
 - a logging window's metrics to the host: main-thread CPU and wall time per 50-step window, three ways:
   ``ParallelMode.metrics_to_host`` of the window's list (``training.hooks.flush_window``: the steps' metrics
-  stacked on the device, ``parallel.base.window_to_host``), one ``jax.device_get`` of the list (the code before
-  the stacking), and one call per step; the three results are checked bitwise equal.
+  stacked on the device, ``parallel.base.window_to_host``), one ``jax.device_get`` of the list (a copy per
+  metric and step, started together), and one call per step; the three results are checked bitwise equal.
 
     python benchmarks/step_host_cost.py [--trials 9] [--steps 100]
 

@@ -438,7 +438,7 @@ def window_to_host(window: list) -> Optional[list]:
         return None
     flat: list[tuple[list, Any]] = [jax.tree.flatten(m) for m in window]
     first, treedef = flat[0]
-    if not first or not all(isinstance(x, jax.Array) and x.is_fully_addressable for x in first):
+    if not first or not held_whole(first):
         return None
     devices = first[0].sharding.device_set
     if any(x.sharding.device_set != devices or jnp.issubdtype(x.dtype, jnp.complexfloating) for x in first):

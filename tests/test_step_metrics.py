@@ -23,17 +23,22 @@ DATA = random_dataset(1024)
 LR = 0.1
 
 
-def _steps(cfg, n):
-    """Runs ``n`` steps; returns (host records as the step returned them, exact grad norms from SGD, exp)."""
+def _experiment(cfg):
+    """(the built experiment, ``step -> the placed batch of that step`` from ``DATA``)."""
     p = plan(cfg)
     exp = build(p)
     layout, src = exp.mode.batch_layout(), TrainSource(DATA, p.global_batch, cfg.train.seed, with_index=False)
+    rows = layout.local_rows(p.global_batch)
+    return exp, lambda step: layout.place(src.local_batch(step, rows), p.global_batch)
+
+
+def _steps(cfg, n):
+    """Runs ``n`` steps; returns (host records as the step returned them, exact grad norms from SGD, exp)."""
+    exp, batch = _experiment(cfg)
     state, records, norms = exp.state, [], []
     for step in range(n):
         before = exp.mode.state_to_host(state).params
-        state, m = exp.steps.train(
-            state, layout.place(src.local_batch(step, layout.local_rows(p.global_batch)), p.global_batch)
-        )
+        state, m = exp.steps.train(state, batch(step))
         after = exp.mode.state_to_host(state).params
         records.append({"step": step + 1, **{k: float(v) for k, v in exp.mode.metrics_to_host(m).items()}})
         grads = jax.tree.map(lambda a, b: (np.float64(a) - np.float64(b)) / LR, before, after)
@@ -150,13 +155,10 @@ def test_logged_lr_does_not_advance_on_steps_skipped_by_loss_scaling():
 
 def _window(cfg, n):
     """The device metrics of ``n`` steps (a logging window as ``training.loop`` collects it) and the experiment."""
-    p = plan(cfg)
-    exp = build(p)
-    layout, src = exp.mode.batch_layout(), TrainSource(DATA, p.global_batch, cfg.train.seed, with_index=False)
+    exp, batch = _experiment(cfg)
     state, window = exp.state, []
     for step in range(n):
-        batch = layout.place(src.local_batch(step, layout.local_rows(p.global_batch)), p.global_batch)
-        state, m = exp.steps.train(state, batch)
+        state, m = exp.steps.train(state, batch(step))
         window.append(jax.block_until_ready(m))  # one step in flight (queued simulated collectives abort XLA:CPU)
     return window, exp
 
