@@ -415,6 +415,27 @@ def test_host_nan_guard_sees_bfloat16_and_float8():
 
 
 @pytest.mark.unit
+def test_saver_keeps_the_newest_steps_once_closed(tmp_path):
+    """``keep``: orbax deletes the steps beyond it on its deleter thread (``enable_background_delete``), not inside
+    the save that pushed them out; ``close`` returns once they are gone, so the folder then holds exactly the newest
+    ``keep`` complete steps (and nothing else), each readable."""
+    exp = build(plan(make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 2}})))
+    ckpt = tmp_path / "ckpt"
+    saver = checkpoint.Saver(ckpt, keep=2)
+    assert saver.manager._options.enable_background_delete  # orbax 0.12.8's option, as Saver sets it
+    # each deletion slowed (as on a network filesystem), so a close that did not wait for them would leave them
+    deleter = saver.manager._checkpoint_deleter._standard_deleter
+    delete = deleter.delete
+    deleter.delete = lambda step: (time.sleep(0.2), delete(step))
+    for step in range(1, 6):
+        saver.save(exp.state, step, {"step": step}, exp.mode)
+    saver.close()
+    assert sorted(p.name for p in ckpt.iterdir()) == ["4", "5"]
+    assert checkpoint.complete_steps(ckpt) == [4, 5]
+    assert [checkpoint.read_metadata(ckpt / s)["step"] for s in ("4", "5")] == [4, 5]
+
+
+@pytest.mark.unit
 def test_nan_guard_in_saver(tmp_path):
     exp = build(plan(make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 4}, "parallel": {"name": "pmap"}})))
     saver = checkpoint.Saver(tmp_path / "ckpt", keep=3)
