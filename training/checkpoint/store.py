@@ -187,8 +187,7 @@ class Saver:
 
     Args:
       directory: the checkpoint folder (created).
-      keep: newest checkpoints kept; older ones are deleted by orbax after a successful save, on its deleter
-        thread (``close`` returns once they are gone).
+      keep: newest checkpoints kept; older ones are deleted by orbax after a successful save.
       async_save: write in a background thread (``save`` returns after the device-to-host copy).
     """
 
@@ -196,17 +195,14 @@ class Saver:
         ocp = _ocp()
         self.directory = Path(directory)
         self.last_step: Optional[int] = None  # newest step saved (or restored) in this folder by this run
-        # enable_background_delete: a step beyond ``keep`` is deleted on orbax's own deleter thread (``close`` waits
-        # for it), not inside the save that pushed it out, whose end the next save waits for. On a TPU v5e host, whose
-        # folders are on a 9p filesystem, deleting a step took about half of each save of the MNIST state (save + wait
-        # 200-208 ms, 92-112 ms with this); the main job's saves held the training thread 27-35 ms instead of 44-46 ms
-        # (benchmarks/results/background_delete_tpu_v5e.txt). On a local disk no difference was resolved.
+        # Old steps are deleted inside each save's finalize, so the next save waits for the deletion: a back-pressure
+        # that bounds the folder to `keep` + 1 steps. orbax's enable_background_delete (its own deleter thread) was
+        # measured and not kept: on a TPU v5e host (9p filesystem) it cut a save's hold on the training thread from
+        # 44-46 to 27-35 ms, but with deletions slower than saves they queued without bound (254 step folders at once
+        # with checkpoint.every=1 keep=1 and 0.2 s per deletion), and one failed deletion silently stopped every later
+        # one until close (README "A ninth session"; benchmarks/results/background_delete_*).
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep,
-            create=True,
-            enable_async_checkpointing=async_save,
-            cleanup_tmp_directories=True,
-            enable_background_delete=True,
+            max_to_keep=keep, create=True, enable_async_checkpointing=async_save, cleanup_tmp_directories=True
         )
         self.manager = ocp.CheckpointManager(self.directory, item_handlers=_handlers(), options=options)
 
@@ -260,7 +256,7 @@ class Saver:
 
     def close(self) -> None:
         """Waits for pending saves and for orbax's clean-up of leftover temporary folders, then releases orbax's
-        threads (also after an error); its deleter thread first deletes every step queued beyond ``keep``."""
+        threads (also after an error)."""
         try:
             self.manager.wait_until_finished()
             # orbax 0.12: CheckpointManager.__init__ starts removing unfinished step folders of earlier runs in a
