@@ -441,6 +441,33 @@ def test_saver_deletes_old_steps_before_the_next_save_returns(tmp_path, monkeypa
 
 
 @pytest.mark.unit
+def test_a_step_orbax_cannot_delete_is_kept_and_the_saves_go_on(tmp_path, monkeypatch):
+    """A step beyond ``keep`` whose deletion fails (``OSError``, e.g. a file without write permission) is kept and
+    reported by ``take_undeleted``; the later saves and deletions go on (orbax alone would raise the error from the
+    next save and stop the run)."""
+    from orbax.checkpoint._src.path import deleter as orbax_deleter  # orbax 0.12.8's step deleter
+
+    delete = orbax_deleter.StandardCheckpointDeleter.delete
+
+    def refuse_step_1(self, step):
+        if step == 1:
+            raise PermissionError(13, "Permission denied", "1/state")
+        delete(self, step)
+
+    monkeypatch.setattr(orbax_deleter.StandardCheckpointDeleter, "delete", refuse_step_1)
+    exp = build(plan(make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 2}})))
+    ckpt = tmp_path / "ckpt"
+    saver = checkpoint.Saver(ckpt, keep=2)
+    for step in range(1, 6):
+        saver.save(exp.state, step, {"step": step}, exp.mode)
+    saver.close()
+    assert saver.take_undeleted() == [(1, "PermissionError: [Errno 13] Permission denied: '1/state'")]
+    assert saver.take_undeleted() == []  # each reported once
+    assert sorted(p.name for p in ckpt.iterdir()) == ["1", "4", "5"]
+    assert checkpoint.complete_steps(ckpt) == [1, 4, 5]
+
+
+@pytest.mark.unit
 def test_nan_guard_in_saver(tmp_path):
     exp = build(plan(make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 4}, "parallel": {"name": "pmap"}})))
     saver = checkpoint.Saver(tmp_path / "ckpt", keep=3)

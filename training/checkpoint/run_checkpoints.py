@@ -10,6 +10,7 @@ from typing import Optional
 import jax
 
 from training.checkpoint.plan import CheckpointPlan
+from training.checkpoint.resuming import warn
 from training.checkpoint.store import Saver, metadata
 
 # one logger for the package: its log lines all name training.checkpoint
@@ -88,12 +89,23 @@ class RunCheckpoints:
         self.last_path = self.saver.save(state, done, meta, self.mode)
         self.last_step = done
         log.info("checkpoint of step %d -> %s (%s)", done, self.last_path, reason)
+        self._warn_undeleted()
         return self.last_path
 
     def close(self) -> None:
         """Waits until every save is on disk (also after an error: the last good checkpoint stays whole)."""
         if self._saver is not None:
             self._saver.close()
+            self._warn_undeleted()
+
+    def _warn_undeleted(self) -> None:
+        """One warning per step beyond ``checkpoint.keep`` that orbax could not delete (it stays on disk)."""
+        assert self._saver is not None
+        for step, error in self._saver.take_undeleted():
+            warn(
+                f"could not delete the checkpoint {self._saver.step_dir(step)} (older than the newest "
+                f"checkpoint.keep={self.plan.keep}): {error}; it is left there, delete it yourself"
+            )
 
     def summary(self) -> dict:
         if not self.enabled:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import logging
 import os
@@ -205,6 +206,12 @@ class Saver:
             max_to_keep=keep, create=True, enable_async_checkpointing=async_save, cleanup_tmp_directories=True
         )
         self.manager = ocp.CheckpointManager(self.directory, item_handlers=_handlers(), options=options)
+        # steps beyond ``keep`` that orbax could not delete, as (step, error): kept on disk, the run goes on
+        self.undeleted: list[tuple[int, str]] = []
+        self._undeleted_taken = 0
+        deleter = getattr(self.manager, "_checkpoint_deleter", None)  # orbax 0.12.8's step deleter
+        if callable(getattr(deleter, "delete_steps", None)):
+            deleter.delete_steps = functools.partial(_delete_steps_or_keep, deleter.delete_steps, self.undeleted)
 
     def step_dir(self, step: int) -> Path:
         return self.directory / str(step)
@@ -254,6 +261,13 @@ class Saver:
         """Blocks until every started save is on disk."""
         self.manager.wait_until_finished()
 
+    def take_undeleted(self) -> list[tuple[int, str]]:
+        """The steps beyond ``keep`` that orbax could not delete since the last call, as ``(step, error)``:
+        they stay on disk (``_delete_steps_or_keep``)."""
+        new = self.undeleted[self._undeleted_taken :]
+        self._undeleted_taken += len(new)
+        return new
+
     def close(self) -> None:
         """Waits for pending saves and for orbax's clean-up of leftover temporary folders, then releases orbax's
         threads (also after an error)."""
@@ -268,6 +282,19 @@ class Saver:
                 await_cleanup()
         finally:
             self.manager.close()
+
+
+def _delete_steps_or_keep(delete_steps, undeleted: list, steps) -> None:
+    """orbax's deletion of the steps beyond ``keep`` (called in the finalize of the save that pushed them out), one
+    step at a time: a step it cannot delete (``OSError``, e.g. a file without write permission) is appended to
+    ``undeleted`` as ``(step, error)`` and kept, and the others are still deleted. Without this orbax's finalize
+    raises, and the next save re-raises it: a traceback that stops a healthy run over a folder it only had to
+    remove (``benchmarks/results/background_delete_slow_cpu.txt``)."""
+    for step in steps:
+        try:
+            delete_steps([step])
+        except OSError as e:
+            undeleted.append((step, f"{type(e).__name__}: {e}"))
 
 
 def metadata(
