@@ -442,7 +442,7 @@ def test_saver_deletes_old_steps_before_the_next_save_returns(tmp_path, monkeypa
 
 @pytest.mark.unit
 def test_a_step_orbax_cannot_delete_is_kept_and_the_saves_go_on(tmp_path, monkeypatch):
-    """A step beyond ``keep`` whose deletion fails (``OSError``, e.g. a file without write permission) is kept and
+    """A step beyond ``keep`` whose deletion fails (``OSError``, e.g. a folder without write permission) is kept and
     reported by ``take_undeleted``; the later saves and deletions go on (orbax alone would raise the error from the
     next save and stop the run)."""
     from orbax.checkpoint._src.path import deleter as orbax_deleter  # orbax 0.12.8's step deleter
@@ -465,6 +465,33 @@ def test_a_step_orbax_cannot_delete_is_kept_and_the_saves_go_on(tmp_path, monkey
     assert saver.take_undeleted() == []  # each reported once
     assert sorted(p.name for p in ckpt.iterdir()) == ["1", "4", "5"]
     assert checkpoint.complete_steps(ckpt) == [1, 4, 5]
+
+
+@pytest.mark.unit
+def test_the_saves_stop_once_more_than_keep_steps_could_not_be_deleted(tmp_path, monkeypatch):
+    """When every deletion fails the folder would grow without bound: the save after which more than ``keep`` steps
+    are undeleted raises ``UndeletableError`` (one line naming the folder and the fix); that save still completes
+    at ``close``, and every step saved is kept."""
+    from orbax.checkpoint._src.path import deleter as orbax_deleter  # orbax 0.12.8's step deleter
+
+    def refuse(self, step):
+        raise PermissionError(13, "Permission denied", "meta")
+
+    monkeypatch.setattr(orbax_deleter.StandardCheckpointDeleter, "delete", refuse)
+    exp = build(plan(make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 2}})))
+    ckpt = tmp_path / "ckpt"
+    saver = checkpoint.Saver(ckpt, keep=1)
+    for step in (1, 2, 3):  # the deletions of steps 1 and 2 fail in the finalizes of saves 2 and 3
+        saver.save(exp.state, step, {"step": step}, exp.mode)
+    with pytest.raises(
+        checkpoint.UndeletableError,
+        match=r"^2 checkpoints older than the newest checkpoint\.keep=1 could not be deleted from .*ckpt \(the last, "
+        r"step 2: PermissionError: \[Errno 13\] Permission denied: 'meta'\); every checkpoint saved is kept",
+    ):
+        saver.save(exp.state, 4, {"step": 4}, exp.mode)
+    saver.close()
+    assert [s for s, _ in saver.take_undeleted()] == [1, 2, 3]
+    assert checkpoint.complete_steps(ckpt) == [1, 2, 3, 4]
 
 
 @pytest.mark.unit

@@ -205,7 +205,7 @@ class CheckpointHook(Hook):
         reason = "final" if step == self.n_steps else ("signal" if self.stop.signal_name else "periodic")
         try:
             saved = self.ckpts.save(loop.state, step, self.wandb_run_id(), reason)
-        except checkpoint.NonFiniteError as e:
+        except (checkpoint.NonFiniteError, checkpoint.UndeletableError) as e:
             raise TrainingError(str(e)) from None
         if self.stop.signal_name is not None and step < self.n_steps:
             where = (

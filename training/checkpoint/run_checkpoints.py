@@ -70,6 +70,7 @@ class RunCheckpoints:
 
         Raises:
           NonFiniteError: the state is not finite (nothing written).
+          UndeletableError: more than ``checkpoint.keep`` older steps could not be deleted (this one is saved).
         """
         if not self.enabled or self.last_step == done:
             return self.last_path if self.enabled and self.last_step == done else None
@@ -86,10 +87,12 @@ class RunCheckpoints:
             run_dir=self.run_dir,
             reason=reason,
         )
-        self.last_path = self.saver.save(state, done, meta, self.mode)
+        try:
+            self.last_path = self.saver.save(state, done, meta, self.mode)
+        finally:
+            self._warn_undeleted()  # also before an UndeletableError
         self.last_step = done
         log.info("checkpoint of step %d -> %s (%s)", done, self.last_path, reason)
-        self._warn_undeleted()
         return self.last_path
 
     def close(self) -> None:
@@ -104,7 +107,7 @@ class RunCheckpoints:
         for step, error in self._saver.take_undeleted():
             warn(
                 f"could not delete the checkpoint {self._saver.step_dir(step)} (older than the newest "
-                f"checkpoint.keep={self.plan.keep}): {error}; it is left there, delete it yourself"
+                f"checkpoint.keep={self.plan.keep}): {error}; it is left there, possibly in part: delete it yourself"
             )
 
     def summary(self) -> dict:

@@ -53,6 +53,11 @@ class NonFiniteError(RuntimeError):
     """The state to save holds NaN/inf; nothing was written (``training.run`` reports it as a TrainingError)."""
 
 
+class UndeletableError(RuntimeError):
+    """More steps beyond ``keep`` could not be deleted than ``keep`` itself (``Saver.save``): the folder would grow
+    without bound, so the run stops (``training.hooks`` reports it as a TrainingError); every step saved is kept."""
+
+
 class _OrbaxInfoFilter(logging.Filter):
     """Drops orbax's INFO chatter (dozens of lines per save, through absl) from the run's log; keeps warnings."""
 
@@ -195,6 +200,7 @@ class Saver:
     def __init__(self, directory: Path, keep: int, async_save: bool = True):
         ocp = _ocp()
         self.directory = Path(directory)
+        self.keep = keep
         self.last_step: Optional[int] = None  # newest step saved (or restored) in this folder by this run
         # Old steps are deleted inside each save's finalize, so the next save waits for the deletion: a back-pressure
         # that bounds the folder to `keep` + 1 steps. orbax's enable_background_delete (its own deleter thread) was
@@ -222,6 +228,8 @@ class Saver:
         Raises:
           NonFiniteError: params or optimizer state hold NaN/inf; nothing is written and the previous
             checkpoints stay as they are.
+          UndeletableError: more than ``keep`` older steps could not be deleted (``_delete_steps_or_keep``); this
+            save was started and completes at ``close``.
         """
         if on_cpu_backend(state):
             # the copy orbax is given, made first: the NaN guard reads it (numpy, ~2 ms for the 10 MB GPT state)
@@ -255,6 +263,14 @@ class Saver:
             force=True,
         )
         self.last_step = step
+        if len(self.undeleted) > self.keep:  # recorded by the finalizes this save waited for
+            undeletable, error = self.undeleted[-1]
+            raise UndeletableError(
+                f"{len(self.undeleted)} checkpoints older than the newest checkpoint.keep={self.keep} could not be "
+                f"deleted from {self.directory} (the last, step {undeletable}: {error}); every checkpoint saved is "
+                f"kept: make that folder's contents deletable (or delete those steps) and continue with the same "
+                f"command, or set checkpoint.dir to another folder"
+            )
         return self.step_dir(step)
 
     def wait(self) -> None:
@@ -286,10 +302,12 @@ class Saver:
 
 def _delete_steps_or_keep(delete_steps, undeleted: list, steps) -> None:
     """orbax's deletion of the steps beyond ``keep`` (called in the finalize of the save that pushed them out), one
-    step at a time: a step it cannot delete (``OSError``, e.g. a file without write permission) is appended to
-    ``undeleted`` as ``(step, error)`` and kept, and the others are still deleted. Without this orbax's finalize
-    raises, and the next save re-raises it: a traceback that stops a healthy run over a folder it only had to
-    remove (``benchmarks/results/background_delete_slow_cpu.txt``)."""
+    step at a time: a step it cannot delete (``OSError``, e.g. a folder without write permission or an immutable
+    file) is appended to ``undeleted`` as ``(step, error)`` and kept, possibly in part (a deletion stops at the
+    first file it cannot remove; resuming skips a step folder it cannot read), and the others are still deleted.
+    Without this orbax's finalize raises, and the next save re-raises it: a traceback that stops a healthy run over a
+    folder it only had to remove (``benchmarks/results/background_delete_slow_cpu.txt``). ``Saver.save`` stops the
+    run once more than ``keep`` steps could not be deleted, so the folder stays bounded."""
     for step in steps:
         try:
             delete_steps([step])
