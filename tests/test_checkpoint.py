@@ -468,10 +468,10 @@ def test_a_step_orbax_cannot_delete_is_kept_and_the_saves_go_on(tmp_path, monkey
 
 
 @pytest.mark.unit
-def test_the_saves_stop_once_more_than_keep_steps_could_not_be_deleted(tmp_path, monkeypatch):
-    """When every deletion fails the folder would grow without bound: the save after which more than ``keep`` steps
-    are undeleted raises ``UndeletableError`` (one line naming the folder and the fix); that save still completes
-    at ``close``, and every step saved is kept."""
+def test_the_run_stops_once_more_than_keep_steps_could_not_be_deleted(tmp_path, monkeypatch, capsys):
+    """When every deletion fails the folder would grow without bound: the periodic save after which more than
+    ``keep`` steps are undeleted raises ``UndeletableError`` (one line naming the folder and the fix), after a warning
+    per step; the final save does not (the run ends anyway); every step saved is kept."""
     from orbax.checkpoint._src.path import deleter as orbax_deleter  # orbax 0.12.8's step deleter
 
     def refuse(self, step):
@@ -480,18 +480,34 @@ def test_the_saves_stop_once_more_than_keep_steps_could_not_be_deleted(tmp_path,
     monkeypatch.setattr(orbax_deleter.StandardCheckpointDeleter, "delete", refuse)
     exp = build(plan(make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 2}})))
     ckpt = tmp_path / "ckpt"
-    saver = checkpoint.Saver(ckpt, keep=1)
+
+    def run_checkpoints():
+        cfg = CheckpointConfig(dir=str(ckpt), keep=1, resume="never")
+        return checkpoint.RunCheckpoints(
+            checkpoint.prepare(cfg, tmp_path),
+            cfg_dict={},
+            mode=exp.mode,
+            mesh_shape=[2],
+            global_batch=64,
+            steps_per_epoch=10,
+            n_steps=5,
+            run_dir=tmp_path,
+        )
+
+    ckpts = run_checkpoints()
     for step in (1, 2, 3):  # the deletions of steps 1 and 2 fail in the finalizes of saves 2 and 3
-        saver.save(exp.state, step, {"step": step}, exp.mode)
+        ckpts.save(exp.state, step, None, "periodic")
     with pytest.raises(
         checkpoint.UndeletableError,
         match=r"^2 checkpoints older than the newest checkpoint\.keep=1 could not be deleted from .*ckpt \(the last, "
         r"step 2: PermissionError: \[Errno 13\] Permission denied: 'meta'\); every checkpoint saved is kept",
     ):
-        saver.save(exp.state, 4, {"step": 4}, exp.mode)
-    saver.close()
-    assert [s for s, _ in saver.take_undeleted()] == [1, 2, 3]
-    assert checkpoint.complete_steps(ckpt) == [1, 2, 3, 4]
+        ckpts.save(exp.state, 4, None, "periodic")
+    ckpts.save(exp.state, 5, None, "final")  # the run's last save: no error
+    ckpts.close()
+    assert checkpoint.complete_steps(ckpt) == [1, 2, 3, 4, 5]
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: could not delete")]
+    assert [line.split(" (older")[0].rsplit("/", 1)[1] for line in warned] == ["1", "2", "3", "4"]  # once each
 
 
 @pytest.mark.unit

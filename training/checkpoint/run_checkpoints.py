@@ -70,7 +70,8 @@ class RunCheckpoints:
 
         Raises:
           NonFiniteError: the state is not finite (nothing written).
-          UndeletableError: more than ``checkpoint.keep`` older steps could not be deleted (this one is saved).
+          UndeletableError: after a periodic save, more than ``checkpoint.keep`` older steps could not be deleted
+            (this one is saved).
         """
         if not self.enabled or self.last_step == done:
             return self.last_path if self.enabled and self.last_step == done else None
@@ -87,12 +88,12 @@ class RunCheckpoints:
             run_dir=self.run_dir,
             reason=reason,
         )
-        try:
-            self.last_path = self.saver.save(state, done, meta, self.mode)
-        finally:
-            self._warn_undeleted()  # also before an UndeletableError
+        self.last_path = self.saver.save(state, done, meta, self.mode)
         self.last_step = done
         log.info("checkpoint of step %d -> %s (%s)", done, self.last_path, reason)
+        self._warn_undeleted()
+        if reason == "periodic":  # the final save and one for a signal end the run anyway (and keep their message)
+            self.saver.check_undeleted()
         return self.last_path
 
     def close(self) -> None:

@@ -54,8 +54,9 @@ class NonFiniteError(RuntimeError):
 
 
 class UndeletableError(RuntimeError):
-    """More steps beyond ``keep`` could not be deleted than ``keep`` itself (``Saver.save``): the folder would grow
-    without bound, so the run stops (``training.hooks`` reports it as a TrainingError); every step saved is kept."""
+    """More steps beyond ``keep`` could not be deleted than ``keep`` itself (``Saver.check_undeleted``): the folder
+    would grow without bound, so the run stops (``training.hooks`` reports it as a TrainingError); every step saved
+    is kept."""
 
 
 class _OrbaxInfoFilter(logging.Filter):
@@ -228,8 +229,6 @@ class Saver:
         Raises:
           NonFiniteError: params or optimizer state hold NaN/inf; nothing is written and the previous
             checkpoints stay as they are.
-          UndeletableError: more than ``keep`` older steps could not be deleted (``_delete_steps_or_keep``); this
-            save was started and completes at ``close``.
         """
         if on_cpu_backend(state):
             # the copy orbax is given, made first: the NaN guard reads it (numpy, ~2 ms for the 10 MB GPT state)
@@ -263,7 +262,12 @@ class Saver:
             force=True,
         )
         self.last_step = step
-        if len(self.undeleted) > self.keep:  # recorded by the finalizes this save waited for
+        return self.step_dir(step)
+
+    def check_undeleted(self) -> None:
+        """Raises UndeletableError when more than ``keep`` older steps could not be deleted so far (recorded by the
+        finalizes the last save waited for): the folder would otherwise grow without bound."""
+        if len(self.undeleted) > self.keep:
             undeletable, error = self.undeleted[-1]
             raise UndeletableError(
                 f"{len(self.undeleted)} checkpoints older than the newest checkpoint.keep={self.keep} could not be "
@@ -271,7 +275,6 @@ class Saver:
                 f"kept: make that folder's contents deletable (or delete those steps) and continue with the same "
                 f"command, or set checkpoint.dir to another folder"
             )
-        return self.step_dir(step)
 
     def wait(self) -> None:
         """Blocks until every started save is on disk."""
@@ -306,8 +309,8 @@ def _delete_steps_or_keep(delete_steps, undeleted: list, steps) -> None:
     file) is appended to ``undeleted`` as ``(step, error)`` and kept, possibly in part (a deletion stops at the
     first file it cannot remove; resuming skips a step folder it cannot read), and the others are still deleted.
     Without this orbax's finalize raises, and the next save re-raises it: a traceback that stops a healthy run over a
-    folder it only had to remove (``benchmarks/results/background_delete_slow_cpu.txt``). ``Saver.save`` stops the
-    run once more than ``keep`` steps could not be deleted, so the folder stays bounded."""
+    folder it only had to remove (``benchmarks/results/background_delete_slow_cpu.txt``). A run stops once more than
+    ``keep`` steps could not be deleted (``Saver.check_undeleted``), so the folder stays bounded."""
     for step in steps:
         try:
             delete_steps([step])
