@@ -414,6 +414,17 @@ def test_host_nan_guard_sees_bfloat16_and_float8():
         assert host_finite_flags(finite, bad) == (True, False), dtype
 
 
+def _orbax_step_deletion(monkeypatch, delete) -> None:
+    """Replaces orbax 0.12.8's deletion of one checkpoint step (``StandardCheckpointDeleter.delete``, called for
+    each step beyond ``keep``) by ``delete(original, deleter, step)``."""
+    from orbax.checkpoint._src.path import deleter as orbax_deleter
+
+    original = orbax_deleter.StandardCheckpointDeleter.delete
+    monkeypatch.setattr(
+        orbax_deleter.StandardCheckpointDeleter, "delete", lambda self, step: delete(original, self, step)
+    )
+
+
 @pytest.mark.unit
 def test_saver_deletes_old_steps_before_the_next_save_returns(tmp_path, monkeypatch):
     """``keep``: orbax deletes a step beyond it inside the finalize of the save that pushed it out, and the next save
@@ -421,12 +432,7 @@ def test_saver_deletes_old_steps_before_the_next_save_returns(tmp_path, monkeypa
     ``keep`` + 1 complete steps, and ``close`` leaves exactly the newest ``keep``. (orbax's
     ``enable_background_delete`` would queue the deletions instead: 254 step folders at once with a checkpoint every
     step, ``benchmarks/results/background_delete_slow_cpu.txt``.)"""
-    from orbax.checkpoint._src.path import deleter as orbax_deleter  # orbax 0.12.8's step deleter
-
-    delete = orbax_deleter.StandardCheckpointDeleter.delete
-    monkeypatch.setattr(
-        orbax_deleter.StandardCheckpointDeleter, "delete", lambda self, step: (time.sleep(0.2), delete(self, step))
-    )
+    _orbax_step_deletion(monkeypatch, lambda delete, deleter, step: (time.sleep(0.2), delete(deleter, step)))
     exp = build(plan(make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 2}})))
     ckpt = tmp_path / "ckpt"
     saver = checkpoint.Saver(ckpt, keep=2)
@@ -445,16 +451,13 @@ def test_a_step_orbax_cannot_delete_is_kept_and_the_saves_go_on(tmp_path, monkey
     """A step beyond ``keep`` whose deletion fails (``OSError``, e.g. a folder without write permission) is kept and
     reported by ``take_undeleted``; the later saves and deletions go on (orbax alone would raise the error from the
     next save and stop the run)."""
-    from orbax.checkpoint._src.path import deleter as orbax_deleter  # orbax 0.12.8's step deleter
 
-    delete = orbax_deleter.StandardCheckpointDeleter.delete
-
-    def refuse_step_1(self, step):
+    def refuse_step_1(delete, deleter, step):
         if step == 1:
             raise PermissionError(13, "Permission denied", "1/state")
-        delete(self, step)
+        delete(deleter, step)
 
-    monkeypatch.setattr(orbax_deleter.StandardCheckpointDeleter, "delete", refuse_step_1)
+    _orbax_step_deletion(monkeypatch, refuse_step_1)
     exp = build(plan(make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 2}})))
     ckpt = tmp_path / "ckpt"
     saver = checkpoint.Saver(ckpt, keep=2)
@@ -472,12 +475,11 @@ def test_the_run_stops_once_more_than_keep_steps_could_not_be_deleted(tmp_path, 
     """When every deletion fails the folder would grow without bound: the periodic save after which more than
     ``keep`` steps are undeleted raises ``UndeletableError`` (one line naming the folder and the fix), after a warning
     per step; the final save does not (the run ends anyway); every step saved is kept."""
-    from orbax.checkpoint._src.path import deleter as orbax_deleter  # orbax 0.12.8's step deleter
 
-    def refuse(self, step):
+    def refuse(delete, deleter, step):
         raise PermissionError(13, "Permission denied", "meta")
 
-    monkeypatch.setattr(orbax_deleter.StandardCheckpointDeleter, "delete", refuse)
+    _orbax_step_deletion(monkeypatch, refuse)
     exp = build(plan(make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 2}})))
     ckpt = tmp_path / "ckpt"
 

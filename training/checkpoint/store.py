@@ -203,12 +203,11 @@ class Saver:
         self.directory = Path(directory)
         self.keep = keep
         self.last_step: Optional[int] = None  # newest step saved (or restored) in this folder by this run
-        # Old steps are deleted inside each save's finalize, so the next save waits for the deletion: a back-pressure
-        # that bounds the folder to `keep` + 1 steps. orbax's enable_background_delete (its own deleter thread) was
-        # measured and not kept: on a TPU v5e host (9p filesystem) it cut a save's hold on the training thread from
-        # 44-46 to 27-35 ms, but with deletions slower than saves they queued without bound (254 step folders at once
-        # with checkpoint.every=1 keep=1 and 0.2 s per deletion), and one failed deletion silently stopped every later
-        # one until close (README "A ninth session"; benchmarks/results/background_delete_*).
+        # Old steps are deleted inside each save's finalize (not on orbax's own thread, enable_background_delete), so
+        # the next save waits for the deletion: a back-pressure that bounds the folder to `keep` + 1 steps. On a
+        # thread of their own, deletions slower than the saves queue without bound (254 step folders at once with
+        # checkpoint.every=1 keep=1 and 0.2 s per deletion), and the first failed one silently stops the rest until
+        # close (benchmarks/results/background_delete_slow_cpu.txt).
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True, enable_async_checkpointing=async_save, cleanup_tmp_directories=True
         )
