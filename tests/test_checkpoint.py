@@ -447,6 +447,32 @@ def test_saver_deletes_old_steps_before_the_next_save_returns(tmp_path, monkeypa
 
 
 @pytest.mark.unit
+def test_saver_deletes_a_step_without_orbax_parallel_deleter_on_a_many_core_host(tmp_path, monkeypatch):
+    """On a host with 4 or more cores (a TPU v5e host has 13) orbax 0.12.8 would delete each step beyond ``keep``
+    with its parallel deleter, whose scheduler returns only after a 0.1 s queue poll times out: >= 0.1 s more per
+    save (``benchmarks/results/deletion_threads_cpu.txt``). ``Saver`` asks for one deletion thread, a plain recursive
+    delete, whatever the core count."""
+    from orbax.checkpoint._src.path import deleter as orbax_deleter
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 13)
+    parallel: list[str] = []
+    original = orbax_deleter._ParallelDirectoryDeleter.delete
+    monkeypatch.setattr(
+        orbax_deleter._ParallelDirectoryDeleter,
+        "delete",
+        lambda self, path: (parallel.append(os.path.basename(str(path))), original(self, path)),
+    )
+    exp = build(plan(make_cfg({"data": {"name": "synthetic"}})))
+    ckpt = tmp_path / "ckpt"
+    saver = checkpoint.Saver(ckpt, keep=1)
+    for step in range(1, 4):
+        saver.save(exp.state, step, {"step": step}, exp.mode)
+    saver.close()
+    assert parallel == []
+    assert sorted(p.name for p in ckpt.iterdir()) == ["3"]
+
+
+@pytest.mark.unit
 def test_a_step_orbax_cannot_delete_is_kept_and_the_saves_go_on(tmp_path, monkeypatch):
     """A step beyond ``keep`` whose deletion fails (``OSError``, e.g. a folder without write permission) is kept and
     reported by ``take_undeleted``; the later saves and deletions go on (orbax alone would raise the error from the

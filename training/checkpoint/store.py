@@ -208,8 +208,18 @@ class Saver:
         # thread of their own, deletions slower than the saves queue without bound (254 step folders at once with
         # checkpoint.every=1 keep=1 and 0.2 s per deletion), and the first failed one silently stops the rest until
         # close (benchmarks/results/background_delete_slow_cpu.txt).
+        # One deletion thread: a plain recursive delete. On a host with 4 or more cores orbax otherwise deletes a step
+        # with a pool of min(16, cores // 2) threads whose scheduler ends each deletion only after a 0.1 s queue poll
+        # times out, so every save past `keep` took >= 0.1 s longer (the MNIST state's save then wait, medians of the
+        # saves that delete a step: 193 against 90 ms on a TPU v5e host, 145 against 40 ms on the 2-core CPU machine
+        # with 6 threads forced; benchmarks/checkpoint_delete.py, benchmarks/results/deletion_threads_*.txt). A
+        # checkpoint is a few files.
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=True, enable_async_checkpointing=async_save, cleanup_tmp_directories=True
+            max_to_keep=keep,
+            create=True,
+            enable_async_checkpointing=async_save,
+            cleanup_tmp_directories=True,
+            num_deletion_threads=1,
         )
         self.manager = ocp.CheckpointManager(self.directory, item_handlers=_handlers(), options=options)
         # steps beyond ``keep`` that orbax could not delete, as (step, error): kept on disk, the run goes on
