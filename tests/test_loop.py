@@ -168,3 +168,52 @@ def test_finite_final_evaluation_is_kept_and_the_final_save_follows(monkeypatch)
     loop, _ = run_fake_loop(monkeypatch, None, n_steps=3, hooks=[final, saves])
     assert saves.saved == [1, 2, 3] and loop.final == {"eval/loss": 0.3, "eval/accuracy": 0.9}
     assert target.summary()["train/steps_to_target"] == 3
+
+
+class Closing(Hook):
+    """Raises ``on_run`` at step ``at`` and ``on_close`` from ``close``; records that it was closed."""
+
+    def __init__(self, closed: list, name: str, *, at=None, on_run=None, on_close=None):
+        self.closed, self.name, self.at, self.on_run, self.on_close = closed, name, at, on_run, on_close
+
+    def due(self, step):
+        return step == self.at
+
+    def run(self, loop, step):
+        raise self.on_run
+
+    def close(self):
+        self.closed.append(self.name)
+        if self.on_close is not None:
+            raise self.on_close
+
+
+def test_a_failing_close_neither_hides_the_runs_error_nor_skips_the_other_hooks(monkeypatch, capsys):
+    """The run's error (here a SIGTERM stop) stays the error; a hook's close that fails after it is one ``warning:``
+    line, and every later hook is still closed (its signal handlers released, its last save awaited)."""
+    closed: list = []
+    stop = TrainingError("stopped by SIGTERM after step 2 of 5; checkpoint saved in ckpt/2")
+    hooks = [
+        Closing(closed, "first", at=2, on_run=stop, on_close=OSError(28, "No space left on device")),
+        Closing(closed, "second"),
+    ]
+    with pytest.raises(TrainingError, match="stopped by SIGTERM after step 2"):
+        run_fake_loop(monkeypatch, None, hooks=hooks)
+    assert closed == ["first", "second"]
+    err = capsys.readouterr().err
+    assert "warning: closing Closing failed after the run's error: OSError: [Errno 28] No space left on device" in err
+
+
+def test_a_failing_close_is_raised_after_every_hook_is_closed(monkeypatch, capsys):
+    """Without an error in flight the first close error is the run's error, raised once every hook is closed; a
+    second one is a ``warning:`` line."""
+    closed: list = []
+    hooks = [
+        Closing(closed, "first", on_close=OSError(28, "No space left on device")),
+        Closing(closed, "second", on_close=RuntimeError("profiler trace not written")),
+        Closing(closed, "third"),
+    ]
+    with pytest.raises(OSError, match="No space left"):
+        run_fake_loop(monkeypatch, None, hooks=hooks)
+    assert closed == ["first", "second", "third"]
+    assert "warning: closing Closing also failed: RuntimeError: profiler trace not written" in capsys.readouterr().err

@@ -75,6 +75,7 @@ def train_loop(
     guard = (
         contextlib.nullcontext if transfer_guard == "allow" else functools.partial(jax.transfer_guard, transfer_guard)
     )
+    error: Optional[BaseException] = None
     try:
         for step in range(start, n_steps):
             with guard():
@@ -92,9 +93,42 @@ def train_loop(
             if bar is not None:
                 bar.update(1)
             run_hooks(hooks, loop, step + 1)
+    except BaseException as e:
+        error = e
+        raise
     finally:
         if bar is not None:
             bar.close()
-        for hook in hooks:
-            hook.close()
+        close_hooks(hooks, error)
     return loop
+
+
+def close_hooks(hooks: Sequence[Hook], error: Optional[BaseException]) -> None:
+    """Closes every hook, in order, also when one of them raises (the profiler and the signal handlers are always
+    released, the last asynchronous save always awaited).
+
+    Raises:
+      when ``error`` (the exception the loop is ending with) is None: the first exception a hook's ``close``
+      raised, once all are closed (any further one is printed as a ``warning:`` line). Otherwise ``error`` stays
+      the run's error and each close error is one ``warning:`` line (stderr and the log) instead of replacing it:
+      e.g. a checkpoint whose background write failed after a SIGTERM's save, which the SIGTERM line names.
+    """
+    failures: list[tuple[Hook, BaseException]] = []
+    for hook in hooks:
+        try:
+            hook.close()
+        except BaseException as e:  # every hook is closed; the error is re-raised or reported below
+            failures.append((hook, e))
+    if not failures:
+        return
+    from training.checkpoint.resuming import warn
+
+    def text(e: BaseException) -> str:
+        return f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
+
+    if error is None:
+        for hook, e in failures[1:]:
+            warn(f"closing {type(hook).__name__} also failed: {text(e)}")
+        raise failures[0][1]
+    for hook, e in failures:
+        warn(f"closing {type(hook).__name__} failed after the run's error: {text(e)}")
