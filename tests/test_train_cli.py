@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 
 import pytest
 
 from utils import run_train
-from wandb_reader import read_run
+from wandb_reader import assert_history_matches_metrics, read_run
 
 
 def summary(run_dir):
@@ -114,13 +115,19 @@ def test_non_finite_loss_stops_with_the_first_bad_step(tmp_path):
         "optim.lr=1e12",
         "train.steps=30",
         "train.log_every=10",
-        "wandb.mode=disabled",
         "checkpoint.every=0",
     )
     assert proc.returncode != 0
     (line,) = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
     assert "non-finite" in line and "step 2" in line
     assert summary(run_dir)["status"] == "failed"
+    # the failing window's steps are recorded up to and including the first bad one (strict JSON: null + nonfinite)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert math.isfinite(records[1]["train/loss"])
+    assert (records[2]["train/loss"], records[2]["nonfinite"]) == (None, {"train/loss": "nan"})
+    (wandb_run,) = glob.glob(str(run_dir / "wandb" / "offline-run-*"))
+    assert assert_history_matches_metrics(wandb_run, run_dir / "metrics.jsonl") == [0, 1, 2]
 
 
 @pytest.mark.parametrize(

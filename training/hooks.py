@@ -258,7 +258,11 @@ class WindowLog(Hook):
         perf = window_perf(
             elapsed_s / steps, self.global_batch, self.mode.num_devices, self.info, self.peak_flops_per_s
         )
-        records = flush_window(self.mode, self.updater, loop.window_records, perf, loop.extra)
+        try:
+            records = flush_window(self.mode, self.updater, loop.window_records, perf, loop.extra)
+        except NonFiniteLoss as e:  # the window's steps up to the first bad one are recorded, then the run stops
+            self.reporter.log(e.records)
+            raise
         loop.window_records, loop.extra, loop.logged_this_step = [], {}, True
         loop.last.update(records[-1])
         self.reporter.log(records)
@@ -267,12 +271,21 @@ class WindowLog(Hook):
             log.info("%s", window_line(step, self.n_steps, loop.last["train/loss"], perf["perf/examples_per_s"]))
 
 
+class NonFiniteLoss(TrainingError):
+    """A step's loss or gradients were not finite. ``records``: the window's host records up to and including the
+    first bad step (without the window's perf and extras), which ``WindowLog`` writes before the run stops."""
+
+    def __init__(self, message: str, records: list[dict]):
+        super().__init__(message)
+        self.records = records
+
+
 def flush_window(mode, updater, window_records, perf: dict, extra: dict) -> list[dict]:
     """Device metrics of a window -> one host record per step (``updater.complete`` adds the host-side
     metrics); perf and extras go on the last record.
 
     Raises:
-      TrainingError: a step's loss or gradients were not finite (names the first bad step).
+      NonFiniteLoss (a TrainingError): a step's loss or gradients were not finite (names the first bad step).
     """
     items = [item if isinstance(item, tuple) else (item, {}) for _, item in window_records]
     hosts = mode.metrics_to_host([metrics for metrics, _ in items])  # the window's metrics in one transfer
@@ -282,9 +295,10 @@ def flush_window(mode, updater, window_records, perf: dict, extra: dict) -> list
     ]
     bad = updater.complete(records)
     if bad is not None:
-        raise TrainingError(
+        raise NonFiniteLoss(
             f"non-finite loss or gradient at step {bad['step']} (loss={bad['train/loss']}); "
-            f"lower optim.lr, enable optim.clip_grad_norm, or, under bf16/fp16, use precision=fp32"
+            f"lower optim.lr, enable optim.clip_grad_norm, or, under bf16/fp16, use precision=fp32",
+            records[: next(i for i, record in enumerate(records) if record is bad) + 1],
         )
     records[-1].update(perf)
     records[-1].update(extra)
