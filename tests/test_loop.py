@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import training.loop
-from core.errors import TrainingError
+from core.errors import ConfigError, TrainingError
 from measure.throughput import TargetTracker
 from training.hooks import FinalEvaluation, Hook, LoopState
 from training.loop import in_flight_bound, run_hooks, train_loop
@@ -217,3 +217,21 @@ def test_a_failing_close_is_raised_after_every_hook_is_closed(monkeypatch, capsy
         run_fake_loop(monkeypatch, None, hooks=hooks)
     assert closed == ["first", "second", "third"]
     assert "warning: closing Closing also failed: RuntimeError: profiler trace not written" in capsys.readouterr().err
+
+
+class FakeDevice:
+    def __init__(self, platform):
+        self.platform = platform
+
+
+def test_steps_in_flight_are_bounded_on_cpu_devices_only():
+    """More than ``CPU_MAX_IN_FLIGHT`` steps in flight is refused for several CPU devices (XLA:CPU's collectives
+    stalled until a timeout aborted the process), allowed for one CPU device and for any GPU or TPU count."""
+    cpu8, gpu8 = [FakeDevice("cpu")] * 8, [FakeDevice("gpu")] * 8
+    training.loop.check_in_flight(training.loop.CPU_MAX_IN_FLIGHT, cpu8)
+    training.loop.check_in_flight(64, cpu8[:1])
+    training.loop.check_in_flight(64, gpu8)
+    with pytest.raises(
+        ConfigError, match=r"^train.max_in_flight=9 with 8 CPU devices: .* use train.max_in_flight=8 or less$"
+    ):
+        training.loop.check_in_flight(9, cpu8)

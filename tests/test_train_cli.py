@@ -104,6 +104,14 @@ def test_missing_dataset_is_one_line(tmp_path):
     assert_failed_cleanly(proc, run_dir, "nowhere", "TFDS_DATA_DIR", "data=synthetic")
 
 
+def test_too_many_steps_in_flight_on_cpu_devices_is_refused_before_anything_runs(tmp_path):
+    """16 steps in flight on 8 CPU devices aborted the process after XLA:CPU's 40 s rendezvous timeout (exit 134,
+    no summary); it is bad input, refused with one line."""
+    run_dir = tmp_path / "run"
+    proc = run_train(run_dir, "data=synthetic", "train.steps=20", "train.max_in_flight=16", timeout=120)
+    assert_failed_cleanly(proc, run_dir, "train.max_in_flight=16 with 8 CPU devices", "train.max_in_flight=8 or less")
+
+
 def test_non_finite_loss_stops_with_the_first_bad_step(tmp_path):
     run_dir = tmp_path / "run"
     proc = run_train(

@@ -44,6 +44,7 @@ from measure.throughput import STARTUP
 from training import checkpoint
 from training.build import Experiment, Plan, build, plan
 from training.distributed import dump_batch_indices
+from training.loop import check_in_flight
 from training.validate import check_run_folder
 
 log = logging.getLogger(__name__)
@@ -419,6 +420,7 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
     """Plan, data, build, restore, compile: the run up to its first step (``Finished`` without compiling when
     the checkpoint restored is the final one of a run that already finished). Raises USER_ERRORS (one line)."""
     p = plan(cfg)  # every check that needs neither data nor compilation
+    check_in_flight(cfg.train.max_in_flight, p.devices)
     check_run_folder(run_dir, cfg.checkpoint)
     STARTUP.mark("config")  # perf/startup/*_s (measure.throughput.StartupPhases)
     ckpt_plan = checkpoint.prepare(cfg.checkpoint, run_dir, jax.process_count())  # the resume path exists
