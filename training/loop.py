@@ -1,10 +1,10 @@
 """The training loop: dispatch steps with a bound on the steps in flight, call the hooks that are due.
 
 With more than one device taking part the loop keeps at most ``train.max_in_flight`` (2) steps in flight:
-before dispatching step t+1 it waits on step t-1's output (on the CPU backend, queueing ~32 steps of
-simulated-device collectives aborts the process). One device has no collectives, and a ~1.9 ms step leaves no
-room for a host round trip per step, so no bound applies there: the host never waits for a step except inside
-the hooks (a logging window waits for its last step). Apart from that the loop never synchronises with the host.
+before dispatching step t+1 it waits on step t-1's output (on the CPU backend, 16 steps of simulated-device
+collectives in flight aborted the process: ``check_in_flight``). One device has no collectives, and a ~1.9 ms step
+leaves no room for a host round trip per step, so no bound applies there: the host never waits for a step except
+inside the hooks (a logging window waits for its last step). Apart from that the loop never synchronises with the host.
 """
 
 from __future__ import annotations
