@@ -1,13 +1,14 @@
 """What deleting the oldest checkpoint costs a save, by orbax's number of deletion threads.
 
 orbax 0.12.8 deletes a step beyond ``max_to_keep`` inside the finalize of the save that pushed it out. With
-``CheckpointManagerOptions.num_deletion_threads`` unset it uses ``min(16, os.cpu_count() // 2)`` threads on a local
-folder, and with more than one its parallel deleter's scheduler returns only once a 0.1 s queue poll has timed out.
-The repository's ``Saver`` asks for one thread (a plain recursive delete). This script saves an MNIST-MLP-sized state
-(784-512-512-10 float32 parameters and two Adam moments, 2.4 MB, as numpy arrays: what ``train.py`` hands orbax in
-one process) ``--saves`` times per variant with ``keep=3``, each save followed by ``wait_until_finished``, the
-variants interleaved round by round, and prints the wall milliseconds of every save, then per variant the median
-(min-max over the rounds) of the saves' medians before any deletion (saves 1-3) and with one (saves 4 on).
+``CheckpointManagerOptions.num_deletion_threads`` unset it uses ``min(16, max(1, os.cpu_count() // 2))`` threads on
+a local folder, and with more than one its parallel deleter's scheduler returns only once a 0.1 s queue poll has
+timed out. The repository's ``Saver`` asks for one thread (a plain recursive delete). This script saves the main
+job's state (the MNIST MLP's 784-256-10 float32 parameters and two Adam moments, 2.44 MB, as numpy arrays: what
+``train.py`` hands orbax in one process) ``--saves`` times per variant with ``keep=3``, each save followed by
+``wait_until_finished``, the variants interleaved round by round, and prints the wall milliseconds of every save,
+then per variant the median (min-max over the rounds) of the saves' medians before any deletion (saves 1-3) and
+with one (saves 4 on).
 
 Variants: ``orbax default`` (threads from this host's core count), ``threads=N`` for each ``--threads`` value, and
 ``Saver`` (the repository's ``training.checkpoint.Saver``, the options ``train.py`` uses).
@@ -34,11 +35,12 @@ sys.path.insert(0, str(REPO))
 
 
 def mlp_state():
-    """The main job's parameters and Adam moments as numpy float32 arrays (2.4 MB in all), and a step count."""
+    """The main job's MLP parameters (784-256-10, ``conf/schema.py`` MLPConfig) and Adam moments as numpy float32
+    arrays (203,530 x 3 x 4 bytes = 2.44 MB), and a step count."""
     import numpy as np
 
     rng = np.random.default_rng(0)
-    shapes = [(784, 512), (512,), (512, 512), (512,), (512, 10), (10,)]
+    shapes = [(784, 256), (256,), (256, 10), (10,)]
     params = {f"layer{i}": rng.standard_normal(s).astype(np.float32) for i, s in enumerate(shapes)}
     zeros = {k: np.zeros_like(v) for k, v in params.items()}
     return {"params": params, "mu": zeros, "nu": dict(zeros), "step": np.int32(0)}

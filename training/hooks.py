@@ -261,7 +261,12 @@ class WindowLog(Hook):
         try:
             records = flush_window(self.mode, self.updater, loop.window_records, perf, loop.extra)
         except NonFiniteLoss as e:  # the window's steps up to the first bad one are recorded, then the run stops
-            self.reporter.log(e.records)
+            try:
+                self.reporter.log(e.records)
+            except Exception as log_error:  # e.g. a full disk: the non-finite loss stays the run's error
+                from training.checkpoint.resuming import warn
+
+                warn(f"the failing window's records were not written: {type(log_error).__name__}: {log_error}")
             raise
         loop.window_records, loop.extra, loop.logged_this_step = [], {}, True
         loop.last.update(records[-1])

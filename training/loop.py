@@ -133,12 +133,13 @@ def close_hooks(hooks: Sequence[Hook], error: Optional[BaseException]) -> None:
       raised, once all are closed (any further one is printed as a ``warning:`` line). Otherwise ``error`` stays
       the run's error and each close error is one ``warning:`` line (stderr and the log) instead of replacing it:
       e.g. a checkpoint whose background write failed after a SIGTERM's save, which the SIGTERM line names.
+      A ``KeyboardInterrupt`` or ``SystemExit`` from a ``close`` propagates at once (the hooks after it stay open).
     """
     failures: list[tuple[Hook, BaseException]] = []
     for hook in hooks:
         try:
             hook.close()
-        except BaseException as e:  # every hook is closed; the error is re-raised or reported below
+        except Exception as e:  # every hook is closed; the error is re-raised or reported below
             failures.append((hook, e))
     if not failures:
         return

@@ -1,3 +1,5 @@
+# Erratum (2026-12-06, tenth session): the state save_probe.py saves is 8.0 MB (784-512-512-10 parameters and two Adam
+# moments: 669,706 x 3 x 4 bytes), not 2.4 MB as written below; the main job's state (784-256-10) is 2.44 MB.
 # The device scripts and helpers behind background_delete_tpu_v5e.txt (kept as records; they ran from the repository root
 # on the device machine, with .whl-tpu/ (wheels), .tpudata/ (MNIST and Tiny Shakespeare) and .tpurun/ carried).
 # save_probe.py printed no process-CPU column in calls 3-4; that column was added afterwards for the CPU machine's run

@@ -1,5 +1,8 @@
 # The device scripts and helpers behind deletion_threads_tpu_v5e.txt (kept as records; they ran from the repository root
 # on the device machine, with .whl-tpu/ (wheels), .tpudata/ (MNIST and Tiny Shakespeare) and .tpurun/ carried).
+# In call 2 benchmarks/checkpoint_delete.py's mlp_state() had shapes [(784, 512), (512,), (512, 512), (512,), (512, 10),
+# (10,)] (8.0 MB with the two moments); call 4 ran it as committed (784-256-10, 2.44 MB).
+# save_probe.py's docstring below says 2.4 MB: its state is that same 8.0 MB one.
 
 ########## .tpurun/tpu22.sh ##########
 #!/usr/bin/env bash
@@ -269,3 +272,41 @@ def report():
 
 sys.argv = ["train.py", *sys.argv[1:]]
 runpy.run_path("train.py", run_name="__main__")
+
+########## .tpurun/tpu25.sh ##########
+#!/usr/bin/env bash
+# TPU v5e, tenth session, fourth call: benchmarks/checkpoint_delete.py again with the main job's real state (784-256-10 MLP and two Adam moments, 2.44 MB; the second call saved an 8.0 MB 784-512-512-10 state). bash .tpurun/tpu25.sh
+set -u
+export PYTHONUNBUFFERED=1
+if [ ! -f /tmp/site/.done ]; then
+  t0=$(date +%s)
+  PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target /tmp/site .whl-tpu/*.whl || exit 1
+  PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-deps --no-compile --only-binary=:all: \
+    --index-url file:///opt/pypi/simple --target /tmp/site tensorstore==0.1.86 \
+  || PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-deps --no-compile --only-binary=:all: \
+    --index-url file:///opt/pypi/simple --target /tmp/site tensorstore || exit 1
+  echo "install $(( $(date +%s) - t0 )) s"
+  mkdir -p /tmp/w/main /tmp/w/shared/data/tiny_shakespeare /tmp/xdg/dp_scaling/tiny_shakespeare /tmp/tfds/mnist/3.0.1
+  cp .tpudata/dataset_info.json /tmp/tfds/mnist/3.0.1/
+  cp .tpudata/tiny_shakespeare.txt /tmp/w/shared/data/tiny_shakespeare/input.txt
+  cp .tpudata/tiny_shakespeare.txt /tmp/xdg/dp_scaling/tiny_shakespeare/input.txt
+  PYTHONPATH=${PYTHONPATH:-}:/tmp/site python3 -c "
+import numpy as np
+for s in ('train', 'test'):
+    with np.load('.tpudata/mnist-%s-compressed.npz' % s) as f:
+        np.savez('/tmp/xdg/dp_scaling/mnist-3.0.1-%s.npz' % s, images=f['images'], labels=f['labels'])
+" || exit 1
+  touch /tmp/site/.done
+fi
+rm -rf /tmp/w/main && mkdir -p /tmp/w/main && tar --exclude=./.whl-tpu --exclude=./.tpudata -cf - . | (cd /tmp/w/main && tar xf -)
+export PYTHONPATH=${PYTHONPATH:-}:/tmp/site XDG_CACHE_HOME=/tmp/xdg TFDS_DATA_DIR=/tmp/tfds
+export WANDB_CONFIG_DIR=/tmp/wandb_cfg WANDB_CACHE_DIR=/tmp/wandb_cache WANDB_DATA_DIR=/tmp/wandb_data WANDB_MODE=offline
+cd /tmp/w/main || exit 1
+echo "code: the working tree of 870d9d2.. (Saver with num_deletion_threads=1; checkpoint_delete.py with the 2.44 MB state)"
+date -u; uptime
+SHM=/dev/shm/dp; mkdir -p $SHM/cd
+echo "== python benchmarks/checkpoint_delete.py --rounds 3, on the 9p root (/tmp) and on tmpfs (/dev/shm)"
+python3 benchmarks/checkpoint_delete.py --rounds 3 --dir /tmp/cd 2>&1 | grep -v -i warn | sed "s/^/[9p] /"
+python3 benchmarks/checkpoint_delete.py --rounds 3 --dir $SHM/cd 2>&1 | grep -v -i warn | sed "s/^/[tmpfs] /"
+date -u

@@ -208,12 +208,10 @@ class Saver:
         # thread of their own, deletions slower than the saves queue without bound (254 step folders at once with
         # checkpoint.every=1 keep=1 and 0.2 s per deletion), and the first failed one silently stops the rest until
         # close (benchmarks/results/background_delete_slow_cpu.txt).
-        # One deletion thread: a plain recursive delete. On a host with 4 or more cores orbax otherwise deletes a step
-        # with a pool of min(16, cores // 2) threads whose scheduler ends each deletion only after a 0.1 s queue poll
-        # times out, so every save past `keep` took >= 0.1 s longer (the MNIST state's save then wait, medians of the
-        # saves that delete a step: 193 against 90 ms on a TPU v5e host, 145 against 40 ms on the 2-core CPU machine
-        # with 6 threads forced; benchmarks/checkpoint_delete.py, benchmarks/results/deletion_threads_*.txt). A
-        # checkpoint is a few files.
+        # One deletion thread: a plain recursive delete of a checkpoint's few files. On a host with 4 or more cores
+        # orbax would delete a step with a pool of min(16, max(1, cores // 2)) threads whose scheduler returns only
+        # after a 0.1 s queue poll times out: >= 0.1 s more in each save that deletes a step
+        # (benchmarks/checkpoint_delete.py, benchmarks/results/deletion_threads_*.txt).
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             create=True,
