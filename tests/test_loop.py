@@ -235,3 +235,13 @@ def test_steps_in_flight_are_bounded_on_cpu_devices_only():
         ConfigError, match=r"^train.max_in_flight=9 with 8 CPU devices: .* use train.max_in_flight=8 or less$"
     ):
         training.loop.check_in_flight(9, cpu8)
+
+
+def test_a_ctrl_c_while_closing_stops_at_once(monkeypatch):
+    """A ``KeyboardInterrupt`` from a hook's close propagates at once (a user who presses Ctrl-C while the run
+    waits for its last save does not wait for the other hooks too)."""
+    closed: list = []
+    hooks = [Closing(closed, "first", on_close=KeyboardInterrupt()), Closing(closed, "second")]
+    with pytest.raises(KeyboardInterrupt):
+        run_fake_loop(monkeypatch, None, hooks=hooks)
+    assert closed == ["first"]
