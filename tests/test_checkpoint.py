@@ -538,6 +538,56 @@ def test_the_run_stops_once_more_than_keep_steps_could_not_be_deleted(tmp_path, 
     assert [line.split(" (older")[0].rsplit("/", 1)[1] for line in warned] == ["1", "2", "3", "4"]  # once each
 
 
+def _run_checkpoints(tmp_path, exp, keep=3):
+    """A run's checkpoints (``RunCheckpoints``) in ``tmp_path / "ckpt"``, 10 steps per epoch, 5 steps."""
+    cfg = CheckpointConfig(dir=str(tmp_path / "ckpt"), keep=keep, resume="never")
+    return checkpoint.RunCheckpoints(
+        checkpoint.prepare(cfg, tmp_path),
+        cfg_dict={},
+        mode=exp.mode,
+        mesh_shape=[2],
+        global_batch=64,
+        steps_per_epoch=10,
+        n_steps=5,
+        run_dir=tmp_path,
+    )
+
+
+@pytest.mark.unit
+def test_a_checkpoint_that_cannot_be_written_stops_at_its_save_with_one_line(tmp_path, monkeypatch):
+    """A save whose step folder cannot be created (a full disk, a folder no longer writable) raises
+    ``CheckpointWriteError`` from that save, in the training thread: one line naming the step, the folder, the error and
+    the newest complete checkpoint; the run's summary then names that one, and ``close`` returns at once. (With orbax
+    creating the folder in the background the error surfaced only at the next save or at close, and orbax's writer
+    threads then waited 300 s for the folder's "created" signal before the process could exit.)"""
+    from orbax.checkpoint._src.path import atomicity
+
+    original = atomicity._create_tmp_directory
+
+    async def refuse_step_2(makedir, tmp_dir, *args, **kwargs):
+        if Path(str(tmp_dir)).name.startswith("2."):
+            raise PermissionError(1, "Operation not permitted", str(tmp_dir))
+        return await original(makedir, tmp_dir, *args, **kwargs)
+
+    monkeypatch.setattr(atomicity, "_create_tmp_directory", refuse_step_2)
+    exp = build(plan(make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 2}})))
+    ckpts = _run_checkpoints(tmp_path, exp)
+    ckpts.save(exp.state, 1, None, "periodic")
+    ckpt = tmp_path / "ckpt"
+    with pytest.raises(
+        checkpoint.CheckpointWriteError,
+        match=rf"^could not write the checkpoint of step 2 in {ckpt} \(PermissionError: \[Errno 1\] Operation not "
+        rf"permitted: '{ckpt}/2\.orbax-checkpoint-tmp'\); the newest complete checkpoint is {ckpt}/1; free space or "
+        r"make the folder writable, then run the same command to continue from it$",
+    ):
+        ckpts.save(exp.state, 2, None, "periodic")
+    t0 = time.monotonic()
+    ckpts.close()
+    assert time.monotonic() - t0 < 10
+    assert checkpoint.complete_steps(ckpt) == [1]
+    assert ckpts.summary()["checkpoint/last_path"] == str(ckpt / "1")
+
+
 @pytest.mark.unit
 def test_nan_guard_in_saver(tmp_path):
     exp = build(plan(make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 4}, "parallel": {"name": "pmap"}})))

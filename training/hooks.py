@@ -202,23 +202,38 @@ class CheckpointHook(Hook):
         return self.saving
 
     def run(self, loop: LoopState, step: int) -> None:
+        """Saves the state after ``step``; after a signal's save, stops the run once that save is on disk.
+
+        Raises:
+          TrainingError: a non-finite state, too many undeletable steps, a checkpoint that could not be written
+            (``checkpoint.CheckpointWriteError``), or the stop after a signal (its line says where the checkpoint is,
+            or that it could not be written).
+        """
         reason = "final" if step == self.n_steps else ("signal" if self.stop.signal_name else "periodic")
+        stopping = self.stop.signal_name is not None and step < self.n_steps
+        stopped = f"stopped by {self.stop.signal_name} after step {step} of {self.n_steps}; "
         try:
             saved = self.ckpts.save(loop.state, step, self.wandb_run_id(), reason)
-        except (checkpoint.NonFiniteError, checkpoint.UndeletableError) as e:
-            raise TrainingError(str(e)) from None
-        if self.stop.signal_name is not None and step < self.n_steps:
+            if stopping:
+                self.ckpts.wait()  # the line below names the checkpoint as saved: it must be on disk
+        except (checkpoint.NonFiniteError, checkpoint.UndeletableError, checkpoint.CheckpointWriteError) as e:
+            raise TrainingError((stopped if stopping else "") + str(e)) from None
+        if stopping:
             where = (
                 f"checkpoint saved in {saved}; continue with the same command and "
                 f"checkpoint.dir={self.directory} (or checkpoint.resume={saved})"
                 if saved
                 else "no checkpoint written (checkpoint.enabled=false)"
             )
-            raise TrainingError(f"stopped by {self.stop.signal_name} after step {step} of {self.n_steps}; {where}")
+            raise TrainingError(stopped + where)
 
     def close(self) -> None:
+        """Waits for the last asynchronous save. Raises TrainingError when its background write failed."""
         self.stop.uninstall()
-        self.ckpts.close()  # waits for the last asynchronous save
+        try:
+            self.ckpts.close()
+        except checkpoint.CheckpointWriteError as e:
+            raise TrainingError(str(e)) from None
 
     def summary(self) -> dict[str, Any]:
         return self.ckpts.summary()

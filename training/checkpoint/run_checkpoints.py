@@ -11,7 +11,10 @@ import jax
 
 from training.checkpoint.plan import CheckpointPlan
 from training.checkpoint.resuming import warn
-from training.checkpoint.store import Saver, metadata
+from training.checkpoint.store import CheckpointWriteError, Saver, complete_steps, metadata
+
+# what orbax and TensorStore raise when a write fails (a full disk, a folder that is no longer writable)
+WRITE_ERRORS = (OSError, ValueError)
 
 # one logger for the package: its log lines all name training.checkpoint
 log = logging.getLogger("training.checkpoint")
@@ -48,6 +51,7 @@ class RunCheckpoints:
         self._saver: Optional[Saver] = None  # created at the first save (training.prepare has imported orbax by then)
         self.last_step: Optional[int] = None  # newest step saved (or restored) in this folder by this run
         self.last_path: Optional[Path] = None
+        self.pending_step: Optional[int] = None  # a step whose background write is not known to have finished
         if plan.directory is not None and restored_step is not None and plan.resume_path is None:
             self.last_step, self.last_path = restored_step, Path(plan.directory) / str(restored_step)
 
@@ -72,6 +76,7 @@ class RunCheckpoints:
           NonFiniteError: the state is not finite (nothing written).
           UndeletableError: after a periodic save, more than ``checkpoint.keep`` older steps could not be deleted
             (this one is saved).
+          CheckpointWriteError: the previous save's background write, or this save, failed.
         """
         if not self.enabled or self.last_step == done:
             return self.last_path if self.enabled and self.last_step == done else None
@@ -88,19 +93,61 @@ class RunCheckpoints:
             run_dir=self.run_dir,
             reason=reason,
         )
-        self.last_path = self.saver.save(state, done, meta, self.mode)
-        self.last_step = done
+        self.wait()  # the previous save's background write (orbax's save would wait for it too)
+        try:
+            self.last_path = self.saver.save(state, done, meta, self.mode)
+        except WRITE_ERRORS as e:
+            raise self._write_error(done, e) from None
+        self.last_step = self.pending_step = done
         log.info("checkpoint of step %d -> %s (%s)", done, self.last_path, reason)
         self._warn_undeleted()
         if reason == "periodic":  # the final save and one for a signal end the run anyway (and keep their message)
             self.saver.check_undeleted()
         return self.last_path
 
+    def wait(self) -> None:
+        """Waits until the last save is on disk.
+
+        Raises:
+          CheckpointWriteError: its background write failed.
+        """
+        if self._saver is not None and self.pending_step is not None:
+            step, self.pending_step = self.pending_step, None
+            try:
+                self._saver.manager.wait_until_finished()
+            except WRITE_ERRORS as e:
+                raise self._write_error(step, e) from None
+
     def close(self) -> None:
-        """Waits until every save is on disk (also after an error: the last good checkpoint stays whole)."""
+        """Waits until every save is on disk (also after an error: the last good checkpoint stays whole).
+
+        Raises:
+          CheckpointWriteError: the last save's background write failed (orbax is closed all the same).
+        """
         if self._saver is not None:
-            self._saver.close()
+            step, self.pending_step = self.pending_step, None
+            try:
+                self._saver.close()
+            except WRITE_ERRORS as e:
+                raise self._write_error(step, e) from None
             self._warn_undeleted()
+
+    def _write_error(self, step: Optional[int], error: BaseException) -> CheckpointWriteError:
+        """The one-line error for a checkpoint of ``step`` that could not be written: the step, the folder, the
+        error, the newest complete checkpoint left (``last_step``/``last_path`` then name it) and what to do."""
+        directory = Path(self.plan.directory)
+        done = [s for s in complete_steps(directory) if s != step]
+        self.last_step = done[-1] if done else None
+        self.last_path = directory / str(done[-1]) if done else None
+        what = f"the checkpoint of step {step}" if step is not None else "a checkpoint"
+        text = f"{type(error).__name__}: {str(error).splitlines()[0]}" if str(error) else type(error).__name__
+        then = (
+            f"the newest complete checkpoint is {self.last_path}; free space or make the folder writable, then run "
+            f"the same command to continue from it"
+            if done
+            else "no complete checkpoint is left; free space or make the folder writable, then run the same command"
+        )
+        return CheckpointWriteError(f"could not write {what} in {directory} ({text}); {then}")
 
     def _warn_undeleted(self) -> None:
         """One warning per step beyond ``checkpoint.keep`` that orbax could not delete (it stays on disk)."""

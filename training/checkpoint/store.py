@@ -59,6 +59,12 @@ class UndeletableError(RuntimeError):
     is kept."""
 
 
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (orbax raised ``OSError`` or ``ValueError`` while writing it, e.g. a full
+    disk or a folder that stopped being writable); the message is one line that names the step, the folder, the
+    error and the newest complete checkpoint (``training.hooks`` reports it as a TrainingError)."""
+
+
 class _OrbaxInfoFilter(logging.Filter):
     """Drops orbax's INFO chatter (dozens of lines per save, through absl) from the run's log; keeps warnings."""
 
@@ -218,6 +224,10 @@ class Saver:
             enable_async_checkpointing=async_save,
             cleanup_tmp_directories=True,
             num_deletion_threads=1,
+            # the step's temporary folder made inside save(): a folder that cannot be written fails there, at once.
+            # Made in the background, its failure left orbax's writer threads waiting 300 s for the folder's
+            # "created" signal before the process could exit.
+            async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
         )
         self.manager = ocp.CheckpointManager(self.directory, item_handlers=_handlers(), options=options)
         # steps beyond ``keep`` that orbax could not delete, as (step, error): kept on disk, the run goes on
