@@ -581,11 +581,41 @@ def test_a_checkpoint_that_cannot_be_written_stops_at_its_save_with_one_line(tmp
         r"make the folder writable, then run the same command to continue from it$",
     ):
         ckpts.save(exp.state, 2, None, "periodic")
+    # the run is stopping for that error: a write error at close (a disk that is still full) is not a second one
+    monkeypatch.setattr(ckpts.saver.manager, "wait_until_finished", lambda: (_ for _ in ()).throw(OSError(28, "full")))
     t0 = time.monotonic()
     ckpts.close()
     assert time.monotonic() - t0 < 10
     assert checkpoint.complete_steps(ckpt) == [1]
     assert ckpts.summary()["checkpoint/last_path"] == str(ckpt / "1")
+
+
+@pytest.mark.unit
+def test_an_unwritable_checkpoint_folder_with_checkpoints_is_not_to_be_abandoned(tmp_path, monkeypatch):
+    """At start, a checkpoint folder that cannot be written but holds checkpoints gets the advice to make it
+    writable and rerun (continuing from them), not to choose another folder (which would start over)."""
+    import tempfile
+
+    from training.validate import check_writable_folder
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", refuse)
+    empty, held = tmp_path / "empty", tmp_path / "held"
+    empty.mkdir()
+    (held / "500").mkdir(parents=True)
+    with pytest.raises(
+        ConfigError, match=r"cannot be written \(Operation not permitted in .*empty\); choose a folder you"
+    ):
+        check_writable_folder("checkpoint.dir", empty)
+    with pytest.raises(
+        ConfigError,
+        match=r"^checkpoint.dir=.*held cannot be written \(Operation not permitted in .*held\); it holds checkpoints "
+        r"to continue from: make it writable again and run the same command \(or choose another folder to start "
+        r"over\)$",
+    ):
+        check_writable_folder("checkpoint.dir", held)
 
 
 @pytest.mark.unit

@@ -166,9 +166,15 @@ def check_writable_folder(key: str, path) -> None:
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".write-probe-", dir=existing))
     except OSError as e:
+        holds_steps = existing == path and any(p.is_dir() and p.name.isdigit() for p in path.iterdir())
+        fix = (
+            "it holds checkpoints to continue from: make it writable again and run the same command (or choose "
+            "another folder to start over)"
+            if holds_steps
+            else "choose a folder you can write to"
+        )
         raise ConfigError(
-            f"{key}={path} cannot be written ({e.strerror or type(e).__name__} in {existing}); choose a folder "
-            f"you can write to"
+            f"{key}={path} cannot be written ({e.strerror or type(e).__name__} in {existing}); {fix}"
         ) from None
 
 

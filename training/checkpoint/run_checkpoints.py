@@ -52,6 +52,7 @@ class RunCheckpoints:
         self.last_step: Optional[int] = None  # newest step saved (or restored) in this folder by this run
         self.last_path: Optional[Path] = None
         self.pending_step: Optional[int] = None  # a step whose background write is not known to have finished
+        self.write_failed = False  # a CheckpointWriteError was raised: the run is stopping for it
         if plan.directory is not None and restored_step is not None and plan.resume_path is None:
             self.last_step, self.last_path = restored_step, Path(plan.directory) / str(restored_step)
 
@@ -122,13 +123,17 @@ class RunCheckpoints:
         """Waits until every save is on disk (also after an error: the last good checkpoint stays whole).
 
         Raises:
-          CheckpointWriteError: the last save's background write failed (orbax is closed all the same).
+          CheckpointWriteError: the last save's background write failed (orbax is closed all the same), unless an
+            earlier one was raised (then it is only logged: one error line per run).
         """
         if self._saver is not None:
             step, self.pending_step = self.pending_step, None
             try:
                 self._saver.close()
             except WRITE_ERRORS as e:
+                if self.write_failed:  # the run is already stopping for a write error, reported once
+                    log.info("closing the checkpoints after the write error: %s: %s", type(e).__name__, e)
+                    return
                 raise self._write_error(step, e) from None
             self._warn_undeleted()
 
@@ -147,6 +152,7 @@ class RunCheckpoints:
             if done
             else "no complete checkpoint is left; free space or make the folder writable, then run the same command"
         )
+        self.write_failed = True
         return CheckpointWriteError(f"could not write {what} in {directory} ({text}); {then}")
 
     def _warn_undeleted(self) -> None:
