@@ -496,48 +496,6 @@ def test_a_step_orbax_cannot_delete_is_kept_and_the_saves_go_on(tmp_path, monkey
     assert checkpoint.complete_steps(ckpt) == [1, 4, 5]
 
 
-@pytest.mark.unit
-def test_the_run_stops_once_more_than_keep_steps_could_not_be_deleted(tmp_path, monkeypatch, capsys):
-    """When every deletion fails the folder would grow without bound: the periodic save after which more than
-    ``keep`` steps are undeleted raises ``UndeletableError`` (one line naming the folder and the fix), after a warning
-    per step; the final save does not (the run ends anyway); every step saved is kept."""
-
-    def refuse(delete, deleter, step):
-        raise PermissionError(13, "Permission denied", "meta")
-
-    _orbax_step_deletion(monkeypatch, refuse)
-    exp = build(plan(make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 2}})))
-    ckpt = tmp_path / "ckpt"
-
-    def run_checkpoints():
-        cfg = CheckpointConfig(dir=str(ckpt), keep=1, resume="never")
-        return checkpoint.RunCheckpoints(
-            checkpoint.prepare(cfg, tmp_path),
-            cfg_dict={},
-            mode=exp.mode,
-            mesh_shape=[2],
-            global_batch=64,
-            steps_per_epoch=10,
-            n_steps=5,
-            run_dir=tmp_path,
-        )
-
-    ckpts = run_checkpoints()
-    for step in (1, 2, 3):  # the deletions of steps 1 and 2 fail in the finalizes of saves 2 and 3
-        ckpts.save(exp.state, step, None, "periodic")
-    with pytest.raises(
-        checkpoint.UndeletableError,
-        match=r"^2 checkpoints older than the newest checkpoint\.keep=1 could not be deleted from .*ckpt \(the last, "
-        r"step 2: PermissionError: \[Errno 13\] Permission denied: 'meta'\); every checkpoint saved is kept",
-    ):
-        ckpts.save(exp.state, 4, None, "periodic")
-    ckpts.save(exp.state, 5, None, "final")  # the run's last save: no error
-    ckpts.close()
-    assert checkpoint.complete_steps(ckpt) == [1, 2, 3, 4, 5]
-    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: could not delete")]
-    assert [line.split(" (older")[0].rsplit("/", 1)[1] for line in warned] == ["1", "2", "3", "4"]  # once each
-
-
 def _run_checkpoints(tmp_path, exp, keep=3):
     """A run's checkpoints (``RunCheckpoints``) in ``tmp_path / "ckpt"``, 10 steps per epoch, 5 steps."""
     cfg = CheckpointConfig(dir=str(tmp_path / "ckpt"), keep=keep, resume="never")
@@ -551,6 +509,34 @@ def _run_checkpoints(tmp_path, exp, keep=3):
         n_steps=5,
         run_dir=tmp_path,
     )
+
+
+@pytest.mark.unit
+def test_the_run_stops_once_more_than_keep_steps_could_not_be_deleted(tmp_path, monkeypatch, capsys):
+    """When every deletion fails the folder would grow without bound: the periodic save after which more than
+    ``keep`` steps are undeleted raises ``UndeletableError`` (one line naming the folder and the fix), after a warning
+    per step; the final save does not (the run ends anyway); every step saved is kept."""
+
+    def refuse(delete, deleter, step):
+        raise PermissionError(13, "Permission denied", "meta")
+
+    _orbax_step_deletion(monkeypatch, refuse)
+    exp = build(plan(make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 2}})))
+    ckpt = tmp_path / "ckpt"
+    ckpts = _run_checkpoints(tmp_path, exp, keep=1)
+    for step in (1, 2, 3):  # the deletions of steps 1 and 2 fail in the finalizes of saves 2 and 3
+        ckpts.save(exp.state, step, None, "periodic")
+    with pytest.raises(
+        checkpoint.UndeletableError,
+        match=r"^2 checkpoints older than the newest checkpoint\.keep=1 could not be deleted from .*ckpt \(the last, "
+        r"step 2: PermissionError: \[Errno 13\] Permission denied: 'meta'\); every checkpoint saved is kept",
+    ):
+        ckpts.save(exp.state, 4, None, "periodic")
+    ckpts.save(exp.state, 5, None, "final")  # the run's last save: no error
+    ckpts.close()
+    assert checkpoint.complete_steps(ckpt) == [1, 2, 3, 4, 5]
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: could not delete")]
+    assert [line.split(" (older")[0].rsplit("/", 1)[1] for line in warned] == ["1", "2", "3", "4"]  # once each
 
 
 @pytest.mark.unit
