@@ -26,3 +26,10 @@ def first_line(error: BaseException, limit: int = 200) -> str:
     """The first line of ``str(error)`` (its type name when the message is empty), cut at ``limit`` characters:
     a library's multi-line message reduced to what fits in a one-line error."""
     return (str(error).strip().splitlines() or [type(error).__name__])[0][:limit]
+
+
+def error_text(error: BaseException, limit: int = 300) -> str:
+    """``Type: first line`` of ``error`` (``first_line``), or the type name alone when the message is empty: how a
+    one-line message quotes an error it reports, e.g. ``PermissionError: [Errno 1] Operation not permitted: 'x'``."""
+    name = type(error).__name__
+    return f"{name}: {first_line(error, limit)}" if str(error).strip() else name

@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import jax
 
-from core.errors import TrainingError
+from core.errors import TrainingError, error_text
 from measure.profiler import Profiler
 from measure.rates import window_perf
 from measure.throughput import JobClock, TargetTracker, WindowStats
@@ -281,7 +281,7 @@ class WindowLog(Hook):
             except Exception as log_error:  # e.g. a full disk: the non-finite loss stays the run's error
                 from training.checkpoint.resuming import warn
 
-                warn(f"the failing window's records were not written: {type(log_error).__name__}: {log_error}")
+                warn(f"the failing window's records were not written: {error_text(log_error)}")
             raise
         loop.window_records, loop.extra, loop.logged_this_step = [], {}, True
         loop.last.update(records[-1])

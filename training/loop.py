@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 import jax
 
-from core.errors import ConfigError
+from core.errors import ConfigError, error_text
 from training.hooks import Hook, LoopState
 
 
@@ -145,12 +145,9 @@ def close_hooks(hooks: Sequence[Hook], error: Optional[BaseException]) -> None:
         return
     from training.checkpoint.resuming import warn
 
-    def text(e: BaseException) -> str:
-        return f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
-
     if error is None:
         for hook, e in failures[1:]:
-            warn(f"closing {type(hook).__name__} also failed: {text(e)}")
+            warn(f"closing {type(hook).__name__} also failed: {error_text(e)}")
         raise failures[0][1]
     for hook, e in failures:
-        warn(f"closing {type(hook).__name__} failed after the run's error: {text(e)}")
+        warn(f"closing {type(hook).__name__} failed after the run's error: {error_text(e)}")

@@ -166,7 +166,12 @@ def check_writable_folder(key: str, path) -> None:
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".write-probe-", dir=existing))
     except OSError as e:
-        holds_steps = existing == path and any(p.is_dir() and p.name.isdigit() for p in path.iterdir())
+        from training.checkpoint.store import complete_steps  # jax: imported only on this error path
+
+        try:
+            holds_steps = existing == path and bool(complete_steps(path))
+        except OSError:  # not even readable
+            holds_steps = False
         fix = (
             "it holds checkpoints to continue from: make it writable again and run the same command (or choose "
             "another folder to start over)"

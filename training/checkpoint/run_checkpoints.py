@@ -9,6 +9,7 @@ from typing import Optional
 
 import jax
 
+from core.errors import error_text
 from training.checkpoint.plan import CheckpointPlan
 from training.checkpoint.resuming import warn
 from training.checkpoint.store import CheckpointWriteError, Saver, complete_steps, metadata
@@ -115,7 +116,7 @@ class RunCheckpoints:
         if self._saver is not None and self.pending_step is not None:
             step, self.pending_step = self.pending_step, None
             try:
-                self._saver.manager.wait_until_finished()
+                self._saver.wait()
             except WRITE_ERRORS as e:
                 raise self._write_error(step, e) from None
 
@@ -145,7 +146,6 @@ class RunCheckpoints:
         self.last_step = done[-1] if done else None
         self.last_path = directory / str(done[-1]) if done else None
         what = f"the checkpoint of step {step}" if step is not None else "a checkpoint"
-        text = f"{type(error).__name__}: {str(error).splitlines()[0]}" if str(error) else type(error).__name__
         then = (
             f"the newest complete checkpoint is {self.last_path}; free space or make the folder writable, then run "
             f"the same command to continue from it"
@@ -153,7 +153,7 @@ class RunCheckpoints:
             else "no complete checkpoint is left; free space or make the folder writable, then run the same command"
         )
         self.write_failed = True
-        return CheckpointWriteError(f"could not write {what} in {directory} ({text}); {then}")
+        return CheckpointWriteError(f"could not write {what} in {directory} ({error_text(error)}); {then}")
 
     def _warn_undeleted(self) -> None:
         """One warning per step beyond ``checkpoint.keep`` that orbax could not delete (it stays on disk)."""

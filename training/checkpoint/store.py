@@ -42,7 +42,7 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from core.errors import ConfigError
+from core.errors import ConfigError, error_text
 from parallel.base import device_finite_flags, held_whole, host_finite_flags
 
 STATE, META = "state", "meta"
@@ -332,7 +332,7 @@ def _delete_steps_or_keep(delete_steps, undeleted: list, steps) -> None:
         try:
             delete_steps([step])
         except OSError as e:
-            undeleted.append((step, f"{type(e).__name__}: {e}"))
+            undeleted.append((step, error_text(e)))
 
 
 def metadata(
