@@ -225,8 +225,8 @@ class Saver:
             cleanup_tmp_directories=True,
             num_deletion_threads=1,
             # the step's temporary folder made inside save(): a folder that cannot be written fails there, at once.
-            # Made in the background, its failure left orbax's writer threads waiting 300 s for the folder's
-            # "created" signal before the process could exit.
+            # Made in the background, such a failure would leave orbax's writer threads waiting 300 s for the
+            # folder's "created" signal before the process could exit.
             async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
         )
         self.manager = ocp.CheckpointManager(self.directory, item_handlers=_handlers(), options=options)
