@@ -137,7 +137,7 @@ def test_backend_starts_beside_the_imports_and_its_rest_is_timed_as_runtime(tmp_
     they are in is the ``runtime`` phase, never ``config``. Here a backend start that waits until
     ``training.app`` is fully imported (up to 20 s) and then 2 s more: it ran on the ``jax-backend-start`` thread,
     saw the import end (a start that blocked the imports would wait the whole 20 s), and ``runtime`` holds the
-    seconds it kept the run waiting (README "On a TPU host")."""
+    seconds it kept the run waiting (benchmarks/results/overhead_history.md, "A fifth session")."""
     probe = tmp_path / "backend.json"
     before = (
         "import json, sys, threading, time\n"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# TPU v5e, eleventh session, second call: A/B/C of where orbax's import starts (A HEAD: before the data read; B: after it; C: beside the chip start), with the bare script (split on the chip) in each round. bash .tpurun/tpu27.sh
+# TPU v5e, eleventh session, third device call: A/B/C of where orbax's import starts (A HEAD: before the data read; B: after it; C: beside the chip start), with the bare script (split on the chip) in each round. bash .tpurun/tpu27.sh
 set -u
 export PYTHONUNBUFFERED=1
 if [ ! -f /tmp/site/.done ]; then
