@@ -30,6 +30,7 @@ from measure.throughput import JobClock, TargetTracker, WindowStats
 from training import checkpoint
 from training.console_lines import window_line
 from training.outcome import exploded_final, nonfinite_final
+from training.report import warn
 from training.signals import StopOnSignal
 
 log = logging.getLogger(__name__)
@@ -279,9 +280,7 @@ class WindowLog(Hook):
             try:
                 self.reporter.log(e.records)
             except Exception as log_error:  # e.g. a full disk: the non-finite loss stays the run's error
-                from training.checkpoint.resuming import warn
-
-                warn(f"the failing window's records were not written: {error_text(log_error)}")
+                warn(f"the failing window's records were not written: {error_text(log_error)}", log)
             raise
         loop.window_records, loop.extra, loop.logged_this_step = [], {}, True
         loop.last.update(records[-1])

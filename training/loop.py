@@ -12,12 +12,16 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import logging
 from typing import Optional, Sequence
 
 import jax
 
 from core.errors import ConfigError, error_text
 from training.hooks import Hook, LoopState
+from training.report import warn
+
+log = logging.getLogger(__name__)
 
 
 # the most steps in flight on the CPU backend with more than one device: with 8 simulated devices on a 2-core machine
@@ -143,11 +147,9 @@ def close_hooks(hooks: Sequence[Hook], error: Optional[BaseException]) -> None:
             failures.append((hook, e))
     if not failures:
         return
-    from training.checkpoint.resuming import warn
-
     if error is None:
         for hook, e in failures[1:]:
-            warn(f"closing {type(hook).__name__} also failed: {error_text(e)}")
+            warn(f"closing {type(hook).__name__} also failed: {error_text(e)}", log)
         raise failures[0][1]
     for hook, e in failures:
-        warn(f"closing {type(hook).__name__} failed after the run's error: {error_text(e)}")
+        warn(f"closing {type(hook).__name__} failed after the run's error: {error_text(e)}", log)

@@ -399,6 +399,13 @@ class Reporter:
         self._offline_hint()
 
 
+def warn(line: str, logger: Optional[logging.Logger] = None) -> None:
+    """A warning the user must see: ``warning: <line>`` on stderr (``console``) and ``line`` in ``logger``'s log
+    (this module's when None), at WARNING."""
+    (logger or log).warning("%s", line)
+    console(f"warning: {line}")
+
+
 def console(line: str) -> None:
     """One line on stderr (errors, warnings a user must see even with logging redirected).
 

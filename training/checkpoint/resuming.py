@@ -31,11 +31,10 @@ log = logging.getLogger("training.checkpoint")
 
 
 def warn(line: str) -> None:
-    """A warning the user must see: stderr (via ``training.report.console``) and the log."""
-    from training.report import console
+    """A checkpoint warning the user must see: ``training.report.warn`` under this package's logger."""
+    from training.report import warn as report_warn
 
-    log.warning("%s", line)
-    console(f"warning: {line}")
+    report_warn(line, log)
 
 
 def candidate_step_dir(ckpt_plan: CheckpointPlan) -> Optional[Path]:
