@@ -240,13 +240,21 @@ class Norm(enum.StrEnum):
     rmsnorm = "rmsnorm"
 
 
+class Attention(enum.StrEnum):
+    auto = "auto"
+    xla = "xla"
+    splash = "splash"
+
+
 @dataclass
 class GPTConfig(ModelConfig):
     """Decoder-only transformer language model (models/gpt.py). ``size``: tiny (0.84M parameters, byte
     vocabulary, context 128) | gpt2_small (124M) | gpt2_medium (355M) | 1b (1.3B); every dimension left null
     takes the preset's value. ``context``: tokens per training window (T); ``max_positions``: rows of the
     learned position table (null = context). ``remat``: none | full | dots_saveable (``jax.checkpoint`` per
-    block)."""
+    block). ``attention``: auto (the splash kernel on TPU for a context of 512 or more, a multiple of 128; else XLA's) |
+    xla | splash. ``loss_chunk``: 0, or tokens per chunk of the output layer fused with the loss (no [B, T, vocab]
+    logits). ``vocab_multiple``: the embedding's rows rounded up to a multiple of this (padded logits masked)."""
 
     name: str = "gpt"
     size: str = "tiny"
@@ -261,6 +269,9 @@ class GPTConfig(ModelConfig):
     remat: Remat = Remat.none
     tied_embeddings: bool = True
     norm: Norm = Norm.layernorm
+    attention: Attention = Attention.auto
+    loss_chunk: int = 0
+    vocab_multiple: int = 1
 
 
 MODEL_SCHEMAS: dict[str, type] = {

@@ -6,8 +6,10 @@ Every batch is a dict: ``image`` uint8 ``[B, H, W, C]``, ``label`` int32 ``[B]``
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from typing import Callable
+from typing import Any, Callable, Iterator, Optional
 
 import jax
 
@@ -56,3 +58,25 @@ class BatchLayout:
             lshape = (gshape[0] // self.process_count,) + gshape[1:]
             out[key] = jax.make_array_from_process_local_data(self.sharding, value.reshape(lshape), gshape)
         return out
+
+
+# (mesh, mesh axes of the leading batch dimension, or None) while a GSPMD-partitioned step is traced, else None
+_BATCH_SPLIT: contextvars.ContextVar[Optional[tuple[Any, Any]]] = contextvars.ContextVar("batch_split", default=None)
+
+
+@contextlib.contextmanager
+def batch_split(mesh, axes) -> Iterator[None]:
+    """Declares, while a step is traced under this context, that the model's batch dimension is split over the mesh
+    ``axes`` (a name or tuple of names; None: not split, e.g. under a ``vmap`` whose ``spmd_axis_name`` already
+    splits it) by GSPMD. Code XLA cannot partition (a Pallas kernel) reads it with ``current_batch_split`` and runs
+    per device under ``shard_map``. A mesh of one device declares nothing."""
+    token = _BATCH_SPLIT.set((mesh, axes) if mesh is not None and mesh.size > 1 else None)
+    try:
+        yield
+    finally:
+        _BATCH_SPLIT.reset(token)
+
+
+def current_batch_split() -> Optional[tuple[Any, Any]]:
+    """``(mesh, axes)`` of the enclosing ``batch_split``, or None (one device, or inside per-device code)."""
+    return _BATCH_SPLIT.get()

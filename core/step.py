@@ -32,6 +32,7 @@ from flax import nnx, struct
 
 from core.augment import AugmentSpec, augment_images
 from core.precision import LossScaleState, update_loss_scale
+from core.xent import fused_token_xent, token_xent
 
 Metrics = dict[str, jax.Array]
 
@@ -98,6 +99,8 @@ class LocalGrads:
         (FSDP: parameter shards, gathered layer by layer where they are used; ``parallel.fsdp``).
       unroll: unroll the microbatch loop (``lax.scan(unroll=True)``): collectives inside a microbatch then
         appear once per microbatch in the compiled step, outside any loop (FSDP's per-microbatch gathers).
+      manual_kernels: the model calls a kernel that cannot run under ``shard_map``'s varying-axes check (a Pallas
+        kernel: splash attention); a mode then runs its per-device code without the check.
       tokens: a language model: ``image`` holds input tokens int32 ``[B, T]`` (passed to the model as they
         are) and ``label`` the next tokens int32 ``[B, T]``; the model returns logits ``[B, T, vocab]``. An
         example's loss is the mean over its T positions of the next-token cross-entropy (nats per token) and
@@ -114,6 +117,7 @@ class LocalGrads:
     materialize: Optional[Callable[[Any, Any, Any], Any]] = None
     unroll: bool = False
     tokens: bool = False
+    manual_kernels: bool = False
 
     def model(self, params):
         """The ``nnx.Module`` computing in ``compute_dtype`` from ``params`` (see ``materialize``)."""
@@ -136,6 +140,27 @@ class LocalGrads:
             return jnp.mean(loss, axis=-1), jnp.mean(correct, axis=-1)
         return loss, correct
 
+    def losses(self, params, image, label, keys=None, weight=None):
+        """``(objective, loss_B, correct_B)``: the per-example loss and 0/1 accuracy (float32 ``[B]``, as
+        ``per_example``) and, when ``weight`` (float32 scalar) is given, the differentiable ``weight * sum(loss_B)``
+        of a language model whose ``loss_chunk`` fuses the output layer with the loss (``core.xent``: its
+        gradient is computed in the forward pass, chunk by chunk), else None (the caller differentiates through
+        ``loss_B``)."""
+        model = self.model(params)
+        chunk = getattr(model, "loss_chunk", 0) if self.tokens else 0
+        if not chunk:
+            x = image if self.tokens else to_float_image(image, self.compute_dtype)
+            return (None, *self.per_example(model(x, keys).astype(jnp.float32), label))
+        x_BxTxD = model.features(image, keys)
+        b, t, d = x_BxTxD.shape
+        args = (x_BxTxD.reshape(b * t, d), model.output_weight(), label.reshape(b * t))
+        if weight is None:
+            objective, (loss, correct) = None, token_xent(*args, chunk, model.dims.vocab_size)
+        else:
+            weights = jnp.full((b * t,), weight / t, jnp.float32)
+            objective, loss, correct = fused_token_xent(*args, weights, chunk, model.dims.vocab_size)
+        return objective, loss.reshape(b, t).mean(-1), correct.reshape(b, t).mean(-1)
+
     def _micro(self, params, batch, step, scale):
         # per-example keys feed dropout and/or augmentation (independent fold_in sites)
         needs_keys = self.use_example_keys or self.augment is not None
@@ -147,12 +172,12 @@ class LocalGrads:
             image = augment_images(image, example_keys_B, self.augment)
 
         def loss_fn(p):
-            per_example, correct_B = self.per_example(self.logits(p, image, keys), batch["label"])
+            objective, per_example, correct_B = self.losses(p, image, batch["label"], keys, scale / n)
             loss_sum = jnp.sum(per_example)
             correct = jnp.sum(correct_B)
             # Differentiate the scaled *mean* so that gradient magnitudes inside the (possibly float16)
             # backward pass do not grow with the batch size; multiply back by n to return sums.
-            return loss_sum / n * scale, (loss_sum, correct)
+            return (loss_sum / n * scale if objective is None else objective), (loss_sum, correct)
 
         n = batch["label"].shape[0]
         grads, (loss_sum, correct) = jax.grad(loss_fn, has_aux=True)(params)
@@ -183,7 +208,7 @@ class LocalGrads:
     def eval_sums(self, params, batch) -> Metrics:
         """Masked sums for evaluation (no dropout): ``loss_sum``, ``correct``, ``count`` (float32 scalars)."""
         mask = batch["mask"]
-        per_example, correct = self.per_example(self.logits(params, batch["image"]), batch["label"])
+        _, per_example, correct = self.losses(params, batch["image"], batch["label"])
         return {"loss_sum": jnp.sum(per_example * mask), "correct": jnp.sum(correct * mask), "count": jnp.sum(mask)}
 
 

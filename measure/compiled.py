@@ -69,7 +69,9 @@ def compiled_step_metrics(lowered, compiled, num_devices: int) -> dict[str, Any]
     """Communication, temporary memory and FLOPs of one compiled optimizer step.
 
     Returns ``comm/*`` (from the compiled HLO; ``comm/payload_bytes_per_step_lowered`` from the lowered
-    StableHLO), ``mem/temp_bytes_per_device`` (``compiled.memory_analysis().temp_size_in_bytes``) and
+    StableHLO), ``mem/temp_bytes_per_device`` (``compiled.memory_analysis().temp_size_in_bytes``),
+    ``mem/compiled_peak_bytes_per_device`` (``compiled_peak_bytes``: what the step needs at once, its
+    temporaries included: what ``model.remat`` changes) and
     ``perf/flops_per_step_per_device`` (``compiled.cost_analysis()['flops']``, XLA counts a multiply-add as 2).
     """
     out: dict[str, Any] = {}
@@ -86,6 +88,7 @@ def compiled_step_metrics(lowered, compiled, num_devices: int) -> dict[str, Any]
     mem = compiled.memory_analysis()
     if mem is not None:
         out["mem/temp_bytes_per_device"] = int(mem.temp_size_in_bytes)
+        out["mem/compiled_peak_bytes_per_device"] = compiled_peak_bytes(compiled)["peak_bytes"]
     cost = compiled.cost_analysis()
     if isinstance(cost, list):
         cost = cost[0] if cost else {}

@@ -35,7 +35,8 @@ def build_model(
         the device count or layout, since they are created once and then placed.
       gpt: for ``name="gpt"``: ``size`` and the dimension overrides of ``models.gpt.resolve_dims``
         (``vocab_size``, ``context``, ``max_positions``; ``width``, ``depth``, ``heads``, ``mlp_ratio`` are the
-        named arguments, None = the preset's) and ``remat``, ``tied_embeddings``, ``norm``; ``image_shape`` and
+        named arguments, None = the preset's), ``vocab_multiple`` and ``remat``, ``tied_embeddings``, ``norm``,
+        ``attention``, ``loss_chunk``; ``image_shape`` and
         ``num_classes`` are not used.
     Returns:
       An ``nnx.Module`` whose ``__call__(x_BxHxWxC, dropout_keys_B=None)`` returns logits ``[B, classes]``
@@ -86,6 +87,7 @@ def build_model(
             vocab_size=gpt.pop("vocab_size", None),  # type: ignore[arg-type]
             context=gpt.pop("context", None),  # type: ignore[arg-type]
             max_positions=gpt.pop("max_positions", None),  # type: ignore[arg-type]
+            vocab_multiple=int(gpt.pop("vocab_multiple", 1)),  # type: ignore[call-overload]
             width=width,
             depth=depth,
             heads=heads,

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from core.draws import sample
 
 
 def per_example_dropout(x_Bx: jax.Array, rate: float, keys_B: jax.Array | None) -> jax.Array:
@@ -32,80 +32,13 @@ def per_example_dropout(x_Bx: jax.Array, rate: float, keys_B: jax.Array | None) 
     return jnp.where(mask, x_Bx / jnp.asarray(keep, x_Bx.dtype), jnp.zeros_like(x_Bx))
 
 
-_MIN_BUCKET = 256
-
-
-def _bucket(n: int) -> int:
-    """Size actually drawn for ``n`` values: the next power of two (at least 256) when threefry is in its
-    partitionable mode, whose bits depend only on (key, flat index) so that a longer draw's prefix equals the
-    shorter draw; else ``n`` itself."""
-    if not _partitionable():
-        return n
-    return max(_MIN_BUCKET, 1 << (n - 1).bit_length())
-
-
-def _draw(key: jax.Array, scale: jax.Array, shape: tuple[int, ...], distribution: str, dtype) -> jax.Array:
-    # Not fused into one jit on purpose: the stock initialisers draw, then multiply, as separate programs,
-    # and fusing the two changes the last bit of some values.
-    if distribution == "truncated_normal":
-        x = jax.random.truncated_normal(key, -2, 2, shape, dtype)
-    elif distribution == "normal":
-        x = jax.random.normal(key, shape, dtype)
-    else:
-        x = jax.random.uniform(key, shape, dtype, -1)
-    return x * scale
-
-
-def _partitionable() -> bool:
-    return bool(jax.config.jax_threefry_partitionable and jax.config.jax_default_prng_impl == "threefry2x32")
-
-
-# bytes from which a parameter is drawn in its own shape under a trace (None: never); see ``partitioned_draws``
-_IN_SHAPE_MIN_BYTES: contextvars.ContextVar[int | None] = contextvars.ContextVar("in_shape_min_bytes", default=None)
-
-
-@contextlib.contextmanager
-def partitioned_draws(min_bytes: int = 1 << 20) -> Iterator[None]:
-    """Within this context, initialisers traced under ``jax.jit`` draw each parameter of at least ``min_bytes``
-    bytes directly in its shape (when threefry is partitionable), so that XLA partitions the draw to the jitted
-    program's output sharding: under fsdp each device computes only its own shard of a large parameter, never
-    the whole of it. The values are bitwise those drawn outside the context. Smaller parameters keep the flat
-    draw: on XLA:CPU each multi-dimensional draw adds ~0.5-1 s of compile time, and a whole small parameter
-    costs little memory (``min_bytes`` at most, as a temporary)."""
-    token = _IN_SHAPE_MIN_BYTES.set(min_bytes)
-    try:
-        yield
-    finally:
-        _IN_SHAPE_MIN_BYTES.reset(token)
-
-
-def _sample(key: jax.Array, shape: Sequence[int], dtype, distribution: str, scale: jax.Array) -> jax.Array:
-    """``scale * <distribution>(key, shape)``.
-
-    Drawn flat over a bucketed size, then cut and reshaped (cheap to compile, see ``variance_scaling``); within
-    ``partitioned_draws``, under a trace, a large parameter is drawn directly in ``shape`` so that XLA can
-    partition the draw to the output's sharding. Both give bitwise the same values (threefry partitionable: each
-    value's bits depend only on (key, flat index))."""
-    shape = tuple(shape)
-    n = math.prod(shape)
-    min_bytes = _IN_SHAPE_MIN_BYTES.get()
-    if (
-        min_bytes is not None
-        and n * jnp.dtype(dtype).itemsize >= min_bytes
-        and isinstance(key, jax.core.Tracer)
-        and _partitionable()
-    ):
-        return _draw(key, scale, shape, distribution, dtype)
-    return _draw(key, scale, (_bucket(n),), distribution, dtype)[:n].reshape(shape)
-
-
 def variance_scaling(scale: float, mode: str, distribution: str) -> nnx.Initializer:
     """``jax.nn.initializers.variance_scaling(scale, mode, distribution)`` (in_axis=-2, out_axis=-1) with
     bitwise the same values, but cheap to compile.
 
     Why: eager initialisation compiles one random draw per distinct parameter shape, and on XLA:CPU a draw of
     a multi-dimensional shape (e.g. a ``3x3x4x8`` conv kernel) can take seconds to compile, while a flat draw
-    takes ~0.2 s. Here every draw is flat, over a power-of-two bucket of sizes (see ``_bucket``), then cut
+    takes ~0.2 s. Here every draw is flat, over a power-of-two bucket of sizes (see ``core.draws.bucket``), then cut
     and reshaped: a ResNet-18 is built in a few seconds instead of ~20. The bits of a threefry draw depend
     only on the flat element index (and, in partitionable mode, a longer draw extends a shorter one), so the
     values equal the stock initialiser's (``tests/test_models.py`` checks this).
@@ -128,7 +61,7 @@ def variance_scaling(scale: float, mode: str, distribution: str) -> nnx.Initiali
             factor = jnp.sqrt(variance)
         else:
             factor = jnp.sqrt(3 * variance)
-        return _sample(key, shape, dtype, distribution, factor)
+        return sample(key, shape, dtype, distribution, factor)
 
     return init
 
@@ -142,7 +75,7 @@ def normal(stddev: float) -> nnx.Initializer:
     """``N(0, stddev^2)``, bitwise ``nnx.initializers.normal(stddev)`` (drawn as in ``variance_scaling``)."""
 
     def init(key: jax.Array, shape: Sequence[int], dtype=jnp.float32) -> jax.Array:
-        return _sample(key, tuple(shape), dtype, "normal", jnp.array(stddev, dtype))
+        return sample(key, tuple(shape), dtype, "normal", jnp.array(stddev, dtype))
 
     return init
 

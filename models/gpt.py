@@ -1,8 +1,10 @@
 """A decoder-only transformer language model (GPT-2 style: Radford et al. 2019), in flax NNX.
 
-Token embedding + learned position embedding -> ``depth`` pre-norm blocks (causal multi-head self-attention
-with ``jax.nn.dot_product_attention``, then a GELU MLP of width ``mlp_ratio * width``) -> final norm -> logits
-over the vocabulary (the token embedding transposed when ``tied_embeddings``, else its own matrix).
+Token embedding + learned position embedding -> ``depth`` pre-norm blocks (causal multi-head self-attention,
+``models.attention``: XLA's or the splash kernel on TPU, then a GELU MLP of width ``mlp_ratio * width``) -> final
+norm -> logits over the vocabulary (the token embedding transposed when ``tied_embeddings``, else its own
+matrix). Everything computes in the dtype of the parameters it is given (the step casts them to the compute
+dtype): the embedding lookup and the output layer read the table as it is.
 
 Blocks are a Python list (``nnx.List``), not a scanned stack: every parameter is a plain array of the tree, so
 the parallel modes (which act on param trees: replication, FSDP sharding by the largest divisible dimension)
@@ -23,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from models.attention import causal_attention, resolve_attention
 from models.common import normal, per_example_dropout, site_keys
 
 REMAT_POLICIES = ("none", "full", "dots_saveable")
@@ -41,6 +44,12 @@ class GPTDims:
     depth: int
     heads: int
     mlp_ratio: int = 4
+    vocab_multiple: int = 1  # the embedding has ``padded_vocab`` rows: vocab_size rounded up to a multiple of this
+
+    @property
+    def padded_vocab(self) -> int:
+        """Rows of the token embedding (and output layer): ``vocab_size`` rounded up to ``vocab_multiple``."""
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
 
 # Size presets: (vocab_size, context, width, depth, heads). GPT-2 sizes from Radford et al. 2019 (vocabulary
@@ -64,6 +73,7 @@ def resolve_dims(
     depth: Optional[int] = None,
     heads: Optional[int] = None,
     mlp_ratio: int = 4,
+    vocab_multiple: int = 1,
 ) -> GPTDims:
     """The preset ``size`` with every given (non-None) dimension overriding it; ``max_positions`` None = the
     context.
@@ -83,8 +93,9 @@ def resolve_dims(
         depth=d if depth is None else depth,
         heads=h if heads is None else heads,
         mlp_ratio=mlp_ratio,
+        vocab_multiple=vocab_multiple,
     )
-    for key in ("vocab_size", "context", "max_positions", "width", "heads", "mlp_ratio"):
+    for key in ("vocab_size", "context", "max_positions", "width", "heads", "mlp_ratio", "vocab_multiple"):
         if getattr(dims, key) < 1:
             raise ValueError(f"model.{key}={getattr(dims, key)} is out of range; it must be >= 1")
     if dims.depth < 0:
@@ -106,7 +117,9 @@ def resolve_dims(
 def param_count_of(dims: GPTDims, tied_embeddings: bool = True) -> int:
     """Parameters of a GPT of ``dims`` (LayerNorm: scale and bias; RMSNorm has no biases: subtract
     ``(2 * depth + 1) * width``). Per block: qkv ``d*3d + 3d``, output ``d*d + d``, MLP ``2*r*d*d + r*d + d``,
-    two norms ``4d``; plus embeddings ``V*d + P*d``, the final norm ``2d`` and, untied, the head ``d*V``."""
+    two norms ``4d``; plus embeddings ``V*d + P*d``, the final norm ``2d`` and, untied, the head ``d*V``. ``V`` is
+    the real vocabulary: the padding rows of ``vocab_multiple`` are not counted (they are ``(padded_vocab -
+    vocab_size) * d`` more arrays elements, twice untied)."""
     d, r = dims.width, dims.mlp_ratio
     block = 3 * d * d + 3 * d + d * d + d + 2 * r * d * d + r * d + d + 4 * d
     head = 0 if tied_embeddings else d * dims.vocab_size
@@ -129,7 +142,7 @@ def _norm(kind: str, width: int, rngs: nnx.Rngs) -> nnx.Module:
 class Block(nnx.Module):
     """Pre-norm decoder block: ``x + drop(Wo attn(LN(x)))``, then ``x + drop(W2 gelu(W1 LN(x)))``."""
 
-    def __init__(self, dims: GPTDims, dropout: float, norm: str, *, rngs: nnx.Rngs):
+    def __init__(self, dims: GPTDims, dropout: float, norm: str, attention: str, *, rngs: nnx.Rngs):
         d, r = dims.width, dims.mlp_ratio
         w_init, out_init = normal(0.02), normal(0.02 / math.sqrt(2 * max(1, dims.depth)))
         self.norm1 = _norm(norm, d, rngs)
@@ -138,14 +151,14 @@ class Block(nnx.Module):
         self.norm2 = _norm(norm, d, rngs)
         self.fc1 = nnx.Linear(d, r * d, kernel_init=w_init, rngs=rngs)
         self.fc2 = nnx.Linear(r * d, d, kernel_init=out_init, rngs=rngs)
-        self.heads, self.dropout = dims.heads, dropout
+        self.heads, self.dropout, self.attention = dims.heads, dropout, attention
 
     def __call__(self, x_BxTxD: jax.Array, keys_B: jax.Array | None) -> jax.Array:
         b, t, d = x_BxTxD.shape
         h = self.heads
         qkv = self.qkv(self.norm1(x_BxTxD)).reshape(b, t, 3, h, d // h)
         q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-        a = jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, is_causal=True)
+        a = causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, self.attention)
         x_BxTxD = x_BxTxD + per_example_dropout(self.proj(a.reshape(b, t, d)), self.dropout, site_keys(keys_B, 0))
         m = jax.nn.gelu(self.fc1(self.norm2(x_BxTxD)))
         return x_BxTxD + per_example_dropout(self.fc2(m), self.dropout, site_keys(keys_B, 1))
@@ -153,7 +166,9 @@ class Block(nnx.Module):
 
 class GPT(nnx.Module):
     """Decoder-only transformer: ``__call__(tokens_BxT int, dropout_keys_B=None) -> logits [B, T, vocab]`` in
-    the params' dtype; position ``t`` of the logits predicts token ``t + 1``.
+    the params' dtype; position ``t`` of the logits predicts token ``t + 1``. ``features`` and
+    ``output_weight`` are its two halves (the final hidden states and the output layer), for a loss fused with
+    the output layer (``loss_chunk``).
 
     Args:
       dims: ``GPTDims`` (``resolve_dims`` checks them).
@@ -162,9 +177,12 @@ class GPT(nnx.Module):
         (``jax.checkpoint_policies.dots_saveable``: matmul outputs kept, the rest recomputed).
       tied_embeddings: the output layer is the token embedding transposed (GPT-2); else its own matrix.
       norm: layernorm | rmsnorm.
+      attention: auto | xla | splash (``models.attention.resolve_attention``: auto is splash on TPU).
+      loss_chunk: 0, or tokens per chunk of the output layer fused with the cross-entropy (``core.xent``: the
+        ``[B, T, vocab]`` logits are never held whole); read by the training step.
     Raises:
-      ValueError (one line): bad dims, unknown remat policy or norm, dropout outside [0, 1), or at call time an
-        input longer than the position table.
+      ValueError (one line): bad dims, unknown remat policy, norm or attention, dropout outside [0, 1), a negative
+        loss_chunk, or at call time an input longer than the position table.
     """
 
     def __init__(
@@ -175,6 +193,8 @@ class GPT(nnx.Module):
         remat: str = "none",
         tied_embeddings: bool = True,
         norm: str = "layernorm",
+        attention: str = "auto",
+        loss_chunk: int = 0,
         rngs: nnx.Rngs,
     ):
         if remat not in REMAT_POLICIES:
@@ -183,17 +203,16 @@ class GPT(nnx.Module):
             raise ValueError(f"model.norm={norm!r} is unknown; choose one of {', '.join(NORMS)}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"model.dropout={dropout} must be in [0, 1)")
-        d = dims.width
-        self.embed = nnx.Embed(dims.vocab_size, d, embedding_init=normal(0.02), rngs=rngs)
+        if loss_chunk < 0:
+            raise ValueError(f"model.loss_chunk={loss_chunk} must be >= 0 (0: logits, then the loss)")
+        d, v = dims.width, dims.padded_vocab
+        self.embed = nnx.Embed(v, d, embedding_init=normal(0.02), rngs=rngs)
         self.pos_embed = nnx.Param(normal(0.01)(rngs.params(), (dims.max_positions, d)))
-        self.blocks = nnx.List([Block(dims, dropout, norm, rngs=rngs) for _ in range(dims.depth)])
+        kernel = resolve_attention(attention, dims.context)
+        self.blocks = nnx.List([Block(dims, dropout, norm, kernel, rngs=rngs) for _ in range(dims.depth)])
         self.norm = _norm(norm, d, rngs)
-        self.head = (
-            None
-            if tied_embeddings
-            else nnx.Linear(d, dims.vocab_size, use_bias=False, kernel_init=normal(0.02), rngs=rngs)
-        )
-        self.dims, self.dropout, self.remat = dims, dropout, remat
+        self.head = None if tied_embeddings else nnx.Linear(d, v, use_bias=False, kernel_init=normal(0.02), rngs=rngs)
+        self.dims, self.dropout, self.remat, self.attention, self.loss_chunk = dims, dropout, remat, kernel, loss_chunk
 
     def _block(self, block: Block, x: jax.Array, keys: jax.Array | None) -> jax.Array:
         if self.remat == "none":
@@ -206,7 +225,8 @@ class GPT(nnx.Module):
 
         return jax.checkpoint(run, policy=policy)(state, x, keys)
 
-    def __call__(self, tokens_BxT: jax.Array, dropout_keys_B: jax.Array | None = None) -> jax.Array:
+    def features(self, tokens_BxT: jax.Array, dropout_keys_B: jax.Array | None = None) -> jax.Array:
+        """The final hidden states ``[B, T, width]`` (after the last norm), in the params' dtype."""
         t = tokens_BxT.shape[1]
         if t > self.dims.max_positions:
             raise ValueError(
@@ -215,15 +235,23 @@ class GPT(nnx.Module):
             )
         if self.dropout == 0.0:
             dropout_keys_B = None
-        x_BxTxD = self.embed(tokens_BxT.astype(jnp.int32))
+        # the table as given (nnx.Embed would promote it to the float32 it was created in)
+        x_BxTxD = jnp.take(self.embed.embedding[...], tokens_BxT.astype(jnp.int32), axis=0)
         x_BxTxD = x_BxTxD + self.pos_embed[:t].astype(x_BxTxD.dtype)
         x_BxTxD = per_example_dropout(x_BxTxD, self.dropout, site_keys(dropout_keys_B, 0))
         for i, block in enumerate(self.blocks):
             x_BxTxD = self._block(block, x_BxTxD, site_keys(dropout_keys_B, i + 1))
-        x_BxTxD = self.norm(x_BxTxD)
-        if self.head is None:
-            return self.embed.attend(x_BxTxD)
-        return self.head(x_BxTxD)
+        return self.norm(x_BxTxD)
+
+    def output_weight(self) -> jax.Array:
+        """The output layer ``[padded_vocab, width]``: the token embedding (tied) or the head's kernel transposed."""
+        return self.embed.embedding[...] if self.head is None else self.head.kernel[...].T
+
+    def __call__(self, tokens_BxT: jax.Array, dropout_keys_B: jax.Array | None = None) -> jax.Array:
+        x_BxTxD = self.features(tokens_BxT, dropout_keys_B)
+        logits = jnp.dot(x_BxTxD, self.output_weight().T)
+        v = self.dims.vocab_size
+        return logits if v == logits.shape[-1] else logits[..., :v]
 
 
 def generate(model: GPT, prompt: list[int], num_tokens: int, *, temperature: float = 0.0, seed: int = 0) -> list[int]:

@@ -15,7 +15,6 @@ Mesh: two axes, ``data`` (replicas) and ``fsdp`` (parameter shards), built from 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import dataclasses
 import math
 from typing import Any, Callable, Optional, Sequence
@@ -25,8 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from core.draws import partitioned_draws
 from core.errors import ConfigError
-from core.layout import BatchLayout
+from core.layout import BatchLayout, batch_split
 from core.step import LocalGrads, TrainState, Updater, global_mean
 from parallel.feedback import ErrorFeedback
 from parallel.reduce import BATCH_AXES, MESH_AXES, compressed_mean, pcast_varying, psum_mean, reduce_dtype
@@ -164,19 +164,33 @@ class ParallelMode:
         )
 
     # ---- the state -------------------------------------------------------------------------------
-    def init_state(self, init_fn: Callable[[], TrainState]) -> TrainState:
+    def init_state(self, init_fn: Callable[[], TrainState], on_host: Optional[bool] = None) -> TrainState:
         """The placed initial state: ``init_fn`` (pure, no arguments, returns the canonical ``TrainState``) run
         under ``jax.jit`` with this mode's ``state_shardings`` as ``out_shardings``, so each device creates only
         its own shards and no device ever holds an array it does not keep (under fsdp: never the whole model).
         The values do not depend on the shardings (threefry in its partitionable mode: each random bit depends
         only on the key and the element's index), so every mode and device count starts from the same state.
-        The mode adds the state it owns (``mode_state``: the zero error-feedback residual under int8)."""
+        The mode adds the state it owns (``mode_state``: the zero error-feedback residual under int8).
+
+        ``on_host`` (None: when the state is replicated and the mesh is not the CPU's): ``init_fn`` runs on the
+        host's CPU backend and the state is then placed. A replicated state is whole on every device anyway, and
+        XLA:CPU compiles the random draws of a GPT's initialisation in a second or two where a TPU's compiler
+        takes many (``benchmarks/accelerator.py --part init``); the values are those of a CPU run.
+        A sharded state is created on the devices, its large parameters drawn in their shape so that each
+        device draws only its own shards (``core.draws.partitioned_draws``)."""
         shardings = self.state_shardings(jax.eval_shape(init_fn))
         sharded = any(s.spec != P() for s in jax.tree.leaves(shardings, is_leaf=lambda s: hasattr(s, "spec")))
-        # a sharded state: large parameters are drawn in their own shape, so each device draws only its shards
-        draws = importlib.import_module("models.common").partitioned_draws  # models/ is outside the typed packages
-        with draws() if sharded else contextlib.nullcontext():
-            state = jax.jit(init_fn, out_shardings=shardings)()
+        if on_host is None:
+            on_host = not sharded and self.mesh.devices.flat[0].platform != "cpu" and _host_cpu() is not None
+        if on_host:
+            cpu = _host_cpu()
+            if cpu is None:
+                raise ValueError("on_host=True needs JAX's CPU backend (JAX_PLATFORMS without cpu)")
+            host = jax.jit(init_fn, out_shardings=jax.sharding.SingleDeviceSharding(cpu))()
+            state = jax.device_put(jax.device_get(host), shardings)
+        else:
+            with partitioned_draws() if sharded else contextlib.nullcontext():
+                state = jax.jit(init_fn, out_shardings=shardings)()
         if self.feedback is not None:
             state = state.replace(mode_state=self.feedback.place(self.feedback.init(state.params)))
         return state
@@ -267,7 +281,8 @@ class ParallelMode:
         or, for ``explicit = False``, the GSPMD form (``_implicit``)."""
         if not self.explicit and self.feedback is None and self.grad_reduce_dtype is None:
             return (*self._implicit(local, params, batch, step, scale), mode_state)
-        specs, rows, vma = self.param_specs(params), P(BATCH_AXES), self.feedback is None
+        # the varying-axes check, unless int8 (see above) or a Pallas kernel (it declares no varying axes)
+        specs, rows, vma = self.param_specs(params), P(BATCH_AXES), self.feedback is None and not local.manual_kernels
 
         def body(params, batch, step, scale, mode_state):
             params = pcast_varying(params, BATCH_AXES) if vma else params
@@ -285,16 +300,22 @@ class ParallelMode:
 
     def _implicit(self, local: LocalGrads, params, batch, step, scale):
         """GSPMD's reduction (jit_sharding): the gradient of the global batch, all-reduced where propagation
-        puts it. With accumulation or a non-float32 compute dtype the batch gets an explicit device axis
-        (``vmap`` over it, summed after the loop): one float32 all-reduce per step (``parallel.jit_sharding``)."""
-        if self.accum_steps == 1 and jnp.dtype(local.compute_dtype) == jnp.float32:
-            grad_sums, sums = local(params, batch, step, scale)
+        puts it. With accumulation or a non-float32 compute dtype on several devices the batch gets an explicit
+        device axis (``vmap`` over it, summed after the loop): one float32 all-reduce per step
+        (``parallel.jit_sharding``); one device has no reduction, and computes as the plain form."""
+        if self.num_devices == 1 or (self.accum_steps == 1 and jnp.dtype(local.compute_dtype) == jnp.float32):
+            with batch_split(self.mesh, BATCH_AXES):
+                grad_sums, sums = local(params, batch, step, scale)
         else:
             dev = NamedSharding(self.mesh, P(BATCH_AXES))
             per_device = jax.tree.map(
                 lambda x: jax.lax.with_sharding_constraint(x.reshape(self.num_devices, -1, *x.shape[1:]), dev), batch
             )
-            grad_sums, sums = jax.vmap(local, in_axes=(None, 0, None, None))(params, per_device, step, scale)
+            # spmd_axis_name: the device axis is split over the mesh (a per-device kernel inside sees its slice)
+            with batch_split(self.mesh, None):
+                grad_sums, sums = jax.vmap(local, in_axes=(None, 0, None, None), spmd_axis_name=BATCH_AXES)(
+                    params, per_device, step, scale
+                )
             grad_sums, sums = jax.tree.map(lambda x: x.sum(0), (grad_sums, sums))
         return global_mean(grad_sums, sums, self.global_batch)
 
@@ -339,7 +360,12 @@ class ParallelMode:
             out_shardings=(state_sh, self.replicated),
             donate_argnums=0,
         )
-        evaluate = jax.jit(local.eval_sums, in_shardings=(state_sh.params, batch_sh), out_shardings=self.replicated)
+
+        def eval_sums(params, batch):  # the program keeps the name eval_sums (cache logs, traces)
+            with batch_split(self.mesh, BATCH_AXES):  # GSPMD splits the batch (a per-device kernel sees its slice)
+                return local.eval_sums(params, batch)
+
+        evaluate = jax.jit(eval_sums, in_shardings=(state_sh.params, batch_sh), out_shardings=self.replicated)
         return StepFns(train=train, eval=evaluate)
 
     # ---- replica synchronisation -------------------------------------------------------------------
@@ -380,6 +406,14 @@ class ParallelMode:
                     diff[np.isnan(diff)] = np.inf  # NaN (or an inf) against a number: diverged
                     worst = max(worst, float(np.max(diff, initial=0.0)))
         return worst
+
+
+def _host_cpu() -> Optional[jax.Device]:
+    """This process's first CPU device, or None when JAX's CPU backend is off (``JAX_PLATFORMS`` without cpu)."""
+    try:
+        return jax.local_devices(backend="cpu")[0]
+    except RuntimeError:
+        return None
 
 
 def held_whole(tree) -> bool:

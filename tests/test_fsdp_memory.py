@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from measure.compiled import state_bytes_per_device
-from models.common import partitioned_draws
+from core.draws import partitioned_draws
 from measure.hlo_text import parse_hlo_collectives
 from training.build import build, plan, state_init_fn, _optimizer
 from utils import make_cfg

@@ -60,7 +60,7 @@ def run_lm_steps(cfg, steps: int = STEPS, tokens=TOKENS):
     p = plan(cfg)
     exp = build(p)
     initial = exp.mode.state_to_host(exp.state)
-    source = WindowSource(tokens, CONTEXT, p.global_batch, cfg.train.seed)
+    source = WindowSource(tokens, cfg.model.context or CONTEXT, p.global_batch, cfg.train.seed)
     layout = exp.mode.batch_layout()
     rows = layout.local_rows(p.global_batch)
     state, losses = exp.state, []
@@ -349,6 +349,128 @@ def test_accumulation_k4_equals_k1(mode):
     one, four = run_lm_steps(cfg(1), steps=4), run_lm_steps(cfg(4), steps=4)
     assert np.max(np.abs(one[0] - four[0])) <= 1e-6
     assert max_abs_diff(one[1].params, four[1].params) <= 1e-6
+
+
+# ---- the speed levers: the splash kernel, the fused loss, a padded vocabulary ----------------------------------
+LEVER_CONTEXT = 128  # the splash kernel's smallest context (interpreted on the CPU)
+
+
+def lever_cfg(devices: int = 1, mode: str = "jit_sharding", shape=None, precision: str = "fp32", **model):
+    return make_cfg(
+        {
+            "model": {"name": "gpt", "size": "tiny", "context": LEVER_CONTEXT, **model},
+            "data": {"name": "synthetic"},
+            "train": {"global_batch": 8},
+            "mesh": {"devices": devices, "shape": shape},
+            "parallel": {"name": mode},
+            "optim": {"name": "sgd", "lr": LR["sgd"]},
+            "precision": {"name": precision, "compute_dtype": {"fp32": "float32", "bf16": "bfloat16"}[precision]},
+        }
+    )
+
+
+def lever_run(cfg, steps: int = 3):
+    """``run_lm_steps`` at the levers' context, plus the evaluation sums of the last batch (GSPMD's eval step)."""
+    losses, state, exp, init = run_lm_steps(cfg, steps, tokens=TOKENS)
+    src = WindowSource(TOKENS, LEVER_CONTEXT, 8, 0)
+    layout = exp.mode.batch_layout()
+    batch = src.local_batch(0, layout.local_rows(8))
+    batch = {"image": batch["image"], "label": batch["label"], "mask": np.ones(len(batch["label"]), np.float32)}
+    sums = exp.mode.metrics_to_host(exp.steps.eval(exp.state.params, layout.place(batch, 8)))
+    return (losses, state, exp, init), float(sums["loss_sum"])
+
+
+_lever_reference: dict = {}
+
+
+def lever_reference(precision: str = "fp32"):
+    if precision not in _lever_reference:
+        _lever_reference[precision] = lever_run(lever_cfg(attention="xla", precision=precision))
+    return _lever_reference[precision]
+
+
+LEVER_CASES = [
+    ("jit_sharding", None, {"attention": "splash"}),
+    ("fsdp", [2, 4], {"attention": "splash", "loss_chunk": 200}),
+    ("shard_map", None, {"attention": "splash"}),
+    ("jit_sharding", None, {"loss_chunk": 300}),
+    pytest.param("pmap", None, {"attention": "splash", "loss_chunk": 128}, marks=pytest.mark.slow),
+    pytest.param("fsdp", None, {"loss_chunk": 128}, marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("mode,shape,levers", LEVER_CASES)
+def test_kernels_and_fused_loss_match_one_device_without_them(mode, shape, levers):
+    """Splash attention (interpreted here) and the output layer fused with the loss give, on 8 devices in every
+    mode, the one-device run with XLA's attention and logits within the modes' SGD margin, and the same
+    evaluation sums (every mode's eval step runs under GSPMD, the kernel per device under shard_map)."""
+    run, eval_sum = lever_run(
+        lever_cfg(8, mode, shape, attention=levers.get("attention", "xla"), loss_chunk=levers.get("loss_chunk", 0))
+    )
+    ref, ref_eval = lever_reference()
+    assert_matches_reference(run, ref, TOL["sgd"], 8, 3)
+    assert eval_sum == pytest.approx(ref_eval, rel=1e-6)
+    assert run[0][-1] < run[0][0]  # it trains
+
+
+def test_splash_under_bf16_matches_xla_on_one_and_eight_devices():
+    """jit_sharding's bf16 step on 8 devices is a vmap over an explicit device axis (one float32 all-reduce):
+    the kernel runs per device inside it (vmap's spmd_axis_name); it computes what XLA's attention does, to
+    bf16 rounding, and the one-device run."""
+    (losses8, state8, _, _), _ = lever_run(lever_cfg(8, precision="bf16", attention="splash"))
+    (losses1, state1, _, _), _ = lever_run(lever_cfg(1, precision="bf16", attention="splash"))
+    (xla, xla_state, _, _), _ = lever_reference("bf16")
+    assert np.max(np.abs(losses8 - losses1)) < 2e-3 and np.max(np.abs(losses8 - xla)) < 2e-3
+    assert max_abs_diff(state8.params, xla_state.params) < 2e-3
+
+
+def test_padded_vocabulary_trains_the_same_model():
+    """model.vocab_multiple pads the embedding with rows the softmax never sees: the real rows start equal to
+    the unpadded model's (the draws extend), train the same, and the padding rows keep their initial values
+    under SGD (no gradient); the logits have the real vocabulary's width."""
+    (losses, state, exp, init), _ = lever_run(lever_cfg(vocab_multiple=384, loss_chunk=512))
+    (ref_losses, ref_state, _, ref_init), _ = lever_reference()
+    emb, ref_emb = init.params["embed"]["embedding"], ref_init.params["embed"]["embedding"]
+    assert emb.shape == (384, 128) and ref_emb.shape == (256, 128)
+    np.testing.assert_array_equal(emb[:256], ref_emb)
+    assert np.max(np.abs(losses - ref_losses)) <= TOL["sgd"]
+    trained = state.params["embed"]["embedding"]
+    np.testing.assert_allclose(trained[:256], ref_state.params["embed"]["embedding"], atol=TOL["sgd"])
+    np.testing.assert_array_equal(trained[256:], emb[256:])
+    logits = exp.local.logits(exp.state.params, np.zeros((2, LEVER_CONTEXT), np.int32))
+    assert logits.shape == (2, LEVER_CONTEXT, 256)
+
+
+@pytest.mark.unit
+def test_compiled_peak_memory_is_arguments_plus_temporaries():
+    """``mem/compiled_peak_bytes_per_device``: the step's arguments + temporaries from XLA's memory analysis (on
+    a TPU it moves with model.remat, ``benchmarks/accelerator.py --part memory``; XLA:CPU's buffer assignment
+    keeps the temporaries alike)."""
+    _, m = compiled_gpt("jit_sharding")
+    exp, _ = compiled_gpt("jit_sharding")
+    assert m["mem/compiled_peak_bytes_per_device"] > m["mem/temp_bytes_per_device"] > 0
+    assert m["mem/compiled_peak_bytes_per_device"] - m["mem/temp_bytes_per_device"] >= state_bytes_per_device(exp.state)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("model", ["gpt", "cnn"])
+def test_state_created_on_the_host_equals_the_state_created_on_the_devices(model):
+    """A replicated state is created on the host's CPU backend and then placed when the mesh is an accelerator's
+    (``ParallelMode.init_state``): bitwise the state created by the jitted program on the mesh, whose
+    parameters are really drawn (not zeros)."""
+    from training.build import _optimizer, state_init_fn
+
+    extra = {"context": CONTEXT} if model == "gpt" else {}
+    p = plan(make_cfg({"model": {"name": model, **extra}, "data": {"name": "synthetic"}}, mesh__devices=8))
+    tx, _ = _optimizer(p.cfg, p.peak_lr)
+    _, init_fn = state_init_fn(p.cfg, tx, p.graphdef)
+    exp = build(p)
+    on_host = exp.mode.init_state(init_fn, on_host=True)
+    assert jax.tree.leaves(on_host.params)[0].sharding == jax.tree.leaves(exp.state.params)[0].sharding
+    on_host, on_devices = jax.device_get(on_host), jax.device_get(exp.mode.init_state(init_fn, on_host=False))
+    for a, b in zip(jax.tree.leaves(on_host), jax.tree.leaves(on_devices)):
+        np.testing.assert_array_equal(a, b)
+    assert max_abs_diff(on_host.params, jax.tree.map(np.zeros_like, on_host.params)) > 0.01
 
 
 # ---- communication and memory ----------------------------------------------------------------------------------

@@ -154,3 +154,36 @@ def test_gradient_reductions_are_float32_under_fp16(mode):
     reductions = [c for c in colls if c.kind in ("all-reduce", "reduce-scatter")]
     assert reductions and all(c.dtype == "f32" for c in reductions), [(c.kind, c.dtype) for c in reductions]
     assert sum(c.payload_bytes for c in reductions) >= 203530 * 4  # every gradient byte, in float32
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("model", ["mlp", "cnn", "resnet", "vit", "gpt"])
+def test_bf16_matmuls_and_convolutions_compute_in_bf16(model):
+    """Under precision=bf16 no matmul or convolution of the train step takes two float32 operands: the model
+    really computes in bf16 (a layer that promotes back to float32, as flax's ``nnx.Embed`` does with the dtype
+    it was created in, made the whole GPT compute in float32). Mixed float32 x bf16 products are XLA attention's
+    own backward pass (``jax.nn.dot_product_attention``)."""
+    import re
+
+    from training.build import build, plan
+
+    gpt = model == "gpt"
+    cfg = make_cfg(
+        {"model": {"name": model, **({"context": 32} if gpt else {})}, "data": {"name": "synthetic"}},
+        mesh__devices=1,
+        train__global_batch=4,
+        precision__name="bf16",
+        precision__compute_dtype="bfloat16",
+    )
+    exp = build(plan(cfg))
+    if gpt:
+        batch = {"image": np.zeros((4, 32), np.int32), "label": np.zeros((4, 32), np.int32)}
+    else:
+        batch = {"image": np.zeros((4, *cfg.data.image_shape), np.uint8), "label": np.zeros(4, np.int32)}
+    batch["index"] = np.arange(4, dtype=np.int32)
+    text = exp.steps.train.lower(exp.state, exp.mode.batch_layout().place(batch, 4)).as_text()
+    ops = re.findall(r"stablehlo\.(?:dot_general|convolution)[^\n]*?: \(tensor<([^>]*)>, tensor<([^>]*)>\)", text)
+    assert len(ops) >= 3
+    both_f32 = [(a, b) for a, b in ops if a.endswith("f32") and b.endswith("f32")]
+    assert both_f32 == []
+    assert sum(a.endswith("bf16") and b.endswith("bf16") for a, b in ops) >= len(ops) // 2

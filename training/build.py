@@ -51,6 +51,8 @@ class Plan:
     peak_lr: float
     # the model's nnx graph (structure, no arrays), from the abstract model plan() checks
     graphdef: Any = dataclasses.field(default=None, compare=False)
+    # the model calls a Pallas kernel (splash attention): core.step.LocalGrads.manual_kernels
+    manual_kernels: bool = False
 
 
 def resolve_batch(global_batch: Optional[int], per_device_batch: Optional[int], num_devices: int) -> tuple[int, str]:
@@ -153,7 +155,8 @@ def plan(cfg: Config) -> Plan:
         _optimizer(cfg, peak)
         resolve_wandb_mode(cfg.wandb.mode)
         # the model's own checks (shapes, names), without computing; its graph is what build() uses
-        graphdef = nnx.graphdef(nnx.eval_shape(lambda: _model(cfg)))
+        abstract = nnx.eval_shape(lambda: _model(cfg))
+        graphdef = nnx.graphdef(abstract)
     except ValueError as e:
         raise ConfigError(str(e).splitlines()[0]) from None
     return Plan(
@@ -166,6 +169,7 @@ def plan(cfg: Config) -> Plan:
         compute_dtype=COMPUTE_DTYPES[cfg.precision.compute_dtype],
         peak_lr=peak,
         graphdef=graphdef,
+        manual_kernels=getattr(abstract, "attention", None) == "splash",
     )
 
 
@@ -392,6 +396,7 @@ def build(p: Plan, feed_for: Optional[Callable[[BatchLayout], Any]] = None) -> E
         use_example_keys=cfg.model.dropout > 0,
         augment=augment_spec(cfg.data.augment, cfg.data.crop_padding, cfg.data.flip),
         tokens=is_language_model(cfg),
+        manual_kernels=p.manual_kernels,
     )
     updater = Updater(
         tx=tx,
