@@ -1,0 +1,670 @@
+"""train.py against a bare JAX script of the same GPT on whatever accelerator is present, and the GPT's limits there.
+
+    python benchmarks/accelerator.py                     # every part (on a TPU: more than one device call)
+    python benchmarks/accelerator.py --part steps        # one part; parts: steps, levers, init, memory
+    python benchmarks/accelerator.py --quick             # tiny sizes on the CPU, in under a minute (CI runs it)
+    python benchmarks/accelerator.py --report A.jsonl B.jsonl   # the parts' records as one table
+
+Workloads (``WORKLOADS``): ``char``, nanoGPT's Shakespeare-char size (6 layers x 384, 6 heads, context 256, byte
+vocabulary, global batch 64), and ``gpt2_small`` (``model.size=gpt2_small``: 124M parameters, context 1024,
+vocabulary 50,257, global batch 16); bf16 on one device, W&B off, Tiny Shakespeare's bytes.
+
+Parts:
+- ``steps``: ``train.py`` and ``benchmarks/bare_gpt.py`` (the same model, optimizer, batches, dropout scheme and
+  kernels, as a plain script) as separate processes, interleaved (``--pairs`` rounds, the order alternating),
+  each workload without and with dropout (``--dropouts``). Steady state: tokens/s, the median of windows of
+  ``train.log_every`` steps (the first dropped) in both; the ratio train.py / bare per round, then the median and
+  min-max over rounds. MFU: ``(6 N + 12 L d T)`` FLOPs per token (``models.gpt.flops_per_token``; N without the
+  vocabulary's padding rows) x tokens/s / the chip's peak. Start-up: the first round runs with empty compilation
+  caches (cold), the rest warm; train.py's time to its first step (``perf/startup_s``) and its phases, against the
+  bare script's.
+- ``levers``: in one process, the bare script's step and the product's step (``training.build``) on the same
+  device-resident batch, with each speed lever on or off (attention kernel, fused chunked loss, padded
+  vocabulary, per-example vs per-step dropout keys): step time, tokens/s, MFU, compile time, compiled memory.
+- ``init``: the product's state creation (``ParallelMode.init_state``): trace, compile and run time, on the host's
+  CPU backend then placed (the default for a replicated state on an accelerator), and as one program on the
+  device.
+- ``memory``: GPT-2 small and medium, every ``model.remat`` policy x global batch: whether the step fits in the
+  chip's memory (XLA's compiled memory analysis; a program that does not fit fails to compile), and where it
+  fits, tokens/s, MFU and the compiled peak bytes.
+
+Each part prints its table and appends JSON records to ``--record`` (default ``accelerator_records.jsonl`` in
+``$OUT`` when set, else the current folder); ``--report`` prints all records as one table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+# name -> (model dims for train.py's model.* and bare_gpt's flags, global batch, steps, window)
+WORKLOADS = {
+    "char": ({"size": "tiny", "vocab": 256, "context": 256, "width": 384, "depth": 6, "heads": 6}, 64, 160, 20),
+    "gpt2_small": ({"size": "gpt2_small"}, 16, 40, 5),
+}
+QUICK = {
+    "char": ({"size": "tiny", "vocab": 256, "context": 128, "width": 64, "depth": 2, "heads": 2}, 8, 12, 3),
+    "gpt2_small": ({"size": "tiny", "vocab": 512, "context": 128, "width": 64, "depth": 2, "heads": 2}, 4, 12, 3),
+}
+PEAK_BF16 = {"TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v4": 275e12, "TPU v6 lite": 918e12}
+
+
+def dims_of(model: dict) -> dict:
+    """Resolved (vocab, context, width, depth, heads) of a workload's model dict."""
+    from models.gpt import SIZES
+
+    v, t, w, d, h = SIZES[model["size"]]
+    return {
+        "vocab": model.get("vocab", v),
+        "context": model.get("context", t),
+        "width": model.get("width", w),
+        "depth": model.get("depth", d),
+        "heads": model.get("heads", h),
+    }
+
+
+def flops_per_token(model: dict) -> float:
+    """``6 N + 12 L d T`` (``models.gpt.flops_per_token``), N the parameters without padding rows."""
+    from models.gpt import flops_per_token as fpt, param_count_of, resolve_dims
+
+    d = dims_of(model)
+    dims = resolve_dims(
+        model["size"], vocab_size=d["vocab"], context=d["context"], width=d["width"], depth=d["depth"], heads=d["heads"]
+    )
+    return fpt(param_count_of(dims), dims.depth, dims.width, dims.context)
+
+
+def peak_flops(device_kind: str) -> float | None:
+    """The chip's bf16 peak FLOP/s (``measure.compiled.lookup_peak_flops_per_s``, else the table above), None on CPU."""
+    try:
+        from measure.compiled import lookup_peak_flops_per_s
+
+        found = lookup_peak_flops_per_s(device_kind, "bfloat16")
+        if found:
+            return float(found)
+    except Exception:
+        pass
+    return PEAK_BF16.get(device_kind)
+
+
+def train_args(model: dict, batch: int, steps: int, window: int, extra: dict) -> list[str]:
+    """train.py overrides of a workload (one device, bf16, W&B off, no periodic checkpoint, no sample)."""
+    d = dims_of(model)
+    args = [
+        "model=gpt",
+        "data=tiny_shakespeare",
+        "precision=bf16",
+        "mesh.devices=1",
+        f"model.size={model['size']}",
+        f"model.vocab_size={d['vocab']}",
+        f"model.context={d['context']}",
+        f"model.width={d['width']}",
+        f"model.depth={d['depth']}",
+        f"model.heads={d['heads']}",
+        f"train.global_batch={batch}",
+        f"train.steps={steps}",
+        f"train.log_every={window}",
+        "train.sample_tokens=0",
+        "wandb.mode=disabled",
+        "checkpoint.enabled=false",
+    ]
+    return args + [f"model.{k}={v}" for k, v in extra.items()]
+
+
+def bare_args(model: dict, batch: int, steps: int, window: int, extra: dict) -> list[str]:
+    """benchmarks/bare_gpt.py flags of the same workload; ``extra`` in train.py's model.* names."""
+    d = dims_of(model)
+    names = {
+        "attention": "--attention",
+        "loss_chunk": "--loss-chunk",
+        "vocab_multiple": "--vocab-multiple",
+        "dropout": "--dropout",
+        "remat": "--remat",
+    }
+    args = [
+        "--devices=1",
+        "--precision=bf16",
+        f"--size={model['size']}",
+        f"--batch={batch}",
+        f"--steps={steps}",
+        f"--window={window}",
+        "--no-eval",
+    ] + [f"--{k}={v}" for k, v in d.items()]
+    extra = {"attention": "auto", **extra}  # train.py's default kernel choice, resolved the same way
+    return args + [f"{names[k]}={v}" for k, v in extra.items()]
+
+
+def spread(values: list[float]) -> str:
+    """``median (min-max)``."""
+    if not values:
+        return "n/a"
+    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
+
+
+def record(path: str, part: str, **fields) -> None:
+    """Appends one JSON record to ``path``."""
+    with open(path, "a") as f:
+        f.write(json.dumps({"part": part, **fields}) + "\n")
+
+
+def run(cmd: list[str], env: dict, cwd: Path = REPO, timeout: float = 900) -> float:
+    """Runs ``cmd``; returns its wall time (s). Raises RuntimeError with the output's tail when it fails."""
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if p.returncode:
+        raise RuntimeError(f"{' '.join(cmd[:3])} ... exited {p.returncode}:\n{(p.stdout + p.stderr)[-3000:]}")
+    return time.perf_counter() - t0
+
+
+def device_extra(kind_attention: str | None) -> dict:
+    return {} if kind_attention is None else {"attention": kind_attention}
+
+
+# ---- part: steps -----------------------------------------------------------------------------------------------
+def part_steps(args, workloads: dict, out: str) -> None:
+    """train.py against bare_gpt.py, interleaved; start-up cold (first round) and warm."""
+    # no jax device in this process: the accelerator is the subprocesses' (a TPU admits one process at a time)
+    kind, peak = "?", None
+    levers = dict(kv.split("=", 1) for kv in args.levers) if args.levers else {}
+    work = Path(tempfile.mkdtemp(prefix="accelerator_"))
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    print(f"== steps: {args.pairs} interleaved rounds, levers {levers or 'the defaults'}", flush=True)
+    try:
+        for name in args.workloads:
+            model, batch, steps, window = workloads[name]
+            fpt = flops_per_token(model)
+            t = dims_of(model)["context"]
+            for rate in args.dropouts:
+                extra = {**levers, **({"dropout": rate} if rate else {})}
+                tag = f"{name} dropout={rate}"
+                caches = work / f"{name}_dropout{rate:g}"
+                ratios, prod_tps, bare_tps, starts, kernel = [], [], [], [], None
+                for i in range(args.pairs):
+                    res: dict = {}
+                    for who in ("train", "bare") if i % 2 == 0 else ("bare", "train"):
+                        if who == "train":
+                            rd = caches / f"run{i}"
+                            cmd = [
+                                sys.executable,
+                                "train.py",
+                                *train_args(model, batch, steps, window, extra),
+                                f"hydra.run.dir={rd}",
+                                f"runtime.compilation_cache_dir={caches / 'cache_train'}",
+                            ]
+                            wall = run(cmd, env)
+                            s = json.loads((rd / "summary.json").read_text())
+                            res["train"] = (s["perf/examples_per_s"] * t, s.get("perf/startup_s"), wall, s)
+                        else:
+                            tj = caches / f"bare{i}.json"
+                            cmd = [
+                                sys.executable,
+                                "benchmarks/bare_gpt.py",
+                                *bare_args(model, batch, steps, window, extra),
+                                f"--timings={tj}",
+                                f"--compilation-cache={caches / 'cache_bare'}",
+                            ]
+                            wall = run(cmd, env)
+                            b = json.loads(tj.read_text())
+                            res["bare"] = (b["window_tokens_per_s_median"], b["first_step"], wall, b)
+                            kind, peak = b["device_kind"], peak_flops(b["device_kind"])
+                            kernel = b.get("attention")
+                    p, b = res["train"], res["bare"]
+                    ratios.append(p[0] / b[0])
+                    prod_tps.append(p[0])
+                    bare_tps.append(b[0])
+                    phases = {
+                        k.split("/")[-1][:-2]: round(v, 2)
+                        for k, v in p[3].items()
+                        if k.startswith("perf/startup/") and k.endswith("_s")
+                    }
+                    starts.append(
+                        {
+                            "round": i,
+                            "cold": i == 0,
+                            "train_first_step_s": p[1],
+                            "bare_first_step_s": b[1],
+                            "train_wall_s": p[2],
+                            "bare_wall_s": b[2],
+                            "phases": phases,
+                            "cache": p[3].get("perf/startup/compile_cache"),
+                        }
+                    )
+                    mfu = "" if not peak else f", MFU train.py {p[0] * fpt / peak:.1%} bare {b[0] * fpt / peak:.1%}"
+                    print(
+                        f"{tag} round {i} ({'cold' if i == 0 else 'warm'}): "
+                        f"tokens/s train.py {p[0]:,.0f} bare {b[0]:,.0f} "
+                        f"ratio {p[0] / b[0]:.3f}{mfu}; first step train.py {p[1]:.1f} s bare {b[1]:.1f} s; "
+                        f"train.py phases {phases}",
+                        flush=True,
+                    )
+                summary = {
+                    "workload": name,
+                    "dropout": rate,
+                    "levers": levers,
+                    "device_kind": kind,
+                    "attention": kernel,
+                    "ratio": ratios,
+                    "train_tokens_per_s": prod_tps,
+                    "bare_tokens_per_s": bare_tps,
+                    "mfu_train": [x * fpt / peak for x in prod_tps] if peak else None,
+                    "mfu_bare": [x * fpt / peak for x in bare_tps] if peak else None,
+                    "startup": starts,
+                }
+                record(out, "steps", **summary)
+                print(
+                    f"{tag}: steady-state ratio train.py / bare {spread(ratios)} over {len(ratios)} rounds", flush=True
+                )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# ---- in-process helpers (levers, init, memory) -------------------------------------------------------------------
+def product_cfg(model: dict, batch: int, extra: dict):
+    """The typed Config of a workload (as train.py builds it), with ``extra`` model keys."""
+    from conf.schema import from_dict
+
+    d = dims_of(model)
+    gpt = {
+        "name": "gpt",
+        "size": model["size"],
+        "vocab_size": d["vocab"],
+        "context": d["context"],
+        "width": d["width"],
+        "depth": d["depth"],
+        "heads": d["heads"],
+        **extra,
+    }
+    return from_dict(
+        {
+            "model": gpt,
+            "data": {"name": "tiny_shakespeare"},
+            "mesh": {"devices": 1},
+            "precision": {"name": "bf16", "compute_dtype": "bfloat16", "loss_scale": "none"},
+            "train": {"global_batch": batch},
+            "wandb": {"mode": "disabled"},
+        }
+    )
+
+
+def timed_steps(step, carry, steps: int, window: int) -> tuple[float, list[float]]:
+    """Runs ``carry = step(carry)`` ``steps`` times; returns (median s per step over windows after the first, all)."""
+    import jax
+
+    per_step = []
+    t = time.perf_counter()
+    for s in range(steps):
+        carry = step(carry)
+        if (s + 1) % window == 0:
+            jax.block_until_ready(carry)
+            now = time.perf_counter()
+            per_step.append((now - t) / window)
+            t = now
+    return statistics.median(per_step[1:] if len(per_step) > 1 else per_step), per_step
+
+
+def bare_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bare_gpt", str(REPO / "benchmarks" / "bare_gpt.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def measure_product(model: dict, batch: int, extra: dict, steps: int, window: int) -> dict:
+    """The product's jitted train step (``training.build``) on one device-resident batch: compile time, compiled
+    memory, median step time."""
+    import jax
+    import numpy as np
+
+    from measure.compiled import compiled_peak_bytes
+    from training.build import build, plan
+
+    t0 = time.perf_counter()
+    p = plan(product_cfg(model, batch, extra))
+    exp = build(p)
+    jax.block_until_ready(exp.state)
+    build_s = time.perf_counter() - t0
+    t = dims_of(model)["context"]
+    rng = np.random.default_rng(0)
+    host = {
+        "image": rng.integers(0, 256, (batch, t)).astype(np.int32),
+        "label": rng.integers(0, 256, (batch, t)).astype(np.int32),
+        "index": np.arange(batch, dtype=np.int32),
+    }
+    placed = exp.mode.batch_layout().place(host, batch)
+    t0 = time.perf_counter()
+    compiled = exp.steps.train.lower(exp.state, placed).compile()
+    compile_s = time.perf_counter() - t0
+    mem = compiled_peak_bytes(compiled)
+    step_s, _ = timed_steps(lambda st: compiled(st, placed)[0], exp.state, steps, window)
+    return {"compile_s": compile_s, "step_s": step_s, "compiled_peak_bytes": mem["peak_bytes"], "build_s": build_s}
+
+
+def measure_bare(
+    model: dict, batch: int, extra: dict, steps: int, window: int, dropout_keys: str = "per_example"
+) -> dict:
+    """The bare script's jitted step (its own functions) on one device-resident batch."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    from measure.compiled import compiled_peak_bytes
+
+    bare = bare_module()
+    d = dims_of(model)
+    rows = -(-d["vocab"] // int(extra.get("vocab_multiple", 1))) * int(extra.get("vocab_multiple", 1))
+    params = jax.device_put(bare.init_params(jax.random.key(0), d["depth"], d["width"], rows, d["context"]))
+    tx = optax.adam(1e-3)
+    opt = jax.device_put(tx.init(params))
+    kw = {
+        "kind": extra.get("attention", "xla"),
+        "rate": float(extra.get("dropout", 0.0)),
+        "remat": extra.get("remat", "none"),
+        "loss_chunk": int(extra.get("loss_chunk", 0)),
+    }
+    step = jax.jit(
+        bare.make_train_step(tx, jnp.bfloat16, d["heads"], d["vocab"], 0, dropout_keys, **kw), donate_argnums=(0, 1)
+    )
+    rng = np.random.default_rng(0)
+    x, y = (jax.device_put(rng.integers(0, 256, (batch, d["context"])).astype(np.int32)) for _ in range(2))
+    index = jax.device_put(np.arange(batch, dtype=np.int32))
+    t0 = time.perf_counter()
+    compiled = step.lower(params, opt, x, y, np.int32(0), index).compile()
+    compile_s = time.perf_counter() - t0
+    mem = compiled_peak_bytes(compiled)
+
+    def one(carry):
+        p, o, s = carry
+        p, o, _ = compiled(p, o, x, y, s, index)
+        return p, o, s + 1
+
+    step_s, _ = timed_steps(one, (params, opt, jnp.int32(0)), steps, window)
+    return {"compile_s": compile_s, "step_s": step_s, "compiled_peak_bytes": mem["peak_bytes"]}
+
+
+def describe(res: dict, tokens: int, fpt: float, peak: float | None) -> str:
+    tps = tokens / res["step_s"]
+    mfu = f" MFU {tps * fpt / peak:5.1%}" if peak else ""
+    build = f"  build {res['build_s']:5.1f} s" if "build_s" in res else ""
+    return (
+        f"step {res['step_s'] * 1e3:8.2f} ms  {tps:11,.0f} tokens/s{mfu}  compile {res['compile_s']:6.1f} s  "
+        f"compiled peak {res['compiled_peak_bytes'] / 2**30:6.2f} GiB{build}"
+    )
+
+
+def part_levers(args, workloads: dict, out: str) -> None:
+    """The bare step and the product's step, each lever on and off, in this process."""
+    import jax
+
+    kind = jax.devices()[0].device_kind
+    peak = peak_flops(kind)
+    tpu = jax.default_backend() == "tpu"
+    fast = "splash" if tpu else "xla"
+    print(f"== levers: {kind}", flush=True)
+    for name in args.workloads:
+        model, batch, _, window = workloads[name]
+        steps = 4 * window if not args.quick else 2 * window
+        tokens = batch * dims_of(model)["context"]
+        fpt = flops_per_token(model)
+        big_vocab = dims_of(model)["vocab"] > 1024
+        variants = [("bare", {"attention": "xla"}, "per_example")]
+        if fast != "xla":
+            variants.append(("bare", {"attention": fast}, "per_example"))
+        if big_vocab:
+            variants += [
+                ("bare", {"attention": fast, "loss_chunk": 4096}, "per_example"),
+                ("bare", {"attention": fast, "vocab_multiple": 128}, "per_example"),
+            ]
+        else:
+            variants += [
+                ("bare", {"attention": fast, "dropout": 0.2}, "per_example"),
+                ("bare", {"attention": fast, "dropout": 0.2}, "per_step"),
+            ]
+        variants += [("product", {"attention": "auto"}, None)]
+        if big_vocab:
+            variants += [("product", {"attention": "auto", "loss_chunk": 4096}, None)]
+        else:
+            variants += [("product", {"attention": "auto", "dropout": 0.2}, None)]
+        if args.quick:  # XLA's attention with and without dropout, both sides
+            variants = [v for v in variants if v[1].get("attention") in ("xla", "auto") and not v[1].get("loss_chunk")]
+        for who, extra, keys in variants:
+            label = f"{name} {who} {extra}" + (f" keys={keys}" if keys and "dropout" in extra else "")
+            try:
+                res = (
+                    measure_bare(model, batch, extra, steps, window, keys or "per_example")
+                    if who == "bare"
+                    else measure_product(model, batch, extra, steps, window)
+                )
+            except Exception as e:  # one variant failing (e.g. out of memory) must not lose the others
+                print(f"{label}: failed: {str(e).splitlines()[0][:300]}", flush=True)
+                record(
+                    out, "levers", workload=name, who=who, extra=extra, keys=keys, error=str(e)[:500], device_kind=kind
+                )
+                continue
+            print(f"{label:80s} {describe(res, tokens, fpt, peak)}", flush=True)
+            record(
+                out,
+                "levers",
+                workload=name,
+                who=who,
+                extra=extra,
+                keys=keys,
+                device_kind=kind,
+                tokens_per_s=tokens / res["step_s"],
+                mfu=(tokens / res["step_s"] * fpt / peak) if peak else None,
+                **res,
+            )
+
+
+def part_init(args, workloads: dict, out: str) -> None:
+    """The product's state creation (``ParallelMode.init_state``), trace + compile + run: on the host's CPU backend
+    then placed (the default for a replicated state off the CPU), and as one program on the device."""
+    import jax
+
+    from parallel import make_mesh, mode_class
+    from training.build import _optimizer, plan, state_init_fn
+
+    kind = jax.devices()[0].device_kind
+    print(f"== init: {kind}", flush=True)
+    for name in args.workloads:
+        model, batch, _, _ = workloads[name]
+        for on_host in (True, False):
+            p = plan(product_cfg(model, batch, {}))
+            mode = mode_class("jit_sharding")(make_mesh(p.devices, p.mesh_shape), global_batch=batch, accum_steps=1)
+            tx, _ = _optimizer(p.cfg, p.peak_lr)
+            _, init_fn = state_init_fn(p.cfg, tx, p.graphdef)
+            jax.clear_caches()
+            t0 = time.perf_counter()
+            state = mode.init_state(init_fn, on_host=on_host)
+            jax.block_until_ready(state)
+            total = time.perf_counter() - t0
+            where = "host CPU, then placed" if on_host else "one program on the device"
+            print(f"{name} init_state on {where}: {total:.2f} s (trace, compile and run)", flush=True)
+            record(out, "init", workload=name, where="host" if on_host else "device", seconds=total, device_kind=kind)
+            del state
+
+
+def part_memory(args, workloads: dict, out: str) -> None:
+    """GPT-2 small/medium: remat policy x global batch -> fits?, tokens/s, MFU, compiled peak."""
+    import jax
+
+    kind = jax.devices()[0].device_kind
+    peak = peak_flops(kind)
+    sizes = ["gpt2_small"] if args.quick else args.memory_sizes
+    print(f"== memory: {kind}", flush=True)
+    for size in sizes:
+        model = workloads["gpt2_small"][0] if args.quick else {"size": size}
+        fpt = flops_per_token(model)
+        t = dims_of(model)["context"]
+        cells = (
+            [c.split(":") for c in args.cells] if args.cells else [(r, b) for r in args.remats for b in args.batches]
+        )
+        skip: set = set()
+        for cell in cells:
+            remat, batch, chunk = cell[0], int(cell[1]), int(cell[2]) if len(cell) > 2 else 0
+            if (remat, chunk) in skip:
+                continue
+            label = f"{size} remat={remat} batch={batch}" + (f" loss_chunk={chunk}" if chunk else "")
+            extra = {
+                "remat": remat,
+                **({"loss_chunk": chunk} if chunk else {}),
+                **dict(kv.split("=", 1) for kv in args.levers or []),
+            }
+            try:
+                res = measure_product(model, batch, extra, 3 * args.memory_window, args.memory_window)
+            except Exception as e:
+                text = str(e)
+                fits = not any(s in text for s in ("RESOURCE_EXHAUSTED", "Ran out of memory", "out of memory"))
+                print(f"{label}: {'does not fit' if not fits else 'failed'}: {text.splitlines()[0][:200]}", flush=True)
+                record(
+                    out,
+                    "memory",
+                    size=size,
+                    remat=remat,
+                    batch=batch,
+                    loss_chunk=chunk,
+                    fits=False if not fits else None,
+                    error=text[:300],
+                    device_kind=kind,
+                )
+                if not fits:
+                    skip.add((remat, chunk))  # larger batches do not fit either
+                continue
+            print(f"{label:40s} {describe(res, batch * t, fpt, peak)}", flush=True)
+            record(
+                out,
+                "memory",
+                size=size,
+                remat=remat,
+                batch=batch,
+                loss_chunk=chunk,
+                fits=True,
+                device_kind=kind,
+                tokens_per_s=batch * t / res["step_s"],
+                mfu=(batch * t / res["step_s"] * fpt / peak) if peak else None,
+                **res,
+            )
+
+
+def report(paths: list[str]) -> None:
+    """Every record of ``paths`` as one table per part."""
+    recs = [json.loads(line) for p in paths for line in Path(p).read_text().splitlines() if line.strip()]
+    steps = [r for r in recs if r["part"] == "steps"]
+    if steps:
+        print(
+            "| workload | dropout | attention | train.py tokens/s | bare tokens/s | ratio | MFU train.py "
+            "| cold start train.py / bare (s) | warm start train.py / bare (s) |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in steps:
+            cold = [s for s in r["startup"] if s["cold"]]
+            warm = [s for s in r["startup"] if not s["cold"]]
+            fmt = lambda ss: (
+                (
+                    f"{statistics.median(s['train_first_step_s'] for s in ss):.1f} / "
+                    f"{statistics.median(s['bare_first_step_s'] for s in ss):.1f}"
+                )
+                if ss
+                else "n/a"
+            )
+            mfu = spread(r["mfu_train"]) if r.get("mfu_train") else "n/a"
+            print(
+                f"| {r['workload']} | {r['dropout']} | {r.get('attention') or '?'} "
+                f"| {statistics.median(r['train_tokens_per_s']):,.0f} "
+                f"| {statistics.median(r['bare_tokens_per_s']):,.0f} "
+                f"| {spread(r['ratio'])} | {mfu} | {fmt(cold)} | {fmt(warm)} |"
+            )
+    for part in ("levers", "memory"):
+        rows = [r for r in recs if r["part"] == part]
+        if not rows:
+            continue
+        print(f"\n{part}:")
+        for r in rows:
+            what = {
+                k: r[k]
+                for k in ("workload", "who", "extra", "keys", "size", "remat", "batch", "loss_chunk", "fits")
+                if k in r
+            }
+            if "step_s" in r:
+                mfu = f", MFU {r['mfu']:.1%}" if r.get("mfu") else ""
+                print(
+                    f"  {what}: {r['tokens_per_s']:,.0f} tokens/s{mfu}, "
+                    f"compiled peak {r['compiled_peak_bytes'] / 2**30:.2f} GiB"
+                )
+            else:
+                print(f"  {what}: {r.get('error', '')[:120]}")
+    for r in (r for r in recs if r["part"] == "init"):
+        print(f"init {r['workload']} on the {r.get('where', r.get('draws'))}: {r['seconds']:.2f} s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--part", default="steps,levers,init,memory", help="comma-separated: steps, levers, init, memory")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes on the CPU (under a minute)")
+    ap.add_argument("--workloads", default="char,gpt2_small")
+    ap.add_argument("--dropouts", default="0,0.2", help="steps: dropout rates to run")
+    ap.add_argument("--pairs", type=int, default=3, help="steps: interleaved rounds (the first cold)")
+    ap.add_argument("--levers", nargs="*", default=None, help="model.KEY=VALUE for both sides (e.g. loss_chunk=4096)")
+    ap.add_argument("--memory-sizes", default="gpt2_small,gpt2_medium")
+    ap.add_argument("--remats", default="none,dots_saveable,full")
+    ap.add_argument("--batches", default="8,16,32,64")
+    ap.add_argument("--memory-window", type=int, default=3)
+    ap.add_argument(
+        "--cells", nargs="*", default=None, help="memory: REMAT:BATCH[:LOSS_CHUNK] cells (default: every remat x batch)"
+    )
+    ap.add_argument("--record", default=None, help="JSON-lines file the parts append to")
+    ap.add_argument("--report", nargs="*", default=None, help="print the records of these files as one table")
+    args = ap.parse_args()
+    if args.report is not None:
+        report(args.report)
+        return
+    args.workloads = args.workloads.split(",")
+    args.dropouts = [float(x) for x in args.dropouts.split(",")]
+    args.memory_sizes = args.memory_sizes.split(",")
+    args.remats = args.remats.split(",")
+    args.batches = [int(b) for b in args.batches.split(",")]
+    out = args.record or os.path.join(os.environ.get("OUT", "."), "accelerator_records.jsonl")
+    workloads = QUICK if args.quick else WORKLOADS
+    if args.quick:  # one tiny workload, one round, the dropout path, two memory cells: under a minute on a CPU
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        args.workloads = [w for w in args.workloads if w == "char"] or ["char"]
+        args.pairs = 1
+        args.dropouts = args.dropouts[-1:]
+        args.cells = args.cells or ["none:4", "full:8:64"]
+    import jax
+
+    if args.quick:
+        jax.config.update("jax_num_cpu_devices", 1)
+    if any(p != "steps" for p in args.part.split(",")):  # in-process parts: a repeated program (the init) compiles once
+        jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="accelerator_cache_"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    parts = {"steps": part_steps, "levers": part_levers, "init": part_init, "memory": part_memory}
+    chosen = args.part.split(",")
+    for name in chosen:
+        if name not in parts:
+            raise SystemExit(f"error: --part {name} is unknown; choose from {', '.join(parts)}")
+    # steps first: its subprocesses need the accelerator, which the other parts hold once they have opened it
+    for name in sorted(chosen, key=lambda n: n != "steps"):
+        t0 = time.perf_counter()
+        parts[name](args, workloads, out)
+        print(f"-- part {name}: {time.perf_counter() - t0:.0f} s", flush=True)
+    print(f"\nrecords: {out}")
+    report([out])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""``benchmarks/accelerator.py --quick``: every part runs on the CPU in one command and records what the TPU run
+records (train.py against the bare script, the levers, the state's creation, the remat x batch table), and
+``--report`` turns the records into one table. The figures themselves come from a TPU (docs/performance.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from utils import REPO
+
+
+def test_quick_runs_every_part_and_reports(tmp_path):
+    out = tmp_path / "records.jsonl"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("JAX_NUM_CPU_DEVICES", None)
+    r = subprocess.run(
+        [sys.executable, "benchmarks/accelerator.py", "--quick", f"--record={out}"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    parts = {p: [x for x in recs if x["part"] == p] for p in ("steps", "levers", "init", "memory")}
+    (steps,) = parts["steps"]
+    assert steps["workload"] == "char" and steps["dropout"] == 0.2 and steps["attention"] == "xla"
+    assert len(steps["ratio"]) == 1 and steps["ratio"][0] > 0
+    assert steps["train_tokens_per_s"][0] > 0 and steps["bare_tokens_per_s"][0] > 0
+    (start,) = steps["startup"]
+    assert start["cold"] and start["train_first_step_s"] > 0 and start["bare_first_step_s"] > 0
+    assert {"imports", "build", "compile"} <= set(start["phases"])
+    who = {(x["who"], json.dumps(x["extra"], sort_keys=True), x["keys"]) for x in parts["levers"]}
+    assert ("product", '{"attention": "auto", "dropout": 0.2}', None) in who
+    assert ("bare", '{"attention": "xla", "dropout": 0.2}', "per_step") in who
+    assert all(x["tokens_per_s"] > 0 and x["compiled_peak_bytes"] > 0 for x in parts["levers"])
+    assert {x["where"] for x in parts["init"]} == {"host", "device"}
+    assert [(x["remat"], x["batch"], x["loss_chunk"], x["fits"]) for x in parts["memory"]] == [
+        ("none", 4, 0, True),
+        ("full", 8, 64, True),
+    ]
+    assert "| char | 0.2 | xla |" in r.stdout  # the combined table
+    report = subprocess.run(
+        [sys.executable, "benchmarks/accelerator.py", "--report", str(out)], cwd=REPO, capture_output=True, text=True
+    )
+    assert report.returncode == 0 and "| char | 0.2 | xla |" in report.stdout
