@@ -77,7 +77,7 @@ def test_bare_gpt_is_the_repository_computation():
     exp = build(plan(cfg))
     repo_initial = as_bare_layout(jax.device_get(exp.state.params))
     own = bare.init_params(jax.random.key(0))
-    # same shapes and count (842,496, README "Language model")
+    # same shapes and count (842,496, README "The language model")
     assert jax.tree.map(np.shape, own) == jax.tree.map(np.shape, repo_initial)
     assert sum(x.size for x in jax.tree.leaves(own)) == 842_496
 

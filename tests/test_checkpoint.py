@@ -431,7 +431,7 @@ def test_saver_deletes_old_steps_before_the_next_save_returns(tmp_path, monkeypa
     waits for that finalize, so even when deleting is slow (a network filesystem) the folder never holds more than
     ``keep`` + 1 complete steps, and ``close`` leaves exactly the newest ``keep``. (orbax's
     ``enable_background_delete`` would queue the deletions instead: 254 step folders at once with a checkpoint every
-    step, ``benchmarks/results/background_delete_slow_cpu.txt``.)"""
+    step: ``git show 7559600:benchmarks/results/background_delete_slow_cpu.txt``.)"""
     _orbax_step_deletion(monkeypatch, lambda delete, deleter, step: (time.sleep(0.2), delete(deleter, step)))
     exp = build(plan(make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 2}})))
     ckpt = tmp_path / "ckpt"
@@ -450,8 +450,8 @@ def test_saver_deletes_old_steps_before_the_next_save_returns(tmp_path, monkeypa
 def test_saver_deletes_a_step_without_orbax_parallel_deleter_on_a_many_core_host(tmp_path, monkeypatch):
     """On a host with 4 or more cores (a TPU v5e host has 13) orbax 0.12.8 would delete each step beyond ``keep``
     with its parallel deleter, whose scheduler returns only after a 0.1 s queue poll times out: >= 0.1 s more per
-    save (``benchmarks/results/deletion_threads_cpu.txt``). ``Saver`` asks for one deletion thread, a plain recursive
-    delete, whatever the core count."""
+    save (``git show 7559600:benchmarks/results/deletion_threads_cpu.txt``). ``Saver`` asks for one deletion
+    thread, a plain recursive delete, whatever the core count."""
     from orbax.checkpoint._src.path import deleter as orbax_deleter
 
     monkeypatch.setattr(os, "cpu_count", lambda: 13)

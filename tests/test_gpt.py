@@ -642,7 +642,7 @@ def test_sample_cli_greedy_is_deterministic_and_bad_folders_are_one_line(tmp_pat
     for key in ("eval/loss", "eval/accuracy", "eval/perplexity"):  # the run's own final evaluation, re-run
         assert got[key] == pytest.approx(want[key], rel=1e-6), key
     assert got["step"] == 4
-    line = subprocess.run(  # the one-line output names the perplexity too (README "Language model")
+    line = subprocess.run(  # the one-line output names the perplexity too (README "The language model")
         [sys.executable, "-m", "evaluate", str(run)],
         cwd=Path(__file__).parent.parent,
         capture_output=True,

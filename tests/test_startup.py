@@ -109,8 +109,9 @@ def test_run_reports_startup_phases_and_imports_no_unused_library(tmp_path):
 def test_orbax_import_ends_before_the_first_step(tmp_path):
     """With checkpoints on, orbax is imported on a background thread during the start-up, and that import has
     ended when the step loop starts: no import thread runs beside the steps (beside a dispatch-bound step loop it
-    took the interpreter lock from the steps; ``benchmarks/results/overhead_history.md``, "TPU v5e, first
-    session"). The run still saves its final checkpoint, and the wait is timed in the ``checkpoint`` phase."""
+    took the interpreter lock from the steps on a TPU host; ``git show
+    7559600:benchmarks/results/overhead_history.md``, "TPU v5e, first session"). The run still saves its final
+    checkpoint, and the wait is timed in the ``checkpoint`` phase."""
     run_dir, probe = tmp_path / "run", tmp_path / "probe.json"
     before = (
         "import json, sys, threading\n"
@@ -137,7 +138,7 @@ def test_backend_starts_beside_the_imports_and_its_rest_is_timed_as_runtime(tmp_
     they are in is the ``runtime`` phase, never ``config``. Here a backend start that waits until
     ``training.app`` is fully imported (up to 20 s) and then 2 s more: it ran on the ``jax-backend-start`` thread,
     saw the import end (a start that blocked the imports would wait the whole 20 s), and ``runtime`` holds the
-    seconds it kept the run waiting (benchmarks/results/overhead_history.md, "A fifth session")."""
+    seconds it kept the run waiting (``git show 7559600:benchmarks/results/backend_start_tpu_v5e.txt``)."""
     probe = tmp_path / "backend.json"
     before = (
         "import json, sys, threading, time\n"
