@@ -57,7 +57,6 @@ QUICK = {
     "char": ({"size": "tiny", "vocab": 256, "context": 128, "width": 64, "depth": 2, "heads": 2}, 8, 12, 3),
     "gpt2_small": ({"size": "tiny", "vocab": 512, "context": 128, "width": 64, "depth": 2, "heads": 2}, 4, 12, 3),
 }
-PEAK_BF16 = {"TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v4": 275e12, "TPU v6 lite": 918e12}
 
 
 def dims_of(model: dict) -> dict:
@@ -86,16 +85,12 @@ def flops_per_token(model: dict) -> float:
 
 
 def peak_flops(device_kind: str) -> float | None:
-    """The chip's bf16 peak FLOP/s (``measure.compiled.lookup_peak_flops_per_s``, else the table above), None on CPU."""
-    try:
-        from measure.compiled import lookup_peak_flops_per_s
+    """The chip's bf16 peak FLOP/s from its hardware profile (``measure.compiled.lookup_peak_flops_per_s``), None
+    where none is known (CPU)."""
+    from measure.compiled import lookup_peak_flops_per_s
 
-        found = lookup_peak_flops_per_s(device_kind, "bfloat16")
-        if found:
-            return float(found)
-    except Exception:
-        pass
-    return PEAK_BF16.get(device_kind)
+    found = lookup_peak_flops_per_s(device_kind, "bfloat16")
+    return float(found) if found else None
 
 
 def train_args(model: dict, batch: int, steps: int, window: int, extra: dict) -> list[str]:
@@ -165,10 +160,6 @@ def run(cmd: list[str], env: dict, cwd: Path = REPO, timeout: float = 900) -> fl
     if p.returncode:
         raise RuntimeError(f"{' '.join(cmd[:3])} ... exited {p.returncode}:\n{(p.stdout + p.stderr)[-3000:]}")
     return time.perf_counter() - t0
-
-
-def device_extra(kind_attention: str | None) -> dict:
-    return {} if kind_attention is None else {"attention": kind_attention}
 
 
 # ---- part: steps -----------------------------------------------------------------------------------------------

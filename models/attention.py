@@ -17,7 +17,6 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from core.layout import current_batch_split
@@ -99,14 +98,3 @@ def causal_attention(q_BxTxHxK: jax.Array, k_BxTxHxK: jax.Array, v_BxTxHxK: jax.
     return jax.shard_map(_splash_local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)(
         q_BxTxHxK, k_BxTxHxK, v_BxTxHxK
     )
-
-
-def reference_attention(q_BxTxHxK: np.ndarray, k_BxTxHxK: np.ndarray, v_BxTxHxK: np.ndarray) -> np.ndarray:
-    """float64 numpy causal attention, for tests."""
-    q, k, v = (np.asarray(x, np.float64) for x in (q_BxTxHxK, k_BxTxHxK, v_BxTxHxK))
-    t, d = q.shape[1], q.shape[-1]
-    s = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
-    s = np.where(np.tril(np.ones((t, t), bool)), s, -np.inf)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    return np.einsum("bhqk,bkhd->bqhd", p, v)

@@ -4,16 +4,29 @@ context of at least 512 that is a multiple of 128."""
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models.attention import causal_attention, reference_attention, resolve_attention
+from models.attention import causal_attention, resolve_attention
 
 pytestmark = pytest.mark.unit
 
 B, T, H, K = 2, 256, 2, 32
+
+
+def reference_attention(q_BxTxHxK: np.ndarray, k_BxTxHxK: np.ndarray, v_BxTxHxK: np.ndarray) -> np.ndarray:
+    """float64 numpy causal attention, for tests."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q_BxTxHxK, k_BxTxHxK, v_BxTxHxK))
+    t, d = q.shape[1], q.shape[-1]
+    s = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
+    s = np.where(np.tril(np.ones((t, t), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bkhd->bqhd", p, v)
 
 
 def qkv():
