@@ -1,7 +1,7 @@
 """train.py against a bare JAX script of the same GPT on whatever accelerator is present, and the GPT's limits there.
 
     python benchmarks/accelerator.py                     # every part (on a TPU: more than one device call)
-    python benchmarks/accelerator.py --part steps        # one part; parts: steps, levers, init, memory
+    python benchmarks/accelerator.py --part steps        # one part; parts: steps, levers, init, memory, profile
     python benchmarks/accelerator.py --quick             # tiny sizes on the CPU, in under a minute (CI runs it)
     python benchmarks/accelerator.py --report A.jsonl B.jsonl   # the parts' records as one table
 
@@ -24,6 +24,8 @@ Parts:
 - ``init``: the product's state creation (``ParallelMode.init_state``): trace, compile and run time, on the host's
   CPU backend then placed (the default for a replicated state on an accelerator), and as one program on the
   device.
+- ``profile``: the two compiled steps side by side under ``jax.profiler``: device time per step by kind of op
+  (matmuls, Pallas kernels, other fusions, collectives, copies; ``hlo_categories``) and the top ops of each.
 - ``memory``: GPT-2 small and medium, every ``model.remat`` policy x global batch: whether the step fits in the
   chip's memory (XLA's compiled memory analysis; a program that does not fit fails to compile), and where it
   fits, tokens/s, MFU and the compiled peak bytes.
@@ -288,8 +290,9 @@ def product_cfg(model: dict, batch: int, extra: dict):
     )
 
 
-def timed_steps(step, carry, steps: int, window: int) -> tuple[float, list[float]]:
-    """Runs ``carry = step(carry)`` ``steps`` times; returns (median s per step over windows after the first, all)."""
+def timed_steps(step, carry, steps: int, window: int) -> tuple[float, list[float], object]:
+    """Runs ``carry = step(carry)`` ``steps`` times; returns (median s per step over windows after the first, all,
+    the last carry)."""
     import jax
 
     per_step = []
@@ -301,7 +304,7 @@ def timed_steps(step, carry, steps: int, window: int) -> tuple[float, list[float
             now = time.perf_counter()
             per_step.append((now - t) / window)
             t = now
-    return statistics.median(per_step[1:] if len(per_step) > 1 else per_step), per_step
+    return statistics.median(per_step[1:] if len(per_step) > 1 else per_step), per_step, carry
 
 
 def bare_module():
@@ -314,9 +317,12 @@ def bare_module():
     return module
 
 
-def measure_product(model: dict, batch: int, extra: dict, steps: int, window: int) -> dict:
+def measure_product(
+    model: dict, batch: int, extra: dict, steps: int, window: int, profile_dir: str | None = None
+) -> dict:
     """The product's jitted train step (``training.build``) on one device-resident batch: compile time, compiled
-    memory, median step time."""
+    memory, median step time; with ``profile_dir``, the device time of its ops over ``window`` more steps
+    (``op_breakdown``)."""
     import jax
     import numpy as np
 
@@ -340,14 +346,25 @@ def measure_product(model: dict, batch: int, extra: dict, steps: int, window: in
     compiled = exp.steps.train.lower(exp.state, placed).compile()
     compile_s = time.perf_counter() - t0
     mem = compiled_peak_bytes(compiled)
-    step_s, _ = timed_steps(lambda st: compiled(st, placed)[0], exp.state, steps, window)
-    return {"compile_s": compile_s, "step_s": step_s, "compiled_peak_bytes": mem["peak_bytes"], "build_s": build_s}
+    one = lambda st: compiled(st, placed)[0]  # noqa: E731
+    step_s, _, state = timed_steps(one, exp.state, steps, window)
+    res = {"compile_s": compile_s, "step_s": step_s, "compiled_peak_bytes": mem["peak_bytes"], "build_s": build_s}
+    if profile_dir:
+        res["ops"] = profiled(one, compiled, state, window, profile_dir)
+    return res
 
 
 def measure_bare(
-    model: dict, batch: int, extra: dict, steps: int, window: int, dropout_keys: str = "per_example"
+    model: dict,
+    batch: int,
+    extra: dict,
+    steps: int,
+    window: int,
+    dropout_keys: str = "per_example",
+    profile_dir: str | None = None,
 ) -> dict:
-    """The bare script's jitted step (its own functions) on one device-resident batch."""
+    """The bare script's jitted step (its own functions) on one device-resident batch (``profile_dir``: as
+    ``measure_product``)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -383,8 +400,76 @@ def measure_bare(
         p, o, _ = compiled(p, o, x, y, s, index)
         return p, o, s + 1
 
-    step_s, _ = timed_steps(one, (params, opt, jnp.int32(0)), steps, window)
-    return {"compile_s": compile_s, "step_s": step_s, "compiled_peak_bytes": mem["peak_bytes"]}
+    step_s, _, carry = timed_steps(one, (params, opt, jnp.int32(0)), steps, window)
+    res = {"compile_s": compile_s, "step_s": step_s, "compiled_peak_bytes": mem["peak_bytes"]}
+    if profile_dir:
+        res["ops"] = profiled(one, compiled, carry, window, profile_dir)
+    return res
+
+
+def hlo_categories(hlo_text: str) -> dict[str, str]:
+    """{instruction name: category} of a compiled HLO module: ``matmul`` (a dot or convolution, or a fusion
+    holding one), ``kernel`` (a custom call: a Pallas kernel), ``collective``, ``copy/layout``, ``fusion`` (the
+    other fusions: elementwise and reductions), else the opcode."""
+    import re
+
+    bodies: dict[str, str] = {}
+    for m in re.finditer(r"^(?:ENTRY )?%?([\w.\-]+) [^\n]*\{\n(.*?)^\}", hlo_text, re.M | re.S):
+        bodies[m.group(1)] = m.group(2)
+    cats = {}
+    for m in re.finditer(r"^\s*(?:ROOT )?%?([\w.\-]+) = [^=]*? ([a-z][\w\-]*)\((.*)$", hlo_text, re.M):
+        name, op, rest = m.groups()
+        if op == "fusion":
+            called = re.search(r"calls=%?([\w.\-]+)", rest)
+            body = bodies.get(called.group(1), "") if called else ""
+            cats[name] = "matmul" if re.search(r" (dot|convolution)\(", body) else "fusion"
+        elif op in ("dot", "convolution"):
+            cats[name] = "matmul"
+        elif op == "custom-call":
+            cats[name] = "kernel"
+        elif op.split("-start")[0].split("-done")[0] in (
+            "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"
+        ):  # fmt: skip
+            cats[name] = "collective"
+        elif op in ("copy", "transpose", "bitcast", "reshape", "copy-start", "copy-done"):
+            cats[name] = "copy/layout"
+        else:
+            cats[name] = op
+    return cats
+
+
+def profiled(one, compiled, carry, steps: int, profile_dir: str) -> dict:
+    """Device time per step of the ops of ``compiled`` over ``steps`` calls of ``one`` traced by ``jax.profiler``:
+    ``{"categories": {category: s}, "top": [[op, category, s], ...], "total_s": s}`` (``hlo_categories``)."""
+    import jax
+
+    from measure.profiler import find_trace_file, read_trace_events
+
+    carry = one(carry)
+    jax.block_until_ready(carry)
+    jax.profiler.start_trace(profile_dir)
+    for _ in range(steps):
+        carry = one(carry)
+    jax.block_until_ready(carry)
+    jax.profiler.stop_trace()
+    text = compiled.as_text()
+    cats = hlo_categories(text)
+    module = text.split("\n", 1)[0].split()[1].rstrip(",") if text.startswith("HloModule") else None
+    per_op: dict[str, float] = {}
+    for e in read_trace_events(find_trace_file(Path(profile_dir))):
+        args = e.get("args") or {}
+        if e.get("ph") != "X" or "hlo_op" not in args or (module and args.get("hlo_module", module) != module):
+            continue
+        per_op[args["hlo_op"]] = per_op.get(args["hlo_op"], 0.0) + float(e.get("dur", 0.0)) * 1e-6 / steps
+    categories: dict[str, float] = {}
+    for op, sec in per_op.items():
+        categories[cats.get(op, "other")] = categories.get(cats.get(op, "other"), 0.0) + sec
+    top = sorted(per_op.items(), key=lambda kv: -kv[1])[:12]
+    return {
+        "categories": dict(sorted(categories.items(), key=lambda kv: -kv[1])),
+        "top": [[op, cats.get(op, "other"), sec] for op, sec in top],
+        "total_s": sum(per_op.values()),
+    }
 
 
 def describe(res: dict, tokens: int, fpt: float, peak: float | None) -> str:
@@ -459,6 +544,45 @@ def part_levers(args, workloads: dict, out: str) -> None:
                 mfu=(tokens / res["step_s"] * fpt / peak) if peak else None,
                 **res,
             )
+
+
+def part_profile(args, workloads: dict, out: str) -> None:
+    """The product's step and the bare script's, side by side: device time per step by kind of op."""
+    import jax
+
+    kind = jax.devices()[0].device_kind
+    print(f"== profile: {kind}", flush=True)
+    work = Path(tempfile.mkdtemp(prefix="accelerator_profile_"))
+    try:
+        for name in args.workloads:
+            model, batch, _, window = workloads[name]
+            steps = 2 * window
+            extra = {"attention": "auto" if not args.quick else "xla"}
+            bare_extra = {"attention": resolve_auto(dims_of(model)["context"])} if not args.quick else extra
+            prod = measure_product(model, batch, extra, steps, window, str(work / f"{name}_product"))["ops"]
+            bare = measure_bare(model, batch, bare_extra, steps, window, profile_dir=str(work / f"{name}_bare"))["ops"]
+            print(f"{name}: device time per step, ms (train.py's step | bare script's step)", flush=True)
+            for cat in sorted(
+                set(prod["categories"]) | set(bare["categories"]), key=lambda c: -prod["categories"].get(c, 0)
+            ):
+                ms = [side["categories"].get(cat, 0) * 1e3 for side in (prod, bare)]
+                print(f"  {cat:16s} {ms[0]:9.3f} | {ms[1]:9.3f}")
+            print(f"  {'total':16s} {prod['total_s'] * 1e3:9.3f} | {bare['total_s'] * 1e3:9.3f}", flush=True)
+            for label, ops in (("train.py", prod), ("bare", bare)):
+                print(
+                    f"  {label} top ops: "
+                    + ", ".join(f"{op} ({cat}) {sec * 1e3:.3f}" for op, cat, sec in ops["top"][:8])
+                )
+            record(out, "profile", workload=name, device_kind=kind, product=prod, bare=bare)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def resolve_auto(context: int) -> str:
+    """``model.attention=auto``'s kernel on this process's backend (``models.attention.resolve_attention``)."""
+    from models.attention import resolve_attention
+
+    return resolve_attention("auto", context)
 
 
 def part_init(args, workloads: dict, out: str) -> None:
@@ -604,7 +728,11 @@ def report(paths: list[str]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", default="steps,levers,init,memory", help="comma-separated: steps, levers, init, memory")
+    ap.add_argument(
+        "--part",
+        default="steps,levers,init,memory,profile",
+        help="comma-separated: steps, levers, init, memory, profile",
+    )
     ap.add_argument("--quick", action="store_true", help="tiny sizes on the CPU (under a minute)")
     ap.add_argument("--workloads", default="char,gpt2_small")
     ap.add_argument("--dropouts", default="0,0.2", help="steps: dropout rates to run")
@@ -643,7 +771,13 @@ def main() -> None:
     if any(p != "steps" for p in args.part.split(",")):  # in-process parts: a repeated program (the init) compiles once
         jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="accelerator_cache_"))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    parts = {"steps": part_steps, "levers": part_levers, "init": part_init, "memory": part_memory}
+    parts = {
+        "steps": part_steps,
+        "levers": part_levers,
+        "init": part_init,
+        "memory": part_memory,
+        "profile": part_profile,
+    }
     chosen = args.part.split(",")
     for name in chosen:
         if name not in parts:

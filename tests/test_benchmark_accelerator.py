@@ -1,5 +1,6 @@
 """``benchmarks/accelerator.py --quick``: every part runs on the CPU in one command and records what the TPU run
-records (train.py against the bare script, the levers, the state's creation, the remat x batch table), and
+records (train.py against the bare script, the levers, the state's creation, the remat x batch table, the two
+steps' profiles), and
 ``--report`` turns the records into one table. The figures themselves come from a TPU (docs/performance.md)."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def test_quick_runs_every_part_and_reports(tmp_path):
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     recs = [json.loads(line) for line in out.read_text().splitlines()]
-    parts = {p: [x for x in recs if x["part"] == p] for p in ("steps", "levers", "init", "memory")}
+    parts = {p: [x for x in recs if x["part"] == p] for p in ("steps", "levers", "init", "memory", "profile")}
     (steps,) = parts["steps"]
     assert steps["workload"] == "char" and steps["dropout"] == 0.2 and steps["attention"] == "xla"
     assert len(steps["ratio"]) == 1 and steps["ratio"][0] > 0
@@ -39,6 +40,11 @@ def test_quick_runs_every_part_and_reports(tmp_path):
         ("none", 4, 0, True),
         ("full", 8, 64, True),
     ]
+    (profile,) = parts["profile"]
+    for side in ("product", "bare"):  # device time per step by kind of op, from a jax.profiler trace of each step
+        ops = profile[side]
+        assert ops["total_s"] > 0 and ops["categories"]["matmul"] > 0 and len(ops["top"]) >= 5
+        assert abs(sum(ops["categories"].values()) - ops["total_s"]) < 1e-9
     assert "| char | 0.2 | xla |" in r.stdout  # the combined table
     report = subprocess.run(
         [sys.executable, "benchmarks/accelerator.py", "--report", str(out)], cwd=REPO, capture_output=True, text=True
