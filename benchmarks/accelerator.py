@@ -452,22 +452,40 @@ def profiled(one, compiled, carry, steps: int, profile_dir: str) -> dict:
         carry = one(carry)
     jax.block_until_ready(carry)
     jax.profiler.stop_trace()
-    text = compiled.as_text()
-    cats = hlo_categories(text)
-    module = text.split("\n", 1)[0].split()[1].rstrip(",") if text.startswith("HloModule") else None
+    return device_time_by_op(read_trace_events(find_trace_file(Path(profile_dir))), compiled.as_text(), steps)
+
+
+def device_time_by_op(events: list[dict], hlo_text: str, steps: int) -> dict:
+    """Device time per step of a compiled module's ops in a ``jax.profiler`` trace's events (Chrome JSON):
+    ``{"categories": {category: s}, "top": [[op, category, s], ...], "total_s": s}``. CPU and GPU traces name the
+    op and its module in the event's arguments (``hlo_op``, ``hlo_module``); TPU traces name the op in the event
+    and give XLA's ``hlo_category`` beside it (the category when ``hlo_categories`` does not know the op)."""
+    cats = hlo_categories(hlo_text)
+    module = hlo_text.split("\n", 1)[0].split()[1].rstrip(",") if hlo_text.startswith("HloModule") else None
     per_op: dict[str, float] = {}
-    for e in read_trace_events(find_trace_file(Path(profile_dir))):
+    xla_category: dict[str, str] = {}
+    for e in events:
         args = e.get("args") or {}
-        if e.get("ph") != "X" or "hlo_op" not in args or (module and args.get("hlo_module", module) != module):
+        if e.get("ph") != "X":
             continue
-        per_op[args["hlo_op"]] = per_op.get(args["hlo_op"], 0.0) + float(e.get("dur", 0.0)) * 1e-6 / steps
+        if "hlo_op" in args:
+            if module and args.get("hlo_module", module) != module:
+                continue
+            op = args["hlo_op"]
+        elif "hlo_category" in args:
+            op = e["name"]
+            xla_category[op] = args["hlo_category"]
+        else:
+            continue
+        per_op[op] = per_op.get(op, 0.0) + float(e.get("dur", 0.0)) * 1e-6 / steps
+    category = {op: cats.get(op, xla_category.get(op, "other")) for op in per_op}
     categories: dict[str, float] = {}
     for op, sec in per_op.items():
-        categories[cats.get(op, "other")] = categories.get(cats.get(op, "other"), 0.0) + sec
+        categories[category[op]] = categories.get(category[op], 0.0) + sec
     top = sorted(per_op.items(), key=lambda kv: -kv[1])[:12]
     return {
         "categories": dict(sorted(categories.items(), key=lambda kv: -kv[1])),
-        "top": [[op, cats.get(op, "other"), sec] for op, sec in top],
+        "top": [[op, category[op], sec] for op, sec in top],
         "total_s": sum(per_op.values()),
     }
 

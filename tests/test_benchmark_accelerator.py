@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from utils import REPO
 
 
@@ -50,3 +51,48 @@ def test_quick_runs_every_part_and_reports(tmp_path):
         [sys.executable, "benchmarks/accelerator.py", "--report", str(out)], cwd=REPO, capture_output=True, text=True
     )
     assert report.returncode == 0 and "| char | 0.2 | xla |" in report.stdout
+
+
+HLO = """HloModule jit_train_step, entry_computation_layout={()->f32[]}
+
+%fused_dot (p0: f32[4,4], p1: f32[4,4]) -> f32[4,4] {
+  %p0 = f32[4,4]{1,0} parameter(0)
+  %p1 = f32[4,4]{1,0} parameter(1)
+  ROOT %dot.1 = f32[4,4]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (a: f32[4,4]) -> f32[4,4] {
+  %a = f32[4,4]{1,0} parameter(0)
+  %fusion.7 = f32[4,4]{1,0} fusion(f32[4,4]{1,0} %a, f32[4,4]{1,0} %a), kind=kOutput, calls=%fused_dot
+  ROOT %copy.2 = f32[4,4]{1,0} copy(f32[4,4]{1,0} %fusion.7)
+}
+"""
+
+
+@pytest.mark.unit
+def test_device_time_by_op_reads_cpu_and_tpu_traces():
+    """A CPU/GPU trace names the op in ``args.hlo_op`` (other modules' ops are left out); a TPU trace names it in
+    the event with XLA's ``hlo_category`` (used only for ops the HLO text does not hold). Durations in us, over 2
+    steps."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from accelerator import device_time_by_op
+
+    cpu = [
+        {"ph": "X", "dur": 300.0, "args": {"hlo_op": "fusion.7", "hlo_module": "jit_train_step"}},
+        {"ph": "X", "dur": 100.0, "args": {"hlo_op": "copy.2", "hlo_module": "jit_train_step"}},
+        {"ph": "X", "dur": 900.0, "args": {"hlo_op": "fusion.7", "hlo_module": "jit_eval_sums"}},
+        {"ph": "X", "dur": 50.0, "args": {}},
+        {"ph": "M", "dur": 50.0, "args": {"hlo_op": "copy.2"}},
+    ]
+    got = device_time_by_op(cpu, HLO, steps=2)
+    assert got["categories"] == pytest.approx({"matmul": 150e-6, "copy/layout": 50e-6}, rel=1e-12)
+    assert [t[:2] for t in got["top"]] == [["fusion.7", "matmul"], ["copy.2", "copy/layout"]]
+    tpu = [
+        {"ph": "X", "name": "fusion.7", "dur": 300.0, "args": {"hlo_category": "convolution fusion"}},
+        {"ph": "X", "name": "copy.2", "dur": 100.0, "args": {"hlo_category": "data formatting"}},
+        {"ph": "X", "name": "all-reduce.3", "dur": 40.0, "args": {"hlo_category": "all-reduce"}},
+        {"ph": "X", "name": "0", "dur": 1000.0, "args": {"device_duration_ps": "1"}},  # a step marker
+    ]
+    got = device_time_by_op(tpu, HLO, steps=2)
+    assert got["categories"] == pytest.approx({"matmul": 150e-6, "copy/layout": 50e-6, "all-reduce": 20e-6}, rel=1e-12)
+    assert abs(got["total_s"] - 220e-6) < 1e-15
