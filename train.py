@@ -48,7 +48,7 @@ STARTUP.mark("imports")  # perf/startup/*_s: each phase ends at a mark (measure/
 log = logging.getLogger("train")
 # At exit, after every other exit handler (W&B, orbax and JAX register theirs later, so theirs run first): the
 # objects still alive move to the GC's permanent generation, so the interpreter's shutdown collections do not
-# walk the millions of objects of jax/flax/wandb (~0.7 s of exit on 2 CPU cores; outputs are closed by then).
+# walk the millions of objects of jax/flax/wandb (outputs are closed by then).
 atexit.register(gc.freeze)
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 # cli() sets HYDRA_FULL_ERROR (unless the user did) so that Hydra raises composition errors, and marks that it
@@ -68,7 +68,7 @@ def main(cfg: DictConfig) -> None:
         os.environ.pop(_RAISE_FLAG, None)  # errors of the run itself: Hydra's usual report
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
-    quiet_known_noise()  # the TPU probe and TFDS's OpenCV notice (README "Output")
+    quiet_known_noise()  # the TPU probe and TFDS's OpenCV notice (training/console_lines.py: KNOWN_NOISE)
     if sweep_stopped():  # the sweep received SIGTERM/SIGINT: no new job starts (training/sweep_summary.py)
         from training.report import write_json
 

@@ -408,8 +408,8 @@ class TrainConfig:
     accum_steps: int = 1
     log_every: int = 50
     # null: no optim/grad_norm; N: the global gradient norm is computed and logged every N steps (1: every
-    # step). It is a full extra pass over the gradients (~15% of the MNIST-MLP step on 8 simulated CPU
-    # devices), so it is off unless asked for; loss scaling (fp16) computes and logs it every step anyway.
+    # step). It is a full extra pass over the gradients, so it is off unless asked for; loss scaling (fp16)
+    # computes and logs it every step anyway.
     grad_norm_every: Optional[int] = None
     # null: evaluate only at the end.
     eval_every: Optional[int] = None
@@ -438,7 +438,8 @@ class TrainConfig:
 @dataclass
 class WandbConfig:
     """``mode``: null (online with an API key, else offline) | online | offline | disabled.
-    ``process_priority``: normal | idle, the CPU priority of the W&B process (README "Offline W&B")."""
+    ``process_priority``: normal | idle, the CPU priority of the W&B process (docs/internals.md, "W&B in its own
+    process")."""
 
     mode: Optional[WandbMode] = None
     project: str = "dp-scaling"

@@ -45,8 +45,8 @@ def load_tfds_split(
 ) -> HostDataset:
     """Reads one TFDS split into host arrays, through a cache of decoded arrays.
 
-    The first read decodes every PNG (~17 s for MNIST's 60,000 training images on 2 cores) and writes
-    ``<cache_dir>/<name>-<version>-<split>.npz``; later reads load that file (well under 2 s). The cache is
+    The first read decodes every PNG (slow: seconds for MNIST) and writes
+    ``<cache_dir>/<name>-<version>-<split>.npz``; later reads load that file. The cache is
     never written inside the TFDS folder, which may be read-only.
 
     A dataset that is not prepared under ``data_dir`` is downloaded and prepared there first

@@ -1,6 +1,6 @@
 """Static measurements of the compiled step: communication, memory, FLOPs, and hardware look-ups.
 
-Each metric's definition is in its function's docstring (README, "Metrics", lists them).
+Each metric's definition is in its function's docstring (docs/metrics.md lists them).
 """
 
 from __future__ import annotations

@@ -376,11 +376,9 @@ class ParallelMode:
         in data-parallel training; returns 0.0 when they are, ``inf`` where one copy holds NaN or inf and another
         does not (NaN in both, or the same inf, counts as equal). Only this process's devices are compared. Copies
         are compared bitwise first (their bytes, in their own dtype); only copies that differ are converted to
-        float64 for the difference (``benchmarks/replica_check.py``: ~20x less host time per check than converting
-        every copy, 8 simulated CPU devices, the MNIST MLP's parameters and Adam state). A slice this process holds
-        only once (one device, or an fsdp shard not replicated over another mesh axis) has nothing to compare and is
-        never copied to the host: on one GPU that copy of the whole state was most of a ~12 ms check (H200 host,
-        MNIST MLP, profiled; 71 checks in 30 epochs).
+        float64 for the difference, which keeps the check's host time small. A slice this process holds only once
+        (one device, or an fsdp shard not replicated over another mesh axis) has nothing to compare and is never
+        copied to the host.
         """
         worst = 0.0
         for leaf in jax.tree.leaves(tree):
@@ -425,9 +423,8 @@ def held_whole(tree) -> bool:
 # steps per call of the stacking program: windows are padded to a multiple of it, so that one compiled program
 # serves every window length (the main job's windows are 1-50 steps: 50-step windows cut by epoch-end saves)
 WINDOW_CHUNK_STEPS = 64
-# shorter windows are copied array by array: the stacking program's dispatch and copy cost about as much as ~9
-# steps' copies of 2 scalar metrics on a TPU v5e host (1.7 ms against 9.2 ms for 100 arrays,
-# benchmarks/results/window_stack_tpu_v5e.txt), and more on simulated CPU devices (a replicated program)
+# shorter windows are copied array by array: below this the stacking program's dispatch and copy cost more than
+# the copies it saves
 WINDOW_MIN_STACK_STEPS = 8
 
 
@@ -455,10 +452,8 @@ def window_to_host(window: list) -> Optional[list]:
 
     The steps' leaves are stacked on the device in chunks of ``WINDOW_CHUNK_STEPS`` steps (the last chunk
     padded with its last step) by one compiled program and copied to the host together: one dispatch and one
-    copy per metric name and chunk instead of one copy per metric and step. A 50-step window of the main job's
-    metrics (2 float32 scalars per step), median wall time on a TPU v5e host: 1.72 ms this way against 9.16 ms
-    for one ``jax.device_get`` of the list (``benchmarks/step_host_cost.py``,
-    ``benchmarks/results/window_stack_tpu_v5e.txt``).
+    copy per metric name and chunk instead of one copy per metric and step (docs/performance.md, "Host cost of
+    one step").
 
     Returns None (the caller copies array by array) when the window has fewer than ``WINDOW_MIN_STACK_STEPS``
     steps (a copy per array is cheaper there), or its steps' trees differ in structure, shape, dtype or sharding,

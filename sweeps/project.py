@@ -25,7 +25,7 @@ The compute time of one step is ``--step-time-s`` (measured on one device of the
 
 Writes ``projection.csv``, ``projection.md`` and ``projection.png`` into ``--out`` (default: the folder, or
 the current directory) and with ``--wandb`` logs them as a ``job_type="projection"`` run in the sweep's W&B
-group. The model is that of sweeps/projection.py (README "Projecting to a cluster"). Bad input: one line on
+group. The model is that of sweeps/projection.py (docs/projection.md). Bad input: one line on
 stderr, exit status 2.
 """
 

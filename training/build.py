@@ -346,10 +346,10 @@ def state_init_fn(cfg: Config, tx, graphdef: Any = None) -> tuple[Any, Any]:
     """``(graphdef, init_fn)``: the model's graph and a pure function ``() -> TrainState`` creating the initial
     state from ``train.seed`` (run by the mode under ``jax.jit`` with its shardings: ``ParallelMode.init_state``).
     ``graphdef``: the graph when the caller has it (``Plan.graphdef``); None builds it from an abstract model
-    (``nnx.eval_shape``: ~50 ms of Python for GPT size tiny, nothing computed).
+    (``nnx.eval_shape``: nothing computed).
 
     The params are a plain nested dict of float32 arrays (``nnx.merge`` takes it back): jit flattens it in C++,
-    while an ``nnx.State`` of ``Param`` variables costs ~60 us of Python per step to flatten/unflatten."""
+    while an ``nnx.State`` of ``Param`` variables costs Python time in every step to flatten/unflatten."""
     if graphdef is None:
         graphdef = nnx.graphdef(nnx.eval_shape(lambda: _model(cfg)))
 

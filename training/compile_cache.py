@@ -8,8 +8,7 @@ Keys (``runtime.*``, ``conf/schema.py``):
   off for the process, whatever the environment says.
 - ``compilation_cache_min_compile_time_s``: programs that compiled faster than this are not written
   (``jax_persistent_cache_min_compile_time_secs``; JAX's own default, 1 s, would skip every program of the
-  MNIST models on XLA:CPU, whose steps compile in ~0.3-0.6 s and whose start-up holds dozens of ~20 ms
-  single-op programs).
+  MNIST models on XLA:CPU, whose steps compile in under a second).
 - ``compilation_cache_min_entry_bytes``: entries smaller than this are not written
   (``jax_persistent_cache_min_entry_size_bytes``; 0: no limit).
 

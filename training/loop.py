@@ -1,10 +1,10 @@
 """The training loop: dispatch steps with a bound on the steps in flight, call the hooks that are due.
 
 With more than one device taking part the loop keeps at most ``train.max_in_flight`` (2) steps in flight:
-before dispatching step t+1 it waits on step t-1's output (on the CPU backend, 16 steps of simulated-device
-collectives in flight aborted the process: ``check_in_flight``). One device has no collectives, and a ~1.9 ms step
+before dispatching step t+1 it waits on step t-1's output (on the CPU backend, too many steps of simulated-device
+collectives in flight abort the process: ``check_in_flight``). One device has no collectives and a small step
 leaves no room for a host round trip per step, so no bound applies there: the host never waits for a step except
-inside the hooks (a logging window waits for its last step). Apart from that the loop never synchronises with the host.
+inside the hooks (a logging window waits for its last step).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from training.report import warn
 log = logging.getLogger(__name__)
 
 
-# the most steps in flight on the CPU backend with more than one device: with 8 simulated devices on a 2-core machine
-# 15 ran and 16 stalled XLA:CPU's all-reduce until its 40 s rendezvous timeout aborted the process (exit 134)
+# the most steps in flight on the CPU backend with more than one device: more can stall XLA:CPU's all-reduce until
+# its 40 s rendezvous timeout aborts the process (SIGABRT)
 CPU_MAX_IN_FLIGHT = 8
 
 
@@ -96,7 +96,7 @@ def train_loop(
     """
     in_flight: collections.deque = collections.deque()
     batch = first_batch
-    # "allow" is JAX's default: no guard context per step (~10 us of a ~2 ms step at 1 device)
+    # "allow" is JAX's default: no guard context per step (it costs host time in every step)
     guard = (
         contextlib.nullcontext if transfer_guard == "allow" else functools.partial(jax.transfer_guard, transfer_guard)
     )

@@ -40,12 +40,10 @@ def exploded_final(last_train: dict, final_eval: dict, num_classes: int) -> Opti
 
     The reference is the cross-entropy of a uniform guess over ``num_classes`` classes, ln C (2.303 for 10
     classes; an initialised classifier starts near it, and a healthy run ends below it). A final
-    ``train/loss`` or ``eval/loss`` above ``EXPLODED_LOSS_FACTOR`` x ln C is reported: measured on MNIST
-    (MLP, 100 steps) the final window's loss was 0.2-0.8 for Adam lr 1e-3..1e-1 and SGD lr 0.1, 3-11 for
-    Adam lr 1 / SGD lr 1 (recovering), and 261 to 1e6 for Adam lr >= 10 / SGD lr >= 10 (accuracy 0.13-0.77);
-    ``optim.lr=1e30`` ends at 1e32. The run fails with this line (``train.allow_exploded_loss=false``, the
-    default: ``training.hooks.FinalEvaluation``, before the final checkpoint) or, when allowed, prints it as a
-    warning and stays ``ok``.
+    ``train/loss`` or ``eval/loss`` above ``EXPLODED_LOSS_FACTOR`` x ln C is reported: far above what a run
+    that is still recovering from a high learning rate ends at. The run fails with this line
+    (``train.allow_exploded_loss=false``, the default: ``training.hooks.FinalEvaluation``, before the final
+    checkpoint) or, when allowed, prints it as a warning and stays ``ok``.
     """
     limit = EXPLODED_LOSS_FACTOR * math.log(num_classes)
     values = {**{k: last_train.get(k) for k in ("train/loss",)}, **{k: final_eval.get(k) for k in ("eval/loss",)}}

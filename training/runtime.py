@@ -59,14 +59,12 @@ def start_backend() -> Optional[threading.Thread]:
     the imports that follow it; returns the thread, or None when a backend is already up.
 
     Call it after ``setup_runtime`` (the device count, XLA flags and a multi-process job's join must come first).
-    Opening a TPU chip takes seconds (one TPU v5e host: 9.6-11.5 s), much of it, by a stack sampler's gaps of
-    5.8-6.6 s, holding the interpreter lock, so the imports overlap only the rest: ``train.py`` ran 1.4-5.0 s
-    shorter there (``benchmarks/results/backend_start_tpu_v5e.txt``); a CPU backend takes ~20 ms. The main
-    thread's own first ``jax.devices()`` (``training.app.run_and_report``) waits for it under JAX's backend lock
-    and raises what a failed start raises (the thread swallows it, so a failure is reported once, by the main
-    thread, with the message a start on that thread gives: ``tests/test_startup.py``). The thread is not a
-    daemon: a process that ends during the imports (a Ctrl-C) waits for the backend's start to finish, so it
-    never exits while the start still runs in C++ beside its teardown.
+    Opening a TPU chip takes seconds, part of it holding the interpreter lock, so the imports overlap the rest; a
+    CPU backend opens at once. The main thread's own first ``jax.devices()`` (``training.app.run_and_report``)
+    waits for it under JAX's backend lock and raises what a failed start raises (the thread swallows it, so a
+    failure is reported once, by the main thread). The thread is not a daemon: a process that ends during the
+    imports (a Ctrl-C) waits for the backend's start to finish, so it never exits while the start still runs in
+    C++ beside its teardown.
     """
     if backend_started():
         return None
@@ -88,8 +86,8 @@ def without_ipython_probe() -> Iterator[None]:
     """Imports inside run as if IPython were not installed, when this process is not an IPython session.
 
     ``flax.nnx`` (its reprs: ``IPython.get_ipython()``, to choose colours) and ``treescope`` (its notebook
-    display hooks) import IPython when it is installed, which loads IPython, jedi and prompt_toolkit: ~0.2-0.3 s
-    of a script's start-up on 2 CPU cores, to learn what a script already knows (no IPython session). Both
+    display hooks) import IPython when it is installed, which loads IPython, jedi and prompt_toolkit, to learn
+    what a script already knows (no IPython session). Both
     handle a missing IPython (``ImportError``), so inside this block ``import IPython`` raises ImportError
     (``sys.modules["IPython"] = None``, Python's documented way); afterwards the entry is removed and a later
     ``import IPython`` loads the real package. Inside an IPython session (IPython already imported) nothing

@@ -1,22 +1,18 @@
 """Python's cyclic garbage collector during a run's start-up: off while the modules are imported, then frozen.
 
-Importing jax, flax, Hydra and the repository and composing the config leave ~180,000 objects that the
-collector tracks, nearly all of them alive for the whole run; with the collector on, every full (generation 2)
-collection walks all of them (and what orbax, the data and the traced step add later). On 2 CPU cores one
-1-device MNIST run of ``train.py`` spent 0.27 s in the collector: four full collections (14, 34 and 63 ms during
-start-up, 98 ms inside the training windows) and 61 ms of young ones. Python's documented idiom
-(the ``gc.freeze`` docs: "call gc.disable() early ... gc.freeze() ..."; Instagram's "Dismissing Python Garbage
-Collection at Instagram", 2017) is used: ``pause`` at the entry point's first line, ``resume`` once its imports
-(and Hydra's composition) are done, which moves every object alive then into the permanent generation that
-collections skip and turns the collector back on. The same run then spent 21 ms in the collector, none of it in
-full collections. The cost: the start-up's garbage not yet collected (~20,000 objects, 2.4 MB, Hydra's
-composition nodes; no arrays) is kept for the life of the process.
+Importing jax, flax, Hydra and the repository and composing the config leave many objects that the collector
+tracks, nearly all of them alive for the whole run; with the collector on, every full collection walks them all,
+also inside the training windows. Python's documented idiom (the ``gc.freeze`` docs: "call gc.disable() early
+... gc.freeze() ...") is used: ``pause`` at the entry point's first line, ``resume`` once its imports (and
+Hydra's composition) are done, which moves every object alive then into the permanent generation that
+collections skip and turns the collector back on. The cost: the start-up's garbage not yet collected (Hydra's
+composition nodes; no arrays) is kept for the life of the process (docs/internals.md, "The garbage collector
+during start-up").
 
 Only ``train.py`` run as the program pauses (not inside an IPython session's ``%run``, whose objects would be
 frozen): a library user or a test keeps the collector as it is (``resume`` does nothing unless ``pause`` was
-called), and ``train.py`` releases the pause however it ends (a run stopped before its imports were done). A
-sweep (``-m``) gives the pause up when it starts (``release``): its process runs as long as its jobs, or runs
-them all itself with Hydra's default launcher, so it keeps the collector as Python sets it.
+called), and ``train.py`` releases the pause however it ends. A sweep (``-m``) gives the pause up when it starts
+(``release``): its process runs as long as its jobs, so it keeps the collector as Python sets it.
 """
 
 from __future__ import annotations

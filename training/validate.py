@@ -11,7 +11,7 @@ Rules and their sources:
   without any of ``/ \\ # ? % :``; group, run name at most 128 characters; notes a string; entity without
   ``/`` or spaces.
 - XLA: every flag ``--name`` or ``--name=value``; names are checked by starting XLA once in a subprocess with
-  the flags (~0.4 s, only when ``xla.flags`` is set): XLA's own parser is the only complete list.
+  the flags (only when ``xla.flags`` is set): XLA's own parser is the only complete list.
 - TFDS: ``data.tfds_name`` is ``name[/config][:version]`` of a builder TFDS knows.
 - Paths (orbax/tensorstore, TFDS): ``[ ] * ?`` are glob characters; orbax's OCDBT merge finds the per-process
   files of a checkpoint with a glob, so in a checkpoint folder they leave a step folder that was reported saved
@@ -104,7 +104,7 @@ def check_tfds_name(tfds_name: str, data_dir: Optional[str] = None) -> None:
     """``data.tfds_name`` must name a TFDS builder. Raises ConfigError (one line, with close names).
 
     A copy already prepared under ``data_dir`` (``data.data_dir``, else ``TFDS_DATA_DIR``) is a known builder:
-    then TFDS (~0.4 s of imports) is not imported for the check."""
+    then TFDS (slow to import) is not imported for the check."""
     if not TFDS_NAME.fullmatch(tfds_name):
         raise ConfigError(f"data.tfds_name={tfds_name!r} is not a TFDS name (name[/config][:x.y.z], e.g. mnist)")
     name = tfds_name.split(":")[0].split("/")[0]

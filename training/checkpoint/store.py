@@ -77,7 +77,7 @@ _preload: Optional[threading.Thread] = None  # the background import of orbax, o
 
 def preload_orbax() -> None:
     """Starts importing ``orbax.checkpoint`` on a background thread (once per process; nothing when it is imported
-    already), so that the import (~0.4-0.9 s on 2 CPU cores, ~1.4 s on a TPU v5e host) overlaps the start-up's
+    already), so that the import (about a second: orbax pulls in tensorstore) overlaps the start-up's
     data loading and compilation (``training.prepare`` calls ``wait_for_orbax`` after the compilation); ``_ocp``
     waits for an import still in progress (Python's import lock)."""
     global _preload
@@ -89,14 +89,13 @@ def preload_orbax() -> None:
 def wait_for_orbax() -> None:
     """Waits until the import started by ``preload_orbax`` has finished (at once when none was started), so that
     no import runs beside the training steps: a Python import holds the interpreter lock for most of its time,
-    and beside the steps of a dispatch-bound step loop it slowed them ~2.4x on a TPU v5e host
-    (``benchmarks/results/overhead_history.md``, "TPU v5e, first session"). Imports nothing itself."""
+    and beside the steps of a dispatch-bound step loop it slows them. Imports nothing itself."""
     if _preload is not None:
         _preload.join()
 
 
 def _ocp():
-    import orbax.checkpoint as ocp  # imported lazily: orbax pulls in tensorstore (~1 s)
+    import orbax.checkpoint as ocp  # imported lazily: orbax pulls in tensorstore
 
     absl_logger = logging.getLogger("absl")
     if not any(isinstance(f, _OrbaxInfoFilter) for f in absl_logger.filters):
@@ -179,11 +178,8 @@ def host_form(state):
     in one process only adds work: one slicing program per device and array shape (64 programs at the
     first save of the 8-device GPT state) and their dispatch at every save. From host arrays orbax writes
     the same OCDBT/zarr arrays (``NumpyHandler``) and any mode, mesh or device count restores them, since
-    shardings are never read back (module docstring). CPU per save, host arrays against device arrays, medians
-    on 2 CPU cores (``benchmarks/checkpoint_save.py``, ``benchmarks/results/checkpoint_save.txt``): MNIST MLP
-    state (2.4 MB) 29 against 41 ms on 1 device, 36 against 67 ms on 8 simulated devices (first save 0.03
-    against 0.72 s: 24 programs compiled); GPT size tiny (10 MB) on 8, 105 against 526 ms (first save 0.1
-    against 2.0 s: 64 programs).
+    shardings are never read back (module docstring). A save from host arrays costs less CPU and compiles no
+    program.
 
     The copy is made here, before ``save`` returns, as orbax itself does for device arrays; on the CPU
     backend the numpy arrays may share the device buffers, in which case JAX does not donate those
@@ -211,13 +207,11 @@ class Saver:
         self.last_step: Optional[int] = None  # newest step saved (or restored) in this folder by this run
         # Old steps are deleted inside each save's finalize (not on orbax's own thread, enable_background_delete), so
         # the next save waits for the deletion: a back-pressure that bounds the folder to `keep` + 1 steps. On a
-        # thread of their own, deletions slower than the saves queue without bound (254 step folders at once with
-        # checkpoint.every=1 keep=1 and 0.2 s per deletion), and the first failed one silently stops the rest until
-        # close (benchmarks/results/background_delete_slow_cpu.txt).
+        # thread of their own, deletions slower than the saves queue without bound, and the first failed one
+        # silently stops the rest until close.
         # One deletion thread: a plain recursive delete of a checkpoint's few files. On a host with 4 or more cores
-        # orbax would delete a step with a pool of min(16, max(1, cores // 2)) threads whose scheduler returns only
-        # after a 0.1 s queue poll times out: >= 0.1 s more in each save that deletes a step
-        # (benchmarks/checkpoint_delete.py, benchmarks/results/deletion_threads_*.txt).
+        # orbax would delete a step with a pool of threads whose scheduler returns only after a 0.1 s queue poll
+        # times out: >= 0.1 s more in each save that deletes a step.
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             create=True,
@@ -248,9 +242,8 @@ class Saver:
             checkpoints stay as they are.
         """
         if on_cpu_backend(state):
-            # the copy orbax is given, made first: the NaN guard reads it (numpy, ~2 ms for the 10 MB GPT state)
-            # instead of loading its device program (first call in a run: 90 ms for GPT size tiny, 18 ms for the
-            # MNIST MLP); a state that stays on the devices (several processes) is checked there
+            # the copy orbax is given, made first: the NaN guard reads it (numpy) instead of compiling its device
+            # program; a state that stays on the devices (several processes) is checked there
             saved = host_form(state)
             params_ok, opt_ok = finite_flags(saved, mode)
         else:  # an accelerator checks its own arrays (one small program), before any copy
@@ -311,7 +304,7 @@ class Saver:
             self.manager.wait_until_finished()
             # orbax 0.12: CheckpointManager.__init__ starts removing unfinished step folders of earlier runs in a
             # background future, and only save() waits for it (wait_until_finished and close do not). A run whose
-            # first save is refused (NonFiniteError, ~1 ms on the CPU backend) would exit with it still running:
+            # first save is refused (NonFiniteError) would exit with it still running:
             # an absl traceback at interpreter shutdown.
             await_cleanup = getattr(self.manager, "_maybe_await_cleanup_tmp_directory", None)
             if await_cleanup is not None:
@@ -326,7 +319,7 @@ def _delete_steps_or_keep(delete_steps, undeleted: list, steps) -> None:
     file) is appended to ``undeleted`` as ``(step, error)`` and kept, possibly in part (a deletion stops at the
     first file it cannot remove; resuming skips a step folder it cannot read), and the others are still deleted.
     Without this orbax's finalize raises, and the next save re-raises it: a traceback that stops a healthy run over a
-    folder it only had to remove (``benchmarks/results/background_delete_slow_cpu.txt``). A run stops once more than
+    folder it only had to remove. A run stops once more than
     ``keep`` steps could not be deleted (``Saver.check_undeleted``), so the folder stays bounded."""
     for step in steps:
         try:
