@@ -34,8 +34,6 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from parallel.options import Compression
-
 
 # ---- fixed choices ---------------------------------------------------------------------------------------------
 # Member names equal their values: OmegaConf reads an enum from YAML or the command line by member name.
@@ -88,6 +86,14 @@ class TransferGuard(enum.StrEnum):
     disallow_explicit = "disallow_explicit"
 
 
+class Compression(enum.StrEnum):
+    """``parallel.grad_compression``: none, or int8 (``parallel.compress``: quantised all-to-all, int32 sum, int8
+    all-gather, with error feedback; the residual is mode-owned state, ``parallel.feedback``)."""
+
+    none = "none"
+    int8 = "int8"
+
+
 class WandbMode(enum.StrEnum):
     online = "online"
     offline = "offline"
@@ -109,7 +115,7 @@ class ParallelConfig:
 
     ``grad_reduce_dtype``: null = the mode's own reduction; float32 | bfloat16 = explicit reduction in that dtype
     (shard_map psum / psum_scatter, visible in the lowered module; jit_sharding then reduces under shard_map;
-    pmap: psum), cast back to float32 before the optimizer. ``grad_compression``: ``parallel.options.Compression``
+    pmap: psum), cast back to float32 before the optimizer. ``grad_compression``: ``Compression``
     (quantised gradient exchange with error feedback, parallel/compress.py; jit_sharding, shard_map, pmap; needs
     grad_reduce_dtype=null).
     """

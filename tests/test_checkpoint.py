@@ -24,6 +24,7 @@ import pytest
 from conf.schema import CheckpointConfig, as_dict
 from data.pipeline import TrainSource
 from parallel import ConfigError
+from parallel.state import host_abstract, state_to_host
 from training import checkpoint
 from training.build import build, plan
 from utils import REPO, SHARED_TFDS, make_cfg, random_dataset, run_steps
@@ -235,7 +236,7 @@ def test_resume_path_that_does_not_exist(tmp_path):
 
 # ---- restore onto another device count / mesh / mode ----------------------------------------------------------
 def _host(exp, state):
-    return jax.tree.map(np.asarray, exp.mode.state_to_host(state))
+    return jax.tree.map(np.asarray, state_to_host(state))
 
 
 def _step(exp, state, dataset, step):
@@ -272,7 +273,7 @@ def test_reshard_fsdp8_to_2_1_and_pmap4(tmp_path, optim, tol):
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(saved_host)):  # params AND optimizer state
             assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
         # Restored with the NEW layout's shardings (never the saved ones); pmap's state is canonical too.
-        want_shardings = exp.mode.state_shardings(exp.mode.host_abstract(exp.state))
+        want_shardings = exp.mode.state_shardings(host_abstract(exp.state))
         assert all(jax.tree.leaves(jax.tree.map(lambda x, s: x.sharding == s, restored.state, want_shardings)))
         nxt = _step(exp, restored.state, dataset, 20)
         diff = max(
@@ -394,7 +395,7 @@ def test_nan_params_are_never_saved(tmp_path, capsys, monkeypatch):
     arrays = checkpoint.read_arrays(ckpt / "10")
     assert restored.step == 10 and int(arrays["step"]) == 10
     assert all(np.all(np.isfinite(v)) for v in arrays.values())
-    host = exp.mode.state_to_host(restored.state)
+    host = state_to_host(restored.state)
     np.testing.assert_array_equal(np.asarray(host.params["hidden"]["kernel"]), arrays["params.hidden.kernel"])
 
 
@@ -404,7 +405,7 @@ def test_host_nan_guard_sees_bfloat16_and_float8():
     ones that numpy's own ``issubdtype(..., np.inexact)`` calls not inexact."""
     from ml_dtypes import bfloat16, float8_e4m3fn
 
-    from parallel.base import host_finite_flags
+    from parallel.state import host_finite_flags
 
     finite = {"w": np.ones(3, np.float32), "count": np.int32(7)}
     assert host_finite_flags(finite, finite) == (True, True)
@@ -678,7 +679,7 @@ def test_truncated_checkpoint_is_skipped_with_warning(tmp_path, capsys):
     assert (ckpt / "20.corrupt").is_dir() and checkpoint.complete_steps(ckpt) == [10]
     got = {
         checkpoint.store._name(p): np.asarray(x)
-        for p, x in jax.tree_util.tree_flatten_with_path(fresh.mode.state_to_host(restored.state))[0]
+        for p, x in jax.tree_util.tree_flatten_with_path(state_to_host(restored.state))[0]
     }
     assert_bitwise_equal(got, saved10)
 

@@ -11,6 +11,7 @@ import pytest
 from data.pipeline import BatchLayout, TrainSource, eval_batch_size, make_eval_set
 from core.errors import ConfigError
 from data.sources import DataError, HostDataset, load_tfds_split
+from parallel.state import host_abstract, place_state, state_to_host
 from training.build import build, plan
 from training.run import evaluate
 from utils import SHARED_TFDS, make_cfg, random_dataset, run_steps
@@ -114,7 +115,7 @@ def test_evaluation_is_exact_for_any_batch_and_device_count(mode, trained_host_s
     results = {}
     for devices in (1, 8):
         exp = build(plan(make_cfg(parallel__name=mode, mesh__devices=devices)))
-        state = exp.mode.place_state(trained_host_state)
+        state = place_state(exp.mode, trained_host_state)
         for eval_batch in (1000, 768, 999):
             es = make_eval_set(test, eval_batch, devices, exp.mode.batch_layout())
             assert es.num_examples == 10000
@@ -235,7 +236,7 @@ def _fed_and_host_steps(mode: str, optim: str, start: int, end: int, **dotted):
                     batch = next(batches)
                 state, metrics = compiled(state, batch)
                 losses.append(metrics["train/loss"])
-        out[feeding] = (np.asarray(jax.device_get(losses)), exp.mode.state_to_host(state), (lowered, compiled))
+        out[feeding] = (np.asarray(jax.device_get(losses)), state_to_host(state), (lowered, compiled))
     return out[True][0], out[False][0], out[True][1], out[False][1], fed, host, out[True][2], out[False][2]
 
 
@@ -293,7 +294,7 @@ def test_pmap_keeps_the_gather_as_a_program_of_its_own():
     assert exp.feed is None and not exp.mode.fuses_feed
     with pytest.raises(ValueError, match="^parallel=pmap cannot gather its batches inside the train step$"):
         feed = source.feed(exp.mode.batch_layout())
-        exp.mode.build(exp.local, exp.updater, exp.mode.host_abstract(exp.state), feed=feed)
+        exp.mode.build(exp.local, exp.updater, host_abstract(exp.state), feed=feed)
 
 
 def _run_on_random_data(run_dir, **dotted) -> dict:

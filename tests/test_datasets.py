@@ -29,6 +29,7 @@ from data.augment import AugmentSpec, augment_images, augment_spec
 from data.pipeline import SyntheticSource
 from data.sources import DataError, load_tfds_split
 from parallel import ConfigError
+from parallel.state import place_state
 from training.build import build, plan
 from core.step import example_keys
 from utils import make_cfg, max_abs_diff, random_dataset, run_steps
@@ -492,5 +493,5 @@ def test_augmentation_changes_training_but_not_evaluation():
     plain_exp = build(plan(make_cfg(model__hidden=32, train__global_batch=64, mesh__devices=1)))
     es = make_eval_set(AUG_DATA, 256, 1, plain_exp.mode.batch_layout())
     with_aug = evaluate(aug_exp, aug_exp.state.params, es)
-    without = evaluate(plain_exp, plain_exp.mode.place_state(aug_state).params, es)
+    without = evaluate(plain_exp, place_state(plain_exp.mode, aug_state).params, es)
     assert with_aug == without  # evaluation never augments

@@ -25,10 +25,11 @@ from data.augment import augment_spec
 from measure.profiler import check_window
 from measure.throughput import check_target_accuracy
 from models import build_model
-from parallel import ParallelMode, make_mesh, mode_class, resolve_mesh_shape
-from parallel.base import StepFns, reduce_dtype
+from parallel import MODES, ParallelMode, make_mesh, mode_class, resolve_mesh_shape
+from parallel.base import StepFns, check_mesh_shape, reduce_dtype
+from parallel.compress import COMPRESSIONS
 from parallel.fsdp import check_rules
-from parallel.options import COMPRESSIONS
+from parallel.state import host_abstract
 from training.report import resolve_wandb_mode
 from training.validate import check_library_settings
 
@@ -93,7 +94,7 @@ def plan(cfg: Config) -> Plan:
         raise ConfigError(f"mesh.devices={n} with {jax.process_count()} processes must use all {len(visible)} devices")
     mode = mode_class(cfg.parallel.name)
     shape = resolve_mesh_shape(cfg.mesh.shape, mode.default_mesh_shape, n, mode.name)
-    mode.check(shape)
+    check_mesh_shape(mode, shape)
     gb, scaling = resolve_batch(cfg.train.global_batch, cfg.train.per_device_batch, n)
     k = cfg.train.accum_steps
     if k <= 0:
@@ -182,8 +183,6 @@ def check_compression(compression: str, grad_reduce_dtype: Optional[str], mode: 
             f"parallel.grad_compression={compression!r} is unknown; choose one of {', '.join(COMPRESSIONS)}"
         )
     if compression not in mode.compressions:
-        from parallel import MODES
-
         ok = [m for m, cls in MODES.items() if compression in cls.compressions]
         raise ConfigError(
             f"parallel.grad_compression={compression} is not implemented for parallel={mode.name}; "
@@ -407,7 +406,7 @@ def build(p: Plan, feed_for: Optional[Callable[[BatchLayout], Any]] = None) -> E
     )
     state = mode.init_state(init_fn)  # created directly in the mode's layout (fsdp: sharded)
     feed = feed_for(mode.batch_layout()) if feed_for is not None and mode.fuses_feed else None
-    steps = mode.build(local, updater, mode.host_abstract(state), feed=feed)
+    steps = mode.build(local, updater, host_abstract(state), feed=feed)
     return Experiment(
         plan=p, mode=mode, local=local, updater=updater, state=state, steps=steps, graphdef=graphdef, feed=feed
     )

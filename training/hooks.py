@@ -27,6 +27,7 @@ from core.errors import TrainingError, error_text
 from measure.profiler import Profiler
 from measure.rates import window_perf
 from measure.throughput import JobClock, TargetTracker, WindowStats
+from parallel.state import metrics_to_host, replica_divergence
 from training import checkpoint
 from training.console_lines import window_line
 from training.outcome import exploded_final, nonfinite_final
@@ -111,14 +112,14 @@ class ProfilerHook(Hook):
 class SyncCheck(Hook):
     """Every ``every`` steps and at the last: the max difference between replicas (must be 0.0)."""
 
-    def __init__(self, mode, every: int, n_steps: int, strict: bool):
-        self.mode, self.every, self.n_steps, self.strict = mode, every, n_steps, strict
+    def __init__(self, every: int, n_steps: int, strict: bool):
+        self.every, self.n_steps, self.strict = every, n_steps, strict
 
     def due(self, step: int) -> bool:
         return step % self.every == 0 or step == self.n_steps
 
     def run(self, loop: LoopState, step: int) -> None:
-        divergence = self.mode.replica_divergence((loop.state.params, loop.state.opt_state))
+        divergence = replica_divergence((loop.state.params, loop.state.opt_state))
         loop.extra["sync/max_replica_divergence"] = divergence
         if divergence != 0.0:
             msg = f"replicas diverged at step {step}: max |difference| = {divergence:g}"
@@ -275,7 +276,7 @@ class WindowLog(Hook):
             elapsed_s / steps, self.global_batch, self.mode.num_devices, self.info, self.peak_flops_per_s
         )
         try:
-            records = flush_window(self.mode, self.updater, loop.window_records, perf, loop.extra)
+            records = flush_window(self.updater, loop.window_records, perf, loop.extra)
         except NonFiniteLoss as e:  # the window's steps up to the first bad one are recorded, then the run stops
             try:
                 self.reporter.log(e.records)
@@ -299,7 +300,7 @@ class NonFiniteLoss(TrainingError):
         self.records = records
 
 
-def flush_window(mode, updater, window_records, perf: dict, extra: dict) -> list[dict]:
+def flush_window(updater, window_records, perf: dict, extra: dict) -> list[dict]:
     """Device metrics of a window -> one host record per step (``updater.complete`` adds the host-side
     metrics); perf and extras go on the last record.
 
@@ -307,7 +308,7 @@ def flush_window(mode, updater, window_records, perf: dict, extra: dict) -> list
       NonFiniteLoss (a TrainingError): a step's loss or gradients were not finite (names the first bad step).
     """
     items = [item if isinstance(item, tuple) else (item, {}) for _, item in window_records]
-    hosts = mode.metrics_to_host([metrics for metrics, _ in items])  # the window's metrics in one transfer
+    hosts = metrics_to_host([metrics for metrics, _ in items])  # the window's metrics in one transfer
     records = [
         {"step": step, **{k: float(v) for k, v in host.items()}, **more}
         for (step, _), host, (_, more) in zip(window_records, hosts, items)

@@ -41,6 +41,7 @@ from measure.compiled import (
 from measure.profiler import check_window
 from measure.rates import comm_time_model_s
 from measure.throughput import STARTUP
+from parallel.state import host_abstract
 from training import checkpoint
 from training.build import Experiment, Plan, build, plan
 from training.distributed import dump_batch_indices
@@ -248,7 +249,7 @@ class Prepared:
 
     def param_count(self) -> int:
         """Trainable parameters: elements of every leaf of the host-form params."""
-        params = self.exp.mode.host_abstract(self.exp.state).params
+        params = host_abstract(self.exp.state).params
         return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
 
 
@@ -329,7 +330,7 @@ def language_model_info(cfg: Config, p: Plan, exp: Experiment) -> dict[str, Any]
     from models.gpt import flops_per_token
 
     dims = gpt_dims(cfg)
-    n = int(sum(int(np.prod(x.shape)) for x in jax.tree.leaves(exp.mode.host_abstract(exp.state).params)))
+    n = int(sum(int(np.prod(x.shape)) for x in jax.tree.leaves(host_abstract(exp.state).params)))
     per_token = flops_per_token(n, dims.depth, dims.width, dims.context)
     tokens = p.global_batch * dims.context
     out: dict[str, Any] = {

@@ -23,6 +23,7 @@ from measure.compiled import peak_bytes_per_device
 from measure.profiler import Profiler, explain_ratio
 from measure.rates import token_rates
 from measure.throughput import STARTUP, JobClock, TargetTracker, WindowStats, in_multirun
+from parallel.state import metrics_to_host, state_to_host
 from training import checkpoint
 from training.build import Experiment
 from training.console_lines import startup_breakdown_line, startup_line
@@ -74,7 +75,7 @@ def evaluate(exp: Experiment, params, eval_set) -> dict[str, float]:
             in_flight.append(totals)
             if len(in_flight) > bound:
                 jax.block_until_ready(in_flight.popleft())
-    host = exp.mode.metrics_to_host(totals)
+    host = metrics_to_host(totals)
     count = float(host["count"])
     assert count == eval_set.num_examples, (count, eval_set.num_examples)
     out = {"eval/loss": float(host["loss_sum"]) / count, "eval/accuracy": float(host["correct"]) / count}
@@ -189,7 +190,7 @@ def make_hooks(prep: Prepared, reporter: Reporter, bar, stats: WindowStats, targ
     # evaluation) stop the run before a save
     hooks: list[Hook] = [
         ProfilerHook(profiler),
-        SyncCheck(exp.mode, cfg.train.sync_every, n_steps, cfg.train.sync_strict),
+        SyncCheck(cfg.train.sync_every, n_steps, cfg.train.sync_strict),
         Evaluation(evaluate_params, cfg.train.eval_every, n_steps, target),
         window,
         FinalEvaluation(
@@ -272,7 +273,7 @@ def final_sample(prep: Prepared, loop: LoopState) -> str:
 
     from models.gpt import generate
 
-    params = prep.exp.mode.state_to_host(loop.state).params
+    params = state_to_host(loop.state).params
     model = nnx.merge(prep.exp.graphdef, jax.tree.map(jax.numpy.asarray, params))
     tokens = generate(model, [10], prep.cfg.train.sample_tokens)  # type: ignore[arg-type]
     return bytes(tokens).decode("utf-8", errors="replace")

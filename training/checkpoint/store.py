@@ -43,7 +43,14 @@ import jax
 import numpy as np
 
 from core.errors import ConfigError, error_text
-from parallel.base import device_finite_flags, held_whole, host_finite_flags
+from parallel.state import (
+    device_finite_flags,
+    from_restored,
+    held_whole,
+    host_abstract,
+    host_finite_flags,
+    restore_target,
+)
 
 STATE, META = "state", "meta"
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
@@ -394,8 +401,8 @@ class Restored:
 def restore_step(step_dir: Path, mode, placed_state) -> Restored:
     """Restores one step folder onto ``mode``'s layout (``placed_state`` gives structure and shardings).
 
-    The target is ``mode.restore_target`` of the host-form abstract state (``mode.host_abstract``): the new
-    mode's shardings, or host numpy for a mode that places it afterwards (``mode.from_restored``).
+    The target is ``parallel.state.restore_target`` of the abstract state (``host_abstract``): the new mode's
+    shardings, and the mode-owned state as saved, adapted by ``from_restored``.
 
     Raises:
       ConfigError: the checkpoint's arrays (names, shapes, dtypes) differ from this run's state (another
@@ -404,7 +411,7 @@ def restore_step(step_dir: Path, mode, placed_state) -> Restored:
     """
     ocp = _ocp()
     step_dir = Path(step_dir).absolute()
-    abstract = mode.host_abstract(placed_state)
+    abstract = host_abstract(placed_state)
     with ocp.CheckpointManager(
         step_dir.parent, item_handlers=_handlers(), options=ocp.CheckpointManagerOptions(create=False)
     ) as manager:
@@ -433,11 +440,11 @@ def restore_step(step_dir: Path, mode, placed_state) -> Restored:
                 f"there but {want.get(diff, 'absent')} here; resume with the checkpoint's model and "
                 f"optimizer settings, or set checkpoint.resume=never / another checkpoint.dir"
             )
-        target = mode.restore_target(abstract, saved.tree)
+        target = restore_target(mode, abstract, saved.tree)
         out = manager.restore(
             step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target), META: ocp.args.JsonRestore()})
         )
-    state, saved_step = mode.from_restored(dict(out[STATE]), abstract)
+    state, saved_step = from_restored(mode, dict(out[STATE]), abstract)
     meta = dict(out[META])
     if saved_step != step or meta.get("step") != step:
         raise ValueError(f"{step_dir} holds step {saved_step} (metadata: {meta.get('step')}), not {step}")
