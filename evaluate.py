@@ -122,7 +122,7 @@ def find_step_dir(path: Path) -> Path:
 
 def load_test_split(cfg, p):
     """The host test split named by ``cfg.data`` (synthetic: the same split training evaluated on); for
-    ``model=gpt`` the validation windows training evaluated on (``training.prepare.load_text_data``, which needs
+    ``model=gpt`` the validation windows training evaluated on (``training.build.load_text_data``, which needs
     the run's ``Plan`` ``p``)."""
     from data.pipeline import synthetic_eval
     from data.sources import load_tfds_split
@@ -130,7 +130,7 @@ def load_test_split(cfg, p):
 
     d = cfg.data
     if cfg.model.name == "gpt":
-        from training.prepare import load_text_data
+        from training.build import load_text_data
 
         return load_text_data(cfg, p)[1]
     if d.name == "synthetic":
@@ -274,7 +274,7 @@ def evaluate_checkpoint(path: Path, overrides: Sequence[str] = ()) -> dict:
 
     from data.pipeline import make_eval_set
     from training.build import build, plan
-    from training.run import evaluate
+    from training.hooks import evaluate
 
     p = plan(cfg)
     exp = build(p)
@@ -294,7 +294,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a line")
     args = parser.parse_intermixed_args(argv)  # --json before, between or after the overrides
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from training.console_lines import quiet_known_noise
+    from training.console import quiet_known_noise
 
     quiet_known_noise()  # as train.py: the TPU probe, TFDS's OpenCV notice and its look for unprepared data
 
@@ -317,11 +317,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    from training import interrupt
+    from training import process
 
-    interrupt.install("error: interrupted by SIGINT (Ctrl-C) and stopped (HYDRA_FULL_ERROR=1 prints where)")
-    with interrupt.interrupt_as_keyboard():  # a Ctrl-C in numpy's or jaxlib's import surfaces as an ImportError
-        with interrupt.HeldSigint():  # a Ctrl-C inside jaxlib's initialisation can abort the process
+    process.install_interrupt_hooks(
+        "error: interrupted by SIGINT (Ctrl-C) and stopped (HYDRA_FULL_ERROR=1 prints where)"
+    )
+    with process.interrupt_as_keyboard():  # a Ctrl-C in numpy's or jaxlib's import surfaces as an ImportError
+        with process.HeldSigint():  # a Ctrl-C inside jaxlib's initialisation can abort the process
             import jax  # noqa: F401
         code = main()
     sys.exit(code)

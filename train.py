@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import sys
 
-from training import startup_gc
-from training import interrupt
-from training.interrupt import interrupt_as_keyboard
+from training import process
+from training.process import interrupt_as_keyboard
 
 if __name__ == "__main__":
-    interrupt.install()  # a Ctrl-C outside the training steps: one line, no traceback
+    process.install_interrupt_hooks()  # a Ctrl-C outside the training steps: one line, no traceback
     if "IPython" not in sys.modules:
-        # the collector off until the imports are done (training/startup_gc.py): only as the program itself (not
-        # in an IPython session's %run, whose own objects would be frozen)
-        startup_gc.pause()
+        # the collector off until the imports are done (training.process): only as the program itself (not in an
+        # IPython session's %run, whose own objects would be frozen)
+        process.pause_gc()
 
 import atexit
 import gc
@@ -36,11 +35,10 @@ from omegaconf import DictConfig
 
 from conf.schema import ConfigInputError, is_composition_error, one_line, quote_numeric_options, register, to_typed
 from measure.throughput import STARTUP
-from training.console_lines import quiet_known_noise
-from training.paths import absolute_paths
+from training.console import absolute_paths, quiet_known_noise
 from training.report import prestart_wandb
 from training.runtime import setup_runtime, start_backend, without_ipython_probe
-from training.signals import sweep_stopped
+from training.process import sweep_stopped
 from training.sweep_summary import NOT_STARTED
 
 register()
@@ -56,8 +54,8 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"
 _RAISE_FLAG, _RAISE_MARK = "HYDRA_FULL_ERROR", "DP_SCALING_REWORDS_HYDRA_ERRORS"
 
 
-# A Ctrl-C during Hydra's composition is held until the job starts (training/interrupt.py: HeldSigint)
-_COMPOSING = interrupt.HeldSigint()
+# A Ctrl-C during Hydra's composition is held until the job starts (training.process.HeldSigint)
+_COMPOSING = process.HeldSigint()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -68,7 +66,7 @@ def main(cfg: DictConfig) -> None:
         os.environ.pop(_RAISE_FLAG, None)  # errors of the run itself: Hydra's usual report
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
-    quiet_known_noise()  # the TPU probe and TFDS's OpenCV notice (training/console_lines.py: KNOWN_NOISE)
+    quiet_known_noise()  # the TPU probe and TFDS's OpenCV notice (training.console.KNOWN_NOISE)
     if sweep_stopped():  # the sweep received SIGTERM/SIGINT: no new job starts (training/sweep_summary.py)
         from training.report import write_json
 
@@ -86,7 +84,7 @@ def main(cfg: DictConfig) -> None:
         return  # in a sweep the failure is recorded and the sweep goes on (it exits 1 at the end)
     STARTUP.mark("config")
     with interrupt_as_keyboard():  # a Ctrl-C in a C extension's import is an ImportError: Hydra would report it
-        with interrupt.HeldSigint():  # a Ctrl-C inside jaxlib's initialisation can abort the process
+        with process.HeldSigint():  # a Ctrl-C inside jaxlib's initialisation can abort the process
             import jax  # noqa: F401  (importing JAX starts no backend: setup_runtime still sets the device count)
 
         STARTUP.mark("imports")
@@ -99,9 +97,9 @@ def main(cfg: DictConfig) -> None:
         STARTUP.mark("runtime")
 
         with without_ipython_probe():  # flax.nnx would import IPython only to learn this is not a notebook
-            from training.app import run_and_report  # imports jax-dependent modules after the runtime is set up
+            from training.run import run_and_report  # imports jax-dependent modules after the runtime is set up
 
-        startup_gc.resume()  # the modules and the config are in: freeze them, the collector back on
+        process.resume_gc()  # the modules and the config are in: freeze them, the collector back on
         STARTUP.mark("imports")
 
         ok = run_and_report(typed, run_dir, startup)
@@ -158,4 +156,4 @@ if __name__ == "__main__":
     try:
         cli(sys.argv[1:])
     finally:  # the collector back on however the run ended (a run stopped before its imports were done)
-        startup_gc.release()
+        process.release_gc()

@@ -352,7 +352,7 @@ def main() -> None:
     from data.pipeline import TrainSource, train_batches
     from data.sources import HostDataset, load_tfds_split
     from training.build import build, plan
-    from training.run import batches_need_index
+    from training.build import batches_need_index
 
     dtype = {"fp32": jnp.float32, "bf16": jnp.bfloat16}[args.precision]
     cfg = from_dict(

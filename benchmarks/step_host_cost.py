@@ -52,8 +52,7 @@ def main() -> None:
     from data.pipeline import TrainSource, train_batches
     from data.sources import load_tfds_split
     from parallel.state import metrics_to_host
-    from training.build import build, plan
-    from training.prepare import batches_need_index
+    from training.build import batches_need_index, build, plan
 
     cfg = from_dict({"mesh": {"devices": 1}, "train": {"global_batch": 256}})
     # the decoded cache where train.py keeps it (data.cache_dir: $XDG_CACHE_HOME or ~/.cache, then dp_scaling)

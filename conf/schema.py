@@ -424,7 +424,7 @@ class TrainConfig:
     # step dispatched to the end of that evaluation (evaluation time included); both null if never reached.
     target_accuracy: Optional[float] = None
     # false: a final loss above 10 x ln(num_classes) (finite but exploded) fails the run, before the final
-    # checkpoint (training/outcome.py); true: a warning line and status ok
+    # checkpoint (training/hooks.py); true: a warning line and status ok
     allow_exploded_loss: bool = False
     seed: int = 0
     sync_every: int = 100
@@ -460,7 +460,7 @@ class WandbConfig:
 class RuntimeConfig:
     """``cpu_devices``: simulated devices when the platform is CPU (set before the backend starts).
 
-    ``compilation_cache_dir``: JAX's persistent compilation cache (training/compile_cache.py): compiled
+    ``compilation_cache_dir``: JAX's persistent compilation cache (training/runtime.py): compiled
     programs are kept there and a repeated run or a sweep's next job loads them; null turns it off.
     Programs that compile in less than ``compilation_cache_min_compile_time_s`` seconds, or whose entry is
     smaller than ``compilation_cache_min_entry_bytes``, are not written.

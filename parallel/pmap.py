@@ -58,5 +58,5 @@ class Pmap(ParallelMode):
             specs = jax.tree.map(lambda s: s.spec, state_sh)
             return mhu.host_local_array_to_global_array(new, self.mesh, specs), metrics
 
-        train_global.lower = train.lower  # type: ignore[attr-defined]  # compile-time metrics (training.prepare)
+        train_global.lower = train.lower  # type: ignore[attr-defined]  # compile-time metrics (training.run.compile_step)
         return StepFns(train=train_global, eval=evaluate)

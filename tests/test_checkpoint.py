@@ -357,7 +357,7 @@ def test_checkpoint_of_the_nnx_state_format_names_its_version(tmp_path):
 # ---- NaN guard, truncated checkpoints ---------------------------------------------------------------------------
 def test_nan_params_are_never_saved(tmp_path, capsys, monkeypatch):
     """In a real run: NaN injected into the params right before the step-20 save."""
-    from training.app import run_and_report
+    from training.run import run_and_report
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -713,7 +713,7 @@ def test_settings_are_validated(tmp_path):
 # ---- python -m evaluate ------------------------------------------------------------------------------------------
 def test_evaluate_matches_the_runs_final_eval(tmp_path):
     """The final checkpoint of a run, evaluated by ``evaluate`` on other devices, gives the run's eval numbers."""
-    from training.app import run_and_report
+    from training.run import run_and_report
     import evaluate
 
     run_dir = tmp_path / "run"

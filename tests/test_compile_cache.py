@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from conf.schema import Config, register, to_typed
 from tests.conftest import COMPILATION_CACHE, REPO
 from tests.utils import run_train
-from training.compile_cache import cache_settings, configure_compilation_cache
+from training.runtime import cache_settings, configure_compilation_cache
 
 OPTIONS = (
     "jax_enable_compilation_cache",

@@ -480,7 +480,7 @@ def test_augmented_training_is_independent_of_device_count(mode, accum):
 @pytest.mark.unit
 def test_augmentation_changes_training_but_not_evaluation():
     from data.pipeline import make_eval_set
-    from training.run import evaluate
+    from training.hooks import evaluate
 
     aug_losses, aug_state, aug_exp, _ = _aug_ref()
     plain_losses, _, _, _ = run_steps(

@@ -64,7 +64,7 @@ def test_strict_record_writes_null_and_lists_the_keys():
 
 @pytest.mark.unit
 def test_nonfinite_final_names_every_key():
-    from training.outcome import nonfinite_final
+    from training.hooks import nonfinite_final
 
     assert nonfinite_final({"train/loss": 2.3}, {"eval/loss": 1.0, "eval/accuracy": 0.5}) is None
     msg = nonfinite_final({"train/loss": float("nan")}, {"eval/loss": float("inf"), "eval/accuracy": 0.1})
@@ -386,7 +386,7 @@ def test_killed_before_first_checkpoint_then_finished_then_rerun(tmp_path):
 # ---- relative paths under hydra.job.chdir=true -----------------------------------------------------------------
 @pytest.mark.unit
 def test_absolute_paths_against_the_launch_folder(tmp_path):
-    from training.paths import absolute_paths
+    from training.console import absolute_paths
     from utils import make_cfg
 
     env = {"TFDS_DATA_DIR": "data/tfds"}

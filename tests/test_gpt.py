@@ -33,7 +33,7 @@ from models.gpt import flops_per_token, param_count_of, resolve_dims
 from parallel.state import metrics_to_host, state_to_host
 from training import checkpoint
 from training.build import build, plan
-from training.prepare import load_data
+from training.build import load_data
 from utils import assert_matches_reference, make_cfg, max_abs_diff, run_train
 
 CONTEXT = 32

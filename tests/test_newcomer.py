@@ -152,7 +152,7 @@ def test_evaluate_takes_json_between_overrides(argv, monkeypatch, capsys):
 
 # ---- TFDS's look for an unprepared dataset is silenced (the one-line error that follows says it all) -----------
 def test_tfds_unprepared_variant_warning_is_known_noise(caplog):
-    from training.console_lines import quiet_known_noise
+    from training.console import quiet_known_noise
 
     quiet_known_noise()
     absl_logger = logging.getLogger("absl")
@@ -190,7 +190,7 @@ def test_evaluate_missing_dataset_is_one_line_on_stderr(tmp_path):
 
 # ---- a finite but exploded loss: one line; the run fails unless allowed --------------------------------------------
 def test_exploded_final_loss_warns_above_ten_uniform_guesses():
-    from training.outcome import exploded_final
+    from training.hooks import exploded_final
 
     assert exploded_final({"train/loss": 0.35}, {"eval/loss": 0.33}, 10) is None
     assert exploded_final({"train/loss": 11.1}, {"eval/loss": 9.0}, 10) is None  # Adam lr 1: high, recovering
@@ -332,16 +332,16 @@ def test_multirun_flag_moves_before_the_overrides():
 def test_unwritable_compilation_cache_is_turned_off_with_one_warning(tmp_path, caplog, where):
     import jax
 
-    from training.compile_cache import configure_compilation_cache
+    from training.runtime import configure_compilation_cache
 
     (tmp_path / "f").write_text("x")
     folder = {"file": tmp_path / "f", "inside_file": tmp_path / "f" / "sub", "proc": Path("/proc/nope")}[where]
     saved = {n: getattr(jax.config, n) for n in ("jax_enable_compilation_cache", "jax_compilation_cache_dir")}
     try:
-        with caplog.at_level(logging.WARNING, logger="training.compile_cache"):
+        with caplog.at_level(logging.WARNING, logger="training.runtime"):
             assert configure_compilation_cache(str(folder)) is None
         assert jax.config.jax_enable_compilation_cache is False
-        [record] = [r for r in caplog.records if r.name == "training.compile_cache"]
+        [record] = [r for r in caplog.records if r.name == "training.runtime"]
         message = record.getMessage()
         assert message.startswith(f"runtime.compilation_cache_dir={folder} ")
         assert message.endswith("the compilation cache is off for this run (or set runtime.compilation_cache_dir=null)")

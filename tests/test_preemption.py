@@ -1,5 +1,5 @@
-"""Preemption and launcher faults (scripts/launch_local.py, training/signals.py, training/ports.py,
-training/sweep_summary.py, training/compile_cache.py): every process stops together, saves once, says why, and
+"""Preemption and launcher faults (scripts/launch_local.py, training/process.py, training/sweep_summary.py,
+training/runtime.py): every process stops together, saves once, says why, and
 none is left behind.
 
 The multi-process tests start real ``train.py`` processes (2 processes x 2 simulated CPU devices, synthetic
@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import launch_local  # noqa: E402
 
 from hydra_plugins.dp_scaling_launchers.serial_local import descendants  # noqa: E402
-from training import ports, sweep_summary  # noqa: E402
+from training import process, sweep_summary  # noqa: E402
 
 CLUSTER_VARS = ("SLURM_", "OMPI_", "PMI_", "JAX_COORDINATOR", "JAX_NUM_CPU_DEVICES", "JAX_PROCESS", "TPU_")
 SMALL = ["data=synthetic", "optim=sgd", "train.global_batch=64", "train.log_every=10", "wandb.mode=disabled"]
@@ -175,8 +175,8 @@ def taken_port():
 
 @pytest.mark.unit
 def test_port_in_use(taken_port):
-    assert ports.port_in_use(taken_port)
-    assert not ports.port_in_use(launch_local.free_port())
+    assert process.port_in_use(taken_port)
+    assert not process.port_in_use(launch_local.free_port())
 
 
 def test_launcher_port_in_use_is_one_line(tmp_path, taken_port):
@@ -289,14 +289,14 @@ def test_sweep_stops_on_signal_and_resumes(tmp_path, sig):
 # ---- 5: process i > 0 keeps its lines' levels ----------------------------------------------------------------
 @pytest.mark.unit
 def test_console_of_process_1_keeps_the_level(monkeypatch, caplog):
-    from training import distributed, report
+    from training import console, distributed
 
     settings = distributed.Settings("h:1", 2, 1, 60, "config")
     monkeypatch.setattr(distributed, "_settings", settings)
-    with caplog.at_level(logging.INFO, logger="training.report"):
-        report.console("warning: only 1 logging window(s) measured")
-        report.console("error: stopped by SIGTERM")
-        report.console("already complete at step 20")
+    with caplog.at_level(logging.INFO, logger="training.console"):
+        console.console("warning: only 1 logging window(s) measured")
+        console.console("error: stopped by SIGTERM")
+        console.console("already complete at step 20")
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("WARNING", "warning: only 1 logging window(s) measured"),
         ("ERROR", "error: stopped by SIGTERM"),
@@ -353,12 +353,12 @@ def test_damaged_compilation_cache_is_one_line(tmp_path):
 def test_cache_warnings_hook_passes_other_warnings(caplog):
     import warnings
 
-    from training.compile_cache import CacheWarnings
+    from training.runtime import CacheWarnings
 
     assert CacheWarnings.line("some other warning") is None
     CacheWarnings.reset("/c")
     seen = []
-    with warnings.catch_warnings(), caplog.at_level(logging.WARNING, logger="training.compile_cache"):
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING, logger="training.runtime"):
         warnings.simplefilter("always")
         warnings.showwarning = lambda message, *args, **kwargs: seen.append(str(message))
         CacheWarnings.install()

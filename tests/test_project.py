@@ -205,8 +205,8 @@ def test_bad_input_is_one_line(tmp_path, args, message):
 
 
 def _run_job(run_dir: Path, hardware: dict | None = None, **dotted) -> dict:
-    """training.app.run_and_report in-process (W&B disabled, no checkpoints); returns summary.json."""
-    from training.app import run_and_report
+    """training.run.run_and_report in-process (W&B disabled, no checkpoints); returns summary.json."""
+    from training.run import run_and_report
 
     cfg = make_cfg(
         {"hardware": hardware or {}},

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from training import checkpoint
-from training.app import run_and_report
+from training.run import run_and_report
 from utils import make_cfg
 from wandb_reader import assert_history_matches_metrics, history_by_step, offline_runs, read_run
 

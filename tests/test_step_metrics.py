@@ -155,7 +155,8 @@ def test_logged_lr_does_not_advance_on_steps_skipped_by_loss_scaling():
 
 
 def _window(cfg, n):
-    """The device metrics of ``n`` steps (a logging window as ``training.loop`` collects it) and the experiment."""
+    """The device metrics of ``n`` steps (a logging window as ``training.run.train_loop`` collects it) and the
+    experiment."""
     exp, batch = _experiment(cfg)
     state, window = exp.state, []
     for step in range(n):

@@ -1,18 +1,20 @@
-"""Typed config -> validated plan -> mesh, mode, model, state and jitted steps (no data, no logging).
+"""What a run builds from its typed config before the first step: the plan, the data, the experiment.
 
-``plan(cfg)`` checks everything that can be checked without touching data or compiling (batch and mesh
-divisibility, names of modes, optimizers, schedules ...), raising ``ConfigError`` with one line naming the
-offending values; ``build(plan)`` then creates the state and the steps.
+``plan(cfg)`` checks against the devices what the schema cannot (batch and mesh divisibility, the mode's mesh
+and compression, the libraries' settings, the model's shapes), raising ``ConfigError`` with one line naming the
+offending values; ``load_data(cfg, plan)`` reads (or generates) the data; ``build(plan)`` creates the mesh, the
+mode, the placed state and the jitted steps; ``static_info`` gives the run's figures known once built.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from conf.schema import Config, model_kwargs, optimizer_kwargs
@@ -22,6 +24,8 @@ from core.optim import effective_lr, make_optimizer, make_schedule
 from core.precision import LOSS_SCALING_MODES, init_loss_scale
 from core.step import LocalGrads, TrainState, Updater, create_state
 from data.augment import augment_spec
+from data.load import image_data, text_data
+from measure.compiled import device_memory_stat
 from measure.profiler import check_window
 from measure.throughput import check_target_accuracy
 from models import build_model
@@ -107,6 +111,40 @@ def plan(cfg: Config) -> Plan:
         )
     if gb % jax.process_count():
         raise ConfigError(f"train.global_batch={gb} is not divisible by {jax.process_count()} processes")
+    check_settings(cfg)
+    check_compression(cfg.parallel.grad_compression, cfg.parallel.grad_reduce_dtype, mode)
+    check_rules(getattr(cfg.parallel, "fsdp_rules", ()))
+    check_numbers(cfg)
+    check_library_settings(cfg, extra_tags=[mode.name, cfg.precision.name, f"devices={n}"])
+    check_measurement(cfg)
+    check_in_flight(cfg.train.max_in_flight, visible[:n])
+    try:
+        reduce_dtype(cfg.parallel.grad_reduce_dtype)
+        augment_spec(cfg.data.augment, cfg.data.crop_padding, cfg.data.flip)
+        peak = effective_lr(cfg.optim.lr, cfg.optim.lr_scaling, gb, cfg.optim.base_batch)
+        _optimizer(cfg, peak)
+        resolve_wandb_mode(cfg.wandb.mode)
+        # the model's own checks (shapes, names), without computing; its graph is what build() uses
+        abstract = nnx.eval_shape(lambda: _model(cfg))
+        graphdef = nnx.graphdef(abstract)
+    except ValueError as e:
+        raise ConfigError(str(e).splitlines()[0]) from None
+    return Plan(
+        cfg=cfg,
+        devices=tuple(visible[:n]),
+        mesh_shape=shape,
+        global_batch=gb,
+        per_device_batch=gb // n,
+        scaling=scaling,
+        compute_dtype=COMPUTE_DTYPES[cfg.precision.compute_dtype],
+        peak_lr=peak,
+        graphdef=graphdef,
+        manual_kernels=getattr(abstract, "attention", None) == "splash",
+    )
+
+
+def check_settings(cfg: Config) -> None:
+    """Raises ConfigError (one line) for a setting outside its range that needs no device to check."""
     if cfg.precision.compute_dtype not in COMPUTE_DTYPES:
         raise ConfigError(
             f"precision.compute_dtype={cfg.precision.compute_dtype!r} is unknown; "
@@ -144,34 +182,6 @@ def plan(cfg: Config) -> Plan:
             f"data.on_device=true keeps an image data set on the devices; model=gpt's text windows "
             f"(data={cfg.data.name}) are gathered on the host: set data.on_device=null or false"
         )
-    check_compression(cfg.parallel.grad_compression, cfg.parallel.grad_reduce_dtype, mode)
-    check_rules(getattr(cfg.parallel, "fsdp_rules", ()))
-    check_numbers(cfg)
-    check_library_settings(cfg, extra_tags=[mode.name, cfg.precision.name, f"devices={n}"])
-    check_measurement(cfg)
-    try:
-        reduce_dtype(cfg.parallel.grad_reduce_dtype)
-        augment_spec(cfg.data.augment, cfg.data.crop_padding, cfg.data.flip)
-        peak = effective_lr(cfg.optim.lr, cfg.optim.lr_scaling, gb, cfg.optim.base_batch)
-        _optimizer(cfg, peak)
-        resolve_wandb_mode(cfg.wandb.mode)
-        # the model's own checks (shapes, names), without computing; its graph is what build() uses
-        abstract = nnx.eval_shape(lambda: _model(cfg))
-        graphdef = nnx.graphdef(abstract)
-    except ValueError as e:
-        raise ConfigError(str(e).splitlines()[0]) from None
-    return Plan(
-        cfg=cfg,
-        devices=tuple(visible[:n]),
-        mesh_shape=shape,
-        global_batch=gb,
-        per_device_batch=gb // n,
-        scaling=scaling,
-        compute_dtype=COMPUTE_DTYPES[cfg.precision.compute_dtype],
-        peak_lr=peak,
-        graphdef=graphdef,
-        manual_kernels=getattr(abstract, "attention", None) == "splash",
-    )
 
 
 def check_compression(compression: str, grad_reduce_dtype: Optional[str], mode: type[ParallelMode]) -> None:
@@ -199,7 +209,7 @@ def check_compression(compression: str, grad_reduce_dtype: Optional[str], mode: 
 def check_measurement(cfg: Config) -> None:
     """Raises ConfigError for an unknown ``train.transfer_guard``, a ``train.target_accuracy`` outside (0, 1], or
     a profile window past ``train.steps`` (with ``train.epochs`` the step count needs the data;
-    ``training.prepare`` checks the window then)."""
+    ``training.run.prepare`` checks the window then)."""
     target_error = check_target_accuracy(cfg.train.target_accuracy)
     if target_error:
         raise ConfigError(target_error)
@@ -410,3 +420,152 @@ def build(p: Plan, feed_for: Optional[Callable[[BatchLayout], Any]] = None) -> E
     return Experiment(
         plan=p, mode=mode, local=local, updater=updater, state=state, steps=steps, graphdef=graphdef, feed=feed
     )
+
+
+# ---- steps in flight ------------------------------------------------------------------------------------------
+# the most steps in flight on the CPU backend with more than one device: more can stall XLA:CPU's all-reduce until
+# its 40 s rendezvous timeout aborts the process (SIGABRT)
+CPU_MAX_IN_FLIGHT = 8
+
+
+def check_in_flight(max_in_flight: int, devices: Sequence) -> None:
+    """Refuses ``train.max_in_flight`` above ``CPU_MAX_IN_FLIGHT`` when ``devices`` (the run's jax devices) are
+    more than one CPU device (other platforms and one device: no limit beyond being positive).
+
+    Raises:
+      ConfigError: one line naming the value, the device count and the fix.
+    """
+    if len(devices) > 1 and devices[0].platform == "cpu" and max_in_flight > CPU_MAX_IN_FLIGHT:
+        raise ConfigError(
+            f"train.max_in_flight={max_in_flight} with {len(devices)} CPU devices: more steps in flight than "
+            f"{CPU_MAX_IN_FLIGHT} can stall XLA:CPU's collectives until a 40 s timeout aborts the process; use "
+            f"train.max_in_flight={CPU_MAX_IN_FLIGHT} or less"
+        )
+
+
+def in_flight_bound(num_devices: int, max_in_flight: int) -> Optional[int]:
+    """Steps allowed in flight: ``max_in_flight`` when more than one device takes part (the bound exists for
+    simulated-device collectives), None (unbounded: no wait per step) with one device."""
+    return max_in_flight if num_devices > 1 else None
+
+
+# ---- data -----------------------------------------------------------------------------------------------------
+def batches_need_index(cfg: Config) -> bool:
+    """Whether training batches must carry ``index`` (without it a step places 2 arrays, not 3): per-example
+    keys (dropout, augmentation) or the debug dump of placed indices need it."""
+    return cfg.model.dropout > 0 or cfg.data.augment or cfg.train.debug_dump_indices
+
+
+def gpt_dims(cfg: Config):
+    """The GPT's resolved dimensions (``models.gpt.GPTDims``) of ``cfg.model``."""
+    from models.gpt import resolve_dims
+
+    m = cfg.model
+    return resolve_dims(
+        m.size,
+        vocab_size=m.vocab_size,
+        context=m.context,
+        max_positions=m.max_positions,
+        width=m.width,
+        depth=m.depth,
+        heads=m.heads,
+        mlp_ratio=m.mlp_ratio,
+    )
+
+
+def load_text_data(cfg: Config, p: Plan):
+    """(train ``WindowSource``, host validation windows) of the language model (``data.load.text_data``)."""
+    dims = gpt_dims(cfg)
+    return text_data(
+        cfg.data,
+        context=dims.context,
+        vocab_size=dims.vocab_size,
+        global_batch=p.global_batch,
+        seed=cfg.train.seed,
+        with_index=batches_need_index(cfg),
+    )
+
+
+def load_data(cfg: Config, p: Plan):
+    """(train source, host test split) of the run (``data.load``): text windows for model=gpt, else images."""
+    if cfg.model.name == "gpt":
+        return load_text_data(cfg, p)
+    return image_data(
+        cfg.data,
+        model=cfg.model.name,
+        global_batch=p.global_batch,
+        seed=cfg.train.seed,
+        with_index=batches_need_index(cfg),
+        bytes_limit=device_bytes_limit(),
+    )
+
+
+def device_bytes_limit() -> Optional[int]:
+    """Bytes JAX's allocator may use on a local device (``memory_stats()['bytes_limit']``: GPU, TPU; on a GPU
+    with JAX's default preallocation ~75% of its memory), None where the backend reports none (CPU) or the
+    statistics cannot be read."""
+    return device_memory_stat("bytes_limit") or None  # a reported 0: no limit known
+
+
+def total_steps(cfg: Config, steps_per_epoch: int) -> int:
+    """Optimizer steps of the run: ``train.steps``, else ``train.epochs`` x steps per epoch."""
+    return cfg.train.steps if cfg.train.steps is not None else cfg.train.epochs * steps_per_epoch
+
+
+# ---- the run's static figures ---------------------------------------------------------------------------------
+def describe(cfg: Config) -> dict[str, Any]:
+    """Summary keys known before anything is built (also written for failed runs)."""
+    return {
+        "parallel": cfg.parallel.name,
+        "precision": cfg.precision.name,
+        "model": cfg.model.name,
+        "data": cfg.data.name,
+        "mesh/devices_requested": cfg.mesh.devices,
+        "train/accum_steps": cfg.train.accum_steps,
+        "process_count": jax.process_count(),
+    }
+
+
+def static_info(cfg: Config, p: Plan, exp: Experiment, n_steps: int, steps_per_epoch: int) -> dict[str, Any]:
+    """Summary keys known once the experiment is built (mesh, batch, schedule)."""
+    device, mode = p.devices[0], exp.mode
+    return {
+        **describe(cfg),
+        "platform": device.platform,
+        "device_kind": device.device_kind,
+        "process_count": jax.process_count(),
+        "mesh/devices": mode.num_devices,
+        "mesh/shape": list(p.mesh_shape),
+        "train/global_batch": p.global_batch,
+        "train/per_device_batch": p.per_device_batch,
+        "train/scaling": p.scaling,
+        "train/steps": n_steps,
+        "train/steps_per_epoch": steps_per_epoch,
+        "parallel/grad_reduce_dtype": cfg.parallel.grad_reduce_dtype,
+        "optim/peak_lr": p.peak_lr,
+        "parallel/grad_compression": cfg.parallel.grad_compression,  # sweeps.report groups by it
+    }
+
+
+def language_model_info(cfg: Config, p: Plan, exp: Experiment) -> dict[str, Any]:
+    """The GPT's static figures: ``model/param_count``, ``model/vocab_size``, ``train/tokens_per_example`` (T),
+    ``train/tokens_per_step`` (global batch x T), ``perf/flops_per_token`` = 6N + 12·L·d·T (PaLM appendix B;
+    ``models.gpt.flops_per_token``) and ``perf/flops_per_step_per_device`` from it (the model FLOPs of MFU;
+    XLA's count of the compiled step, which includes rematerialised work, moves to
+    ``perf/flops_per_step_per_device_xla``)."""
+    from models.gpt import flops_per_token
+
+    dims = gpt_dims(cfg)
+    n = int(sum(int(np.prod(x.shape)) for x in jax.tree.leaves(host_abstract(exp.state).params)))
+    per_token = flops_per_token(n, dims.depth, dims.width, dims.context)
+    tokens = p.global_batch * dims.context
+    out: dict[str, Any] = {
+        "model/param_count": n,
+        "model/vocab_size": dims.vocab_size,
+        "model/context": dims.context,
+        "train/tokens_per_example": dims.context,
+        "train/tokens_per_step": tokens,
+        "perf/flops_per_token": per_token,
+        "perf/flops_per_step_per_device": per_token * tokens / exp.mode.num_devices,
+    }
+    return out

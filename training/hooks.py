@@ -16,8 +16,10 @@ checkpoint (earlier periodic ones stay). A hook that needs per-window throughput
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
+import math
 import time
 from typing import Any, Optional
 
@@ -25,14 +27,13 @@ import jax
 
 from core.errors import TrainingError, error_text
 from measure.profiler import Profiler
-from measure.rates import window_perf
+from measure.rates import perplexity, window_perf
 from measure.throughput import JobClock, TargetTracker, WindowStats
 from parallel.state import metrics_to_host, replica_divergence
 from training import checkpoint
-from training.console_lines import window_line
-from training.outcome import exploded_final, nonfinite_final
-from training.report import warn
-from training.signals import StopOnSignal
+from training.build import Experiment, in_flight_bound
+from training.console import warn, window_line
+from training.process import StopOnSignal
 
 log = logging.getLogger(__name__)
 
@@ -149,9 +150,9 @@ class FinalEvaluation(Hook):
     check.
 
     Raises (from ``run``):
-      TrainingError: a final training or evaluation metric is not finite (``training.outcome.nonfinite_final``),
+      TrainingError: a final training or evaluation metric is not finite (``nonfinite_final``),
         or, with ``exploded_limit`` (the number of classes C), a final loss is above 10 x ln C
-        (``training.outcome.exploded_final``); the record is written first (strict JSON: null + ``nonfinite``),
+        (``exploded_final``); the record is written first (strict JSON: null + ``nonfinite``),
         the final checkpoint never is.
     """
 
@@ -323,3 +324,81 @@ def flush_window(updater, window_records, perf: dict, extra: dict) -> list[dict]
     records[-1].update(perf)
     records[-1].update(extra)
     return records
+
+
+# ---- the evaluation and whether the final numbers are usable ------------------------------------------------
+def evaluate(exp: Experiment, params, eval_set) -> dict[str, float]:
+    """Loss and accuracy over the whole test split (padded, masked: the denominator is exact).
+
+    Dispatches under the training loop's in-flight bound (``train.max_in_flight`` with more than one device):
+    an unbounded queue of simulated-device collectives aborts the process on the CPU backend."""
+    totals = None
+    bound = in_flight_bound(exp.mode.num_devices, exp.plan.cfg.train.max_in_flight)
+    in_flight: collections.deque = collections.deque()
+    for batch in eval_set.batches:
+        sums = exp.steps.eval(params, batch)
+        totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
+        if bound is not None:
+            in_flight.append(totals)
+            if len(in_flight) > bound:
+                jax.block_until_ready(in_flight.popleft())
+    host = metrics_to_host(totals)
+    count = float(host["count"])
+    assert count == eval_set.num_examples, (count, eval_set.num_examples)
+    out = {"eval/loss": float(host["loss_sum"]) / count, "eval/accuracy": float(host["correct"]) / count}
+    if exp.local.tokens:  # language model: loss in nats per token, perplexity = exp(loss)
+        out["eval/perplexity"] = perplexity(out["eval/loss"])
+    return out
+
+
+# The final values a run reports as its result; any of them non-finite means the run diverged.
+FINAL_KEYS = ("train/loss", "train/accuracy", "eval/loss", "eval/accuracy")
+
+
+def nonfinite_final(last_train: dict, final_eval: dict) -> Optional[str]:
+    """One-line error naming every non-finite final metric, or None when all are finite.
+
+    Args:
+      last_train: the last logged training record (``train/loss``, ``train/accuracy`` ...; may be empty when a
+        resumed run trained no step).
+      final_eval: the final evaluation (``eval/loss``, ``eval/accuracy``), Python floats.
+    """
+    values = {
+        **{k: last_train[k] for k in FINAL_KEYS if k in last_train},
+        **{k: final_eval[k] for k in FINAL_KEYS if k in final_eval},
+    }
+    bad = {k: v for k, v in values.items() if isinstance(v, (int, float)) and not math.isfinite(v)}
+    if not bad:
+        return None
+    which = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
+    return (
+        f"the run diverged: final {which} is not finite; lower optim.lr, enable optim.clip_grad_norm, "
+        f"or, under bf16/fp16, use precision=fp32"
+    )
+
+
+# A final loss this many times the loss of a uniform guess (ln C) has exploded (see ``exploded_final``).
+EXPLODED_LOSS_FACTOR = 10.0
+
+
+def exploded_final(last_train: dict, final_eval: dict, num_classes: int) -> Optional[str]:
+    """One-line warning when a final loss is finite but has exploded, else None.
+
+    The reference is the cross-entropy of a uniform guess over ``num_classes`` classes, ln C (2.303 for 10
+    classes; an initialised classifier starts near it, and a healthy run ends below it). A final
+    ``train/loss`` or ``eval/loss`` above ``EXPLODED_LOSS_FACTOR`` x ln C is reported: far above what a run
+    that is still recovering from a high learning rate ends at. The run fails with this line
+    (``train.allow_exploded_loss=false``, the default: ``training.hooks.FinalEvaluation``, before the final
+    checkpoint) or, when allowed, prints it as a warning and stays ``ok``.
+    """
+    limit = EXPLODED_LOSS_FACTOR * math.log(num_classes)
+    values = {**{k: last_train.get(k) for k in ("train/loss",)}, **{k: final_eval.get(k) for k in ("eval/loss",)}}
+    high = {k: v for k, v in values.items() if isinstance(v, (int, float)) and math.isfinite(v) and v > limit}
+    if not high:
+        return None
+    which = " and ".join(f"{k}={v:.4g}" for k, v in sorted(high.items(), reverse=True))
+    return (
+        f"warning: the loss exploded: final {which} {'are' if len(high) > 1 else 'is'} above "
+        f"{EXPLODED_LOSS_FACTOR:g} x ln({num_classes}) = "
+        f"{limit:.3g} (a uniform guess scores ln({num_classes})); lower optim.lr or enable optim.clip_grad_norm"
+    )

@@ -1,27 +1,10 @@
-"""Where numbers go: ``metrics.jsonl`` and ``summary.json`` in the run folder, W&B, and the console.
+"""Where numbers go: ``metrics.jsonl`` and ``summary.json`` in the run folder, and W&B.
 
-Only process 0 reports; the others construct a ``Reporter`` with ``enabled=False`` that does nothing.
-
-History across restarts (a run killed at any moment and started again with the same command):
-
-- ``metrics.jsonl`` holds every step once. A run that continues a checkpoint of step C keeps the records with
-  ``step`` <= C (``continue_metrics``; records written after C by the run that crashed are dropped); a restart
-  that finds no checkpoint sets the earlier file aside (``start_metrics``).
-- W&B: every start that trains (or finishes) is a new W&B run with a fresh id. A run that continues a
-  checkpoint of step C first logs the records ``continue_metrics`` kept (steps 0..C, the same values as
-  ``metrics.jsonl``) into its history, then its own steps C+1..N. So the W&B run named by ``summary.json``
-  (``wandb/run_id``) holds every step 0..N exactly once with the values of ``metrics.jsonl``, and the complete
-  summary. The crashed starts stay as the W&B runs they were (partial; online they show as crashed); the new one
-  names the run whose checkpoint it continues in its config (``resumed.previous_wandb_run_id``,
-  ``resumed.step``), in ``summary.json`` (``wandb/previous_run_id``) and carries the tag ``resumed``; group, job
-  type and other tags are those of the command. A rerun of a finished run ("already complete at step N")
-  starts no W&B run.
-- Why not resume the W&B id: W&B keeps a resumed run's steps (``resume="allow"`` continues after the last
-  step it holds and drops smaller steps; offline, each start is a separate ``offline-run-*`` folder with the
-  same id and its own step list, merged only at ``wandb sync``), so steps C+1..K of the crashed run would keep
-  their old values. Rewinding (``resume_from="<id>?_step=C"``) and forking (``fork_from``) are W&B server
-  features in preview, unavailable offline; the replay above is the client-side equivalent of a fork at C.
-  Cost: one ``run.log`` per kept record at start, in the W&B process (``training.wandb_process``).
+Only process 0 reports; the others construct a ``Reporter`` with ``enabled=False`` that does nothing. Across
+restarts ``metrics.jsonl`` holds every step once (a resumed run keeps the records up to its checkpoint,
+``continue_metrics``; a restart without one sets the file aside, ``start_metrics``), and every start that trains
+is a new W&B run that first replays the kept records, so the W&B run named by ``summary.json`` holds every step
+exactly once (docs/internals.md, "W&B history across restarts", says why the W&B id is not resumed).
 """
 
 from __future__ import annotations
@@ -30,12 +13,13 @@ import json
 import logging
 import math
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
+
+from conf.schema import Config, as_dict
 
 log = logging.getLogger(__name__)
 _OFFLINE_HINT_SHOWN = False  # the offline-W&B hint was logged in this process
@@ -399,32 +383,54 @@ class Reporter:
         self._offline_hint()
 
 
-def warn(line: str, logger: Optional[logging.Logger] = None) -> None:
-    """A warning the user must see: ``warning: <line>`` on stderr (``console``) and ``line`` in ``logger``'s log
-    (this module's when None), at WARNING."""
-    (logger or log).warning("%s", line)
-    console(f"warning: {line}")
+def wandb_group(cfg: Config) -> Optional[str]:
+    """``wandb.group``, else, inside a Hydra multirun, the sweep's id (its folder), so a sweep is one group."""
+    if cfg.wandb.group:
+        return cfg.wandb.group
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        if hc.mode == RunMode.MULTIRUN:
+            return "sweep-" + Path(hc.sweep.dir).as_posix().strip("/").replace("/", "_")
+    except Exception:  # not under Hydra (tests, library use)
+        pass
+    return None
 
 
-def console(line: str) -> None:
-    """One line on stderr (errors, warnings a user must see even with logging redirected).
+def start_reporting(
+    reporter: Reporter, cfg: Config, info: dict, num_devices: int, restored, start: int, n_steps: int
+) -> None:
+    """Starts W&B (a new run that names the saved run's id when resuming) and writes the step-0 record, or
+    continues the saved run's ``metrics.jsonl`` history from ``restored`` (a ``training.checkpoint.Restored``)."""
+    import jax
 
-    Processes other than 0 of a multi-process job log it instead (``[process i]`` prefix, ``<job>_process<i>.log``,
-    warnings and errors also on their console; see ``training.distributed.route_logging``): process 0 owns the
-    console. The level follows the line: ``error: ...`` ERROR, ``warning: ...`` WARNING, anything else INFO.
-    """
-    # distributed
-    from training.distributed import settings
+    from training.distributed import process_layout
 
-    s = settings()
-    if s is not None and s.process_id > 0:
-        level = (
-            logging.ERROR
-            if line.startswith("error")
-            else logging.WARNING
-            if line.startswith("warning")
-            else logging.INFO
-        )
-        log.log(level, "%s", line)
-        return
-    print(line, file=sys.stderr, flush=True)
+    wandb_cfg = {
+        **as_dict(cfg),
+        "process_count": jax.process_count(),
+        "process_layout": process_layout(),  # devices of every process
+        "resolved": {k: v for k, v in info.items() if not isinstance(v, list)},
+    }
+    reporter.start_wandb(
+        resolve_wandb_mode(cfg.wandb.mode),
+        cfg.wandb.project,
+        cfg.wandb.entity,
+        wandb_group(cfg),
+        job_type=f"{cfg.parallel.name}-{cfg.precision.name}",
+        tags=list(cfg.wandb.tags) + [cfg.parallel.name, cfg.precision.name, f"devices={num_devices}"],
+        config=wandb_cfg,
+        init_timeout_s=cfg.wandb.init_timeout_s,
+        process_priority=cfg.wandb.process_priority,
+        previous_run_id=None if restored is None else restored.metadata.get("wandb_run_id"),
+    )
+    if restored is None:
+        reporter.start_metrics()  # a restart without a checkpoint: the earlier history is set aside, not repeated
+        static = {k: v for k, v in info.items() if k.startswith(("comm/", "mem/", "perf/"))}
+        reporter.log([{"step": 0, **{k: v for k, v in static.items() if not isinstance(v, (list, str))}}])
+    else:  # metrics.jsonl continues the saved run's history (records after the checkpoint dropped)
+        previous = restored.metadata.get("run_dir")
+        reporter.continue_metrics(Path(previous) / "metrics.jsonl" if previous else None, start, n_steps)
+        info.update({"checkpoint/resumed_from": str(restored.path), "checkpoint/resumed_step": start})

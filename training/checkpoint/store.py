@@ -85,7 +85,7 @@ _preload: Optional[threading.Thread] = None  # the background import of orbax, o
 def preload_orbax() -> None:
     """Starts importing ``orbax.checkpoint`` on a background thread (once per process; nothing when it is imported
     already), so that the import (about a second: orbax pulls in tensorstore) overlaps the start-up's
-    data loading and compilation (``training.prepare`` calls ``wait_for_orbax`` after the compilation); ``_ocp``
+    data loading and compilation (``training.run.prepare`` calls ``wait_for_orbax`` after the compilation); ``_ocp``
     waits for an import still in progress (Python's import lock)."""
     global _preload
     if _preload is None and "orbax.checkpoint" not in sys.modules:

@@ -1,9 +1,50 @@
-"""The lines a run prints: one start-up line, one line per logging window, and known harmless noise silenced."""
+"""What a run prints and the paths it reads: one line per message on the console (``console``, ``warn``), the
+start-up line, one line per logging window and the end line's throughput, known harmless library noise silenced,
+and the user's paths made absolute against the launch folder (``absolute_paths``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import Any
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from conf.schema import Config
+
+log = logging.getLogger(__name__)
+
+
+def warn(line: str, logger: Optional[logging.Logger] = None) -> None:
+    """A warning the user must see: ``warning: <line>`` on stderr (``console``) and ``line`` in ``logger``'s log
+    (this module's when None), at WARNING."""
+    (logger or log).warning("%s", line)
+    console(f"warning: {line}")
+
+
+def console(line: str) -> None:
+    """One line on stderr (errors, warnings a user must see even with logging redirected).
+
+    Processes other than 0 of a multi-process job log it instead (``[process i]`` prefix, ``<job>_process<i>.log``,
+    warnings and errors also on their console; see ``training.distributed.route_logging``): process 0 owns the
+    console. The level follows the line: ``error: ...`` ERROR, ``warning: ...`` WARNING, anything else INFO.
+    """
+    from training.distributed import settings
+
+    s = settings()
+    if s is not None and s.process_id > 0:
+        level = (
+            logging.ERROR
+            if line.startswith("error")
+            else logging.WARNING
+            if line.startswith("warning")
+            else logging.INFO
+        )
+        log.log(level, "%s", line)
+        return
+    print(line, file=sys.stderr, flush=True)
+
 
 # (logger name, text in the message): messages that are expected and harmless on the machines this runs on.
 KNOWN_NOISE = (
@@ -29,7 +70,7 @@ class _DropMessages(logging.Filter):
 
 def quiet_known_noise() -> None:
     """Drops the ``KNOWN_NOISE`` messages (only those exact messages: every other warning stays), and the traceback
-    of a Ctrl-C that orbax logs (``training.interrupt.NoInterruptTraceback``; its message stays). Idempotent."""
+    of a Ctrl-C that orbax logs (``training.process.NoInterruptTraceback``; its message stays). Idempotent."""
     try:  # absl must create its own logger class first (else orbax's filter in training.checkpoint sees the
         import absl.logging  # noqa: F401  wrong caller and its INFO chatter comes through)
     except ImportError:
@@ -41,7 +82,7 @@ def quiet_known_noise() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropMessages) for f in logger.filters):
             logger.addFilter(_DropMessages(needles))
-    from training.interrupt import NoInterruptTraceback
+    from training.process import NoInterruptTraceback
 
     absl_logger = logging.getLogger("absl")  # orbax logs through absl
     if not any(isinstance(f, NoInterruptTraceback) for f in absl_logger.filters):
@@ -96,8 +137,9 @@ def window_line(step: int, n_steps: int, loss: float, examples_per_s: float) -> 
     return f"step {step}/{n_steps} loss={loss:.4f} examples/s={examples_per_s:.0f}"
 
 
-def _figure(value: Any, spec: str, unit: str = "") -> str:
-    """``value`` formatted with ``spec``, or ``n/a`` when the run has no such figure (never ``nan``)."""
+def figure(value: Any, spec: str, unit: str = "") -> str:
+    """``value`` formatted with ``spec`` (and ``unit``), or ``n/a`` when the run has no such figure (e.g.
+    ``perf/startup_s`` of a run resumed at its final step, which dispatched no step): never ``nan``."""
     return format(value, spec) + unit if isinstance(value, (int, float)) and value == value else "n/a"
 
 
@@ -111,9 +153,39 @@ def throughput_text(summary: dict[str, Any]) -> str:
     if not isinstance(n, int) or not n or eps is None:
         return "examples/s=n/a (no steady-state window: the run ended in its first logging window)"
     if n == 1:
-        return f"examples/s={_figure(eps, '.0f')} (1 window)"
+        return f"examples/s={figure(eps, '.0f')} (1 window)"
     p25, p75 = (
-        _figure(summary.get("perf/examples_per_s_p25"), ".0f"),
-        _figure(summary.get("perf/examples_per_s_p75"), ".0f"),
+        figure(summary.get("perf/examples_per_s_p25"), ".0f"),
+        figure(summary.get("perf/examples_per_s_p75"), ".0f"),
     )
-    return f"examples/s={_figure(eps, '.0f')} (median of {n} windows, p25-p75 {p25}-{p75})"
+    return f"examples/s={figure(eps, '.0f')} (median of {n} windows, p25-p75 {p25}-{p75})"
+
+
+# ---- paths ----------------------------------------------------------------------------------------------------
+# With hydra.job.chdir=true each job runs inside its own folder, where a relative checkpoint.dir or TFDS_DATA_DIR
+# would be looked for; so every path a user gives is made absolute against the launch folder, once.
+def absolute(path: Optional[str], base: Path) -> Optional[str]:
+    """``path`` with ``~`` expanded and, when relative, joined to ``base``; None/empty stay as they are."""
+    if not path:
+        return path
+    p = Path(path).expanduser()
+    return str(p if p.is_absolute() else Path(base) / p)
+
+
+def absolute_paths(cfg: Config, base: Path, environ=os.environ) -> Config:
+    """A copy of ``cfg`` whose ``checkpoint.dir``, ``checkpoint.resume`` (a path), ``data.data_dir``,
+    ``data.cache_dir`` and ``runtime.compilation_cache_dir`` are absolute against ``base`` (the launch
+    folder); a relative ``TFDS_DATA_DIR`` in ``environ`` is made absolute there too (in place)."""
+    ck, d = cfg.checkpoint, cfg.data
+    resume = ck.resume if ck.resume in ("auto", "never") else absolute(ck.resume, base)
+    tfds_dir = environ.get("TFDS_DATA_DIR")
+    if tfds_dir:
+        environ["TFDS_DATA_DIR"] = absolute(tfds_dir, base)
+    return dataclasses.replace(
+        cfg,
+        checkpoint=dataclasses.replace(ck, dir=absolute(ck.dir, base), resume=resume),
+        data=dataclasses.replace(d, data_dir=absolute(d.data_dir, base), cache_dir=absolute(d.cache_dir, base)),
+        runtime=dataclasses.replace(
+            cfg.runtime, compilation_cache_dir=absolute(cfg.runtime.compilation_cache_dir, base)
+        ),
+    )
