@@ -159,17 +159,8 @@ def compose_eval_config(saved_cfg: dict, overrides: Sequence[str] = ()):
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from conf.schema import (
-        OPTION_SCHEMAS,
-        ConfigInputError,
-        check_known_keys,
-        check_option_names,
-        from_dict,
-        is_composition_error,
-        one_line,
-        quote_numeric_options,
-        register,
-    )
+    from conf.errors import check_keys, is_composition_error, one_line, quote_numeric_options
+    from conf.schema import OPTION_SCHEMAS, Config, ConfigInputError, from_dict, register
     from core.errors import ConfigError
 
     register()
@@ -194,8 +185,7 @@ def compose_eval_config(saved_cfg: dict, overrides: Sequence[str] = ()):
         GlobalHydra.instance().clear()
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             composed = compose(config_name="config", overrides=base + list(overrides))
-        check_known_keys(composed)
-        check_option_names(composed)
+        check_keys(composed, OPTION_SCHEMAS)
         merged = OmegaConf.merge(saved_cfg, OmegaConf.from_dotlist(EVAL_DEFAULTS))
         for key in ["parallel", *(o.key_or_group for o in parsed)]:
             value = OmegaConf.select(composed, key, default=_NOT_A_KEY)
@@ -207,7 +197,7 @@ def compose_eval_config(saved_cfg: dict, overrides: Sequence[str] = ()):
     except Exception as e:
         if not is_composition_error(e):
             raise
-        raise ConfigError(one_line(e)) from None
+        raise ConfigError(one_line(e, Config, OPTION_SCHEMAS)) from None
     finally:
         GlobalHydra.instance().clear()
 

@@ -18,13 +18,14 @@ from utils import REPO
 def _parse_error(override: str) -> str:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from conf.schema import is_composition_error, one_line
+    from conf.errors import is_composition_error, one_line
+    from conf.schema import OPTION_SCHEMAS, Config
 
     try:
         OverridesParser.create().parse_overrides([override])
     except Exception as e:
         assert is_composition_error(e), repr(e)
-        return one_line(e)
+        return one_line(e, Config, OPTION_SCHEMAS)
     raise AssertionError(f"{override!r} parsed")
 
 
@@ -320,11 +321,11 @@ def test_evaluate_refuses_another_model_by_name(tmp_path):
 # ---- -m after an override; a compilation cache folder that cannot be written ---------------------------------
 @pytest.mark.unit
 def test_multirun_flag_moves_before_the_overrides():
-    import train
+    from conf.errors import multirun_flag_first
 
-    assert train.multirun_flag_first(["data=synthetic", "-m", "accum=1,2"]) == ["-m", "data=synthetic", "accum=1,2"]
-    assert train.multirun_flag_first(["a=1", "--multirun"]) == ["--multirun", "a=1"]
-    assert train.multirun_flag_first(["a=1", "b=2"]) == ["a=1", "b=2"]
+    assert multirun_flag_first(["data=synthetic", "-m", "accum=1,2"]) == ["-m", "data=synthetic", "accum=1,2"]
+    assert multirun_flag_first(["a=1", "--multirun"]) == ["--multirun", "a=1"]
+    assert multirun_flag_first(["a=1", "b=2"]) == ["a=1", "b=2"]
 
 
 @pytest.mark.unit

@@ -9,7 +9,6 @@ mode, the placed state and the jitted steps; ``static_info`` gives the run's fig
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable, Optional, Sequence
 
 import jax
@@ -17,17 +16,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from conf.schema import Config, model_kwargs, optimizer_kwargs
+from conf.schema import Config, OptimConfig
 from core.errors import ConfigError
 from core.layout import BatchLayout
 from core.optim import effective_lr, make_optimizer, make_schedule
-from core.precision import LOSS_SCALING_MODES, init_loss_scale
+from core.precision import init_loss_scale
 from core.step import LocalGrads, TrainState, Updater, create_state
 from data.augment import augment_spec
 from data.load import image_data, text_data
 from measure.compiled import device_memory_stat
-from measure.profiler import check_window
-from measure.throughput import check_target_accuracy
 from models import build_model
 from parallel import MODES, ParallelMode, make_mesh, mode_class, resolve_mesh_shape
 from parallel.base import StepFns, check_mesh_shape, reduce_dtype
@@ -61,28 +58,15 @@ class Plan:
 
 
 def resolve_batch(global_batch: Optional[int], per_device_batch: Optional[int], num_devices: int) -> tuple[int, str]:
-    """(global batch, 'strong'|'weak'). Weak scaling: per_device_batch x devices.
-
-    Raises:
-      ConfigError: both set, or a non-positive value.
-    """
-    if global_batch is not None and per_device_batch is not None:
-        raise ConfigError(
-            f"train.global_batch={global_batch} and train.per_device_batch={per_device_batch} are "
-            f"both set; set one (global_batch: strong scaling, per_device_batch: weak scaling)"
-        )
+    """(global batch, 'strong'|'weak'). Weak scaling: per_device_batch x devices (the schema refuses both set)."""
     if per_device_batch is not None:
-        if per_device_batch <= 0:
-            raise ConfigError(f"train.per_device_batch={per_device_batch} must be positive")
         return per_device_batch * num_devices, "weak"
-    gb = DEFAULT_GLOBAL_BATCH if global_batch is None else global_batch
-    if gb <= 0:
-        raise ConfigError(f"train.global_batch={gb} must be positive")
-    return gb, "strong"
+    return DEFAULT_GLOBAL_BATCH if global_batch is None else global_batch, "strong"
 
 
 def plan(cfg: Config) -> Plan:
-    """Validates ``cfg`` against the visible devices. Raises ConfigError (one line) on bad input."""
+    """Checks ``cfg`` (whose values the schema checked: ``conf.schema.validate``) against the visible devices, the
+    mode, the libraries and the model. Raises ConfigError (one line) on bad input."""
     visible = jax.devices()
     n = len(visible) if cfg.mesh.devices is None else cfg.mesh.devices
     if n <= 0:
@@ -101,8 +85,6 @@ def plan(cfg: Config) -> Plan:
     check_mesh_shape(mode, shape)
     gb, scaling = resolve_batch(cfg.train.global_batch, cfg.train.per_device_batch, n)
     k = cfg.train.accum_steps
-    if k <= 0:
-        raise ConfigError(f"train.accum_steps={k} must be positive")
     if gb % (n * k):
         what = f"mesh.devices={n}" + (f" x train.accum_steps={k} = {n * k}" if k > 1 else "")
         raise ConfigError(
@@ -111,12 +93,9 @@ def plan(cfg: Config) -> Plan:
         )
     if gb % jax.process_count():
         raise ConfigError(f"train.global_batch={gb} is not divisible by {jax.process_count()} processes")
-    check_settings(cfg)
     check_compression(cfg.parallel.grad_compression, cfg.parallel.grad_reduce_dtype, mode)
     check_rules(getattr(cfg.parallel, "fsdp_rules", ()))
-    check_numbers(cfg)
     check_library_settings(cfg, extra_tags=[mode.name, cfg.precision.name, f"devices={n}"])
-    check_measurement(cfg)
     check_in_flight(cfg.train.max_in_flight, visible[:n])
     try:
         reduce_dtype(cfg.parallel.grad_reduce_dtype)
@@ -143,47 +122,6 @@ def plan(cfg: Config) -> Plan:
     )
 
 
-def check_settings(cfg: Config) -> None:
-    """Raises ConfigError (one line) for a setting outside its range that needs no device to check."""
-    if cfg.precision.compute_dtype not in COMPUTE_DTYPES:
-        raise ConfigError(
-            f"precision.compute_dtype={cfg.precision.compute_dtype!r} is unknown; "
-            f"choose one of {', '.join(COMPUTE_DTYPES)}"
-        )
-    if cfg.precision.loss_scale not in LOSS_SCALING_MODES:
-        raise ConfigError(
-            f"precision.loss_scale={cfg.precision.loss_scale!r} is unknown; "
-            f"choose one of {', '.join(LOSS_SCALING_MODES)}"
-        )
-    for key, value in (
-        ("train.log_every", cfg.train.log_every),
-        ("train.eval_batch", cfg.train.eval_batch),
-        ("train.sync_every", cfg.train.sync_every),
-        ("train.max_in_flight", cfg.train.max_in_flight),
-    ):
-        if value <= 0:
-            raise ConfigError(f"{key}={value} must be positive")
-    if cfg.train.steps is not None and cfg.train.steps <= 0:
-        raise ConfigError(f"train.steps={cfg.train.steps} must be positive (or null to use train.epochs)")
-    if cfg.train.steps is None and cfg.train.epochs <= 0:
-        raise ConfigError(f"train.epochs={cfg.train.epochs} must be positive")
-    if cfg.train.eval_every is not None and cfg.train.eval_every <= 0:
-        raise ConfigError(f"train.eval_every={cfg.train.eval_every} must be positive (or null: only at the end)")
-    if cfg.train.sample_tokens < 0:
-        raise ConfigError(
-            f"train.sample_tokens={cfg.train.sample_tokens} must be >= 0 (bytes the GPT generates at the end; 0: none)"
-        )
-    if cfg.train.grad_norm_every is not None and not 0 < cfg.train.grad_norm_every < 2**31:
-        raise ConfigError(
-            f"train.grad_norm_every={cfg.train.grad_norm_every} must be in [1, {2**31 - 1}] (or null: no gradient norm)"
-        )
-    if cfg.data.on_device and cfg.model.name == "gpt":
-        raise ConfigError(
-            f"data.on_device=true keeps an image data set on the devices; model=gpt's text windows "
-            f"(data={cfg.data.name}) are gathered on the host: set data.on_device=null or false"
-        )
-
-
 def check_compression(compression: str, grad_reduce_dtype: Optional[str], mode: type[ParallelMode]) -> None:
     """Raises ConfigError for an unknown ``parallel.grad_compression``, one the mode does not implement, or a
     compression together with ``parallel.grad_reduce_dtype`` (it replaces the reduction, the dtype would be
@@ -206,116 +144,21 @@ def check_compression(compression: str, grad_reduce_dtype: Optional[str], mode: 
         )
 
 
-def check_measurement(cfg: Config) -> None:
-    """Raises ConfigError for an unknown ``train.transfer_guard``, a ``train.target_accuracy`` outside (0, 1], or
-    a profile window past ``train.steps`` (with ``train.epochs`` the step count needs the data;
-    ``training.run.prepare`` checks the window then)."""
-    target_error = check_target_accuracy(cfg.train.target_accuracy)
-    if target_error:
-        raise ConfigError(target_error)
-    if cfg.train.transfer_guard not in TRANSFER_GUARDS:
-        raise ConfigError(
-            f"train.transfer_guard={cfg.train.transfer_guard!r} is unknown; choose one of {', '.join(TRANSFER_GUARDS)}"
-        )
-    if cfg.train.steps is not None and cfg.train.steps > 0:
-        window_error = check_window(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps, cfg.train.steps)
-        if window_error:
-            raise ConfigError(window_error)
-
-
-def check_numbers(cfg: Config) -> None:
-    """Range checks of numeric settings that would otherwise train silently into nonsense.
-
-    Raises:
-      ConfigError: naming the key, its value and the allowed range.
-    """
-    o, pr, m = cfg.optim, cfg.precision, cfg.model
-    checks = [
-        ("optim.lr", o.lr, math.isfinite(o.lr) and o.lr >= 0, "a finite value >= 0"),
-        (
-            "optim.clip_grad_norm",
-            o.clip_grad_norm,
-            o.clip_grad_norm is None or (math.isfinite(o.clip_grad_norm) and o.clip_grad_norm > 0),
-            "null (off) or a finite value > 0",
-        ),
-        *_optimizer_checks(o),
-        ("optim.warmup_steps", o.warmup_steps, o.warmup_steps >= 0, ">= 0"),
-        ("optim.base_batch", o.base_batch, o.base_batch > 0, "> 0"),
-        (
-            "precision.init_scale",
-            pr.init_scale,
-            math.isfinite(pr.init_scale) and pr.init_scale >= 1,
-            "a finite value >= 1",
-        ),
-        ("precision.growth_interval", pr.growth_interval, pr.growth_interval > 0, "> 0"),
-        ("parallel.min_shard_bytes", cfg.parallel.min_shard_bytes, cfg.parallel.min_shard_bytes >= 0, ">= 0"),
-        ("data.prefetch", cfg.data.prefetch, cfg.data.prefetch >= 0, ">= 0 (0: no background thread)"),
-        ("runtime.cpu_devices", cfg.runtime.cpu_devices, cfg.runtime.cpu_devices >= 1, ">= 1"),
-        (
-            "runtime.compilation_cache_min_compile_time_s",
-            cfg.runtime.compilation_cache_min_compile_time_s,
-            cfg.runtime.compilation_cache_min_compile_time_s >= 0,
-            ">= 0",
-        ),
-        (
-            "runtime.compilation_cache_min_entry_bytes",
-            cfg.runtime.compilation_cache_min_entry_bytes,
-            cfg.runtime.compilation_cache_min_entry_bytes >= 0,
-            ">= 0",
-        ),
-        (
-            "hardware.link_bytes_per_s",
-            cfg.hardware.link_bytes_per_s,
-            cfg.hardware.link_bytes_per_s is None or cfg.hardware.link_bytes_per_s > 0,
-            "null or > 0",
-        ),
-        (
-            "hardware.peak_flops_per_s",
-            cfg.hardware.peak_flops_per_s,
-            cfg.hardware.peak_flops_per_s is None or cfg.hardware.peak_flops_per_s > 0,
-            "null or > 0",
-        ),
-        (
-            "wandb.init_timeout_s",
-            cfg.wandb.init_timeout_s,
-            0 < cfg.wandb.init_timeout_s < math.inf,
-            "finite and > 0",
-        ),
-    ]
-    for k in ("hidden", "width", "depth"):  # each model has its own keys (conf/schema.py MODEL_SCHEMAS)
-        if getattr(m, k, None) is not None:  # (gpt: null = the size preset's value)
-            checks.append((f"model.{k}", getattr(m, k), getattr(m, k) > 0, "> 0"))
-    if hasattr(m, "init_std"):
-        checks.append(
-            ("model.init_std", m.init_std, math.isfinite(m.init_std) and m.init_std > 0, "a finite value > 0")
-        )
-    for key, value, ok, allowed in checks:
-        if not ok:
-            raise ConfigError(f"{key}={value} is out of range; it must be {allowed}")
-
-
-# The optimizers' own keys (conf/schema.py OPTIM_SCHEMAS): (key, in range, allowed range).
-_OPTIMIZER_RANGES = (
-    ("momentum", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("b1", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("b2", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("eps", lambda v: math.isfinite(v) and v > 0, "a finite value > 0"),
-    ("weight_decay", lambda v: math.isfinite(v) and v >= 0, ">= 0"),
-)
-
-
-def _optimizer_checks(o) -> list[tuple[str, Any, bool, str]]:
-    """``check_numbers`` entries for the keys the chosen optimizer has."""
-    return [
-        (f"optim.{k}", getattr(o, k), ok(getattr(o, k)), allowed)
-        for k, ok, allowed in _OPTIMIZER_RANGES
-        if hasattr(o, k)
-    ]
-
-
 def is_language_model(cfg: Config) -> bool:
     """Whether the model is the GPT language model (token batches, per-token loss averaged per window)."""
     return cfg.model.name == "gpt"
+
+
+def model_kwargs(model) -> dict[str, Any]:
+    """The hyper-parameters of ``cfg.model`` (every key but ``name``) as keyword arguments of ``models.build_model``."""
+    return {f.name: getattr(model, f.name) for f in dataclasses.fields(model) if f.name != "name"}
+
+
+def optimizer_kwargs(optim) -> dict[str, Any]:
+    """The optimizer's own hyper-parameters (the keys its schema adds to ``OptimConfig``) as keyword arguments of
+    ``core.optim.make_optimizer``: e.g. ``{"momentum": 0.0}`` for SGD."""
+    shared = {f.name for f in dataclasses.fields(OptimConfig)}
+    return {f.name: getattr(optim, f.name) for f in dataclasses.fields(optim) if f.name not in shared}
 
 
 def _model(cfg: Config):

@@ -67,6 +67,19 @@ def write_json(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
+def write_summary(run_dir: Path, values: dict) -> None:
+    """Writes ``run_dir/summary.json``; one already there (a reused run folder) is kept as
+    ``summary.previous-<time>.json`` first, so nothing a user saved is lost."""
+    path = Path(run_dir) / "summary.json"
+    if path.exists():
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+        backup = path.with_name(f"summary.previous-{stamp}.json")
+        if not backup.exists():
+            os.replace(path, backup)
+            log.warning("%s already existed: kept as %s", path, backup.name)
+    write_json(path, values)
+
+
 def resolve_wandb_mode(mode: Optional[str]) -> str:
     """``mode`` or, when None, the environment's ``WANDB_MODE``, else 'online' if a W&B API key is configured
     (env or netrc), else 'offline'.
@@ -350,14 +363,7 @@ class Reporter:
             self.wandb_process.summary_update(strict_record(values))
 
     def _write_summary(self, values: dict) -> None:
-        path = self.run_dir / "summary.json"
-        if path.exists():  # a reused run folder: keep the earlier run's summary (nothing a user saved is lost)
-            stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
-            backup = path.with_name(f"summary.previous-{stamp}.json")
-            if not backup.exists():
-                os.replace(path, backup)
-                log.warning("%s already existed: kept as %s", path, backup.name)
-        write_json(path, values)
+        write_summary(self.run_dir, values)
 
     def close(self, exit_code: int = 0) -> None:
         """Closes the files and finishes the W&B run (always, also after an error): waits until the W&B process

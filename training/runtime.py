@@ -50,13 +50,11 @@ def setup_runtime(cfg: Config) -> Startup:
         if cfg.xla.flags and xla_flags_error(cfg.xla.flags) is None:  # bad flags: plan() reports them (one line)
             os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", "")] + list(cfg.xla.flags)))
             log.info("XLA flags (xla=%s): %s", cfg.xla.name, " ".join(cfg.xla.flags))
-        if cfg.runtime.cpu_devices >= 1:  # a bad value is reported by training.build.plan (one line)
-            jax.config.update("jax_num_cpu_devices", cfg.runtime.cpu_devices)
+        jax.config.update("jax_num_cpu_devices", cfg.runtime.cpu_devices)  # >= 1: the schema checked it
     r = cfg.runtime
-    if r.compilation_cache_min_compile_time_s >= 0 and r.compilation_cache_min_entry_bytes >= 0:  # else: plan()
-        configure_compilation_cache(
-            r.compilation_cache_dir, r.compilation_cache_min_compile_time_s, r.compilation_cache_min_entry_bytes
-        )
+    configure_compilation_cache(
+        r.compilation_cache_dir, r.compilation_cache_min_compile_time_s, r.compilation_cache_min_entry_bytes
+    )
     # join a multi-process job before anything queries the devices; a no-op when already done
     return initialize(cfg.distributed)
 
