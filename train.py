@@ -33,11 +33,11 @@ from omegaconf import DictConfig
 from conf.errors import command_line_error, multirun_flag_first, quote_numeric_options
 from conf.schema import OPTION_SCHEMAS, Config, ConfigInputError, register, to_typed
 from measure.throughput import STARTUP
+from sweeps.callback import NOT_STARTED
 from training.console import absolute_paths, quiet_known_noise
 from training.process import interrupt_as_keyboard, sweep_stopped
 from training.report import prestart_wandb, write_json, write_summary
 from training.runtime import setup_runtime, start_backend, without_ipython_probe
-from training.sweep_summary import NOT_STARTED
 
 register()
 STARTUP.mark("imports")  # perf/startup/*_s: each phase ends at a mark (measure/throughput.py, StartupPhases)
@@ -62,7 +62,7 @@ def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     quiet_known_noise()  # the TPU probe and TFDS's OpenCV notice (training.console.KNOWN_NOISE)
-    if sweep_stopped():  # the sweep received SIGTERM/SIGINT: no new job starts (training/sweep_summary.py)
+    if sweep_stopped():  # the sweep received SIGTERM/SIGINT: no new job starts (sweeps/callback.py)
         write_json(run_dir / "summary.json", {"status": "skipped", "error": NOT_STARTED + sweep_stopped()})
         return
     try:

@@ -104,7 +104,7 @@ def test_sweep_with_a_failed_job_exits_nonzero(tmp_path, launcher):
 
 @pytest.mark.unit
 def test_job_outcomes_counts_a_job_without_summary(tmp_path):
-    from training.sweep_summary import failure_report, job_outcomes
+    from sweeps.callback import failure_report, job_outcomes
 
     for name, s in (("0", {"status": "ok"}), ("1", {"status": "failed", "error": "boom"}), ("2", None)):
         (tmp_path / name / ".hydra").mkdir(parents=True)
@@ -124,7 +124,7 @@ def test_job_outcomes_of_a_resumed_sweep_count_the_jobs_it_ran_again(tmp_path):
     import os
     import time
 
-    from training.sweep_summary import failure_report, job_outcomes
+    from sweeps.callback import failure_report, job_outcomes
 
     long_ago = time.time() - 3600
     for name, status in (("0", "ok"), ("1", "failed"), ("old", "failed")):

@@ -1,4 +1,4 @@
-"""Preemption and launcher faults (scripts/launch_local.py, training/process.py, training/sweep_summary.py,
+"""Preemption and launcher faults (scripts/launch_local.py, training/process.py, sweeps/callback.py,
 training/runtime.py): every process stops together, saves once, says why, and
 none is left behind.
 
@@ -27,7 +27,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 import launch_local  # noqa: E402
 
 from hydra_plugins.dp_scaling_launchers.serial_local import descendants  # noqa: E402
-from training import process, sweep_summary  # noqa: E402
+from sweeps import callback  # noqa: E402
+from training import process  # noqa: E402
 
 CLUSTER_VARS = ("SLURM_", "OMPI_", "PMI_", "JAX_COORDINATOR", "JAX_NUM_CPU_DEVICES", "JAX_PROCESS", "TPU_")
 SMALL = ["data=synthetic", "optim=sgd", "train.global_batch=64", "train.log_every=10", "wandb.mode=disabled"]
@@ -236,10 +237,10 @@ def test_stop_report_lines(tmp_path):
     outcomes = [
         (tmp_path / "0", None),
         (tmp_path / "1", "stopped by SIGTERM after step 30 of 400; checkpoint saved in x"),
-        (tmp_path / "2", sweep_summary.NOT_STARTED + "SIGTERM"),
+        (tmp_path / "2", callback.NOT_STARTED + "SIGTERM"),
         (tmp_path / "3", "non-finite loss"),
     ]
-    assert sweep_summary.stop_report(outcomes, "SIGTERM", 2, tmp_path) == [
+    assert callback.stop_report(outcomes, "SIGTERM", 2, tmp_path) == [
         "sweep stopped by SIGTERM: 1 finished, 1 stopped, 3 never started, 1 failed (of 6 jobs)",
         f"  {tmp_path / '0'}: finished",
         f"  {tmp_path / '1'}: stopped",

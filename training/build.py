@@ -1,10 +1,6 @@
-"""What a run builds from its typed config before the first step: the plan, the data, the experiment.
-
-``plan(cfg)`` checks against the devices what the schema cannot (batch and mesh divisibility, the mode's mesh
-and compression, the libraries' settings, the model's shapes), raising ``ConfigError`` with one line naming the
-offending values; ``load_data(cfg, plan)`` reads (or generates) the data; ``build(plan)`` creates the mesh, the
-mode, the placed state and the jitted steps; ``static_info`` gives the run's figures known once built.
-"""
+"""What a run builds from its typed config before the first step: ``plan`` (the checks that need the devices,
+the mode, the libraries or the model; one ``ConfigError`` line), ``load_data``, ``build`` (mesh, mode, placed
+state, jitted steps) and ``static_info`` (the run's figures known once built)."""
 
 from __future__ import annotations
 
@@ -195,13 +191,10 @@ class Experiment:
 
 
 def state_init_fn(cfg: Config, tx, graphdef: Any = None) -> tuple[Any, Any]:
-    """``(graphdef, init_fn)``: the model's graph and a pure function ``() -> TrainState`` creating the initial
-    state from ``train.seed`` (run by the mode under ``jax.jit`` with its shardings: ``ParallelMode.init_state``).
-    ``graphdef``: the graph when the caller has it (``Plan.graphdef``); None builds it from an abstract model
-    (``nnx.eval_shape``: nothing computed).
-
-    The params are a plain nested dict of float32 arrays (``nnx.merge`` takes it back): jit flattens it in C++,
-    while an ``nnx.State`` of ``Param`` variables costs Python time in every step to flatten/unflatten."""
+    """``(graphdef, init_fn)``: the model's graph (``graphdef`` when the caller has it, else from an abstract model)
+    and a pure ``() -> TrainState`` creating the initial state from ``train.seed``, which the mode runs under
+    ``jax.jit`` with its shardings. The params are a plain nested dict of float32 arrays: jit flattens it in C++,
+    where an ``nnx.State`` would cost Python time in every step."""
     if graphdef is None:
         graphdef = nnx.graphdef(nnx.eval_shape(lambda: _model(cfg)))
 
@@ -222,11 +215,9 @@ def init_host_state(cfg: Config, tx) -> tuple[Any, TrainState]:
 
 
 def build(p: Plan, feed_for: Optional[Callable[[BatchLayout], Any]] = None) -> Experiment:
-    """Mesh, mode, initial state (placed) and the jitted train/eval steps for plan ``p``.
-
-    ``feed_for``: ``layout -> DeviceFeed`` (``data.pipeline.DeviceSource.feed``): when the mode can
-    (``ParallelMode.fuses_feed``), the train step gathers its own batches from the split on the devices
-    (``Experiment.feed`` is then that feed; else None and the step takes batches)."""
+    """Mesh, mode, initial state (placed) and the jitted train/eval steps for plan ``p``. ``feed_for``: ``layout ->
+    DeviceFeed``; when the mode can (``fuses_feed``), the train step gathers its own batches from the split on the
+    devices (``Experiment.feed``)."""
     cfg = p.cfg
     mesh = make_mesh(p.devices, p.mesh_shape)
     mode = mode_class(cfg.parallel.name)(
@@ -272,12 +263,8 @@ CPU_MAX_IN_FLIGHT = 8
 
 
 def check_in_flight(max_in_flight: int, devices: Sequence) -> None:
-    """Refuses ``train.max_in_flight`` above ``CPU_MAX_IN_FLIGHT`` when ``devices`` (the run's jax devices) are
-    more than one CPU device (other platforms and one device: no limit beyond being positive).
-
-    Raises:
-      ConfigError: one line naming the value, the device count and the fix.
-    """
+    """Raises ConfigError (one line, with the fix) for ``train.max_in_flight`` above ``CPU_MAX_IN_FLIGHT`` on more
+    than one CPU device (``devices``: the run's)."""
     if len(devices) > 1 and devices[0].platform == "cpu" and max_in_flight > CPU_MAX_IN_FLIGHT:
         raise ConfigError(
             f"train.max_in_flight={max_in_flight} with {len(devices)} CPU devices: more steps in flight than "

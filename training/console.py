@@ -24,12 +24,9 @@ def warn(line: str, logger: Optional[logging.Logger] = None) -> None:
 
 
 def console(line: str) -> None:
-    """One line on stderr (errors, warnings a user must see even with logging redirected).
-
-    Processes other than 0 of a multi-process job log it instead (``[process i]`` prefix, ``<job>_process<i>.log``,
-    warnings and errors also on their console; see ``training.distributed.route_logging``): process 0 owns the
-    console. The level follows the line: ``error: ...`` ERROR, ``warning: ...`` WARNING, anything else INFO.
-    """
+    """One line on stderr (errors, warnings a user must see even with logging redirected). Processes other than 0
+    log it instead, at the level the line starts with (``error``, ``warning``, else INFO): process 0 owns the
+    console (``training.distributed.route_logging``)."""
     from training.distributed import settings
 
     s = settings()
@@ -90,16 +87,9 @@ def quiet_known_noise() -> None:
 
 
 def startup_line(info: dict[str, Any], *, accum_steps: int, model: str, param_count: int, dataset: str) -> str:
-    """One line with what is about to run, e.g. ``start: 8 cpu devices (cpu), 1 process, jit_sharding mesh
-    [8, 1], fp32, batch 256 global / 32 per device, accum 1, 20 steps, mlp 203,530 params, data mnist``
-    (``data mnist on the devices`` when batches are made there: ``data/on_device``).
-
-    Args:
-      info: the run's resolved values (``training.run``: platform, device_kind, process_count, parallel,
-        mesh/shape, mesh/devices, precision, train/global_batch, train/per_device_batch, train/steps, and
-        optionally data/on_device).
-      param_count: number of trainable parameters (all leaves of the host-form params).
-    """
+    """One line with what is about to run, e.g. ``start: 8 cpu devices (cpu), 1 process, jit_sharding mesh [8, 1],
+    fp32, batch 256 global / 32 per device, accum 1, 20 steps, mlp 203,530 params, data mnist`` (``... on the
+    devices`` when batches are made there), from the run's static ``info`` (``training.build.static_info``)."""
     procs = info["process_count"]
     return (
         f"start: {info['mesh/devices']} {info['platform']} devices ({info['device_kind']}), {procs} "
@@ -111,15 +101,9 @@ def startup_line(info: dict[str, Any], *, accum_steps: int, model: str, param_co
 
 
 def startup_breakdown_line(clock_summary: dict[str, Any], compile_cache: str | None = None) -> str:
-    """One line with the start-up time and its phases, written once the first step is dispatched, e.g.
-    ``start-up 6.12 s: imports 2.31, config 0.42, runtime 0.05, checkpoint 0.20, data 0.31, build 0.55,
-    compile 0.48 (cache hit), reporting 0.40, first_step 0.01``.
-
-    Args:
-      clock_summary: ``measure.throughput.JobClock.summary()`` (``perf/startup_s`` and ``perf/startup/*_s``,
-        seconds).
-      compile_cache: ``perf/startup/compile_cache`` (hit, miss, off) or None.
-    """
+    """The start-up time and its phases, written once the first step is dispatched, e.g. ``start-up 6.12 s:
+    imports 2.31, config 0.42, ..., compile 0.48 (cache hit), reporting 0.40, first_step 0.01`` (seconds, from
+    ``JobClock.summary()``; ``compile_cache``: hit, miss, off or None)."""
     prefix, suffix = "perf/startup/", "_s"
     parts = []
     for key, seconds in clock_summary.items():

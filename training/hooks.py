@@ -1,18 +1,11 @@
 """What the loop does between steps, one small object per concern.
 
-A hook says when it is due (``due(step)``, ``step`` = optimizer steps done so far) and acts (``run(loop,
-step)``). The loop asks every hook once per step, in order, and, when any is due, pauses its step timer ONCE
-(waiting for the last step's output), runs the due hooks in order, and resumes. ``close()`` runs when the loop
-ends (also on errors) and ``summary()`` adds keys to the run's summary.
-
-Order matters and is the list's order (``training.run.make_hooks``): profiler, sync check, evaluation, window
-log, final evaluation, checkpoint. Values a hook adds to ``loop.extra`` (sync check, evaluation) go on the
-record the window log writes at that step. The final evaluation runs at the last step after the window is
-logged and before the checkpoint hook, and the checkpoint hook runs last: a non-finite loss (window log) or
-non-finite final metrics (final evaluation) stop the run before a save, so a diverged run leaves no final
-checkpoint (earlier periodic ones stay). A hook that needs per-window throughput reads ``loop.windows``
-(``(steps, elapsed_s)`` of each logged window, appended by ``WindowLog``).
-"""
+A hook says when it is due (``due(step)``, ``step`` = optimizer steps done so far) and acts (``run(loop, step)``);
+the loop pauses its step timer ONCE around the due hooks, runs them in the list's order (``training.run.make_hooks``:
+profiler, sync check, evaluation, window log, final evaluation, checkpoint), and calls ``close()`` when it ends
+(also on errors); ``summary()`` adds keys to the run's summary. Values a hook adds to ``loop.extra`` go on the
+record the window log writes at that step. The checkpoint hook acts last, so a non-finite loss or non-finite final
+metrics stop the run before a save: a diverged run leaves no final checkpoint."""
 
 from __future__ import annotations
 
@@ -145,16 +138,12 @@ class Evaluation(Hook):
 
 
 class FinalEvaluation(Hook):
-    """At the last step, after the window is logged and before the final checkpoint: the final evaluation
-    (to ``loop.final`` and the target tracker), its record (with the profile's figures), and the divergence
-    check.
+    """At the last step, after the window is logged and before the final checkpoint: the final evaluation (to
+    ``loop.final`` and the target tracker) and its record (with the profile's figures), then the divergence check.
 
-    Raises (from ``run``):
-      TrainingError: a final training or evaluation metric is not finite (``nonfinite_final``),
-        or, with ``exploded_limit`` (the number of classes C), a final loss is above 10 x ln C
-        (``exploded_final``); the record is written first (strict JSON: null + ``nonfinite``),
-        the final checkpoint never is.
-    """
+    Raises (from ``run``), after the record is written: TrainingError for a non-finite final metric
+    (``nonfinite_final``) or, with ``exploded_limit`` (the number of classes C), a final loss above 10 x ln C
+    (``exploded_final``)."""
 
     def __init__(
         self,
@@ -186,11 +175,9 @@ class FinalEvaluation(Hook):
 
 
 class CheckpointHook(Hook):
-    """Periodic and final saves, and stop-on-signal: a signal makes the step a save and then stops the run.
-
-    ``due`` must be asked every step (``StopOnSignal.requested`` takes part in the preemption sync of a
-    multi-process job); it answers the same for repeated calls at one step (the window log asks it too).
-    """
+    """Periodic and final saves, and stop-on-signal: a signal makes the step a save, then stops the run. ``due``
+    must be asked every step (it takes part in a multi-process job's preemption sync) and answers the same for
+    repeated calls at one step."""
 
     def __init__(self, ckpts: checkpoint.RunCheckpoints, stop: StopOnSignal, n_steps: int, directory, wandb_run_id):
         self.ckpts, self.stop, self.n_steps, self.directory = ckpts, stop, n_steps, directory
@@ -205,13 +192,9 @@ class CheckpointHook(Hook):
         return self.saving
 
     def run(self, loop: LoopState, step: int) -> None:
-        """Saves the state after ``step``; after a signal's save, stops the run once that save is on disk.
-
-        Raises:
-          TrainingError: a non-finite state, too many undeletable steps, a checkpoint that could not be written
-            (``checkpoint.CheckpointWriteError``), or the stop after a signal (its line says where the checkpoint is,
-            or that it could not be written).
-        """
+        """Saves the state after ``step``; after a signal's save, stops the run once that save is on disk. Raises
+        TrainingError for a non-finite state, too many undeletable steps, a checkpoint that could not be written,
+        or the stop after a signal (its line says where the checkpoint is)."""
         reason = "final" if step == self.n_steps else ("signal" if self.stop.signal_name else "periodic")
         stopping = self.stop.signal_name is not None and step < self.n_steps
         stopped = f"stopped by {self.stop.signal_name} after step {step} of {self.n_steps}; "
@@ -302,12 +285,8 @@ class NonFiniteLoss(TrainingError):
 
 
 def flush_window(updater, window_records, perf: dict, extra: dict) -> list[dict]:
-    """Device metrics of a window -> one host record per step (``updater.complete`` adds the host-side
-    metrics); perf and extras go on the last record.
-
-    Raises:
-      NonFiniteLoss (a TrainingError): a step's loss or gradients were not finite (names the first bad step).
-    """
+    """Device metrics of a window -> one host record per step (``updater.complete`` adds the host-side metrics),
+    perf and extras on the last. Raises NonFiniteLoss (a TrainingError) naming the first non-finite step."""
     items = [item if isinstance(item, tuple) else (item, {}) for _, item in window_records]
     hosts = metrics_to_host([metrics for metrics, _ in items])  # the window's metrics in one transfer
     records = [
@@ -356,13 +335,8 @@ FINAL_KEYS = ("train/loss", "train/accuracy", "eval/loss", "eval/accuracy")
 
 
 def nonfinite_final(last_train: dict, final_eval: dict) -> Optional[str]:
-    """One-line error naming every non-finite final metric, or None when all are finite.
-
-    Args:
-      last_train: the last logged training record (``train/loss``, ``train/accuracy`` ...; may be empty when a
-        resumed run trained no step).
-      final_eval: the final evaluation (``eval/loss``, ``eval/accuracy``), Python floats.
-    """
+    """One-line error naming every non-finite final metric, or None when all are finite. ``last_train``: the last
+    logged training record (empty when a resumed run trained no step); ``final_eval``: the final evaluation."""
     values = {
         **{k: last_train[k] for k in FINAL_KEYS if k in last_train},
         **{k: final_eval[k] for k in FINAL_KEYS if k in final_eval},
@@ -382,15 +356,9 @@ EXPLODED_LOSS_FACTOR = 10.0
 
 
 def exploded_final(last_train: dict, final_eval: dict, num_classes: int) -> Optional[str]:
-    """One-line warning when a final loss is finite but has exploded, else None.
-
-    The reference is the cross-entropy of a uniform guess over ``num_classes`` classes, ln C (2.303 for 10
-    classes; an initialised classifier starts near it, and a healthy run ends below it). A final
-    ``train/loss`` or ``eval/loss`` above ``EXPLODED_LOSS_FACTOR`` x ln C is reported: far above what a run
-    that is still recovering from a high learning rate ends at. The run fails with this line
-    (``train.allow_exploded_loss=false``, the default: ``training.hooks.FinalEvaluation``, before the final
-    checkpoint) or, when allowed, prints it as a warning and stays ``ok``.
-    """
+    """One-line warning when a final ``train/loss`` or ``eval/loss`` is finite but above ``EXPLODED_LOSS_FACTOR``
+    x ln C, the loss of a uniform guess over ``num_classes`` classes (far above where a run recovering from a high
+    learning rate ends), else None. ``FinalEvaluation`` fails the run with it unless ``train.allow_exploded_loss``."""
     limit = EXPLODED_LOSS_FACTOR * math.log(num_classes)
     values = {**{k: last_train.get(k) for k in ("train/loss",)}, **{k: final_eval.get(k) for k in ("eval/loss",)}}
     high = {k: v for k, v in values.items() if isinstance(v, (int, float)) and math.isfinite(v) and v > limit}

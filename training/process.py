@@ -1,23 +1,12 @@
-"""The process: a Ctrl-C and signals, the garbage collector during start-up, the coordinator's port.
+"""The process: Ctrl-C and signals, the garbage collector during start-up, the coordinator's port.
 
 Standard library only at import: ``train.py`` installs its interrupt hooks before its other imports, and
 ``scripts/launch_local.py`` checks the port without starting JAX.
-
-- Ctrl-C outside the training steps (``install_interrupt_hooks``): inside the steps ``StopOnSignal`` turns the
-  first Ctrl-C into a checkpoint and a stop; anywhere else (the imports, Hydra's composition, the start-up, the
-  end, a second, impatient Ctrl-C) ``KeyboardInterrupt``'s traceback says nothing a user needs, so it becomes one
-  line. ``python -m evaluate`` installs the hooks too, with its own line.
-- Stop on a signal: ``StopOnSignal`` (one run, while its loop runs) and ``SweepStop`` (a Hydra sweep, in the
-  process that launches the jobs): a signal during a sweep stops the current job after it saves and no later
-  job starts (``sweep_stopped``; ``train.py`` skips such jobs).
-- Python's cyclic garbage collector during start-up (``pause_gc``, ``resume_gc``, ``release_gc``): off while the
-  modules are imported, then every object alive is frozen (``gc.freeze``: collections skip it) and the collector
-  is back on (docs/internals.md, "The garbage collector during start-up"). Only ``train.py`` run as the program
-  pauses; a sweep releases the pause when it starts (its process runs as long as its jobs).
-- The coordinator's TCP port (``port_in_use``): process 0 of a ``jax.distributed`` job serves on it; when
-  something already listens there JAX's runtime does not raise but crashes after its timeout, so the launcher
-  and process 0 check the port first and stop with one line (``port_taken_line``).
-"""
+- A Ctrl-C outside the training steps is one line, not a traceback (``install_interrupt_hooks``); inside them
+  ``StopOnSignal`` turns SIGTERM/SIGINT into a checkpoint and a stop; ``SweepStop`` does it for a sweep.
+- The cyclic garbage collector is off while ``train.py`` imports, then every object alive is frozen
+  (``pause_gc``, ``resume_gc``; docs/internals.md, "The garbage collector during start-up").
+- A taken coordinator port crashes JAX's runtime after its timeout, so it is checked first (``port_in_use``)."""
 
 from __future__ import annotations
 
@@ -51,11 +40,9 @@ _reported = False  # interrupt_hook printed a Ctrl-C and the process went on (nu
 
 
 def interrupted(exc: BaseException | None) -> bool:
-    """Whether ``exc`` is a ``KeyboardInterrupt``, was raised while handling one (its ``__cause__`` /
-    ``__context__`` chain holds one), or came after ``interrupt_hook`` reported a Ctrl-C in this process. A Ctrl-C
-    inside a C extension's import surfaces as an ``ImportError``: raised during the ``KeyboardInterrupt``, or, in
-    numpy's, after printing it through ``sys.excepthook`` (``_import_array``: ``PyErr_Print``), which clears it from
-    the chain."""
+    """Whether ``exc`` is a ``KeyboardInterrupt``, was raised while handling one (its cause/context chain holds one),
+    or came after ``interrupt_hook`` reported a Ctrl-C: a Ctrl-C inside a C extension's import surfaces as an
+    ``ImportError`` (numpy's prints it through ``sys.excepthook`` first, which clears it from the chain)."""
     if _reported:
         return True
     seen: set[int] = set()
@@ -81,14 +68,9 @@ def interrupt_as_keyboard() -> Iterator[None]:
 
 class HeldSigint:
     """A Ctrl-C (SIGINT) held back from ``hold()`` to ``release()``, which then raises ``KeyboardInterrupt``; as a
-    context manager, around a block (an error of the block itself goes on instead).
-
-    For code that cannot be interrupted safely: imports of C extensions (jaxlib's initialisation aborts,
-    ``nanobind::python_error``, exit status 134, or crashes, 139, when a ``KeyboardInterrupt`` is raised inside
-    it), and Hydra's composition (``Hydra.get_mode`` catches every ``Exception``: a ``KeyboardInterrupt`` that
-    OmegaConf's clean-up turns into another error there would be lost and the run would go on). Holds only on the
-    main thread and when Python's default SIGINT handler is installed; otherwise nothing changes.
-    """
+    context manager, around a block (an error of the block itself goes on instead). For code that cannot be
+    interrupted safely: jaxlib's initialisation (aborts or crashes on a ``KeyboardInterrupt``) and Hydra's
+    composition (which catches every ``Exception``). Holds only on the main thread with Python's default handler."""
 
     def __init__(self) -> None:
         self.holding, self.received = False, False
@@ -142,11 +124,9 @@ def interrupt_hook(exc_type, exc, tb, fallback=sys.excepthook, line: str = INTER
 
 
 def unraisable_hook(unraisable, fallback=sys.unraisablehook) -> None:
-    """``sys.unraisablehook`` of the same kind. Python ignores an exception raised inside an exit handler
-    (``atexit``, e.g. JAX's clean-up) or a garbage-collector callback (JAX's), a Ctrl-C included, and goes on.
-    At exit this prints one line saying so (the run had ended); elsewhere the Ctrl-C is passed on to the main
-    thread (``_thread.interrupt_main`` from a timer thread ``PASS_ON_DELAY_S`` later: as if it arrived again once
-    the hook has returned), so it stops the process as any other."""
+    """``sys.unraisablehook`` of the same kind: Python ignores a Ctrl-C raised in an exit handler or a garbage
+    collector callback. At exit this prints one line saying so; elsewhere the Ctrl-C is passed on to the main
+    thread ``PASS_ON_DELAY_S`` later (``_thread.interrupt_main``), so it stops the process as any other."""
     if interrupted(unraisable.exc_value) and not _USER_FULL_ERROR:
         if "atexit" in (unraisable.err_msg or ""):
             print(
@@ -183,16 +163,10 @@ class NoInterruptTraceback(logging.Filter):
 
 # ---- stop on a signal: a run, a sweep ------------------------------------------------------------------------
 class StopOnSignal:
-    """While active, SIGTERM and SIGINT only set ``signal_name`` (the loop finishes its step, saves and stops).
-
-    A second SIGINT raises ``KeyboardInterrupt`` at once (an impatient Ctrl-C). Handlers are installed only
-    in the main thread and the previous ones are put back on exit.
-
-    With several processes (``jax.distributed``) no Python handler is installed: JAX's preemption service
-    already catches SIGTERM and agrees on one step at which every process stops
-    (``jax.experimental.multihost_utils.reached_preemption_sync_point``, asked once per step by ``requested``),
-    so all processes save the same step together.
-    """
+    """While active, SIGTERM and SIGINT only set ``signal_name`` (the loop finishes its step, saves and stops); a
+    second SIGINT raises ``KeyboardInterrupt`` at once. Handlers are installed only in the main thread, and the
+    previous ones put back on exit. With several processes no handler is installed: JAX's preemption service
+    catches SIGTERM and ``requested`` asks it for the one step at which every process saves and stops."""
 
     def __init__(self):
         # a signal the sweep received while this job was starting: stop after the first step
@@ -238,14 +212,9 @@ class StopOnSignal:
 
 
 class SweepStop:
-    """While a sweep runs: SIGTERM and SIGINT set ``signal_name`` (one log line); the job running then saves
-    and stops (its ``StopOnSignal`` has the handlers while its loop runs; a job still starting stops after
-    its first step) and no later job starts. ``on_signal`` callbacks run at the first signal (e.g. forward
-    it to job processes). A second SIGINT raises ``KeyboardInterrupt``.
-
-    ``not_submitted``: jobs a launcher never started because of the signal (counted by the launcher).
-    Installed only in the main thread; ``uninstall`` puts the previous handlers back.
-    """
+    """While a sweep runs: SIGTERM and SIGINT set ``signal_name`` (one log line); the running job saves and stops,
+    no later job starts, ``on_signal`` callbacks run at the first signal (e.g. forward it to job processes), and a
+    second SIGINT raises ``KeyboardInterrupt``. ``not_submitted``: jobs a launcher never started because of it."""
 
     def __init__(self):
         self.signal_name: Optional[str] = None
@@ -317,7 +286,7 @@ def resume_gc() -> None:
 
 def release_gc() -> None:
     """After ``pause_gc``: turns the collector back on without freezing anything. Otherwise does nothing. Called when
-    a sweep starts (``training.sweep_summary``: a sweep's process runs as long as its jobs, or runs them all itself
+    a sweep starts (``sweeps.callback``: a sweep's process runs as long as its jobs, or runs them all itself
     with Hydra's default launcher, so it keeps the collector as Python sets it) and when ``train.py`` ends."""
     global _gc_paused
     if _gc_paused:
@@ -327,17 +296,8 @@ def release_gc() -> None:
 
 # ---- the coordinator's port ----------------------------------------------------------------------------------
 def port_in_use(port: int) -> bool:
-    """Whether binding TCP ``port`` on all addresses of this machine fails with ``EADDRINUSE``.
-
-    Binds (never listens) with ``SO_REUSEADDR`` as the gRPC server does, so a port whose earlier connections
-    are only in TIME_WAIT counts as free, and one with a listening socket (on any address) counts as in use.
-    Tries IPv6 ``::`` (dual stack, the address gRPC binds) and IPv4 ``0.0.0.0``.
-
-    Args:
-      port: 1 .. 65535.
-    Returns:
-      True when the port is taken; False when free (or when no address family could be tried).
-    """
+    """Whether binding TCP ``port`` (1 .. 65535) on all addresses fails with ``EADDRINUSE``: binds (never listens)
+    with ``SO_REUSEADDR`` as gRPC does, on ``::`` then ``0.0.0.0``, so a port only in TIME_WAIT counts as free."""
     for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
         try:
             s = socket.socket(family, socket.SOCK_STREAM)

@@ -81,13 +81,8 @@ def write_summary(run_dir: Path, values: dict) -> None:
 
 
 def resolve_wandb_mode(mode: Optional[str]) -> str:
-    """``mode`` or, when None, the environment's ``WANDB_MODE``, else 'online' if a W&B API key is configured
-    (env or netrc), else 'offline'.
-
-    Raises:
-      ValueError: unknown mode, or a ``WANDB_MODE`` in the environment that W&B would refuse (unless W&B is
-        disabled: then it is never imported).
-    """
+    """``mode``, else the environment's ``WANDB_MODE``, else 'online' with a W&B API key (env or netrc), else
+    'offline'. Raises ValueError for an unknown mode or a ``WANDB_MODE`` W&B would refuse (unless disabled)."""
     if mode is not None and mode not in WANDB_MODES:
         raise ValueError(f"wandb.mode={mode!r} is unknown; choose one of online, offline, disabled (or null)")
     env = os.environ.get("WANDB_MODE")
@@ -133,12 +128,8 @@ def prestart_wandb(mode: Optional[str], process_priority: str = "normal") -> Non
 
 
 class Reporter:
-    """Writes records to ``metrics.jsonl`` and W&B; the summary to ``summary.json`` and W&B's summary.
-
-    Args:
-      run_dir: the Hydra run folder.
-      enabled: False on processes other than 0 (then every method is a no-op).
-    """
+    """Writes records to ``metrics.jsonl`` and W&B, the summary to ``summary.json`` and W&B's summary; with
+    ``enabled`` False (processes other than 0) every method does nothing."""
 
     def __init__(self, run_dir: Path, enabled: bool = True):
         self.run_dir = Path(run_dir)
@@ -165,20 +156,12 @@ class Reporter:
         previous_run_id: Optional[str] = None,
         process_priority: str = "normal",
     ) -> None:
-        """Starts a new W&B run (a fresh id, never a resumed one) inside the run folder.
+        """Starts a new W&B run (a fresh id, never a resumed one) inside the run folder, in W&B's own process
+        (``training.wandb_process``): returns once ``wandb.init`` is sent, with the id chosen (``wandb_run_id``).
 
-        ``previous_run_id``: the W&B run id recorded in the checkpoint this run continues (None for a run that
-        starts at step 0). It is not resumed: W&B cannot rewind an offline run, and a resumed id would hold the
-        steps logged after the checkpoint by the run that crashed. ``continue_metrics`` replays the kept history
-        into the new run instead (module docstring); the link is kept in the config
-        (``resumed.previous_wandb_run_id``, ``resumed.step``), the tag ``resumed`` and the summary
-        (``wandb/previous_run_id``). Online failure -> offline within ``init_timeout_s``.
-
-        W&B runs in a process of its own (``training.wandb_process``; the prestarted one when there is one): this
-        returns once ``wandb.init`` is sent, with the run's id chosen (``wandb_run_id``); ``wandb_info`` waits for
-        it to finish. A failure of W&B there (``wandb.init`` refused, the process died) never stops the run: one
-        warning line, W&B is dropped, ``summary.json`` gets ``wandb/error`` (``_drop_wandb``).
-        ``process_priority``: ``normal`` or ``idle`` (``training.wandb_process.lowest_cpu_priority``).
+        ``previous_run_id``: the W&B run of the checkpoint this run continues (None from step 0); named in the
+        config (``resumed.*``), the tag ``resumed`` and the summary, never resumed (module docstring). Online
+        failure -> offline within ``init_timeout_s``; a failure of W&B never stops the run (``_drop_wandb``).
         """
         if not self.enabled or mode == "disabled":
             return
@@ -217,9 +200,8 @@ class Reporter:
                 self._drop_wandb(errors)
 
     def _drop_wandb(self, errors: list[str]) -> None:
-        """W&B failed in its process: one warning line, no more W&B calls (its process, if alive, finishes the W&B run
-        with exit code 1 on its own; nothing here waits for it); ``wandb/error`` in the summary. The training and
-        metrics.jsonl go on."""
+        """W&B failed in its process: one warning line, no more W&B calls, ``wandb/error`` in the summary; the
+        training and metrics.jsonl go on (the W&B process, if alive, finishes its run with exit code 1)."""
         self.wandb_error = "; ".join(errors)
         log.warning(
             "W&B failed (%s); the run goes on without W&B: metrics.jsonl and summary.json keep every record",
@@ -275,16 +257,11 @@ class Reporter:
     # ---- records ---------------------------------------------------------------------------------
     # checkpoints: a resumed run continues metrics.jsonl
     def continue_metrics(self, previous: Optional[Path], step: int, final_step: int) -> int:
-        """Starts this run's metrics.jsonl as the history of a run resumed after optimizer step ``step``.
-
-        Keeps the records of ``previous`` (the saved run's metrics.jsonl; this run's own file when it is the
-        same folder) with ``step`` <= the restored step and drops the later ones (written after the checkpoint
-        by a run that then crashed), so no step is repeated or skipped. A cut-off last line (a crash while
-        writing it) is dropped. When the restored step is ``final_step`` the final-evaluation record (no
-        ``train/loss``) is dropped too: this run writes it again. The kept records are also logged, in order,
-        into this run's W&B history (started before, by ``start_wandb``; module docstring), and the W&B config
-        gets ``resumed.step``. Must be called before ``log``. Returns the number of records kept (0 when
-        ``previous`` does not exist).
+        """Starts this run's metrics.jsonl as the history of a run resumed after optimizer step ``step``: the
+        records of ``previous`` (the saved run's file) up to ``step``, the later ones (written after the checkpoint
+        by a run that crashed) and a cut-off last line dropped; at ``final_step`` the final evaluation's record too
+        (this run writes it again). The kept records are replayed into this run's W&B history. Call it before
+        ``log``. Returns the number of records kept (0 when ``previous`` does not exist).
         """
         if not self.enabled:
             return 0
@@ -314,11 +291,8 @@ class Reporter:
         return len(kept)
 
     def start_metrics(self) -> Optional[Path]:
-        """Starts an empty metrics.jsonl for a run that starts at step 0 (no checkpoint to continue).
-
-        A metrics.jsonl already in the run folder (a run killed before its first checkpoint, restarted in the
-        same folder) is kept as ``metrics.previous-<time>.jsonl`` and returned, so no step is recorded twice.
-        """
+        """Starts an empty metrics.jsonl for a run from step 0; one already there (a run killed before its first
+        checkpoint, restarted in the same folder) is kept as ``metrics.previous-<time>.jsonl`` and returned."""
         if not self.enabled:
             return None
         path = self.run_dir / "metrics.jsonl"

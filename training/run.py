@@ -1,10 +1,6 @@
 """One run, top to bottom: ``run_and_report`` -> ``run``: ``prepare`` (plan, data, build, restore, compile) ->
-start reporting -> ``train_loop`` (the steps, and the hooks that are due after each) -> ``finish`` (the summary).
-
-The step is ``compiled(state, batch) -> (state, metrics)``, built by the parallel mode (``parallel.base``) around
-the pure step (``core.step``). The hooks (``training.hooks``) act between steps, each when it is due; the final
-evaluation is the last step's hook and runs before the final checkpoint, so a diverged run leaves none.
-"""
+start reporting -> ``train_loop`` (the steps, ``compiled(state, batch)``, built by ``parallel.base`` around
+``core.step``, and the hooks that are due after each) -> ``finish`` (the summary)."""
 
 from __future__ import annotations
 
@@ -77,13 +73,9 @@ _NO_LINK_REPORTED: set[str] = set()  # device kinds whose missing link bandwidth
 
 
 def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None) -> bool:
-    """Runs ``cfg`` in ``run_dir``; returns True on success. ``startup``: what ``setup_runtime`` returned
-    (a bad multi-process setting in it is reported like any other bad input).
-
-    Bad input (config, data, a non-finite loss) prints one line ``error: ...`` on stderr and writes
-    ``summary.json`` with ``status: failed`` and the error; anything else is a bug and propagates with its
-    traceback (after the summary and W&B are closed).
-    """
+    """Runs ``cfg`` in ``run_dir`` (``startup``: what ``setup_runtime`` returned); returns True on success. Bad input
+    (``USER_ERRORS``) prints one line ``error: ...`` and writes a failed ``summary.json``; anything else is a bug
+    and propagates with its traceback, after the summary and W&B are closed."""
     jax.devices()  # the backend (started beside the imports by train.py): what is left of its start is `runtime`
     STARTUP.mark("runtime")
     reporter = Reporter(run_dir, enabled=jax.process_index() == 0)
@@ -192,13 +184,9 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
 # ---- before the first step -------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Prepared:
-    """One run, ready for its first step.
-
-    ``exp.state`` is the initial (or restored) placed state; ``first`` the batch of step ``start`` (already
-    placed; with ``exp.feed`` the device arrays the step gathers it from) and ``batches`` the iterator of the
-    following ones; ``compiled`` the compiled train step; ``info`` the run's static figures (summary keys: mesh,
-    batch, ``comm/*``, ``mem/*``, ``perf/*``).
-    """
+    """One run, ready for its first step: ``exp.state`` the initial (or restored) placed state, ``first`` the batch
+    of step ``start`` (with ``exp.feed``: the device arrays the step gathers it from), ``batches`` the following
+    ones, ``compiled`` the train step, ``info`` the run's static figures (summary keys)."""
 
     cfg: Config
     plan: Plan
@@ -297,14 +285,10 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
 
 
 def restore(cfg: Config, p: Plan, exp: Experiment, ckpt_plan, n_steps: int, steps_per_epoch: int):
-    """Restores the checkpoint the resume policy picks onto THIS run's layout, before compiling; returns
-    ``(restored or None, first step, the saved run's summary when it already finished or None)`` and warns
-    when the data order or settings changed.
-
-    Raises:
-      ConfigError: the checkpoint was trained with settings a resume refuses (checked on its metadata before
-        anything is restored: ``training.checkpoint.policy``), or it is past this run's last step.
-    """
+    """Restores the checkpoint the resume policy picks onto THIS run's layout, before compiling; returns ``(restored
+    or None, first step, the saved run's summary when it already finished or None)``; warns when the data order or
+    settings changed. Raises ConfigError for settings a resume refuses (``training.checkpoint.policy``, read from
+    the metadata before anything is restored) or a checkpoint past this run's last step."""
     checkpoint.check_resume_settings(ckpt_plan, as_dict(cfg), p.global_batch)  # refused: one line, nothing moved
     restored = checkpoint.resume(ckpt_plan, exp.mode, exp.state)
     if restored is None:
@@ -439,22 +423,13 @@ def train_loop(
     bar=None,
 ) -> LoopState:
     """Runs steps ``start + 1 .. n_steps`` from ``loop.state``; returns ``loop`` with the final state. Marks the
-    first dispatch on ``loop.clock`` (``perf/startup_s``); closes every hook when it ends (also on errors).
+    first dispatch on ``loop.clock``; closes every hook when it ends (also on errors).
 
-    With more than one device at most ``bound`` steps are in flight: after dispatching step t the loop waits for
-    the output of step t - ``bound`` (on the CPU backend, too many steps of simulated-device collectives in flight
-    abort the process). With one device (``bound`` None) the host never waits for a step except inside the hooks.
-
-    Args:
-      compiled: the compiled train step ``(state, batch) -> (state, metrics)`` (with the gather inside it,
-        ``Experiment.feed``: ``(state, (split, order)) -> (state, metrics)``).
-      first_batch: the placed batch of step ``start`` (with the gather inside the step: the device arrays it
-        gathers from, ``DeviceSource.device_feeds``); ``batches`` yields the following ones.
-      transfer_guard: ``jax.transfer_guard`` level around the dispatch (``disallow``: any implicit host <->
-        device transfer there raises; hooks run outside the guard and copy explicitly). ``allow``, JAX's
-        default, sets no guard (a level set for the whole process, e.g. ``JAX_TRANSFER_GUARD``, applies).
-      bar: a tqdm progress bar, or None.
-    """
+    ``compiled``: the train step ``(state, batch) -> (state, metrics)`` (with the gather inside it, the batch is the
+    split's device arrays, ``Experiment.feed``); ``first_batch`` the placed batch of step ``start``, ``batches`` the
+    following ones. ``bound``: with more than one device, after dispatching step t wait for step t - ``bound``
+    (the CPU backend aborts with too many simulated-device collectives in flight); None: never wait.
+    ``transfer_guard``: ``jax.transfer_guard`` level around the dispatch (``allow``, JAX's default, sets none)."""
     in_flight: collections.deque = collections.deque()
     batch = first_batch
     # "allow" is JAX's default: no guard context per step (it costs host time in every step)
@@ -506,16 +481,9 @@ def run_hooks(hooks: Sequence[Hook], loop: LoopState, step: int) -> None:
 
 
 def close_hooks(hooks: Sequence[Hook], error: Optional[BaseException]) -> None:
-    """Closes every hook, in order, also when one of them raises (the profiler and the signal handlers are always
-    released, the last asynchronous save always awaited).
-
-    Raises:
-      when ``error`` (the exception the loop is ending with) is None: the first exception a hook's ``close``
-      raised, once all are closed (any further one is printed as a ``warning:`` line). Otherwise ``error`` stays
-      the run's error and each close error is one ``warning:`` line (stderr and the log) instead of replacing it:
-      e.g. a checkpoint whose background write failed after a SIGTERM's save, which the SIGTERM line names.
-      A ``KeyboardInterrupt`` or ``SystemExit`` from a ``close`` propagates at once (the hooks after it stay open).
-    """
+    """Closes every hook, in order, also when one of them raises. With ``error`` None (the loop ended well) the
+    first close error is raised once all are closed; otherwise ``error`` stays the run's error and each close
+    error is one ``warning:`` line. A ``KeyboardInterrupt`` or ``SystemExit`` from a ``close`` propagates at once."""
     failures: list[tuple[Hook, BaseException]] = []
     for hook in hooks:
         try:

@@ -1,12 +1,9 @@
-"""Process set-up that must happen before the JAX backend starts (simulated CPU devices, XLA flags, the persistent
-compilation cache, a multi-process join), and the backend's start itself, on a thread beside the imports that
-follow (``start_backend``).
+"""Process set-up before the JAX backend starts (simulated CPU devices, XLA flags, the persistent compilation
+cache, a multi-process join), and the backend's start on a thread beside the imports that follow.
 
-JAX's persistent compilation cache (``runtime.compilation_cache_*``) keeps compiled programs on disk, so a
-repeated run or a sweep's next job loads them instead of compiling again; ``null`` for the folder turns it off.
-With several processes every process reads it but only process 0 writes it (JAX's rule), so it should be on a
-file system all processes see. The cache is trusted code: keep the folder private. A damaged entry is compiled
-again, and JAX's per-entry warnings become ONE log line per run (``CacheWarnings``)."""
+The persistent compilation cache (``runtime.compilation_cache_*``) keeps compiled programs on disk for a rerun
+or a sweep's next job; ``null`` turns it off. Only process 0 writes it (JAX's rule). It is trusted code: keep
+the folder private. JAX's per-entry warnings about a damaged entry become ONE log line (``CacheWarnings``)."""
 
 from __future__ import annotations
 
@@ -28,13 +25,8 @@ log = logging.getLogger(__name__)
 
 def setup_runtime(cfg: Config) -> Startup:
     """Applies ``xla.flags``, ``runtime.cpu_devices`` and ``distributed`` once per process, before the backend starts,
-    and the persistent compilation cache settings (``runtime.compilation_cache_*``) for every job.
-
-    Returns what joining a multi-process job found (``Startup.error``: a bad setting, raised by ``training.run``).
-
-    Later calls in the same process (Hydra's default launcher runs every sweep job in one process) leave the
-    settings as they are: the device count of a process is fixed once its backend is up.
-    """
+    and the compilation cache settings for every job; returns what joining a multi-process job found. Later calls
+    in one process (a sweep under Hydra's default launcher) leave the device count and flags as they are."""
     import jax
 
     if backend_started():
@@ -60,17 +52,10 @@ def setup_runtime(cfg: Config) -> Startup:
 
 
 def start_backend() -> Optional[threading.Thread]:
-    """Starts JAX's backend (``jax.devices()``) on a thread of its own, so that opening the accelerator overlaps
-    the imports that follow it; returns the thread, or None when a backend is already up.
-
-    Call it after ``setup_runtime`` (the device count, XLA flags and a multi-process job's join must come first).
-    Opening a TPU chip takes seconds, part of it holding the interpreter lock, so the imports overlap the rest; a
-    CPU backend opens at once. The main thread's own first ``jax.devices()`` (``training.run.run_and_report``)
-    waits for it under JAX's backend lock and raises what a failed start raises (the thread swallows it, so a
-    failure is reported once, by the main thread). The thread is not a daemon: a process that ends during the
-    imports (a Ctrl-C) waits for the backend's start to finish, so it never exits while the start still runs in
-    C++ beside its teardown.
-    """
+    """Starts JAX's backend (``jax.devices()``) on a thread of its own, so that opening the accelerator (seconds on
+    a TPU) overlaps the imports that follow; returns the thread, or None when a backend is already up. Call it
+    after ``setup_runtime``. The main thread's own ``jax.devices()`` waits for it and raises what a failed start
+    raises; the thread is not a daemon, so the process never exits while the start still runs in C++."""
     if backend_started():
         return None
     import jax
@@ -88,16 +73,9 @@ def start_backend() -> Optional[threading.Thread]:
 
 @contextlib.contextmanager
 def without_ipython_probe() -> Iterator[None]:
-    """Imports inside run as if IPython were not installed, when this process is not an IPython session.
-
-    ``flax.nnx`` (its reprs: ``IPython.get_ipython()``, to choose colours) and ``treescope`` (its notebook
-    display hooks) import IPython when it is installed, which loads IPython, jedi and prompt_toolkit, to learn
-    what a script already knows (no IPython session). Both
-    handle a missing IPython (``ImportError``), so inside this block ``import IPython`` raises ImportError
-    (``sys.modules["IPython"] = None``, Python's documented way); afterwards the entry is removed and a later
-    ``import IPython`` loads the real package. Inside an IPython session (IPython already imported) nothing
-    changes.
-    """
+    """Imports inside run as if IPython were not installed (``sys.modules["IPython"] = None``), unless this process
+    is an IPython session: ``flax.nnx`` and ``treescope`` would import IPython, jedi and prompt_toolkit only to
+    learn that a script is not a notebook. A later ``import IPython`` loads the real package."""
     if "IPython" in sys.modules:
         yield
         return
@@ -115,11 +93,8 @@ CACHE_ENTRY_WARNING = re.compile(r"Error (reading|writing) persistent compilatio
 
 
 class CacheWarnings:
-    """Turns JAX's per-entry cache warnings into one log line per run (``install`` wraps ``warnings.showwarning``,
-    once per process; other warnings pass to the previous hook unchanged).
-
-    ``count``: cache warnings since the last ``reset`` (the first one is logged, the rest only counted).
-    """
+    """Turns JAX's per-entry cache warnings into one log line per run (``install`` wraps ``warnings.showwarning``
+    once per process; other warnings pass unchanged). ``count``: cache warnings since the last ``reset``."""
 
     folder: Optional[str] = None
     count = 0
@@ -163,14 +138,8 @@ class CacheWarnings:
 
 
 def cache_settings(cache_dir: Optional[str], min_compile_time_s: float, min_entry_bytes: int) -> dict:
-    """The ``jax.config`` values for these keys: ``{option name: value}``.
-
-    ``cache_dir`` None or empty: ``jax_enable_compilation_cache`` false (off, also when the
-    ``JAX_COMPILATION_CACHE_DIR`` environment variable set a folder).
-
-    Raises:
-      ValueError: a negative threshold (the message names the key).
-    """
+    """The ``jax.config`` values of these keys, ``{option: value}``; ``cache_dir`` None or empty turns the cache off
+    (also against ``JAX_COMPILATION_CACHE_DIR``). Raises ValueError for a negative threshold."""
     if min_compile_time_s < 0:
         raise ValueError(f"runtime.compilation_cache_min_compile_time_s={min_compile_time_s} must be >= 0")
     if min_entry_bytes < 0:
@@ -188,17 +157,9 @@ def cache_settings(cache_dir: Optional[str], min_compile_time_s: float, min_entr
 def configure_compilation_cache(
     cache_dir: Optional[str], min_compile_time_s: float = 0.0, min_entry_bytes: int = 0
 ) -> Optional[str]:
-    """Applies the cache settings to ``jax.config``; returns the cache folder in use (None: off).
-
-    Settings that differ from the process's current ones reset JAX's cache object first (public
-    ``jax.experimental.compilation_cache.reset_cache``), so the jobs of a sweep that share one process
-    each get their own settings; unchanged settings leave it as it is. The folder is created on the first
-    write, by JAX. A folder that cannot be written (a file, /proc, a read-only mount) turns the cache off with
-    one warning line naming the key (a cache is an optimisation: the run goes on, as it would without one).
-
-    Raises:
-      ValueError: a negative threshold.
-    """
+    """Applies the cache settings to ``jax.config`` (resetting JAX's cache object when they change, so each job of a
+    sweep in one process gets its own); returns the folder in use (None: off). A folder that cannot be written
+    turns the cache off with one warning line: the run goes on as without one."""
     import jax
     from jax.experimental.compilation_cache import compilation_cache
 

@@ -1,10 +1,10 @@
-"""End of a Hydra sweep: count the failed jobs, name their folders and errors, exit non-zero when any failed.
+"""The Hydra callback of every sweep (``hydra.callbacks.sweep_summary`` in ``conf/config.yaml``): at the end, count
+the failed jobs, name their folders and errors, exit non-zero when any failed; during it, stop on a signal.
 
-Registered in ``conf/config.yaml`` as ``hydra.callbacks.sweep_summary``. Hydra calls ``on_multirun_end`` in
-the launching process after every job has returned, for the basic launcher (jobs in-process) and for
-``hydra/launcher=submitit_local`` (jobs in their own processes) alike, so the count is taken from the job
-folders on disk: each job writes ``summary.json`` with ``status`` ok or failed (``training.run.run_and_report``); a job
-folder without one died before it could write it (killed, out of memory, a crash of the interpreter).
+Hydra calls ``on_multirun_end`` in the launching process after every job has returned, for the basic launcher
+(jobs in-process) and for ``hydra/launcher=submitit_local`` (jobs in their own processes) alike, so the count is
+taken from the job folders on disk: each job writes ``summary.json`` with ``status`` ok or failed; a job folder
+without one died before it could write it (killed, out of memory, a crash of the interpreter).
 
 SIGTERM or SIGINT during a sweep (``training.process.SweepStop``, installed at the sweep's start): the running
 job saves a checkpoint and stops, no later job starts (``train.py`` writes ``status: skipped`` for it), and the
