@@ -398,3 +398,22 @@ def test_slurm_paths_send_sigterm_before_the_time_limit(tmp_path):
     assert [line for line in sbatch.splitlines() if "--signal" in line] == ["#SBATCH --signal=TERM@120"]
     script = (REPO / "scripts" / "sbatch_example.sh").read_text()
     assert "#SBATCH --signal=TERM@120" in script and "exec python train.py" in script
+
+
+# ---- the launcher's output ----------------------------------------------------------------------------------
+@pytest.mark.unit
+def test_launch_local_leaves_out_gloo_connection_lines(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("launch_local", REPO / "scripts" / "launch_local.py")
+    launch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launch)
+    src = tmp_path / "src"
+    src.write_bytes(
+        b"start\n[Gloo] Rank 3 is connected to 3 peer ranks. Expected number of connected peer ranks is"
+        b" : 3\ntrain: 50%\rtrain: 100%\nerror: real\n"
+    )
+    out, counter = tmp_path / "out", [0]
+    with open(src, "rb") as s, open(out, "wb") as d:
+        launch.forward_filtered(s, d, counter)
+    assert out.read_bytes() == b"start\ntrain: 50%\rtrain: 100%\nerror: real\n" and counter == [1]

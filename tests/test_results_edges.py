@@ -457,3 +457,22 @@ def test_readme_quick_start_experiment_runs_clean(tmp_path):
     res = run_train(tmp_path / "run", *shlex.split(command)[2:])
     assert res.returncode == 0, res.stderr[-2000:]
     assert "warning" not in (res.stdout + res.stderr).lower()
+
+
+# ---- metrics.jsonl and summary.json are strict JSON ---------------------------------------------------------
+@pytest.mark.unit
+def test_strict_record_writes_null_and_lists_the_keys():
+    import numpy as np
+
+    from training.report import strict_record
+
+    rec = {"step": 3, "a": float("nan"), "b": np.float32("-inf"), "c": 1.5, "d": [float("inf"), 2.0]}
+    assert strict_record(rec) == {
+        "step": 3,
+        "a": None,
+        "b": None,
+        "c": 1.5,
+        "d": [None, 2.0],
+        "nonfinite": {"a": "nan", "b": "-inf"},
+    }
+    assert strict_record({"step": 1, "c": 1.0}) == {"step": 1, "c": 1.0}
