@@ -174,7 +174,7 @@ def _numpy_idx_builder(name: str):
     not registered, so TFDS's own stays the registered one) reads the extracted idx files with numpy (header:
     16 bytes for images, 8 for labels; big-endian sizes, uint8 data, LeCun et al.) and encodes each 28x28x1
     image as PNG with Pillow. PNG is lossless: the decoded pixels equal those of a copy prepared by TFDS with
-    TensorFlow (tests/test_first_hour.py compares all 70,000 MNIST examples).
+    TensorFlow (tests/test_datasets.py compares all 70,000 MNIST examples).
     """
     import io
 
