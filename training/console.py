@@ -116,9 +116,13 @@ def startup_breakdown_line(clock_summary: dict[str, Any], compile_cache: str | N
     return f"{head}: {', '.join(parts)}" if parts else head
 
 
-def window_line(step: int, n_steps: int, loss: float, examples_per_s: float) -> str:
-    """One line per logging window for train.log (and the console above the bar)."""
-    return f"step {step}/{n_steps} loss={loss:.4f} examples/s={examples_per_s:.0f}"
+def window_line(
+    step: int, n_steps: int, loss: float, examples_per_s: float, tokens_per_s: Optional[float] = None
+) -> str:
+    """One line per logging window for train.log (and the console above the bar); a language model's
+    (``tokens_per_s`` given) ends with its tokens/s."""
+    tokens = f" tokens/s={tokens_per_s:.0f}" if tokens_per_s is not None else ""
+    return f"step {step}/{n_steps} loss={loss:.4f} examples/s={examples_per_s:.0f}{tokens}"
 
 
 def figure(value: Any, spec: str, unit: str = "") -> str:
@@ -131,18 +135,21 @@ def throughput_text(summary: dict[str, Any]) -> str:
     """The end line's throughput: ``examples/s=13981 (median of 6 windows, p25-p75 13500-14200)``, ``... (1
     window)``, or, when no window after the first was measured (a run shorter than two logging windows),
     ``examples/s=n/a (no steady-state window: the run ended in its first logging window)``: never a median
-    of 0 windows."""
+    of 0 windows. A language model's (a summary with ``perf/tokens_per_s``) ends with ``tokens/s=...`` (the same
+    windows' median)."""
     n = summary.get("perf/windows_measured")
     eps = summary.get("perf/examples_per_s")
     if not isinstance(n, int) or not n or eps is None:
         return "examples/s=n/a (no steady-state window: the run ended in its first logging window)"
+    tps = summary.get("perf/tokens_per_s")
+    tokens = f" tokens/s={figure(tps, '.0f')}" if tps is not None else ""
     if n == 1:
-        return f"examples/s={figure(eps, '.0f')} (1 window)"
+        return f"examples/s={figure(eps, '.0f')} (1 window){tokens}"
     p25, p75 = (
         figure(summary.get("perf/examples_per_s_p25"), ".0f"),
         figure(summary.get("perf/examples_per_s_p75"), ".0f"),
     )
-    return f"examples/s={figure(eps, '.0f')} (median of {n} windows, p25-p75 {p25}-{p75})"
+    return f"examples/s={figure(eps, '.0f')} (median of {n} windows, p25-p75 {p25}-{p75}){tokens}"
 
 
 # ---- paths ----------------------------------------------------------------------------------------------------

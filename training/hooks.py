@@ -272,7 +272,16 @@ class WindowLog(Hook):
         self.reporter.log(records)
         self.bar.set_postfix(loss=f"{loop.last['train/loss']:.4f}", ex_s=f"{perf['perf/examples_per_s']:.0f}")
         if self.reporter.enabled:  # process 0 (the others' figures are their own timings)
-            log.info("%s", window_line(step, self.n_steps, loop.last["train/loss"], perf["perf/examples_per_s"]))
+            log.info(
+                "%s",
+                window_line(
+                    step,
+                    self.n_steps,
+                    loop.last["train/loss"],
+                    perf["perf/examples_per_s"],
+                    perf.get("perf/tokens_per_s"),
+                ),
+            )
 
 
 class NonFiniteLoss(TrainingError):
