@@ -50,13 +50,13 @@ def main() -> None:
 
     from conf.schema import from_dict
     from data.pipeline import TrainSource, train_batches
-    from data.sources import load_tfds_split
+    from data.sources import load_tfds_split, resolve_data_dir
     from parallel.state import metrics_to_host
     from training.build import batches_need_index, build, plan
 
     cfg = from_dict({"mesh": {"devices": 1}, "train": {"global_batch": 256}})
     # the decoded cache where train.py keeps it (data.cache_dir: $XDG_CACHE_HOME or ~/.cache, then dp_scaling)
-    train = load_tfds_split("mnist", "train", os.environ.get("TFDS_DATA_DIR"), cfg.data.cache_dir)
+    train = load_tfds_split("mnist", "train", resolve_data_dir(None), cfg.data.cache_dir)
     exp = build(plan(cfg))
     layout = exp.mode.batch_layout()
     source = TrainSource(train, 256, 0, with_index=batches_need_index(cfg))

@@ -35,9 +35,15 @@ class HostDataset:
         return int(self.labels.shape[0])
 
 
-def resolve_data_dir(data_dir: Optional[str]) -> Optional[str]:
-    """``data.data_dir``, else the ``TFDS_DATA_DIR`` environment variable, else None (TFDS's default)."""
-    return data_dir or os.environ.get("TFDS_DATA_DIR") or None
+# The shared data folder beside the repository (../shared/tensorflow_datasets), used when nothing else is named.
+SHARED_TFDS = Path(__file__).resolve().parents[2] / "shared" / "tensorflow_datasets"
+
+
+def resolve_data_dir(data_dir: Optional[str], shared: Path = SHARED_TFDS) -> Optional[str]:
+    """``data.data_dir``, else the ``TFDS_DATA_DIR`` environment variable, else ``shared``
+    (``../shared/tensorflow_datasets`` beside the repository) when that folder exists, else None (TFDS's
+    default, ``~/tensorflow_datasets``)."""
+    return data_dir or os.environ.get("TFDS_DATA_DIR") or (str(shared) if shared.is_dir() else None)
 
 
 def load_tfds_split(

@@ -545,3 +545,26 @@ def test_missing_dataset_without_network_or_download_is_one_line(tmp_path, monke
     )
     with pytest.raises(DataError, match="is not prepared in .* and data.download=false"):
         load_tfds_split("mnist", "train", str(tmp_path), str(tmp_path / "cache"), download=False)
+
+
+@pytest.mark.unit
+def test_the_data_folder_is_the_shared_one_beside_the_repository_when_nothing_names_one(tmp_path, monkeypatch):
+    """data.data_dir, else TFDS_DATA_DIR, else ../shared/tensorflow_datasets when it exists (nothing to export),
+    else TFDS's default; an empty TFDS_DATA_DIR counts as unset."""
+    from data.sources import SHARED_TFDS, prepared_version, resolve_data_dir
+
+    assert SHARED_TFDS == REPO.parent / "shared" / "tensorflow_datasets"
+    shared = tmp_path / "shared" / "tensorflow_datasets"
+    monkeypatch.delenv("TFDS_DATA_DIR", raising=False)
+    assert resolve_data_dir(None, shared) is None  # no such folder: TFDS's default (~/tensorflow_datasets)
+    shared.mkdir(parents=True)
+    assert resolve_data_dir(None, shared) == str(shared)
+    assert resolve_data_dir("", shared) == str(shared)
+    monkeypatch.setenv("TFDS_DATA_DIR", "")
+    assert resolve_data_dir(None, shared) == str(shared)
+    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "env"))
+    assert resolve_data_dir(None, shared) == str(tmp_path / "env")
+    assert resolve_data_dir(str(tmp_path / "cfg"), shared) == str(tmp_path / "cfg")
+    if (SHARED_TFDS / "mnist").is_dir():  # this machine's copy is found without TFDS_DATA_DIR
+        monkeypatch.delenv("TFDS_DATA_DIR")
+        assert resolve_data_dir(None) == str(SHARED_TFDS) and prepared_version("mnist", resolve_data_dir(None))
