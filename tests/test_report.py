@@ -368,11 +368,31 @@ def test_speedup_and_efficiency_figures(tmp_path):
     assert list(diag.get_xdata()) == list(diag.get_ydata()) == [1, 2, 4, 8]
     assert legend_texts(ax) == ["fsdp", "jit_sharding", "ideal (y = x)"]
     (ax,) = figs["efficiency"].axes
-    # the 1-device interval reaches 1.2 / 0.9 = 1.33: the axis goes to 1.05 x that (was clipped at 1.1)
-    assert ax.get_ylim() == pytest.approx((0.0, 1.4)) and ax.get_yscale() == "linear" and len(ax.containers) == 2
+    # fsdp's 2-device interval reaches 1520 x 1.2 / (800 x 0.9) / 2 = 1.267: the axis goes to 1.05 x that (was
+    # clipped at 1.1); the 1-device intervals (1.2 / 0.9 = 1.333) do not widen it, the title says where they end
+    assert ax.get_ylim() == pytest.approx((0.0, 1.33)) and ax.get_yscale() == "linear" and len(ax.containers) == 2
+    assert ax.get_title() == "the 1-device interval reaches 1.33, above the axis"
     (one,) = [line for line in ax.get_lines() if line.get_label() == "ideal (1.0)"]
     assert list(one.get_ydata()) == [1.0, 1.0]
     assert list(ax.containers[1].lines[0].get_ydata()) == pytest.approx([1.0, 0.9, 0.75, 0.5])
+
+
+@pytest.mark.unit
+def test_efficiency_keeps_its_range_on_the_informative_points(tmp_path):
+    """A noisy 1-device series (min-max 0.68-1.46 x its median: an efficiency interval of 0.47-2.15 there) no
+    longer stretches the axis to 2.25 and squeezes the other points into the bottom half: the range holds every
+    point and every multi-device bar; the title says how far the 1-device bar reaches."""
+    root = make_sweep(tmp_path / "mr")
+    for job, factor in ((0, 0.68), (2, 1.46)):  # jit_sharding, 1 device, seeds 0 and 2
+        (root / str(job) / "summary.json").write_text(json.dumps(ok_summary("jit_sharding", 1, 1000.0 * factor)))
+    rows = rows_of(root)
+    (one,) = [r for r in rows if r["parallel"] == "jit_sharding" and r["devices"] == 1]
+    assert (one["efficiency_ci_low"], one["efficiency_ci_high"]) == pytest.approx((0.68 / 1.46, 1.46 / 0.68))
+    (ax,) = make_figures(rows)["efficiency"].axes
+    multi = [r[k] for r in rows if r["devices"] > 1 for k in ("efficiency", "efficiency_ci_high")]
+    assert ax.get_ylim() == pytest.approx((0.0, round(max(multi) * 1.05, 2)))
+    assert max(multi) <= ax.get_ylim()[1] < one["efficiency_ci_high"]
+    assert ax.get_title() == "the 1-device interval reaches 2.15, above the axis"
 
 
 @pytest.mark.unit
@@ -586,7 +606,8 @@ def test_figures_use_human_units_and_clip_nothing(tmp_path):
     no_link = {"comm/ratio_model": None}
     root = make_sweep(tmp_path / "mr", **no_link)
     # a fast 2-device repeat: the efficiency interval reaches 2 x 1000 x 1.3 / (2 x 900) = 1.44
-    write_job(root, 99, ok_summary("jit_sharding", 2, 2 * 1.3 * 1000.0, **no_link), ["mesh.devices=2", "train.seed=9"])
+    overrides = ["mesh.devices=2", "parallel=jit_sharding", "train.seed=9", "data=synthetic"]  # a 4th repeat
+    write_job(root, 99, ok_summary("jit_sharding", 2, 2 * 1.3 * 1000.0, **no_link), overrides)
     rows = rows_of(root)
     figs = make_figures(rows)
     assert set(figs) == {"throughput", "speedup", "efficiency", "comm", "memory"}
@@ -614,8 +635,8 @@ def test_figures_use_human_units_and_clip_nothing(tmp_path):
     (thr,) = figs["throughput"].axes
     assert [t.get_text() for t in thr.get_yticklabels()] == ["1k", "2k", "5k", "10k"]
     (eff,) = figs["efficiency"].axes
-    top = max(r["efficiency_ci_high"] for r in rows if r["efficiency_ci_high"] is not None)
-    assert top > 1.1 and eff.get_ylim()[1] >= top
+    top = max(r["efficiency_ci_high"] for r in rows if r["efficiency_ci_high"] is not None and r["devices"] > 1)
+    assert top == pytest.approx(2 * 1.3 * 1000.0 / (2 * 900.0)) and eff.get_ylim()[1] >= top
 
 
 @pytest.mark.unit
