@@ -413,6 +413,42 @@ def test_comm_figure_distinct_styles_and_link_sentence(tmp_path):
 
 
 @pytest.mark.unit
+def test_coinciding_series_in_comm_stay_visible(tmp_path):
+    """pmap, jit_sharding and shard_map send the same bytes: their points are drawn side by side around each device
+    count (values unchanged, in legend order, within a third of an octave), the panels' titles say so, and a
+    series that coincides with none (fsdp's payload) keeps its x."""
+    from sweeps.report.plots import SIDE_BY_SIDE, dodged_x
+
+    root = tmp_path / "mr"
+    job = 0
+    for mode in ("pmap", "jit_sharding", "shard_map", "fsdp"):
+        for d in (1, 2, 4, 8):
+            write_job(root, job, ok_summary(mode, d, 100.0 * d), [f"mesh.devices={d}", f"parallel={mode}"])
+            job += 1
+    payload, ring, ratio = make_figures(rows_of(root))["comm"].axes
+    assert legend_texts(payload.figure) == ["fsdp", "jit_sharding", "pmap", "shard_map"]
+    fsdp, *same = payload.get_lines()
+    assert list(fsdp.get_xdata()) == [1, 2, 4, 8] and fsdp.get_gid() is None
+    assert [list(line.get_ydata()) for line in same] == [[PAYLOAD] * 4] * 3
+    for i, d in enumerate((1, 2, 4, 8)):
+        xs = [line.get_xdata()[i] for line in same]
+        assert xs == sorted(xs) and len(set(xs)) == 3 and d / 2**0.34 < xs[0] < d < xs[2] < d * 2**0.34
+        assert xs[1] == pytest.approx(d)
+    assert all(line.get_gid() == "dodged" for line in same)
+    for ax in (ring, ratio):  # here fsdp's values are equal too: four side by side
+        xs = [line.get_xdata()[3] for line in ax.get_lines()]
+        assert len(set(xs)) == 4 and xs == sorted(xs)
+        assert len({tuple(line.get_ydata()) for line in ax.get_lines()}) == 1
+    assert all(ax.get_title().endswith(f"({SIDE_BY_SIDE})") for ax in (payload, ring, ratio))
+    # the rule itself: values within 1% of the largest coincide; the spread never exceeds 0.6 octave
+    assert dodged_x([[(2, 100.0)], [(2, 50.0)]], 4.0) == ([[2.0], [2.0]], [False, False])
+    ((a,), (b,)), shared = dodged_x([[(2, 100.0)], [(2, 99.5)]], 4.0)
+    assert (a, b) == pytest.approx((2 * 2**-0.05, 2 * 2**0.05)) and shared == [True, True]
+    many = [x for (x,) in dodged_x([[(8, 1.0)]] * 20, 40.0)[0]]
+    assert many == sorted(many) and many[0] == pytest.approx(8 * 2**-0.3) and many[-1] == pytest.approx(8 * 2**0.3)
+
+
+@pytest.mark.unit
 def test_memory_and_time_to_target_figures(tmp_path):
     figs = make_figures(rows_of(make_sweep(tmp_path / "mr", seeds=(0,))))
     (ax,) = figs["memory"].axes
