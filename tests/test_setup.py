@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 RECORD = '#!/bin/sh\necho "{name} $*" >> "$SETUP_LOG"\n'
 # stands in for python3: `-c ...` (the Makefile's IN_VENV) exits $FAKE_IN_VENV; `-m venv DIR` makes DIR with an
@@ -107,3 +109,45 @@ def test_ci_installs_into_a_fresh_virtual_environment_of_its_own():
     test = 'python -m pytest -q -m "not slow"'
     assert make_venv < activate < install < lines.index("make lint") < lines.index(test) == len(lines) - 1
     assert f"\n{test}\n" in (REPO / "README.md").read_text()
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@pytest.mark.unit
+def test_every_package_the_repository_imports_is_installed_by_requirements_txt():
+    """Each third-party module imported anywhere (code, tests, benchmarks) belongs to a distribution that
+    requirements.txt names or that one of those requires: a fresh virtual environment has it (IPython, imported
+    by tests/test_startup.py, was missing)."""
+    import ast
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    wanted = [
+        Requirement(line.split("#")[0].strip())
+        for line in (REPO / "requirements.txt").read_text().splitlines()
+        if line.split("#")[0].strip()
+    ]
+    installed, todo = set(), list(wanted)
+    while todo:
+        req = todo.pop()
+        if _normal(req.name) in installed or (req.marker and not req.marker.evaluate({"extra": ""})):
+            continue
+        installed.add(_normal(req.name))
+        todo += [Requirement(r) for r in metadata.requires(req.name) or ()]
+    files = [p for p in REPO.rglob("*.py") if not {".git", ".venv", "outputs", "multirun"} & set(p.parts)]
+    local = {p.stem for p in files} | {p.parent.name for p in files}
+    imported = set()
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+    third_party = sorted(imported - local - set(sys.stdlib_module_names))
+    providers = metadata.packages_distributions()
+    missing = [m for m in third_party if not {_normal(d) for d in providers.get(m, [])} & installed]
+    assert missing == [], missing
+    assert {"jax", "IPython", "hydra", "wandb", "matplotlib"} <= set(third_party)
