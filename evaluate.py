@@ -122,7 +122,7 @@ def find_step_dir(path: Path) -> Path:
 
 def load_test_split(cfg, p):
     """The host test split named by ``cfg.data`` (synthetic: the same split training evaluated on); for
-    ``model=gpt`` the validation windows training evaluated on (``training.prepare.load_text_data``, which needs
+    ``model=gpt`` the validation windows training evaluated on (``training.build.load_text_data``, which needs
     the run's ``Plan`` ``p``)."""
     from data.pipeline import synthetic_eval
     from data.sources import load_tfds_split
@@ -130,7 +130,7 @@ def load_test_split(cfg, p):
 
     d = cfg.data
     if cfg.model.name == "gpt":
-        from training.prepare import load_text_data
+        from training.build import load_text_data
 
         return load_text_data(cfg, p)[1]
     if d.name == "synthetic":
@@ -159,17 +159,8 @@ def compose_eval_config(saved_cfg: dict, overrides: Sequence[str] = ()):
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from conf.schema import (
-        OPTION_SCHEMAS,
-        ConfigInputError,
-        check_known_keys,
-        check_option_names,
-        from_dict,
-        is_composition_error,
-        one_line,
-        quote_numeric_options,
-        register,
-    )
+    from conf.errors import check_keys, is_composition_error, one_line, quote_numeric_options
+    from conf.schema import OPTION_SCHEMAS, Config, ConfigInputError, from_dict, register
     from core.errors import ConfigError
 
     register()
@@ -194,8 +185,7 @@ def compose_eval_config(saved_cfg: dict, overrides: Sequence[str] = ()):
         GlobalHydra.instance().clear()
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             composed = compose(config_name="config", overrides=base + list(overrides))
-        check_known_keys(composed)
-        check_option_names(composed)
+        check_keys(composed, OPTION_SCHEMAS)
         merged = OmegaConf.merge(saved_cfg, OmegaConf.from_dotlist(EVAL_DEFAULTS))
         for key in ["parallel", *(o.key_or_group for o in parsed)]:
             value = OmegaConf.select(composed, key, default=_NOT_A_KEY)
@@ -207,7 +197,7 @@ def compose_eval_config(saved_cfg: dict, overrides: Sequence[str] = ()):
     except Exception as e:
         if not is_composition_error(e):
             raise
-        raise ConfigError(one_line(e)) from None
+        raise ConfigError(one_line(e, Config, OPTION_SCHEMAS)) from None
     finally:
         GlobalHydra.instance().clear()
 
@@ -274,7 +264,7 @@ def evaluate_checkpoint(path: Path, overrides: Sequence[str] = ()) -> dict:
 
     from data.pipeline import make_eval_set
     from training.build import build, plan
-    from training.run import evaluate
+    from training.hooks import evaluate
 
     p = plan(cfg)
     exp = build(p)
@@ -294,7 +284,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a line")
     args = parser.parse_intermixed_args(argv)  # --json before, between or after the overrides
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from training.console_lines import quiet_known_noise
+    from training.console import quiet_known_noise
 
     quiet_known_noise()  # as train.py: the TPU probe, TFDS's OpenCV notice and its look for unprepared data
 
@@ -317,11 +307,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    from training import interrupt
+    from training import process
 
-    interrupt.install("error: interrupted by SIGINT (Ctrl-C) and stopped (HYDRA_FULL_ERROR=1 prints where)")
-    with interrupt.interrupt_as_keyboard():  # a Ctrl-C in numpy's or jaxlib's import surfaces as an ImportError
-        with interrupt.HeldSigint():  # a Ctrl-C inside jaxlib's initialisation can abort the process
+    process.install_interrupt_hooks(
+        "error: interrupted by SIGINT (Ctrl-C) and stopped (HYDRA_FULL_ERROR=1 prints where)"
+    )
+    with process.interrupt_as_keyboard():  # a Ctrl-C in numpy's or jaxlib's import surfaces as an ImportError
+        with process.HeldSigint():  # a Ctrl-C inside jaxlib's initialisation can abort the process
             import jax  # noqa: F401
         code = main()
     sys.exit(code)

@@ -38,10 +38,11 @@ def load_model(step_dir: Path):
     import jax.numpy as jnp
     from flax import nnx
 
-    from conf.schema import from_dict, model_kwargs
+    from conf.schema import from_dict
     from core.errors import ConfigError
     from models import build_model
     from training import checkpoint
+    from training.build import model_kwargs
 
     saved = checkpoint.read_metadata(step_dir).get("config", {})
     name = (saved.get("model") or {}).get("name")

@@ -26,7 +26,7 @@ compiles every run; ``benchmarks/overhead.py --bare-cache`` compares with both w
 
 ``--timings``: writes seconds since the script started at each phase (imports, data, first step, each epoch,
 train, eval, end), the start as ``t0_epoch_s``, ``steady_examples_per_s`` (epochs 2..N) and
-``window_examples_per_s_median`` to a JSON file, for ``benchmarks/startup.py`` and ``benchmarks/overhead.py``.
+``window_examples_per_s_median`` to a JSON file, for ``benchmarks/overhead.py``.
 The windows are what ``train.py`` measures for ``perf/examples_per_s``: ``--window`` steps (its
 ``train.log_every``, 50) each ending with ``block_until_ready``, the first one (compilation) dropped, the median
 of the rest.

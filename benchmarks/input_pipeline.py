@@ -53,7 +53,7 @@ def main() -> None:
     from data.pipeline import SyntheticSource, TrainSource, train_batches
     from data.sources import load_tfds_split, resolve_data_dir
     from training.build import build, plan
-    from training.run import batches_need_index
+    from training.build import batches_need_index
 
     data_dir = resolve_data_dir(None)
     if not data_dir or not os.path.isdir(os.path.join(data_dir, "mnist")):

@@ -350,9 +350,9 @@ def main() -> None:
 
     from conf.schema import from_dict
     from data.pipeline import TrainSource, train_batches
-    from data.sources import HostDataset, load_tfds_split
+    from data.sources import HostDataset, load_tfds_split, resolve_data_dir
     from training.build import build, plan
-    from training.run import batches_need_index
+    from training.build import batches_need_index
 
     dtype = {"fp32": jnp.float32, "bf16": jnp.bfloat16}[args.precision]
     cfg = from_dict(
@@ -362,7 +362,7 @@ def main() -> None:
             "precision": {"name": args.precision, "compute_dtype": jnp.dtype(dtype).name},
         }
     )
-    tfds_dir = os.environ.get("TFDS_DATA_DIR")
+    tfds_dir = resolve_data_dir(None)
     if tfds_dir and os.path.isdir(os.path.join(tfds_dir, "mnist")):
         # the decoded cache where train.py keeps it (data.cache_dir: $XDG_CACHE_HOME or ~/.cache, then dp_scaling)
         train = load_tfds_split("mnist", "train", tfds_dir, cfg.data.cache_dir)

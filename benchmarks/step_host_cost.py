@@ -14,8 +14,8 @@ step with the repository's extra leaves (a step counter, three loss-scale scalar
 - batch placement: main-thread CPU per batch, ``BatchLayout.place`` of ``TrainSource.local_batch`` (the
   prefetch thread's work) against the bare ``jax.device_put((images[idx], labels[idx]))``;
 - a logging window's metrics to the host: main-thread CPU and wall time per 50-step window, three ways:
-  ``ParallelMode.metrics_to_host`` of the window's list (``training.hooks.flush_window``: the steps' metrics
-  stacked on the device, ``parallel.base.window_to_host``), one ``jax.device_get`` of the list (a copy per
+  ``parallel.state.metrics_to_host`` of the window's list (``training.hooks.flush_window``: the steps' metrics
+  stacked on the device, ``parallel.state.window_to_host``), one ``jax.device_get`` of the list (a copy per
   metric and step, started together), and one call per step; the three results are checked bitwise equal.
 
     python benchmarks/step_host_cost.py [--trials 9] [--steps 100]
@@ -50,13 +50,13 @@ def main() -> None:
 
     from conf.schema import from_dict
     from data.pipeline import TrainSource, train_batches
-    from data.sources import load_tfds_split
-    from training.build import build, plan
-    from training.prepare import batches_need_index
+    from data.sources import load_tfds_split, resolve_data_dir
+    from parallel.state import metrics_to_host
+    from training.build import batches_need_index, build, plan
 
     cfg = from_dict({"mesh": {"devices": 1}, "train": {"global_batch": 256}})
     # the decoded cache where train.py keeps it (data.cache_dir: $XDG_CACHE_HOME or ~/.cache, then dp_scaling)
-    train = load_tfds_split("mnist", "train", os.environ.get("TFDS_DATA_DIR"), cfg.data.cache_dir)
+    train = load_tfds_split("mnist", "train", resolve_data_dir(None), cfg.data.cache_dir)
     exp = build(plan(cfg))
     layout = exp.mode.batch_layout()
     source = TrainSource(train, 256, 0, with_index=batches_need_index(cfg))
@@ -147,9 +147,9 @@ def main() -> None:
         return jax.block_until_ready(window)
 
     ways = {
-        "stacked": exp.mode.metrics_to_host,  # training.hooks.flush_window: the window's list in one call
+        "stacked": metrics_to_host,  # training.hooks.flush_window: the window's list in one call
         "one device_get": jax.device_get,  # the list's copies started together, one per metric and step
-        "per step": lambda window: [exp.mode.metrics_to_host(m) for m in window],
+        "per step": lambda window: [metrics_to_host(m) for m in window],
     }
 
     def transfer(way: str):

@@ -4,7 +4,7 @@ Two ways, bitwise the same values when threefry is partitionable (each value's b
 the flat element index, so a longer draw's prefix equals a shorter draw):
 
 * flat: each parameter drawn as a 1-D array over a power-of-two "bucket" of sizes, then cut and reshaped (cheap
-  to compile on XLA:CPU, where a multi-dimensional draw costs ~0.5-1 s of compile time);
+  to compile on XLA:CPU, where every multi-dimensional draw adds compile time);
 * in shape (``partitioned_draws``, around a jitted creation of a sharded state): each parameter of at least
   ``min_bytes`` drawn directly in its shape, so that XLA partitions the draw to the output's sharding and a
   device computes only its own shards.
@@ -60,7 +60,7 @@ def partitioned_draws(min_bytes: int = 1 << 20) -> Iterator[None]:
     bytes directly in its shape (when threefry is partitionable), so that XLA partitions the draw to the jitted
     program's output sharding: under fsdp each device computes only its own shard of a large parameter, never
     the whole of it. The values are bitwise those drawn outside the context. Smaller parameters keep the flat
-    draw: on XLA:CPU each multi-dimensional draw adds ~0.5-1 s of compile time, and a whole small parameter
+    draw: on XLA:CPU each multi-dimensional draw adds compile time, and a whole small parameter
     costs little memory (``min_bytes`` at most, as a temporary)."""
     token = _IN_SHAPE_MIN_BYTES.set(min_bytes)
     try:

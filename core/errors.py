@@ -1,7 +1,7 @@
 """The user-facing errors: each message is ONE line naming the offending values and the way out.
 
-``training.app`` turns any of ``USER_ERRORS`` into ``error: <line>`` on stderr, a failed ``summary.json`` and
-exit code 1 (no traceback).
+``training.run.run_and_report`` turns any of ``USER_ERRORS`` into ``error: <line>`` on stderr, a failed
+``summary.json`` and exit code 1 (no traceback).
 """
 
 from __future__ import annotations

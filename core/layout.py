@@ -44,9 +44,8 @@ class BatchLayout:
     def place(self, local: Batch, global_batch: int) -> Batch:
         """Assembles this process's rows into global device arrays (``make_array_from_process_local_data``).
 
-        With one process the local rows are the global batch: one ``jax.device_put`` of the whole dict
-        (same arrays, same sharding; ~1.0 instead of ~1.5 ms per 3-array MNIST batch on 8 simulated CPU
-        devices).
+        With one process the local rows are the global batch: one ``jax.device_put`` of the whole dict (same
+        arrays, same sharding, cheaper than assembling it from per-device pieces).
         """
         if self.process_count == 1:  # cheaper single-process placement
             return jax.device_put(

@@ -221,8 +221,8 @@ class Updater:
     ``optim/grad_norm`` (when computed) and, with loss scaling, ``precision/loss_scale`` and
     ``precision/skipped_steps``. The learning rate is a pure function of the step, so ``complete`` adds
     ``optim/lr`` on the host once per logging window; finiteness is checked there from the loss (and the
-    gradient norm). Every extra per-step output or reduction is a measurable part of a small model's step on
-    XLA:CPU (``benchmarks/overhead.py``; a step should hold the training work, not its bookkeeping).
+    gradient norm). A step holds the training work, not its bookkeeping: every extra per-step output or
+    reduction is a visible part of a small model's step (docs/performance.md).
 
     Attributes:
       tx: the optax transformation (clipping included).
@@ -232,8 +232,7 @@ class Updater:
       grad_norm_every: 0 (the default: no gradient norm), or N: ``optim/grad_norm``, the global L2 norm of the
         unscaled mean gradient, is computed (under ``lax.cond``) on the steps whose count after the update is a
         multiple of N; 1 = every step. Loss scaling needs the norm every step (its finiteness decides a
-        skip), so it forces 1. Measured cost when computed every step: ~1.6 ms of a ~9 ms MNIST-MLP step on 8
-        simulated CPU devices (a reduction over every gradient element, read in the all-reduce's layout).
+        skip), so it forces 1. Off by default: it is a reduction over every gradient element.
     """
 
     tx: optax.GradientTransformation

@@ -121,8 +121,7 @@ class DeviceSource(TrainSource):
         hands them over; the batch has ``layout``'s shapes and sharding. The rule it rests on: the step counter
         of the state the step is called with is the step ``device_feeds`` yielded the arrays for (true of
         ``train.py``'s loop, which starts ``device_feeds`` at the restored step; a mismatch would silently pick
-        another batch). One program per step instead of two: on a TPU v5e the MLP's step took 304.9 us against
-        525.7 us as gather + step (``benchmarks/results/gather_in_step_tpu_v5e.txt``)."""
+        another batch). One program per step instead of two: no gather to dispatch."""
         gather, spe = self._gather(layout), self.steps_per_epoch
         return DeviceFeed(
             batch_at=lambda arrays, step: gather(arrays[0], arrays[1], step % spe), sharding=layout.replicated
@@ -139,8 +138,7 @@ class DeviceSource(TrainSource):
         replicated = layout.replicated
         images, labels = self.dataset.images, self.dataset.labels
         # images as rows of H*W*C bytes, reshaped back to [B, H, W, C] once gathered: a TPU pads an array's minor
-        # dimensions to its tiles (TPU v5e: MNIST's [60000, 28, 28, 1] uint8 images took 53.8 MB, as [60000, 784]
-        # 47.1 MB)
+        # dimensions to its tiles, so [N, 28, 28, 1] would take more memory than [N, 784]
         with jax.transfer_guard("allow"):
             split = (_replicate(images.reshape(len(images), -1), replicated), _replicate(labels, replicated))
         spe, b = self.steps_per_epoch, self.global_batch
@@ -194,7 +192,7 @@ class DeviceFeed:
 
 def split_bytes(dataset: HostDataset) -> int:
     """Bytes of a split's host arrays (images + labels): what ``DeviceSource`` places on every device (a device's
-    layout may pad it: on a TPU v5e MNIST's 47,040,000 image bytes took 47,065,088)."""
+    layout may pad it slightly)."""
     return int(dataset.images.nbytes + dataset.labels.nbytes)
 
 
@@ -202,16 +200,13 @@ def split_fits_on_device(split_bytes: int, bytes_limit: Optional[int]) -> bool:
     """``data.on_device=null``: whether a training split of ``split_bytes`` goes to device memory: when it takes
     at most 1/8 of a device's ``bytes_limit`` (``Device.memory_stats()``: GPU, TPU); never where the backend
     reports no limit (None: the CPU backend, whose devices are the host's own cores, so a gather there is the
-    same host work: with the gather inside the step no difference was resolved at 1 or 8 devices,
-    ``benchmarks/results/gather_in_step_cpu.txt``; as a program of its own it was slower at 1 device and mixed
-    at 8, ``on_device_cpu.txt``)."""
+    same host work)."""
     return bool(bytes_limit) and split_bytes <= bytes_limit // 8
 
 
 def _replicate(value: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
     """``value`` on every device of ``sharding`` (replicated), also across processes (each process passes the
-    same value; ``jax.make_array_from_callback``: as fast as one ``device_put`` with one process, ~95 ms for
-    MNIST's 47 MB images on 8 simulated CPU devices)."""
+    same value; ``jax.make_array_from_callback``: as fast as one ``device_put`` with one process)."""
     return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
 
 
@@ -272,8 +267,7 @@ class SyntheticSource:
 
 def _random_bytes(key: jax.Array, shape: Sequence[int]) -> jax.Array:
     """uint8 ``shape`` of uniform random bytes: 32-bit words from ``jax.random.bits`` split into 4 bytes each
-    (2-4x cheaper than ``randint(0, 256)`` per byte on XLA:CPU, so synthetic data costs the devices
-    little; ~2 ms per 256x28x28x1 batch on 8 simulated CPU devices)."""
+    (cheaper than ``randint(0, 256)`` per byte on XLA:CPU, so synthetic data costs the devices little)."""
     n = math.prod(shape)
     words = jax.random.bits(key, (-(-n // 4),), jnp.uint32)
     return jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(-1)[:n].reshape(shape)

@@ -35,9 +35,15 @@ class HostDataset:
         return int(self.labels.shape[0])
 
 
-def resolve_data_dir(data_dir: Optional[str]) -> Optional[str]:
-    """``data.data_dir``, else the ``TFDS_DATA_DIR`` environment variable, else None (TFDS's default)."""
-    return data_dir or os.environ.get("TFDS_DATA_DIR") or None
+# The shared data folder beside the repository (../shared/tensorflow_datasets), used when nothing else is named.
+SHARED_TFDS = Path(__file__).resolve().parents[2] / "shared" / "tensorflow_datasets"
+
+
+def resolve_data_dir(data_dir: Optional[str], shared: Path = SHARED_TFDS) -> Optional[str]:
+    """``data.data_dir``, else the ``TFDS_DATA_DIR`` environment variable, else ``shared``
+    (``../shared/tensorflow_datasets`` beside the repository) when that folder exists, else None (TFDS's
+    default, ``~/tensorflow_datasets``)."""
+    return data_dir or os.environ.get("TFDS_DATA_DIR") or (str(shared) if shared.is_dir() else None)
 
 
 def load_tfds_split(
@@ -45,8 +51,8 @@ def load_tfds_split(
 ) -> HostDataset:
     """Reads one TFDS split into host arrays, through a cache of decoded arrays.
 
-    The first read decodes every PNG (~17 s for MNIST's 60,000 training images on 2 cores) and writes
-    ``<cache_dir>/<name>-<version>-<split>.npz``; later reads load that file (well under 2 s). The cache is
+    The first read decodes every PNG (slow: seconds for MNIST) and writes
+    ``<cache_dir>/<name>-<version>-<split>.npz``; later reads load that file. The cache is
     never written inside the TFDS folder, which may be read-only.
 
     A dataset that is not prepared under ``data_dir`` is downloaded and prepared there first
@@ -174,7 +180,7 @@ def _numpy_idx_builder(name: str):
     not registered, so TFDS's own stays the registered one) reads the extracted idx files with numpy (header:
     16 bytes for images, 8 for labels; big-endian sizes, uint8 data, LeCun et al.) and encodes each 28x28x1
     image as PNG with Pillow. PNG is lossless: the decoded pixels equal those of a copy prepared by TFDS with
-    TensorFlow (tests/test_first_hour.py compares all 70,000 MNIST examples).
+    TensorFlow (tests/test_datasets.py compares all 70,000 MNIST examples).
     """
     import io
 

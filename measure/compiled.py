@@ -1,6 +1,6 @@
 """Static measurements of the compiled step: communication, memory, FLOPs, and hardware look-ups.
 
-Each metric's definition is in its function's docstring (README, "Metrics", lists them).
+Each metric's definition is in its function's docstring (docs/metrics.md lists them).
 """
 
 from __future__ import annotations
@@ -133,3 +133,37 @@ def device_memory_stat(key: str) -> Optional[int]:
 def peak_bytes_per_device() -> Optional[int]:
     """Peak bytes in use on the first local device (GPU/TPU memory statistics), None where unavailable."""
     return device_memory_stat("peak_bytes_in_use")
+
+
+class CacheEvents:
+    """Counts JAX's persistent compilation cache events while open (``jax.monitoring`` listeners).
+
+    ``outcome()``: ``"hit"`` (every program compiled inside was loaded from the cache), ``"miss"`` (at least one
+    was compiled and not found), ``"off"`` (no program asked the cache: it is off, or nothing compiled).
+    """
+
+    EVENTS = {
+        "/jax/compilation_cache/compile_requests_use_cache": "requests",
+        "/jax/compilation_cache/cache_hits": "hits",
+        "/jax/compilation_cache/cache_misses": "misses",
+    }
+
+    def __init__(self) -> None:
+        self.counts = {"requests": 0, "hits": 0, "misses": 0}
+
+    def _on_event(self, event: str, **kwargs) -> None:
+        name = self.EVENTS.get(event)
+        if name is not None:
+            self.counts[name] += 1
+
+    def __enter__(self) -> "CacheEvents":
+        jax.monitoring.register_event_listener(self._on_event)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        jax.monitoring.unregister_event_listener(self._on_event)
+
+    def outcome(self) -> str:
+        if self.counts["misses"]:
+            return "miss"
+        return "hit" if self.counts["hits"] else "off"

@@ -39,8 +39,6 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
-import jax
-
 log = logging.getLogger(__name__)
 
 _COLLECTIVE_OPCODE_RE = re.compile(
@@ -279,6 +277,8 @@ class Profiler:
         self.enabled = False
 
     def _start(self) -> None:
+        import jax
+
         try:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             jax.profiler.start_trace(str(self.out_dir), create_perfetto_trace=True)
@@ -288,6 +288,8 @@ class Profiler:
         self._t0 = time.perf_counter()
 
     def after_step(self, done: int, last_output: Any) -> None:
+        import jax
+
         if not self.acts_at(done):
             return
         jax.block_until_ready(last_output)
@@ -329,6 +331,8 @@ class Profiler:
         if self.enabled and self._t0 is not None and not self._result:
             self.enabled = False
             try:
+                import jax
+
                 jax.profiler.stop_trace()
             except RuntimeError:
                 pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 
@@ -61,3 +62,8 @@ def token_rates(figures: dict) -> dict[str, float]:
         for key, value in figures.items()
         if key.startswith("perf/examples_per_s") and isinstance(value, (int, float)) and not isinstance(value, bool)
     }
+
+
+def perplexity(loss_nats: float) -> float:
+    """``exp(loss)`` of a mean per-token loss in nats (inf when it overflows)."""
+    return math.exp(loss_nats) if loss_nats < 700 else math.inf

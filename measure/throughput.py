@@ -174,7 +174,7 @@ def in_multirun() -> bool:
         return False
 
 
-# The phases of a job's start-up, in the order they happen (``StartupPhases``; README "Overhead and start-up").
+# The phases of a job's start-up, in the order they happen (``StartupPhases``; docs/metrics.md, "Start-up phases").
 STARTUP_PHASES = (
     "imports",  # interpreter start, then Hydra, JAX, flax, optax and the repository's modules
     "config",  # Hydra composition, the typed config and every check that needs neither data nor devices

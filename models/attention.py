@@ -24,8 +24,8 @@ from core.layout import current_batch_split
 ATTENTIONS = ("auto", "xla", "splash")
 SPLASH_BLOCK = 512  # largest block of queries/keys per kernel step (MaxText's default sa_block_* sizes)
 SPLASH_MIN_BLOCK = 128  # the TPU's lane width: a context must be a multiple of it
-# auto picks splash from this context on: on a TPU v5e at context 256 (6 layers x 384, head dim 64) XLA's
-# attention was the faster (1.05M against 0.92M tokens/s), at 1024 (GPT-2 small) splash (114k against 60k)
+# auto picks splash from this context on: below it XLA's attention was the faster on a TPU, above it splash
+# (docs/performance.md, "Accelerator")
 SPLASH_AUTO_MIN_CONTEXT = 512
 
 

@@ -37,9 +37,9 @@ def variance_scaling(scale: float, mode: str, distribution: str) -> nnx.Initiali
     bitwise the same values, but cheap to compile.
 
     Why: eager initialisation compiles one random draw per distinct parameter shape, and on XLA:CPU a draw of
-    a multi-dimensional shape (e.g. a ``3x3x4x8`` conv kernel) can take seconds to compile, while a flat draw
-    takes ~0.2 s. Here every draw is flat, over a power-of-two bucket of sizes (see ``core.draws.bucket``), then cut
-    and reshaped: a ResNet-18 is built in a few seconds instead of ~20. The bits of a threefry draw depend
+    a multi-dimensional shape (e.g. a ``3x3x4x8`` conv kernel) can take seconds to compile, a flat draw much
+    less. Here every draw is flat, over a power-of-two bucket of sizes (see ``core.draws.bucket``), then cut
+    and reshaped, so few programs are compiled. The bits of a threefry draw depend
     only on the flat element index (and, in partitionable mode, a longer draw extends a shorter one), so the
     values equal the stock initialiser's (``tests/test_models.py`` checks this).
     """

@@ -295,10 +295,6 @@ class Fsdp(ParallelMode):
         super().__init__(mesh, **kwargs)
         self.rules = check_rules(fsdp_rules)  # tried before DEFAULT_RULES
 
-    @classmethod
-    def check(cls, mesh_shape):
-        pass
-
     def _dim(self, path, x):
         shape, itemsize = np.shape(x), np.dtype(x.dtype).itemsize
         return rule_dim(path_name(path), shape, itemsize, self.mesh.shape[FSDP], self.min_shard_bytes, self.rules)

@@ -7,9 +7,9 @@ explicit leading device axis: the batch is reshaped to ``[devices, B/devices, ..
 each device's scan is ``vmap``-ed over it, and the per-device gradient sums are added over the device axis
 once, after the loop: one all-reduce per step. The same form is used for bf16/fp16 compute even with one
 microbatch: under plain ``jit`` GSPMD reduces the weight gradient where the batch contraction happens, i.e. in
-the compute dtype *before* the cast back to float32 (measured: an f16 all-reduce of 407,060 bytes under
-``precision=fp16``). With the explicit device axis each device casts its local gradient to float32 first, so
-the reduction is float32 as the design requires (``ParallelMode._implicit``). With
+the compute dtype *before* the cast back to float32 (an f16 all-reduce under ``precision=fp16``). With the
+explicit device axis each device casts its local gradient to float32 first, so the reduction is float32 as the
+design requires (``ParallelMode._implicit``). With
 ``parallel.grad_reduce_dtype`` or ``grad_compression`` set it runs the explicit form of ``shard_map``.
 
 ``shard_map`` (``jax.shard_map``: explicit per-device code with exactly one explicit cross-device reduction,

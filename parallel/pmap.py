@@ -3,8 +3,9 @@ the pmap axis ``data``.
 
 The state is the canonical one of every mode (global arrays, replicated with ``NamedSharding``): the step maps
 it with ``in_axes=None``/``out_axes=None`` (no stacked copy; the int8 residual, one row per device, is mapped
-over its rows), so it is donated, saved and restored like any other mode's. Inside the map each device runs
-the shared ``ParallelMode._per_device`` (local gradient sums, then ``reduce`` over ``data``) and the optimizer.
+over its rows), so it is donated, saved and restored like any other mode's. Inside the map (``mapped``) each
+device runs the shared ``ParallelMode._per_device`` (local gradient sums, then ``reduce`` over ``data``) and the
+optimizer.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ AXIS = "data"
 class Pmap(ParallelMode):
     name = "pmap"
     axes = AXIS
+    mapped = True  # _compile maps the step: the gradients are computed inside the map
     fuses_feed = False  # the gather stays a program of its own (data.pipeline.DeviceSource.gather_program)
 
     def batch_layout(self) -> BatchLayout:
@@ -31,10 +33,6 @@ class Pmap(ParallelMode):
             process_index=jax.process_index(),
             process_count=jax.process_count(),
         )
-
-    def _gradients(self, local, params, batch, step, scale, mode_state=None):
-        # already inside the map: this device's part (params are not varying-typed under pmap, the gradient is local)
-        return self._per_device(local, self.param_specs(params), params, batch, step, scale, mode_state)
 
     def _compile(self, train_step, local, abstract_state, batch_sharding=None) -> StepFns:
         devices = list(self.mesh.devices.flat)
@@ -60,5 +58,5 @@ class Pmap(ParallelMode):
             specs = jax.tree.map(lambda s: s.spec, state_sh)
             return mhu.host_local_array_to_global_array(new, self.mesh, specs), metrics
 
-        train_global.lower = train.lower  # type: ignore[attr-defined]  # compile-time metrics (training.prepare)
+        train_global.lower = train.lower  # type: ignore[attr-defined]  # compile-time metrics (training.run.compile_step)
         return StepFns(train=train_global, eval=evaluate)

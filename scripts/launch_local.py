@@ -52,7 +52,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from training.ports import port_in_use, port_taken_line  # noqa: E402  (standard library only)
+from training.process import port_in_use, port_taken_line  # noqa: E402  (standard library only)
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 

@@ -15,7 +15,7 @@ variant          overrides                                                  what
 ``none``         (the mode's own float32 reduction)                         float32 all-reduce of the gradients
 ``bf16_reduce``  ``parallel.grad_reduce_dtype=bfloat16``                    bf16 all-reduce: half the payload
 ``<c>_ef``       ``parallel.grad_compression=<c>``, for each compression   quantised all-to-all + all-gather,
-                 (``parallel.options.COMPRESSION_VARIANTS``)                error feedback (``parallel.compress``)
+                 (``COMPRESSION_VARIANTS``)                                 error feedback (``parallel.compress``)
 ``accum4``       ``train.accum_steps=4``, 4x ``train.global_batch``         same bytes per step for 4x the
                                                                             examples: a quarter per example
 ===============  =========================================================  ===================================
@@ -44,13 +44,15 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from parallel.options import COMPRESSION_VARIANTS
+from conf.schema import Compression
 
 REPO = Path(__file__).resolve().parent.parent
 
 DEFAULT_OVERRIDES = ("train.steps=200", "train.log_every=50")
 DEFAULT_GLOBAL_BATCH = 256  # training.build.DEFAULT_GLOBAL_BATCH (kept import-free of JAX)
 ACCUM = 4
+# the variant of each compression (with error feedback): name -> override
+COMPRESSION_VARIANTS = {f"{c}_ef": f"parallel.grad_compression={c}" for c in Compression if c != "none"}
 
 # variant -> overrides (``{global_batch}`` is the job's global batch without accumulation)
 VARIANTS: dict[str, tuple[str, ...]] = {

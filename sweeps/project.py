@@ -25,7 +25,7 @@ The compute time of one step is ``--step-time-s`` (measured on one device of the
 
 Writes ``projection.csv``, ``projection.md`` and ``projection.png`` into ``--out`` (default: the folder, or
 the current directory) and with ``--wandb`` logs them as a ``job_type="projection"`` run in the sweep's W&B
-group. The model is that of sweeps/projection.py (README "Projecting to a cluster"). Bad input: one line on
+group. The model is that of sweeps/projection.py (docs/projection.md). Bad input: one line on
 stderr, exit status 2.
 """
 
@@ -459,11 +459,34 @@ def format_percent(fraction: float) -> str:
     return f"{100 * fraction:.3g}%"
 
 
+# No real accelerator runs a training step in less (one dispatch of a compiled program; the TPU v5e took 366 µs per
+# step of the quick-start MLP: benchmarks/results/overhead_tpu_v5e.txt). A modelled compute time below it (a small
+# model at --mfu x a big peak: 67 ns for the quick-start MLP on an H100) leaves efficiencies that only show the
+# model's latency terms (0.03%).
+STEP_FLOOR_S = 5e-6
+
+
+def below_floor(rows: Sequence[dict[str, Any]], floor_s: float = STEP_FLOOR_S) -> dict[str, float]:
+    """{configuration: its compute time per step [s]} for the configurations whose compute is below ``floor_s``."""
+    return {r["config"]: r["compute_s"] for r in rows if r["compute_s"] < floor_s}
+
+
+def floor_warning(config: str, compute_s: float, floor_s: float = STEP_FLOOR_S) -> str:
+    """One line for a configuration whose modelled step is shorter than any real device's."""
+    return (
+        f"warning: {config}: its step computes in {format_seconds(compute_s)}, below what a step takes on any real "
+        f"device (~{format_seconds(floor_s)}), so its efficiencies are left out here (projection.csv keeps the "
+        "model's); project a larger model or give --step-time-s measured on the target"
+    )
+
+
 def console_lines(rows: Sequence[dict[str, Any]], skipped: Sequence[str] = ()) -> list[str]:
     """What ``main`` prints: per configuration a header line, then one aligned line per device count
     (step time, communication time, examples/s (tokens/s for a token model), efficiency as a percentage,
-    MFU when known); then one line per configuration skipped for having no job with collectives."""
+    MFU when known; no efficiency or MFU for a configuration ``below_floor``, which ``main`` warns about); then
+    one line per configuration skipped for having no job with collectives."""
     lines = []
+    tiny = below_floor(rows)
     for config in dict.fromkeys(r["config"] for r in rows):
         sub = [r for r in rows if r["config"] == config]
         source = f" (from the {sub[0]['run_devices']}-device job)" if "run_devices" in sub[0] else ""
@@ -476,10 +499,10 @@ def console_lines(rows: Sequence[dict[str, Any]], skipped: Sequence[str] = ()) -
                 else f"{format_count(row['examples_per_s']):>7} examples/s"
             )
             mfu = f"  MFU {format_percent(row['mfu'])}" if tokens and row.get("mfu") is not None else ""
+            efficiency = "" if config in tiny else f"  efficiency {format_percent(row['efficiency']):>8}{mfu}"
             lines.append(
                 f"  N={row['devices']:>5}  step {format_seconds(row['step_time_s']):>9}  "
-                f"comm {format_seconds(row['comm_s']):>9}  {rate}  "
-                f"efficiency {format_percent(row['efficiency']):>8}{mfu}"
+                f"comm {format_seconds(row['comm_s']):>9}  {rate}{efficiency}"
             )
     for label in skipped:
         lines.append(f"skipped {label}: only 1-device jobs (no collective to scale)")
@@ -615,6 +638,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (ProjectionError, HardwareError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    for config, compute_s in below_floor(rows).items():
+        print(floor_warning(config, compute_s), file=sys.stderr)
     for line in console_lines(rows, getattr(args, "skipped", [])):
         print(line)
     print(f"wrote {paths['csv']}, {paths['md']}, {paths['png']}")

@@ -4,6 +4,7 @@ import _posixsubprocess
 import atexit
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 
@@ -14,6 +15,11 @@ COMPILATION_CACHE = tempfile.mkdtemp(prefix="dp_scaling_test_jax_cache_")
 os.environ["JAX_COMPILATION_CACHE_DIR"] = COMPILATION_CACHE
 atexit.register(shutil.rmtree, COMPILATION_CACHE, True)
 os.environ.setdefault("WANDB_SILENT", "true")
+# A suite started in the background (`cmd &` in a script, nohup) inherits SIGINT ignored, and an ignored signal
+# stays ignored across exec in every process it starts: Python's own handler here, so that the tests that send a
+# Ctrl-C to train.py (and the xdist workers) see what an interactive shell gives them.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)

@@ -24,9 +24,10 @@ import pytest
 from conf.schema import CheckpointConfig, as_dict
 from data.pipeline import TrainSource
 from parallel import ConfigError
+from parallel.state import host_abstract, state_to_host
 from training import checkpoint
 from training.build import build, plan
-from utils import REPO, SHARED_TFDS, make_cfg, random_dataset, run_steps
+from utils import REPO, SHARED_TFDS, make_cfg, random_dataset, run_steps, run_train
 from wandb_reader import assert_history_matches_metrics, offline_runs, read_run
 
 STEPS, EVERY = 120, 20
@@ -235,7 +236,7 @@ def test_resume_path_that_does_not_exist(tmp_path):
 
 # ---- restore onto another device count / mesh / mode ----------------------------------------------------------
 def _host(exp, state):
-    return jax.tree.map(np.asarray, exp.mode.state_to_host(state))
+    return jax.tree.map(np.asarray, state_to_host(state))
 
 
 def _step(exp, state, dataset, step):
@@ -272,7 +273,7 @@ def test_reshard_fsdp8_to_2_1_and_pmap4(tmp_path, optim, tol):
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(saved_host)):  # params AND optimizer state
             assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
         # Restored with the NEW layout's shardings (never the saved ones); pmap's state is canonical too.
-        want_shardings = exp.mode.state_shardings(exp.mode.host_abstract(exp.state))
+        want_shardings = exp.mode.state_shardings(host_abstract(exp.state))
         assert all(jax.tree.leaves(jax.tree.map(lambda x, s: x.sharding == s, restored.state, want_shardings)))
         nxt = _step(exp, restored.state, dataset, 20)
         diff = max(
@@ -356,7 +357,7 @@ def test_checkpoint_of_the_nnx_state_format_names_its_version(tmp_path):
 # ---- NaN guard, truncated checkpoints ---------------------------------------------------------------------------
 def test_nan_params_are_never_saved(tmp_path, capsys, monkeypatch):
     """In a real run: NaN injected into the params right before the step-20 save."""
-    from training.app import run_and_report
+    from training.run import run_and_report
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -394,7 +395,7 @@ def test_nan_params_are_never_saved(tmp_path, capsys, monkeypatch):
     arrays = checkpoint.read_arrays(ckpt / "10")
     assert restored.step == 10 and int(arrays["step"]) == 10
     assert all(np.all(np.isfinite(v)) for v in arrays.values())
-    host = exp.mode.state_to_host(restored.state)
+    host = state_to_host(restored.state)
     np.testing.assert_array_equal(np.asarray(host.params["hidden"]["kernel"]), arrays["params.hidden.kernel"])
 
 
@@ -404,7 +405,7 @@ def test_host_nan_guard_sees_bfloat16_and_float8():
     ones that numpy's own ``issubdtype(..., np.inexact)`` calls not inexact."""
     from ml_dtypes import bfloat16, float8_e4m3fn
 
-    from parallel.base import host_finite_flags
+    from parallel.state import host_finite_flags
 
     finite = {"w": np.ones(3, np.float32), "count": np.int32(7)}
     assert host_finite_flags(finite, finite) == (True, True)
@@ -678,7 +679,7 @@ def test_truncated_checkpoint_is_skipped_with_warning(tmp_path, capsys):
     assert (ckpt / "20.corrupt").is_dir() and checkpoint.complete_steps(ckpt) == [10]
     got = {
         checkpoint.store._name(p): np.asarray(x)
-        for p, x in jax.tree_util.tree_flatten_with_path(fresh.mode.state_to_host(restored.state))[0]
+        for p, x in jax.tree_util.tree_flatten_with_path(state_to_host(restored.state))[0]
     }
     assert_bitwise_equal(got, saved10)
 
@@ -712,7 +713,7 @@ def test_settings_are_validated(tmp_path):
 # ---- python -m evaluate ------------------------------------------------------------------------------------------
 def test_evaluate_matches_the_runs_final_eval(tmp_path):
     """The final checkpoint of a run, evaluated by ``evaluate`` on other devices, gives the run's eval numbers."""
-    from training.app import run_and_report
+    from training.run import run_and_report
     import evaluate
 
     run_dir = tmp_path / "run"
@@ -808,3 +809,106 @@ def test_config_changes_are_listed():
     # a key both options have (lr) still shows its change; adam's b1/b2/eps and sgd's momentum do not
     sgd = as_dict(make_cfg({"optim": {"name": "sgd", "lr": 0.5}}))
     assert checkpoint.config_changes(saved, sgd) == ["optim.lr: 0.001 -> 0.5", "optim.name: 'adam' -> 'sgd'"]
+
+
+# ---- resume rules, restarts after the final save, special characters in the folder --------------------------
+@pytest.mark.unit
+def test_resume_conflicts_rule():
+    from conf.schema import as_dict
+    from training.checkpoint import resume_conflicts
+    from utils import make_cfg
+
+    saved = as_dict(make_cfg())
+    allowed = as_dict(
+        make_cfg(
+            train__steps=500,
+            train__log_every=7,
+            mesh__devices=4,
+            parallel__name="pmap",
+            checkpoint__keep=9,
+            wandb__mode="offline",
+            train__global_batch=256,
+        )
+    )
+    assert resume_conflicts(saved, allowed, 256, 256) == []
+    # weak scaling with the same resolved global batch (32 x 8 = 256) is the same run
+    assert resume_conflicts(saved, as_dict(make_cfg(train__per_device_batch=32)), 256, 256) == []
+    assert resume_conflicts(saved, as_dict(make_cfg(train__per_device_batch=16)), 256, 128) == [
+        "train.per_device_batch: None -> 16"
+    ]
+    refused = as_dict(make_cfg(train__seed=1, optim__lr=0.5, model__hidden=64, train__accum_steps=2))
+    assert resume_conflicts(saved, refused, 256, 256) == [
+        "model.hidden: 256 -> 64",
+        "optim.lr: 0.001 -> 0.5",
+        "train.accum_steps: 1 -> 2",
+        "train.seed: 0 -> 1",
+    ]
+
+
+def test_history_windows_from_metrics(tmp_path):
+    import json
+
+    from training.checkpoint import history_windows
+
+    path = tmp_path / "metrics.jsonl"
+    records = [
+        {"step": 1, "train/loss": 2.3},
+        {"step": 10, "perf/step_time_s": 0.5},
+        {"step": 20, "perf/step_time_s": 0.25},
+        {"step": 25, "perf/step_time_s": 0.2},  # a shorter last window
+        {"step": 30, "perf/step_time_s": 0.1},  # after the checkpoint: not part of the history
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\nnot json\n")
+    assert history_windows(path, 25) == [(5.0, 10), (2.5, 10), (1.0, 5)]
+    assert history_windows(tmp_path / "missing.jsonl", 25) == []
+
+
+def test_restart_after_the_final_save_reports_the_runs_windows_and_no_nan(tmp_path):
+    import json
+
+    from utils import run_train
+
+    run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    args = ["data=synthetic", "train.steps=60", "train.log_every=10", f"checkpoint.dir={ckpt}", "wandb.mode=disabled"]
+    proc = run_train(run_dir, *args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    first = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").unlink()  # what SIGKILL between the final save and the summary leaves
+    proc = run_train(run_dir, *args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "nan" not in proc.stdout + proc.stderr and "only 0 logging window" not in proc.stderr
+    again = json.loads((run_dir / "summary.json").read_text())
+    assert again["perf/windows_measured"] == first["perf/windows_measured"] == 5
+    assert again["perf/examples_per_s_median"] == pytest.approx(first["perf/examples_per_s_median"], rel=1e-9)
+    assert again["perf/examples_per_s_p25"] == pytest.approx(first["perf/examples_per_s_p25"], rel=1e-9)
+    assert again["train/loss"] == first["train/loss"] and again["eval/accuracy"] == first["eval/accuracy"]
+    records = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "train/loss" in r] == list(range(1, 61))  # every step exactly once
+    assert [r["step"] for r in records if "eval/loss" in r] == [60]  # one final evaluation
+
+
+def test_special_characters_in_checkpoint_dir_work_end_to_end(tmp_path):
+    ckpt = tmp_path / "ck sp,a=c%e#é"
+    run_dir = tmp_path / "run%1"  # (run_train passes hydra.run.dir unquoted: no space, comma, # or é)
+    common = [
+        "data=synthetic",
+        "train.steps=4",
+        "wandb.mode=disabled",
+        "checkpoint.every=2",
+        f"checkpoint.dir='{ckpt}'",
+    ]
+    proc = run_train(run_dir, *common)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["2", "4"]
+    assert (ckpt / "4" / "state" / "manifest.ocdbt").exists()  # the OCDBT merge ran: the step is whole
+    out = subprocess.run(
+        [sys.executable, "-m", "evaluate", str(ckpt), "--json"], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout)
+    assert result["step"] == 4 and result["eval/accuracy"] == summary(run_dir)["eval/accuracy"]
+    proc = run_train(tmp_path / "run2", *common[:-3], "train.steps=6", "checkpoint.every=2", f"checkpoint.dir='{ckpt}'")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = summary(tmp_path / "run2")
+    assert s["checkpoint/resumed_step"] == 4 and s["checkpoint/last_step"] == 6
+    assert "corrupt" not in proc.stderr and sorted(p.name for p in ckpt.iterdir()) == ["2", "4", "6"]

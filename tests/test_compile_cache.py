@@ -1,6 +1,7 @@
 """JAX's persistent compilation cache: the runtime keys set jax.config, null turns it off, a second process
 loads the step from the cache (training/compile_cache.py)."""
 
+import logging
 import os
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from omegaconf import OmegaConf
 from conf.schema import Config, register, to_typed
 from tests.conftest import COMPILATION_CACHE, REPO
 from tests.utils import run_train
-from training.compile_cache import cache_settings, configure_compilation_cache
+from training.runtime import cache_settings, configure_compilation_cache
 
 OPTIONS = (
     "jax_enable_compilation_cache",
@@ -122,3 +123,31 @@ def test_a_second_process_loads_the_train_step(tmp_path):
     assert "Persistent compilation cache hit for 'jit_train_step'" in log
     assert "Persistent compilation cache hit for 'jit_eval_sums'" in log
     assert entries(folder) == written
+
+
+# ---- a compilation cache folder that cannot be written ---------------------------------------------------
+@pytest.mark.unit
+@pytest.mark.parametrize("where", ["file", "inside_file", "proc"])
+def test_unwritable_compilation_cache_is_turned_off_with_one_warning(tmp_path, caplog, where):
+    import jax
+
+    from training.runtime import configure_compilation_cache
+
+    (tmp_path / "f").write_text("x")
+    folder = {"file": tmp_path / "f", "inside_file": tmp_path / "f" / "sub", "proc": Path("/proc/nope")}[where]
+    saved = {n: getattr(jax.config, n) for n in ("jax_enable_compilation_cache", "jax_compilation_cache_dir")}
+    try:
+        with caplog.at_level(logging.WARNING, logger="training.runtime"):
+            assert configure_compilation_cache(str(folder)) is None
+        assert jax.config.jax_enable_compilation_cache is False
+        [record] = [r for r in caplog.records if r.name == "training.runtime"]
+        message = record.getMessage()
+        assert message.startswith(f"runtime.compilation_cache_dir={folder} ")
+        assert message.endswith("the compilation cache is off for this run (or set runtime.compilation_cache_dir=null)")
+        assert "\n" not in message
+    finally:
+        from jax.experimental.compilation_cache import compilation_cache
+
+        compilation_cache.reset_cache()
+        for name, value in saved.items():
+            jax.config.update(name, value)

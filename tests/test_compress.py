@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 from data.pipeline import TrainSource
 from parallel import ConfigError, make_mesh
 from parallel.compress import QMAX, adapt_residual, init_residual, int8_mean, payload_bytes
+from parallel.state import replica_divergence
 from training.build import build, plan
 from measure.compiled import compiled_step_metrics
 from utils import REPO, make_cfg, max_abs_diff, quantisation_scales, random_dataset, run_steps
@@ -250,7 +251,7 @@ def test_int8_training_matches_reference_and_residual_is_per_device(mode):
     assert rows == list(range(N)) and all(s.data.shape == (1, 203536) for s in placed.addressable_shards)
     if mode != "pmap":  # pmap's outputs carry its own P('data') over the same 8 devices
         assert placed.sharding.spec == P(AXES)
-    assert exp.mode.replica_divergence((exp.state.params, exp.state.opt_state)) == 0.0
+    assert replica_divergence((exp.state.params, exp.state.opt_state)) == 0.0
 
 
 @pytest.mark.unit

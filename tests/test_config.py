@@ -7,7 +7,8 @@ import json
 import pytest
 from hydra import compose, initialize_config_dir
 
-from conf.schema import UnknownKeyError, register, to_typed
+from conf.errors import UnknownKeyError
+from conf.schema import register, to_typed
 from utils import REPO, run_train
 
 

@@ -12,7 +12,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from conf import schema
+from conf import errors, schema
 from conf.schema import (
     AdamConfig,
     CNNConfig,
@@ -23,12 +23,10 @@ from conf.schema import (
     ResNetConfig,
     SGDConfig,
     ViTConfig,
-    is_composition_error,
-    one_line,
-    quote_numeric_options,
     register,
     to_typed,
 )
+from conf.errors import is_composition_error, quote_numeric_options
 from utils import REPO, run_train
 
 CONF = REPO / "conf"
@@ -56,7 +54,7 @@ def _error(*overrides: str) -> str:
         return str(e)
     except Exception as e:  # Hydra's / OmegaConf's own errors, as train.py's cli() words them
         assert is_composition_error(e), repr(e)
-        return one_line(e)
+        return errors.one_line(e, schema.Config, schema.OPTION_SCHEMAS)
     raise AssertionError(f"{overrides} composed without an error")
 
 
@@ -134,12 +132,13 @@ def test_a_key_the_model_or_mode_lacks_is_one_line(overrides, message):
 
 def test_model_keys_reach_the_model_builder():
     from models import build_model
+    from training.build import model_kwargs
 
-    assert schema.model_kwargs(_typed("model=cnn", "model.width=4").model) == {"width": 4, "dropout": 0.0}
-    assert schema.model_kwargs(_typed("model=resnet").model) == {"width": 64}
+    assert model_kwargs(_typed("model=cnn", "model.width=4").model) == {"width": 4, "dropout": 0.0}
+    assert model_kwargs(_typed("model=resnet").model) == {"width": 64}
     assert ResNetConfig().dropout == 0.0 and JitShardingConfig().min_shard_bytes == 0  # read by the loop/builder
     cnn = _typed("model=cnn", "model.width=4").model
-    model = build_model(cnn.name, (28, 28, 1), 10, seed=0, **schema.model_kwargs(cnn))
+    model = build_model(cnn.name, (28, 28, 1), 10, seed=0, **model_kwargs(cnn))
     assert model.__class__.__name__ == "CNN"
 
 
@@ -284,12 +283,12 @@ def test_optimizer_keys_reach_optax():
     """The chosen optimizer's own keys are the keyword arguments of make_optimizer (exact updates)."""
     import jax.numpy as jnp
 
-    from training.build import _optimizer
+    from training.build import _optimizer, optimizer_kwargs
 
     sgd = _typed("optim=sgd", "optim.momentum=0.9", "optim.lr=0.5")
     adam = _typed("optim.weight_decay=0.1")
-    assert schema.optimizer_kwargs(sgd.optim) == {"momentum": 0.9}
-    assert schema.optimizer_kwargs(adam.optim) == {"b1": 0.9, "b2": 0.999, "eps": 1e-8, "weight_decay": 0.1}
+    assert optimizer_kwargs(sgd.optim) == {"momentum": 0.9}
+    assert optimizer_kwargs(adam.optim) == {"b1": 0.9, "b2": 0.999, "eps": 1e-8, "weight_decay": 0.1}
     tx, _ = _optimizer(sgd, 0.5)
     params, grad = jnp.ones(2), jnp.full(2, 2.0)
     state = tx.init(params)
@@ -311,11 +310,8 @@ def test_optimizer_keys_reach_optax():
     ],
 )
 def test_optimizer_ranges_are_checked_for_the_chosen_optimizer(overrides, message):
-    from parallel import ConfigError
-    from training.build import plan
-
-    with pytest.raises(ConfigError) as e:
-        plan(_typed("data=synthetic", "train.steps=10", *overrides))
+    with pytest.raises(ConfigInputError) as e:  # the schema's validation (conf.schema.validate), at start
+        _typed("data=synthetic", "train.steps=10", *overrides)
     assert str(e.value) == message
 
 

@@ -11,8 +11,9 @@ import pytest
 from data.pipeline import BatchLayout, TrainSource, eval_batch_size, make_eval_set
 from core.errors import ConfigError
 from data.sources import DataError, HostDataset, load_tfds_split
+from parallel.state import host_abstract, place_state, state_to_host
 from training.build import build, plan
-from training.run import evaluate
+from training.hooks import evaluate
 from utils import SHARED_TFDS, make_cfg, random_dataset, run_steps
 
 
@@ -114,7 +115,7 @@ def test_evaluation_is_exact_for_any_batch_and_device_count(mode, trained_host_s
     results = {}
     for devices in (1, 8):
         exp = build(plan(make_cfg(parallel__name=mode, mesh__devices=devices)))
-        state = exp.mode.place_state(trained_host_state)
+        state = place_state(exp.mode, trained_host_state)
         for eval_batch in (1000, 768, 999):
             es = make_eval_set(test, eval_batch, devices, exp.mode.batch_layout())
             assert es.num_examples == 10000
@@ -211,7 +212,7 @@ def _fed_and_host_steps(mode: str, optim: str, start: int, end: int, **dotted):
     import jax.numpy as jnp
 
     from data.pipeline import DeviceSource, train_batches
-    from training.prepare import batches_need_index
+    from training.build import batches_need_index
 
     ds = random_dataset(1000)  # 15 steps of 64 per epoch (40 examples dropped)
     cfg = make_cfg(parallel={"name": mode}, mesh__devices=8, train__global_batch=64, optim__name=optim, **dotted)
@@ -235,7 +236,7 @@ def _fed_and_host_steps(mode: str, optim: str, start: int, end: int, **dotted):
                     batch = next(batches)
                 state, metrics = compiled(state, batch)
                 losses.append(metrics["train/loss"])
-        out[feeding] = (np.asarray(jax.device_get(losses)), exp.mode.state_to_host(state), (lowered, compiled))
+        out[feeding] = (np.asarray(jax.device_get(losses)), state_to_host(state), (lowered, compiled))
     return out[True][0], out[False][0], out[True][1], out[False][1], fed, host, out[True][2], out[False][2]
 
 
@@ -293,7 +294,7 @@ def test_pmap_keeps_the_gather_as_a_program_of_its_own():
     assert exp.feed is None and not exp.mode.fuses_feed
     with pytest.raises(ValueError, match="^parallel=pmap cannot gather its batches inside the train step$"):
         feed = source.feed(exp.mode.batch_layout())
-        exp.mode.build(exp.local, exp.updater, exp.mode.host_abstract(exp.state), feed=feed)
+        exp.mode.build(exp.local, exp.updater, host_abstract(exp.state), feed=feed)
 
 
 def _run_on_random_data(run_dir, **dotted) -> dict:
@@ -309,7 +310,7 @@ def _run_on_random_data(run_dir, **dotted) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     reporter = Reporter(run_dir)
     try:
-        with mock.patch("training.prepare.load_tfds_split", return_value=random_dataset(1000)):
+        with mock.patch("data.load.load_tfds_split", return_value=random_dataset(1000)):
             return run(cfg, run_dir, reporter)
     finally:
         reporter.close()
@@ -361,24 +362,24 @@ def test_on_device_default_is_a_split_within_an_eighth_of_accelerator_memory_and
     from unittest import mock
 
     from data.pipeline import DeviceSource, split_fits_on_device
-    from training.prepare import device_bytes_limit, load_data
+    from training.build import device_bytes_limit, load_data
 
     assert split_fits_on_device(2 << 30, 16 << 30) and not split_fits_on_device((2 << 30) + 1, 16 << 30)
     assert not split_fits_on_device(1, None) and device_bytes_limit() is None  # the CPU backend reports none
     ds = random_dataset(512)
     split_bytes = ds.images.nbytes + ds.labels.nbytes
-    with mock.patch("training.prepare.load_tfds_split", return_value=ds):
+    with mock.patch("data.load.load_tfds_split", return_value=ds):
         for on_device, kind in ((None, TrainSource), (True, DeviceSource), (False, TrainSource)):
             chosen = {} if on_device is None else {"data": {"on_device": on_device}}  # None: the default
             cfg = make_cfg(chosen, mesh__devices=1, train__global_batch=64)
             assert cfg.data.on_device is on_device and type(load_data(cfg, plan(cfg))[0]) is kind
         for limit, kind in ((8 * split_bytes, DeviceSource), (8 * split_bytes - 8, TrainSource)):
-            with mock.patch("training.prepare.device_bytes_limit", return_value=limit):
+            with mock.patch("training.build.device_bytes_limit", return_value=limit):
                 cfg = make_cfg(mesh__devices=1, train__global_batch=64)
                 assert type(load_data(cfg, plan(cfg))[0]) is kind
                 cfg = make_cfg(data={"on_device": False}, mesh__devices=1, train__global_batch=64)
                 assert type(load_data(cfg, plan(cfg))[0]) is TrainSource
-        with mock.patch("training.prepare.device_bytes_limit", return_value=split_bytes - 1):
+        with mock.patch("training.build.device_bytes_limit", return_value=split_bytes - 1):
             cfg = make_cfg(data={"on_device": True}, mesh__devices=1, train__global_batch=64)
             too_big = rf"^data.on_device=true: the mnist training split takes {split_bytes} bytes .* or false"
             with pytest.raises(ConfigError, match=too_big):
@@ -391,7 +392,7 @@ def test_device_memory_figures_come_from_the_first_local_devices_statistics():
     from unittest import mock
 
     from measure.compiled import peak_bytes_per_device
-    from training.prepare import device_bytes_limit
+    from training.build import device_bytes_limit
 
     def device(stats):
         return [SimpleNamespace(memory_stats=stats)]
@@ -409,7 +410,7 @@ def test_device_memory_figures_come_from_the_first_local_devices_statistics():
 def test_on_device_default_with_several_processes_needs_every_process_to_fit():
     from unittest import mock
 
-    from training.prepare import on_every_process
+    from data.load import on_every_process
 
     assert on_every_process(True) and not on_every_process(False)  # one process: its own answer
     with mock.patch("jax.process_count", return_value=2):
@@ -420,7 +421,7 @@ def test_on_device_default_with_several_processes_needs_every_process_to_fit():
 
 @pytest.mark.unit
 def test_startup_line_says_when_batches_are_made_on_the_devices():
-    from training.console_lines import startup_line
+    from training.console import startup_line
 
     info = {
         "process_count": 1,

@@ -29,9 +29,10 @@ from data.augment import AugmentSpec, augment_images, augment_spec
 from data.pipeline import SyntheticSource
 from data.sources import DataError, load_tfds_split
 from parallel import ConfigError
+from parallel.state import place_state
 from training.build import build, plan
 from core.step import example_keys
-from utils import make_cfg, max_abs_diff, random_dataset, run_steps
+from utils import REPO, make_cfg, max_abs_diff, random_dataset, run_steps
 
 # name -> (image shape, train examples, test examples, TFDS version)
 FAKE = {"cifar10": ((32, 32, 3), 64, 24, "3.0.2"), "fashion_mnist": ((28, 28, 1), 64, 24, "3.0.1")}
@@ -479,7 +480,7 @@ def test_augmented_training_is_independent_of_device_count(mode, accum):
 @pytest.mark.unit
 def test_augmentation_changes_training_but_not_evaluation():
     from data.pipeline import make_eval_set
-    from training.run import evaluate
+    from training.hooks import evaluate
 
     aug_losses, aug_state, aug_exp, _ = _aug_ref()
     plain_losses, _, _, _ = run_steps(
@@ -492,5 +493,78 @@ def test_augmentation_changes_training_but_not_evaluation():
     plain_exp = build(plan(make_cfg(model__hidden=32, train__global_batch=64, mesh__devices=1)))
     es = make_eval_set(AUG_DATA, 256, 1, plain_exp.mode.batch_layout())
     with_aug = evaluate(aug_exp, aug_exp.state.params, es)
-    without = evaluate(plain_exp, plain_exp.mode.place_state(aug_state).params, es)
+    without = evaluate(plain_exp, place_state(plain_exp.mode, aug_state).params, es)
     assert with_aug == without  # evaluation never augments
+
+
+# ---- a fresh machine: the data set is prepared on first use -----------------------------------------------
+RAW_MNIST = REPO.parent / "shared" / "data" / "mnist"
+
+
+@pytest.mark.skipif(not RAW_MNIST.exists(), reason="needs the raw MNIST files of ../shared/data/mnist")
+def test_mnist_is_prepared_from_raw_files_without_tensorflow(tmp_path):
+    import shutil
+
+    import numpy as np
+
+    from data.sources import load_tfds_split
+    from utils import SHARED_TFDS
+
+    manual = tmp_path / "tfds" / "downloads" / "manual"
+    manual.mkdir(parents=True)
+    for f in RAW_MNIST.iterdir():
+        shutil.copy(f, manual / f.name)
+    for split, n in (("train", 60000), ("test", 10000)):
+        got = load_tfds_split("mnist", split, str(tmp_path / "tfds"), str(tmp_path / "cache"))
+        want = load_tfds_split("mnist", split, str(SHARED_TFDS), str(tmp_path / "cache_ref"))
+        assert len(got) == n and np.array_equal(got.images, want.images) and np.array_equal(got.labels, want.labels)
+    assert sorted(p.name for p in (tmp_path / "tfds" / "mnist" / "3.0.1").iterdir()) == [
+        "dataset_info.json",
+        "features.json",
+        "mnist-test.array_record-00000-of-00001",
+        "mnist-train.array_record-00000-of-00001",
+    ]
+
+
+@pytest.mark.unit
+def test_missing_dataset_without_network_or_download_is_one_line(tmp_path, monkeypatch):
+    import socket
+
+    from data.sources import DataError, load_tfds_split
+
+    def no_network(*args, **kwargs):
+        raise OSError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    with pytest.raises(DataError) as e:
+        load_tfds_split("mnist", "train", str(tmp_path), str(tmp_path / "cache"))
+    assert str(e.value) == (
+        f"dataset 'mnist' is not prepared in {tmp_path} and storage.googleapis.com cannot be reached (OSError: "
+        f"[Errno -2] Name or service not known); connect to the internet, put the raw files in "
+        f"{tmp_path / 'downloads' / 'manual'}, point TFDS_DATA_DIR at a prepared copy, or run with data=synthetic"
+    )
+    with pytest.raises(DataError, match="is not prepared in .* and data.download=false"):
+        load_tfds_split("mnist", "train", str(tmp_path), str(tmp_path / "cache"), download=False)
+
+
+@pytest.mark.unit
+def test_the_data_folder_is_the_shared_one_beside_the_repository_when_nothing_names_one(tmp_path, monkeypatch):
+    """data.data_dir, else TFDS_DATA_DIR, else ../shared/tensorflow_datasets when it exists (nothing to export),
+    else TFDS's default; an empty TFDS_DATA_DIR counts as unset."""
+    from data.sources import SHARED_TFDS, prepared_version, resolve_data_dir
+
+    assert SHARED_TFDS == REPO.parent / "shared" / "tensorflow_datasets"
+    shared = tmp_path / "shared" / "tensorflow_datasets"
+    monkeypatch.delenv("TFDS_DATA_DIR", raising=False)
+    assert resolve_data_dir(None, shared) is None  # no such folder: TFDS's default (~/tensorflow_datasets)
+    shared.mkdir(parents=True)
+    assert resolve_data_dir(None, shared) == str(shared)
+    assert resolve_data_dir("", shared) == str(shared)
+    monkeypatch.setenv("TFDS_DATA_DIR", "")
+    assert resolve_data_dir(None, shared) == str(shared)
+    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "env"))
+    assert resolve_data_dir(None, shared) == str(tmp_path / "env")
+    assert resolve_data_dir(str(tmp_path / "cfg"), shared) == str(tmp_path / "cfg")
+    if (SHARED_TFDS / "mnist").is_dir():  # this machine's copy is found without TFDS_DATA_DIR
+        monkeypatch.delenv("TFDS_DATA_DIR")
+        assert resolve_data_dir(None) == str(SHARED_TFDS) and prepared_version("mnist", resolve_data_dir(None))

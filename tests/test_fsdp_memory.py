@@ -20,6 +20,7 @@ import pytest
 from measure.compiled import state_bytes_per_device
 from core.draws import partitioned_draws
 from measure.hlo_text import parse_hlo_collectives
+from parallel.state import state_to_host
 from training.build import build, plan, state_init_fn, _optimizer
 from utils import make_cfg
 
@@ -118,7 +119,7 @@ def test_fsdp_initial_params_equal_every_layout():
     small = {"model": {"name": "vit", "width": 64, "depth": 2}, "data": {"name": "synthetic"}}
     a = build(plan(make_cfg(small, parallel__name="fsdp")))
     b = build(plan(make_cfg(small, mesh__devices=1)))
-    ha, hb = a.mode.state_to_host(a.state), b.mode.state_to_host(b.state)
+    ha, hb = state_to_host(a.state), state_to_host(b.state)
     assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(ha), jax.tree.leaves(hb)))
 
 

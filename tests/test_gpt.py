@@ -30,9 +30,10 @@ from data.text import (
 from measure.compiled import compiled_step_metrics, state_bytes_per_device
 from models import build_model
 from models.gpt import flops_per_token, param_count_of, resolve_dims
+from parallel.state import metrics_to_host, state_to_host
 from training import checkpoint
 from training.build import build, plan
-from training.prepare import load_data
+from training.build import load_data
 from utils import assert_matches_reference, make_cfg, max_abs_diff, run_train
 
 CONTEXT = 32
@@ -59,17 +60,17 @@ def run_lm_steps(cfg, steps: int = STEPS, tokens=TOKENS):
     """Like ``utils.run_steps`` for the GPT: windows of ``tokens`` (``data.text.WindowSource``)."""
     p = plan(cfg)
     exp = build(p)
-    initial = exp.mode.state_to_host(exp.state)
+    initial = state_to_host(exp.state)
     source = WindowSource(tokens, cfg.model.context or CONTEXT, p.global_batch, cfg.train.seed)
     layout = exp.mode.batch_layout()
     rows = layout.local_rows(p.global_batch)
     state, losses = exp.state, []
     for s in range(steps):
         state, m = exp.steps.train(state, layout.place(source.local_batch(s, rows), p.global_batch))
-        losses.append(float(exp.mode.metrics_to_host(m)["train/loss"]))
+        losses.append(float(metrics_to_host(m)["train/loss"]))
         jax.block_until_ready(m)
     exp.state = state
-    return np.asarray(losses), exp.mode.state_to_host(state), exp, initial
+    return np.asarray(losses), state_to_host(state), exp, initial
 
 
 _reference: dict = {}
@@ -376,7 +377,7 @@ def lever_run(cfg, steps: int = 3):
     layout = exp.mode.batch_layout()
     batch = src.local_batch(0, layout.local_rows(8))
     batch = {"image": batch["image"], "label": batch["label"], "mask": np.ones(len(batch["label"]), np.float32)}
-    sums = exp.mode.metrics_to_host(exp.steps.eval(exp.state.params, layout.place(batch, 8)))
+    sums = metrics_to_host(exp.steps.eval(exp.state.params, layout.place(batch, 8)))
     return (losses, state, exp, init), float(sums["loss_sum"])
 
 
@@ -521,7 +522,7 @@ def test_fsdp_bytes_and_state_per_device():
     sums are all-reduced. So all-gather = S + S_list - depth x 4 x width, reduce-scatter = S (float32 here).
     State per device (params + Adam mu, nu) = total / 8 + the scalars."""
     exp, m = compiled_gpt("fsdp")
-    params = exp.mode.state_to_host(exp.state).params
+    params = state_to_host(exp.state).params
     sharded, replicated = exp.mode.sharded_and_replicated_bytes(params)
     assert (sharded, replicated) == (gpt_param_bytes(), 0)
     s_list = exp.mode.per_layer_bytes(params)

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
-import training.loop
+import training.build
+import training.run
 from core.errors import ConfigError, TrainingError
 from measure.throughput import TargetTracker
 from training.hooks import FinalEvaluation, Hook, LoopState
-from training.loop import in_flight_bound, run_hooks, train_loop
+from training.build import in_flight_bound
+from training.run import run_hooks, train_loop
 
 pytestmark = pytest.mark.unit  # all in-process and quick: make test-unit runs them
 
@@ -69,7 +71,7 @@ def test_no_pause_when_no_hook_is_due():
 
 
 def test_loop_functions_are_short():
-    loop_modules = [REPO / "training" / f"{n}.py" for n in ("run", "loop", "hooks", "prepare", "signals")]
+    loop_modules = [REPO / "training" / f"{n}.py" for n in ("run", "hooks", "build", "process")]
     checkpoint_modules = sorted((REPO / "training" / "checkpoint").glob("*.py"))
     assert len(checkpoint_modules) >= 5
     longest = {}
@@ -96,7 +98,7 @@ class FakeStep:
 
 def run_fake_loop(monkeypatch, bound, n_steps=5, hooks=()):
     waited: list = []
-    monkeypatch.setattr(training.loop.jax, "block_until_ready", lambda x: waited.append(x) or x)
+    monkeypatch.setattr(training.run.jax, "block_until_ready", lambda x: waited.append(x) or x)
     loop = LoopState(state=Count(0), timer=CountingTimer())
     train_loop(
         FakeStep(),
@@ -228,13 +230,13 @@ def test_steps_in_flight_are_bounded_on_cpu_devices_only():
     """More than ``CPU_MAX_IN_FLIGHT`` steps in flight is refused for several CPU devices (XLA:CPU's collectives
     stalled until a timeout aborted the process), allowed for one CPU device and for any GPU or TPU count."""
     cpu8, gpu8 = [FakeDevice("cpu")] * 8, [FakeDevice("gpu")] * 8
-    training.loop.check_in_flight(training.loop.CPU_MAX_IN_FLIGHT, cpu8)
-    training.loop.check_in_flight(64, cpu8[:1])
-    training.loop.check_in_flight(64, gpu8)
+    training.build.check_in_flight(training.build.CPU_MAX_IN_FLIGHT, cpu8)
+    training.build.check_in_flight(64, cpu8[:1])
+    training.build.check_in_flight(64, gpu8)
     with pytest.raises(
         ConfigError, match=r"^train.max_in_flight=9 with 8 CPU devices: .* use train.max_in_flight=8 or less$"
     ):
-        training.loop.check_in_flight(9, cpu8)
+        training.build.check_in_flight(9, cpu8)
 
 
 def test_a_ctrl_c_while_closing_stops_at_once(monkeypatch):

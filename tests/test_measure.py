@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from data.pipeline import TrainSource
+from parallel.state import state_to_host
 from training.build import build, plan
 from measure.hlo_text import parse_hlo_collectives
 from measure.compiled import compiled_step_metrics, state_bytes_per_device
@@ -78,7 +79,7 @@ def scalar_leaf_bytes(state) -> int:
 @pytest.mark.unit
 def test_mlp_sizes():
     exp = built("fsdp")
-    params = exp.mode.state_to_host(exp.state).params
+    params = state_to_host(exp.state).params
     assert sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)) == PARAM_BYTES
     assert exp.mode.sharded_and_replicated_bytes(params) == (SHARDED_BYTES, REPLICATED_BYTES)
     assert METRIC_SUM_BYTES == 8

@@ -10,8 +10,9 @@ import pytest
 from data.pipeline import TrainSource
 from parallel import ConfigError, resolve_mesh_shape
 from parallel.fsdp import shard_dim
+from parallel.state import replica_divergence
 from training.build import build, plan
-from utils import make_cfg, random_dataset
+from utils import make_cfg, mode_grads, random_dataset
 
 DATA = random_dataset(1024)
 
@@ -22,13 +23,13 @@ def global_grads(mode: str, devices: int):
     batch = layout.place(TrainSource(DATA, gb, 0).local_batch(0, layout.local_rows(gb)), gb)
     if mode == "pmap":
         fn = jax.pmap(  # the state is canonical (not stacked): mapped with in_axes=None, as the mode's step does
-            lambda s, b: exp.mode.grads(exp.local, s.params, b, s.step, s.loss_scale.scale)[0],
+            lambda s, b: mode_grads(exp.mode, exp.local, s.params, b, s.step, s.loss_scale.scale)[0],
             axis_name="data",
             in_axes=(None, 0),
             devices=list(exp.mode.mesh.devices.flat),
         )
         return jax.tree.map(lambda x: np.asarray(x[0]), fn(exp.state, batch))
-    fn = jax.jit(lambda s, b: exp.mode.grads(exp.local, s.params, b, s.step, s.loss_scale.scale)[0])
+    fn = jax.jit(lambda s, b: mode_grads(exp.mode, exp.local, s.params, b, s.step, s.loss_scale.scale)[0])
     return jax.tree.map(np.asarray, fn(exp.state, batch))
 
 
@@ -67,14 +68,14 @@ def test_pmean_of_a_replicated_gradient_under_check_vma_is_n_times_too_big():
 def test_sync_check_catches_a_perturbed_replica(mode):
     cfg = make_cfg({"mesh": {"shape": [2, 4]}} if mode == "fsdp" else {}, parallel__name=mode)
     exp = build(plan(cfg))
-    assert exp.mode.replica_divergence(exp.state.params) == 0.0
+    assert replica_divergence(exp.state.params) == 0.0
     leaf = jax.tree.leaves(exp.state.params)[0]
     shards = [np.array(s.data) for s in leaf.addressable_shards]
     shards[3] = shards[3] + 0.25  # one device's copy drifts
     bad = jax.make_array_from_single_device_arrays(
         leaf.shape, leaf.sharding, [jax.device_put(x, s.device) for x, s in zip(shards, leaf.addressable_shards)]
     )
-    assert exp.mode.replica_divergence([bad]) == pytest.approx(0.25)
+    assert replica_divergence([bad]) == pytest.approx(0.25)
 
 
 @pytest.mark.unit
@@ -102,7 +103,7 @@ def test_sync_check_copies_only_slices_held_more_than_once(monkeypatch, devices,
         return data
 
     monkeypatch.setattr(Shard, "data", property(counting))
-    assert exp.mode.replica_divergence(tree) == 0.0
+    assert replica_divergence(tree) == 0.0
     assert sorted(copied) == sorted(expected)
     if mode == "fsdp":  # most of the state is sharded
         assert any(not x.sharding.is_fully_replicated for x in leaves) and expected
@@ -124,29 +125,29 @@ def test_sync_check_compares_values_where_bits_differ():
 
     zeros = [np.zeros(4, np.float32) for _ in devices]
     zeros[5] = -zeros[5]
-    assert exp.mode.replica_divergence([replicated(zeros)]) == 0.0
+    assert replica_divergence([replicated(zeros)]) == 0.0
     ones = [np.ones(3, jnp.bfloat16) for _ in devices]
     ones[2] = np.array([1.0, 1.0078125, 1.0], jnp.bfloat16)  # the next bfloat16 after 1
-    assert exp.mode.replica_divergence([replicated(ones)]) == 0.0078125
+    assert replica_divergence([replicated(ones)]) == 0.0078125
     nan_one = [np.ones(3, np.float32) for _ in devices]
     nan_one[4] = np.array([1.0, np.nan, 1.0], np.float32)  # one device's copy is NaN where the others are 1
-    assert exp.mode.replica_divergence([replicated(nan_one)]) == np.inf
+    assert replica_divergence([replicated(nan_one)]) == np.inf
     nan_first = [np.array([np.nan, 1.0, 5.0], np.float32) for _ in devices]
     nan_first[0] = np.array([1.0, 1.0, 1.0], np.float32)  # the first copy differs: NaN hides no real difference
-    assert exp.mode.replica_divergence([replicated(nan_first)]) == np.inf
+    assert replica_divergence([replicated(nan_first)]) == np.inf
     nan_all = [np.array([np.nan, np.inf, 2.0], np.float32) for _ in devices]
     nan_all[6] = np.array([np.nan, np.inf, 2.5], np.float32)  # NaN and inf in every copy: only 2 against 2.5
-    assert exp.mode.replica_divergence([replicated(nan_all)]) == 0.5
+    assert replica_divergence([replicated(nan_all)]) == 0.5
     # 0-d arrays (Adam's step count is one): a diverged copy is measured like any other
     count = [np.array(7, np.int32) for _ in devices]
     count[3] = np.array(8, np.int32)
-    assert exp.mode.replica_divergence([replicated(count)]) == 1.0
+    assert replica_divergence([replicated(count)]) == 1.0
     signed = [np.array(0.0, np.float32) for _ in devices]
     signed[1] = np.array(-0.0, np.float32)
-    assert exp.mode.replica_divergence([replicated(signed)]) == 0.0
+    assert replica_divergence([replicated(signed)]) == 0.0
     nan_scalar = [np.array(1.0, np.float32) for _ in devices]
     nan_scalar[2] = np.array(np.nan, np.float32)
-    assert exp.mode.replica_divergence([replicated(nan_scalar)]) == np.inf
+    assert replica_divergence([replicated(nan_scalar)]) == np.inf
 
 
 @pytest.mark.unit

@@ -10,7 +10,8 @@ import pytest
 from data.pipeline import TrainSource
 from core.precision import init_loss_scale, update_loss_scale
 from core.step import example_keys
-from utils import make_cfg, max_abs_diff, random_dataset, run_steps
+from parallel.state import metrics_to_host, state_to_host
+from utils import make_cfg, max_abs_diff, mode_grads, random_dataset, run_steps
 
 DATA = random_dataset(2048)
 MODES = ("pmap", "jit_sharding", "shard_map", "fsdp")
@@ -47,7 +48,7 @@ def test_fp16_infinite_gradient_is_skipped_and_scale_halves():
     src = TrainSource(DATA, gb, 0)
 
     def poisoned(state, batch):
-        grads, sums = exp.mode.grads(exp.local, state.params, batch, state.step, state.loss_scale.scale)
+        grads, sums = mode_grads(exp.mode, exp.local, state.params, batch, state.step, state.loss_scale.scale)
         grads = jax.tree.map(lambda g: g.at[(0,) * g.ndim].set(jnp.inf), grads)
         return exp.updater(state, grads, sums)
 
@@ -55,10 +56,10 @@ def test_fp16_infinite_gradient_is_skipped_and_scale_halves():
     state = exp.state
     for step in range(10):
         batch = layout.place(src.local_batch(step, layout.local_rows(gb)), gb)
-        before = exp.mode.state_to_host(state)
+        before = state_to_host(state)
         state, metrics = (poisoned_step if step == 3 else exp.steps.train)(state, batch)
-        after = exp.mode.state_to_host(state)
-        m = exp.mode.metrics_to_host(metrics)
+        after = state_to_host(state)
+        m = metrics_to_host(metrics)
         if step == 3:
             assert max_abs_diff(after.params, before.params) == 0.0  # bit for bit
             assert max_abs_diff(after.opt_state, before.opt_state) == 0.0
@@ -95,7 +96,7 @@ def test_linear_lr_scaling_with_warmup():
     state, records = exp.state, []
     for step in range(4):
         state, m = exp.steps.train(state, layout.place(src.local_batch(step, layout.local_rows(gb)), gb))
-        records.append({"step": step + 1, **{k: float(v) for k, v in exp.mode.metrics_to_host(m).items()}})
+        records.append({"step": step + 1, **{k: float(v) for k, v in metrics_to_host(m).items()}})
     assert "optim/lr" not in records[0]  # a pure function of the step: added on the host, once per window
     assert exp.updater.complete(records) is None
     peak = 1e-3 * 1024 / 256

@@ -1,5 +1,5 @@
-"""Preemption and launcher faults (scripts/launch_local.py, training/signals.py, training/ports.py,
-training/sweep_summary.py, training/compile_cache.py): every process stops together, saves once, says why, and
+"""Preemption and launcher faults (scripts/launch_local.py, training/process.py, sweeps/callback.py,
+training/runtime.py): every process stops together, saves once, says why, and
 none is left behind.
 
 The multi-process tests start real ``train.py`` processes (2 processes x 2 simulated CPU devices, synthetic
@@ -27,7 +27,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 import launch_local  # noqa: E402
 
 from hydra_plugins.dp_scaling_launchers.serial_local import descendants  # noqa: E402
-from training import ports, sweep_summary  # noqa: E402
+from sweeps import callback  # noqa: E402
+from training import process  # noqa: E402
 
 CLUSTER_VARS = ("SLURM_", "OMPI_", "PMI_", "JAX_COORDINATOR", "JAX_NUM_CPU_DEVICES", "JAX_PROCESS", "TPU_")
 SMALL = ["data=synthetic", "optim=sgd", "train.global_batch=64", "train.log_every=10", "wandb.mode=disabled"]
@@ -175,8 +176,8 @@ def taken_port():
 
 @pytest.mark.unit
 def test_port_in_use(taken_port):
-    assert ports.port_in_use(taken_port)
-    assert not ports.port_in_use(launch_local.free_port())
+    assert process.port_in_use(taken_port)
+    assert not process.port_in_use(launch_local.free_port())
 
 
 def test_launcher_port_in_use_is_one_line(tmp_path, taken_port):
@@ -236,10 +237,10 @@ def test_stop_report_lines(tmp_path):
     outcomes = [
         (tmp_path / "0", None),
         (tmp_path / "1", "stopped by SIGTERM after step 30 of 400; checkpoint saved in x"),
-        (tmp_path / "2", sweep_summary.NOT_STARTED + "SIGTERM"),
+        (tmp_path / "2", callback.NOT_STARTED + "SIGTERM"),
         (tmp_path / "3", "non-finite loss"),
     ]
-    assert sweep_summary.stop_report(outcomes, "SIGTERM", 2, tmp_path) == [
+    assert callback.stop_report(outcomes, "SIGTERM", 2, tmp_path) == [
         "sweep stopped by SIGTERM: 1 finished, 1 stopped, 3 never started, 1 failed (of 6 jobs)",
         f"  {tmp_path / '0'}: finished",
         f"  {tmp_path / '1'}: stopped",
@@ -289,14 +290,14 @@ def test_sweep_stops_on_signal_and_resumes(tmp_path, sig):
 # ---- 5: process i > 0 keeps its lines' levels ----------------------------------------------------------------
 @pytest.mark.unit
 def test_console_of_process_1_keeps_the_level(monkeypatch, caplog):
-    from training import distributed, report
+    from training import console, distributed
 
     settings = distributed.Settings("h:1", 2, 1, 60, "config")
     monkeypatch.setattr(distributed, "_settings", settings)
-    with caplog.at_level(logging.INFO, logger="training.report"):
-        report.console("warning: only 1 logging window(s) measured")
-        report.console("error: stopped by SIGTERM")
-        report.console("already complete at step 20")
+    with caplog.at_level(logging.INFO, logger="training.console"):
+        console.console("warning: only 1 logging window(s) measured")
+        console.console("error: stopped by SIGTERM")
+        console.console("already complete at step 20")
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("WARNING", "warning: only 1 logging window(s) measured"),
         ("ERROR", "error: stopped by SIGTERM"),
@@ -353,12 +354,12 @@ def test_damaged_compilation_cache_is_one_line(tmp_path):
 def test_cache_warnings_hook_passes_other_warnings(caplog):
     import warnings
 
-    from training.compile_cache import CacheWarnings
+    from training.runtime import CacheWarnings
 
     assert CacheWarnings.line("some other warning") is None
     CacheWarnings.reset("/c")
     seen = []
-    with warnings.catch_warnings(), caplog.at_level(logging.WARNING, logger="training.compile_cache"):
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING, logger="training.runtime"):
         warnings.simplefilter("always")
         warnings.showwarning = lambda message, *args, **kwargs: seen.append(str(message))
         CacheWarnings.install()
@@ -397,3 +398,22 @@ def test_slurm_paths_send_sigterm_before_the_time_limit(tmp_path):
     assert [line for line in sbatch.splitlines() if "--signal" in line] == ["#SBATCH --signal=TERM@120"]
     script = (REPO / "scripts" / "sbatch_example.sh").read_text()
     assert "#SBATCH --signal=TERM@120" in script and "exec python train.py" in script
+
+
+# ---- the launcher's output ----------------------------------------------------------------------------------
+@pytest.mark.unit
+def test_launch_local_leaves_out_gloo_connection_lines(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("launch_local", REPO / "scripts" / "launch_local.py")
+    launch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launch)
+    src = tmp_path / "src"
+    src.write_bytes(
+        b"start\n[Gloo] Rank 3 is connected to 3 peer ranks. Expected number of connected peer ranks is"
+        b" : 3\ntrain: 50%\rtrain: 100%\nerror: real\n"
+    )
+    out, counter = tmp_path / "out", [0]
+    with open(src, "rb") as s, open(out, "wb") as d:
+        launch.forward_filtered(s, d, counter)
+    assert out.read_bytes() == b"start\ntrain: 50%\rtrain: 100%\nerror: real\n" and counter == [1]

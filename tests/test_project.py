@@ -205,8 +205,8 @@ def test_bad_input_is_one_line(tmp_path, args, message):
 
 
 def _run_job(run_dir: Path, hardware: dict | None = None, **dotted) -> dict:
-    """training.app.run_and_report in-process (W&B disabled, no checkpoints); returns summary.json."""
-    from training.app import run_and_report
+    """training.run.run_and_report in-process (W&B disabled, no checkpoints); returns summary.json."""
+    from training.run import run_and_report
 
     cfg = make_cfg(
         {"hardware": hardware or {}},
@@ -508,6 +508,35 @@ def test_console_percentages_and_time_units(tmp_path, capsys):
     )
     assert "efficiency    99.8%" in lines[1] and "0.000" not in "\n".join(lines)
     assert " s " in lines[2] or "µs" in lines[2]
+
+
+@pytest.mark.unit
+def test_a_step_below_any_real_devices_floor_is_one_warning_not_tiny_efficiencies(tmp_path, capsys):
+    """The quick-start MLP at --mfu 0.4 of an H100 computes a step in ~0.1 µs, far below what one step takes on any
+    real device: one warning line instead of efficiencies like 0.03%; the files keep the model's numbers."""
+    summary = _run_job(tmp_path / "run", parallel__name="jit_sharding")
+    compute = summary["perf/flops_per_step_per_device"] / (0.4 * 989e12)
+    assert compute < cli.STEP_FLOOR_S == 5e-6
+    capsys.readouterr()  # the run's own lines
+    out_dir = tmp_path / "projection"
+    args = [str(tmp_path / "run"), "--hardware", "h100_sxm", "--mfu", "0.4", "--devices", "8,64", "--out", str(out_dir)]
+    assert cli.main(args) == 0
+    captured = capsys.readouterr()
+    (config,) = {r["config"] for r in _csv(out_dir / "projection.csv")}
+    assert captured.err.splitlines() == [cli.floor_warning(config, compute)]
+    assert captured.err.startswith(f"warning: {config}: its step computes in {cli.format_seconds(compute)}, below ")
+    lines = captured.out.splitlines()
+    assert lines[0].startswith(config) and [line.split()[0] for line in lines[1:3]] == ["N=", "N="]
+    assert "efficiency" not in captured.out and "%" not in captured.out and "examples/s" in lines[1]
+    assert all(0 < float(r["efficiency"]) < 0.01 for r in _csv(out_dir / "projection.csv"))
+    # explicit numbers: a measured step at the floor prints its efficiencies, one just below it warns
+    explicit = ["--params", "1000", "--per-device-batch", "32", "--devices", "8", "--out", str(tmp_path / "e")]
+    assert cli.main([*explicit, *CUSTOM, "--step-time-s", "5e-6"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "efficiency" in captured.out
+    assert cli.main([*explicit, *CUSTOM, "--step-time-s", "4.9e-6"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [cli.floor_warning("allreduce", 4.9e-6)] and "efficiency" not in captured.out
 
 
 @pytest.mark.unit

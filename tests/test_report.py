@@ -368,11 +368,31 @@ def test_speedup_and_efficiency_figures(tmp_path):
     assert list(diag.get_xdata()) == list(diag.get_ydata()) == [1, 2, 4, 8]
     assert legend_texts(ax) == ["fsdp", "jit_sharding", "ideal (y = x)"]
     (ax,) = figs["efficiency"].axes
-    # the 1-device interval reaches 1.2 / 0.9 = 1.33: the axis goes to 1.05 x that (was clipped at 1.1)
-    assert ax.get_ylim() == pytest.approx((0.0, 1.4)) and ax.get_yscale() == "linear" and len(ax.containers) == 2
+    # fsdp's 2-device interval reaches 1520 x 1.2 / (800 x 0.9) / 2 = 1.267: the axis goes to 1.05 x that (was
+    # clipped at 1.1); the 1-device intervals (1.2 / 0.9 = 1.333) do not widen it, the title says where they end
+    assert ax.get_ylim() == pytest.approx((0.0, 1.33)) and ax.get_yscale() == "linear" and len(ax.containers) == 2
+    assert ax.get_title() == "the 1-device interval reaches 1.33, above the axis"
     (one,) = [line for line in ax.get_lines() if line.get_label() == "ideal (1.0)"]
     assert list(one.get_ydata()) == [1.0, 1.0]
     assert list(ax.containers[1].lines[0].get_ydata()) == pytest.approx([1.0, 0.9, 0.75, 0.5])
+
+
+@pytest.mark.unit
+def test_efficiency_keeps_its_range_on_the_informative_points(tmp_path):
+    """A noisy 1-device series (min-max 0.68-1.46 x its median: an efficiency interval of 0.47-2.15 there) no
+    longer stretches the axis to 2.25 and squeezes the other points into the bottom half: the range holds every
+    point and every multi-device bar; the title says how far the 1-device bar reaches."""
+    root = make_sweep(tmp_path / "mr")
+    for job, factor in ((0, 0.68), (2, 1.46)):  # jit_sharding, 1 device, seeds 0 and 2
+        (root / str(job) / "summary.json").write_text(json.dumps(ok_summary("jit_sharding", 1, 1000.0 * factor)))
+    rows = rows_of(root)
+    (one,) = [r for r in rows if r["parallel"] == "jit_sharding" and r["devices"] == 1]
+    assert (one["efficiency_ci_low"], one["efficiency_ci_high"]) == pytest.approx((0.68 / 1.46, 1.46 / 0.68))
+    (ax,) = make_figures(rows)["efficiency"].axes
+    multi = [r[k] for r in rows if r["devices"] > 1 for k in ("efficiency", "efficiency_ci_high")]
+    assert ax.get_ylim() == pytest.approx((0.0, round(max(multi) * 1.05, 2)))
+    assert max(multi) <= ax.get_ylim()[1] < one["efficiency_ci_high"]
+    assert ax.get_title() == "the 1-device interval reaches 2.15, above the axis"
 
 
 @pytest.mark.unit
@@ -390,6 +410,42 @@ def test_comm_figure_distinct_styles_and_link_sentence(tmp_path):
     assert legend_texts(fig) == ["fsdp", "jit_sharding"]
     with_link = make_figures(rows_of(make_sweep(tmp_path / "mr2", seeds=(0,))))["comm"].axes[2]
     assert len(with_link.get_lines()) == 2 and not with_link.texts
+
+
+@pytest.mark.unit
+def test_coinciding_series_in_comm_stay_visible(tmp_path):
+    """pmap, jit_sharding and shard_map send the same bytes: their points are drawn side by side around each device
+    count (values unchanged, in legend order, within a third of an octave), the panels' titles say so, and a
+    series that coincides with none (fsdp's payload) keeps its x."""
+    from sweeps.report.plots import SIDE_BY_SIDE, dodged_x
+
+    root = tmp_path / "mr"
+    job = 0
+    for mode in ("pmap", "jit_sharding", "shard_map", "fsdp"):
+        for d in (1, 2, 4, 8):
+            write_job(root, job, ok_summary(mode, d, 100.0 * d), [f"mesh.devices={d}", f"parallel={mode}"])
+            job += 1
+    payload, ring, ratio = make_figures(rows_of(root))["comm"].axes
+    assert legend_texts(payload.figure) == ["fsdp", "jit_sharding", "pmap", "shard_map"]
+    fsdp, *same = payload.get_lines()
+    assert list(fsdp.get_xdata()) == [1, 2, 4, 8] and fsdp.get_gid() is None
+    assert [list(line.get_ydata()) for line in same] == [[PAYLOAD] * 4] * 3
+    for i, d in enumerate((1, 2, 4, 8)):
+        xs = [line.get_xdata()[i] for line in same]
+        assert xs == sorted(xs) and len(set(xs)) == 3 and d / 2**0.34 < xs[0] < d < xs[2] < d * 2**0.34
+        assert xs[1] == pytest.approx(d)
+    assert all(line.get_gid() == "dodged" for line in same)
+    for ax in (ring, ratio):  # here fsdp's values are equal too: four side by side
+        xs = [line.get_xdata()[3] for line in ax.get_lines()]
+        assert len(set(xs)) == 4 and xs == sorted(xs)
+        assert len({tuple(line.get_ydata()) for line in ax.get_lines()}) == 1
+    assert all(ax.get_title().endswith(f"({SIDE_BY_SIDE})") for ax in (payload, ring, ratio))
+    # the rule itself: values within 1% of the largest coincide; the spread never exceeds 0.6 octave
+    assert dodged_x([[(2, 100.0)], [(2, 50.0)]], 4.0) == ([[2.0], [2.0]], [False, False])
+    ((a,), (b,)), shared = dodged_x([[(2, 100.0)], [(2, 99.5)]], 4.0)
+    assert (a, b) == pytest.approx((2 * 2**-0.05, 2 * 2**0.05)) and shared == [True, True]
+    many = [x for (x,) in dodged_x([[(8, 1.0)]] * 20, 40.0)[0]]
+    assert many == sorted(many) and many[0] == pytest.approx(8 * 2**-0.3) and many[-1] == pytest.approx(8 * 2**0.3)
 
 
 @pytest.mark.unit
@@ -586,7 +642,8 @@ def test_figures_use_human_units_and_clip_nothing(tmp_path):
     no_link = {"comm/ratio_model": None}
     root = make_sweep(tmp_path / "mr", **no_link)
     # a fast 2-device repeat: the efficiency interval reaches 2 x 1000 x 1.3 / (2 x 900) = 1.44
-    write_job(root, 99, ok_summary("jit_sharding", 2, 2 * 1.3 * 1000.0, **no_link), ["mesh.devices=2", "train.seed=9"])
+    overrides = ["mesh.devices=2", "parallel=jit_sharding", "train.seed=9", "data=synthetic"]  # a 4th repeat
+    write_job(root, 99, ok_summary("jit_sharding", 2, 2 * 1.3 * 1000.0, **no_link), overrides)
     rows = rows_of(root)
     figs = make_figures(rows)
     assert set(figs) == {"throughput", "speedup", "efficiency", "comm", "memory"}
@@ -614,8 +671,8 @@ def test_figures_use_human_units_and_clip_nothing(tmp_path):
     (thr,) = figs["throughput"].axes
     assert [t.get_text() for t in thr.get_yticklabels()] == ["1k", "2k", "5k", "10k"]
     (eff,) = figs["efficiency"].axes
-    top = max(r["efficiency_ci_high"] for r in rows if r["efficiency_ci_high"] is not None)
-    assert top > 1.1 and eff.get_ylim()[1] >= top
+    top = max(r["efficiency_ci_high"] for r in rows if r["efficiency_ci_high"] is not None and r["devices"] > 1)
+    assert top == pytest.approx(2 * 1.3 * 1000.0 / (2 * 900.0)) and eff.get_ylim()[1] >= top
 
 
 @pytest.mark.unit

@@ -14,7 +14,7 @@ import pytest
 
 from measure.throughput import WindowStats
 from tests.utils import REPO, run_train, train_probe_cmd
-from training.console_lines import throughput_text
+from training.console import throughput_text
 
 
 @pytest.mark.unit
@@ -195,7 +195,7 @@ def test_ctrl_c_outside_the_steps_is_one_line(tmp_path, module, name, summary, f
     summary.json; with HYDRA_FULL_ERROR=1 set by the user the traceback is printed instead."""
     import signal
 
-    from training.interrupt import INTERRUPTED_LINE
+    from training.process import INTERRUPTED_LINE
 
     run_dir = tmp_path / "run"
     env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "1" if full_error else ""}
@@ -247,7 +247,7 @@ def test_ctrl_c_during_hydras_composition_stops_the_run(tmp_path):
     then stops the run with the one line before anything but Hydra's files is written."""
     import signal
 
-    from training.interrupt import INTERRUPTED_LINE
+    from training.process import INTERRUPTED_LINE
 
     run_dir, held = tmp_path / "run", tmp_path / "held.json"
     env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": ""}
@@ -266,27 +266,27 @@ def test_interrupt_hook_words_interrupts_and_passes_other_exceptions_on(capsys, 
     """train.py's excepthook words a KeyboardInterrupt, and an error a Ctrl-C caused, as one line; any other
     exception reaches Python's own hook. interrupt_as_keyboard turns such an error into a KeyboardInterrupt (which
     Hydra's job report does not catch) and lets others through unchanged."""
-    from training.interrupt import INTERRUPTED_LINE, interrupt_as_keyboard, interrupt_hook, interrupted
+    from training.process import INTERRUPTED_LINE, interrupt_as_keyboard, interrupt_hook, interrupted
 
-    import training.interrupt
+    import training.process
 
     seen, exits = [], []
     fallback = lambda *exc: seen.append(exc[0])  # noqa: E731
-    monkeypatch.setattr(training.interrupt.os, "_exit", exits.append)
+    monkeypatch.setattr(training.process.os, "_exit", exits.append)
     caused = _raised_during_interrupt()
     for exc in (KeyboardInterrupt(), caused):
-        monkeypatch.setattr(training.interrupt, "_reported", False)
+        monkeypatch.setattr(training.process, "_reported", False)
         interrupt_hook(type(exc), exc, None, fallback)
         assert capsys.readouterr().err == INTERRUPTED_LINE + "\n"
     assert exits == [130]  # after the ImportError (after a KeyboardInterrupt Python exits by SIGINT itself)
     # numpy's import prints the Ctrl-C through the hook, then raises an ImportError with no KeyboardInterrupt in
     # its chain: the hook's report stands for it (one line, exit 130), and later errors count as interrupted
-    monkeypatch.setattr(training.interrupt, "_reported", False)
+    monkeypatch.setattr(training.process, "_reported", False)
     interrupt_hook(KeyboardInterrupt, KeyboardInterrupt(), None, fallback)
     interrupt_hook(ImportError, ImportError("numpy._core.multiarray failed to import"), None, fallback)
     assert capsys.readouterr().err == INTERRUPTED_LINE + "\n" and exits == [130, 130] and seen == []
     assert interrupted(ValueError("after a reported Ctrl-C"))
-    monkeypatch.setattr(training.interrupt, "_reported", False)
+    monkeypatch.setattr(training.process, "_reported", False)
     interrupt_hook(ValueError, ValueError("x"), None, fallback)
     assert seen == [ValueError]
     assert interrupted(caused) and not interrupted(ValueError("x")) and not interrupted(None)
@@ -305,7 +305,7 @@ def test_a_ctrl_c_during_a_deferred_block_is_raised_after_it():
     error of the block itself goes on instead."""
     import signal
 
-    from training.interrupt import HeldSigint
+    from training.process import HeldSigint
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
@@ -335,14 +335,14 @@ def test_a_ctrl_c_in_an_exit_handler_or_in_orbax_log_is_one_line(capsys, monkeyp
     import logging
     import types
 
-    from training.interrupt import NoInterruptTraceback, unraisable_hook
+    from training.process import NoInterruptTraceback, unraisable_hook
 
     import signal
 
-    import training.interrupt
+    import training.process
 
     seen, passed_on = [], []
-    monkeypatch.setattr(training.interrupt._thread, "interrupt_main", passed_on.append)
+    monkeypatch.setattr(training.process._thread, "interrupt_main", passed_on.append)
     for exc, err_msg in (
         (KeyboardInterrupt(), "Exception ignored in atexit callback"),
         (KeyboardInterrupt(), "Exception ignored in"),  # a gc callback: passed on to the main thread
@@ -354,7 +354,7 @@ def test_a_ctrl_c_in_an_exit_handler_or_in_orbax_log_is_one_line(capsys, monkeyp
         "warning: a Ctrl-C (SIGINT) came during Python's exit handlers and was ignored there; the run had ended",
     ]
     assert passed_on == []  # not from inside the hook: on the main thread it would raise there, ignored again
-    time.sleep(20 * training.interrupt.PASS_ON_DELAY_S)
+    time.sleep(20 * training.process.PASS_ON_DELAY_S)
     assert passed_on == [signal.SIGINT]
     assert [u.exc_type for u in seen] == [ValueError]
     keep = NoInterruptTraceback()
@@ -369,8 +369,10 @@ def test_deleting_an_unknown_key_gets_did_you_mean():
     """`~train.stepz` is worded like `train.stepz=3`: one line with a did-you-mean."""
     from hydra.errors import ConfigCompositionException
 
-    from conf.schema import one_line
+    from conf.errors import one_line as reword
+    from conf.schema import OPTION_SCHEMAS, Config
 
+    one_line = lambda e: reword(e, Config, OPTION_SCHEMAS)  # noqa: E731  (the schema train.py passes)
     e = ConfigCompositionException("Could not delete from config. 'train.stepz' does not exist.")
     assert one_line(e) == "cannot delete ~train.stepz: unknown config key train.stepz; did you mean train.steps?"
     e = ConfigCompositionException("Could not delete from config. 'model.hiden' does not exist.")
@@ -455,3 +457,22 @@ def test_readme_quick_start_experiment_runs_clean(tmp_path):
     res = run_train(tmp_path / "run", *shlex.split(command)[2:])
     assert res.returncode == 0, res.stderr[-2000:]
     assert "warning" not in (res.stdout + res.stderr).lower()
+
+
+# ---- metrics.jsonl and summary.json are strict JSON ---------------------------------------------------------
+@pytest.mark.unit
+def test_strict_record_writes_null_and_lists_the_keys():
+    import numpy as np
+
+    from training.report import strict_record
+
+    rec = {"step": 3, "a": float("nan"), "b": np.float32("-inf"), "c": 1.5, "d": [float("inf"), 2.0]}
+    assert strict_record(rec) == {
+        "step": 3,
+        "a": None,
+        "b": None,
+        "c": 1.5,
+        "d": [None, 2.0],
+        "nonfinite": {"a": "nan", "b": "-inf"},
+    }
+    assert strict_record({"step": 1, "c": 1.0}) == {"step": 1, "c": 1.0}

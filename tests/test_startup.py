@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from measure.throughput import STARTUP_PHASES, JobClock, StartupPhases
-from training.console_lines import startup_breakdown_line
+from training.console import startup_breakdown_line
 from utils import REPO, modules_probe_cmd, train_probe_cmd
 
 # Imported only when a run needs them: W&B (wandb.mode online/offline), TFDS (a dataset to decode or prepare),
@@ -115,7 +115,7 @@ def test_orbax_import_ends_before_the_first_step(tmp_path):
     run_dir, probe = tmp_path / "run", tmp_path / "probe.json"
     before = (
         "import json, sys, threading\n"
-        "import training.loop as L\n"
+        "import training.run as L\n"
         "real = L.train_loop\n"
         "def probed(*a, **k):\n"
         "    json.dump({'orbax': 'orbax.checkpoint' in sys.modules,\n"
@@ -136,7 +136,7 @@ def test_backend_starts_beside_the_imports_and_its_rest_is_timed_as_runtime(tmp_
     """The backend's start (on a TPU host the chip opens in ~10 s) runs on its own thread
     (``training.runtime.start_backend``) while ``train.py`` imports the training modules; what is left of it when
     they are in is the ``runtime`` phase, never ``config``. Here a backend start that waits until
-    ``training.app`` is fully imported (up to 20 s) and then 2 s more: it ran on the ``jax-backend-start`` thread,
+    ``training.run`` is fully imported (up to 20 s) and then 2 s more: it ran on the ``jax-backend-start`` thread,
     saw the import end (a start that blocked the imports would wait the whole 20 s), and ``runtime`` holds the
     seconds it kept the run waiting (``git show 7559600:benchmarks/results/backend_start_tpu_v5e.txt``)."""
     probe = tmp_path / "backend.json"
@@ -145,9 +145,9 @@ def test_backend_starts_beside_the_imports_and_its_rest_is_timed_as_runtime(tmp_
         "from jax._src import xla_bridge\n"
         "def hook(backend):\n"
         "    t0 = time.perf_counter()\n"
-        "    while not hasattr(sys.modules.get('training.app'), 'run_and_report') and time.perf_counter() - t0 < 20:\n"
+        "    while not hasattr(sys.modules.get('training.run'), 'run_and_report') and time.perf_counter() - t0 < 20:\n"
         "        time.sleep(0.01)\n"
-        "    imported = hasattr(sys.modules.get('training.app'), 'run_and_report')\n"
+        "    imported = hasattr(sys.modules.get('training.run'), 'run_and_report')\n"
         "    time.sleep(2.0)\n"
         "    json.dump({'thread': threading.current_thread().name, 'imported': imported,\n"
         "               'waited_s': time.perf_counter() - t0}, open(%r, 'w'))\n"
@@ -215,42 +215,42 @@ def run_synthetic_probe(tmp_path, before: str, *overrides: str) -> dict:
     return s
 
 
-# ---- the garbage collector during start-up (training/startup_gc.py) ------------------------------------------
+# ---- the garbage collector during start-up (training.process) -------------------------------------------------
 @pytest.fixture
 def collector():
     """Restores the collector after a test that pauses, freezes or releases it."""
     import gc
 
-    from training import startup_gc
+    from training import process
 
     yield gc
-    startup_gc._paused = False
+    process._gc_paused = False
     gc.unfreeze()
     gc.enable()
 
 
 @pytest.mark.unit
 def test_pause_then_resume_freezes_what_is_alive_and_turns_the_collector_back_on(collector):
-    from training import startup_gc
+    from training import process
 
     gc = collector
-    startup_gc.resume()  # not paused (a library user, a test): nothing changes
+    process.resume_gc()  # not paused (a library user, a test): nothing changes
     assert gc.isenabled() and gc.get_freeze_count() == 0
-    startup_gc.pause()
+    process.pause_gc()
     assert not gc.isenabled()
     kept = [[]]  # alive at resume: frozen
-    startup_gc.resume()
+    process.resume_gc()
     assert gc.isenabled() and gc.get_freeze_count() > 1000 and kept
     gc.unfreeze()
-    startup_gc.resume()  # once only
+    process.resume_gc()  # once only
     assert gc.get_freeze_count() == 0
-    startup_gc.pause()
-    startup_gc.release()  # a sweep: back on, nothing frozen
+    process.pause_gc()
+    process.release_gc()  # a sweep: back on, nothing frozen
     assert gc.isenabled() and gc.get_freeze_count() == 0
-    startup_gc.resume()
+    process.resume_gc()
     assert gc.get_freeze_count() == 0
     gc.disable()  # not paused here (the caller's own choice): release leaves it
-    startup_gc.release()
+    process.release_gc()
     assert not gc.isenabled()
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from data.pipeline import TrainSource
+from parallel.state import metrics_to_host, state_to_host
 from training.build import build, plan
 from utils import make_cfg, random_dataset
 
@@ -37,10 +38,10 @@ def _steps(cfg, n):
     exp, batch = _experiment(cfg)
     state, records, norms = exp.state, [], []
     for step in range(n):
-        before = exp.mode.state_to_host(state).params
+        before = state_to_host(state).params
         state, m = exp.steps.train(state, batch(step))
-        after = exp.mode.state_to_host(state).params
-        records.append({"step": step + 1, **{k: float(v) for k, v in exp.mode.metrics_to_host(m).items()}})
+        after = state_to_host(state).params
+        records.append({"step": step + 1, **{k: float(v) for k, v in metrics_to_host(m).items()}})
         grads = jax.tree.map(lambda a, b: (np.float64(a) - np.float64(b)) / LR, before, after)
         norms.append(math.sqrt(sum(float(np.sum(g * g)) for g in jax.tree.leaves(grads))))
     return records, norms, exp
@@ -154,7 +155,8 @@ def test_logged_lr_does_not_advance_on_steps_skipped_by_loss_scaling():
 
 
 def _window(cfg, n):
-    """The device metrics of ``n`` steps (a logging window as ``training.loop`` collects it) and the experiment."""
+    """The device metrics of ``n`` steps (a logging window as ``training.run.train_loop`` collects it) and the
+    experiment."""
     exp, batch = _experiment(cfg)
     state, window = exp.state, []
     for step in range(n):
@@ -180,7 +182,7 @@ def test_window_is_stacked_on_the_device_and_equals_a_copy_per_step(mode, precis
     """A logging window's metrics come to the host stacked (``parallel.base.window_to_host``): bitwise the values
     and dtypes of a ``device_get`` per step, for windows of 8, 50, 64, 65 and 70 steps (two chunks), with ONE
     compiled stacking program for every length; windows of 1 and 7 steps are copied array by array, equal too."""
-    from parallel.base import WINDOW_MIN_STACK_STEPS, _stack_steps, window_to_host
+    from parallel.state import WINDOW_MIN_STACK_STEPS, _stack_steps, window_to_host
 
     overrides = {"precision__name": precision}
     if precision == "fp16":
@@ -192,7 +194,7 @@ def test_window_is_stacked_on_the_device_and_equals_a_copy_per_step(mode, precis
     for n in (1, 7, 8, 50, 64, 65, 70):
         stacked = window_to_host(window[:n])
         assert (stacked is not None) == (n >= WINDOW_MIN_STACK_STEPS)  # shorter windows: a copy per array
-        host = exp.mode.metrics_to_host(window[:n])
+        host = metrics_to_host(window[:n])
         assert len(host) == n
         assert all(_equal_bitwise(h, s) for h, s in zip(host, per_step[:n]))
     assert _stack_steps._cache_size() - compiled_before <= 1
@@ -208,7 +210,7 @@ def test_stacking_keeps_every_bit_of_every_dtype_at_chunk_boundaries():
     boundaries."""
     import ml_dtypes
 
-    from parallel.base import window_to_host
+    from parallel.state import window_to_host
 
     bf16 = np.array([0x0001, 0x8001, 0x7F81, 0xFFC1, 0x3F80], np.uint16).view(ml_dtypes.bfloat16)
     f32 = np.array([0x80000000, 0x7FC00001, 0xFF800001, 0x00000001, 0x3F800000], np.uint32).view(np.float32)
@@ -233,7 +235,7 @@ def test_stacking_keeps_every_bit_of_every_dtype_at_chunk_boundaries():
 def test_unlike_windows_fall_back_to_a_copy_per_array():
     """Windows shorter than ``WINDOW_MIN_STACK_STEPS``, and steps whose metrics differ in structure, dtype, kind or
     devices, are copied as they are, with the same values."""
-    from parallel.base import window_to_host
+    from parallel.state import window_to_host
 
     window, exp = _window(make_cfg(train__global_batch=64), 3)
     extra = {**window[0], "more": window[0]["train/loss"]}
@@ -257,6 +259,6 @@ def test_unlike_windows_fall_back_to_a_copy_per_array():
         [],
     ):
         assert window_to_host(unlike) is None
-        host = exp.mode.metrics_to_host(unlike)
+        host = metrics_to_host(unlike)
         assert len(host) == len(unlike)
         assert all(_equal_bitwise(h, jax.device_get(m)) for h, m in zip(host, unlike))

@@ -11,9 +11,10 @@ from jax.sharding import PartitionSpec as P
 from data.pipeline import TrainSource
 from parallel import ConfigError
 from parallel.fsdp import DEFAULT_RULES, check_rules, path_name, rule_dim, shard_dim
+from parallel.state import host_abstract, metrics_to_host, state_to_host
 from training import checkpoint
 from training.build import _optimizer, build, plan, state_init_fn
-from utils import make_cfg, max_abs_diff, random_dataset, run_steps
+from utils import make_cfg, max_abs_diff, mode_grads, random_dataset, run_steps
 
 DATA = random_dataset(1024)
 SGD = {"optim": {"name": "sgd", "lr": 0.1}}
@@ -48,12 +49,12 @@ def test_the_shared_step_reduces_once_through_the_modes_reduce(parallel, calls, 
         return original(*args, **kwargs)
 
     monkeypatch.setattr(exp.mode, "reduce", counting)
-    steps = exp.mode.build(exp.local, exp.updater, exp.mode.host_abstract(exp.state))
+    steps = exp.mode.build(exp.local, exp.updater, host_abstract(exp.state))
     state, metrics = steps.train(exp.state, _batch(exp))
     assert len(seen) == calls
-    assert np.isfinite(float(exp.mode.metrics_to_host(metrics)["train/loss"]))
+    assert np.isfinite(float(metrics_to_host(metrics)["train/loss"]))
     # the state stays canonical: the shardings the mode declares, in and out
-    want = exp.mode.state_shardings(exp.mode.host_abstract(exp.state))
+    want = exp.mode.state_shardings(host_abstract(exp.state))
     same = jax.tree.map(lambda x, s: x.sharding.is_equivalent_to(s, x.ndim), state, want)
     assert all(jax.tree.leaves(same))
 
@@ -78,12 +79,12 @@ def test_int8_residual_is_mode_state_saved_and_restored(tmp_path):
     for folder in (step_dir, tmp_path / "old" / "2"):
         fresh = build(plan(cfg))
         restored = checkpoint.restore_step(folder, fresh.mode, fresh.state)
-        host = fresh.mode.state_to_host(restored.state)
+        host = state_to_host(restored.state)
         assert max_abs_diff(host.mode_state, saved_host.mode_state) == 0.0
         assert max_abs_diff(host.params, saved_host.params) == 0.0
     four = build(plan(make_cfg({**SGD, "parallel": {"name": "pmap", "grad_compression": "int8"}}, mesh__devices=4)))
     restored = checkpoint.restore_step(step_dir, four.mode, four.state)
-    residual = four.mode.state_to_host(restored.state).mode_state
+    residual = state_to_host(restored.state).mode_state
     assert residual["worker"].shape[0] == 4 and not residual["worker"].any()
     plain = build(plan(make_cfg(SGD)))  # a run without compression drops it
     assert checkpoint.restore_step(step_dir, plain.mode, plain.state).state.mode_state is None
@@ -145,7 +146,9 @@ def test_fsdp_rules_from_the_config_shard_params_and_optimizer_state():
     assert exp.mode.sharded_and_replicated_bytes(exp.state.params) == (814080 - 10240, 40 + 10240)
     one = build(plan(make_cfg(adam, mesh__devices=1)))
     grads = [
-        jax.jit(lambda s, b, e=e: e.mode.grads(e.local, s.params, b, s.step, s.loss_scale.scale)[0])(e.state, _batch(e))
+        jax.jit(lambda s, b, e=e: mode_grads(e.mode, e.local, s.params, b, s.step, s.loss_scale.scale)[0])(
+            e.state, _batch(e)
+        )
         for e in (exp, one)
     ]
     for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):

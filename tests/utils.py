@@ -18,6 +18,7 @@ from conf.schema import Config, from_dict
 from data.pipeline import TrainSource
 from data.sources import HostDataset
 from parallel import compress
+from parallel.state import metrics_to_host, replica_divergence, state_to_host
 from training.build import build, plan
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,17 +47,23 @@ def run_steps(cfg: Config, dataset: HostDataset, steps: int):
     Returns (losses float64 [steps], host state, experiment, initial host state)."""
     p = plan(cfg)
     exp = build(p)
-    initial = exp.mode.state_to_host(exp.state)
+    initial = state_to_host(exp.state)
     source = TrainSource(dataset, p.global_batch, cfg.train.seed)
     layout = exp.mode.batch_layout()
     rows = layout.local_rows(p.global_batch)
     state, losses = exp.state, []
     for s in range(steps):
         state, m = exp.steps.train(state, layout.place(source.local_batch(s, rows), p.global_batch))
-        losses.append(float(exp.mode.metrics_to_host(m)["train/loss"]))
+        losses.append(float(metrics_to_host(m)["train/loss"]))
         jax.block_until_ready(m)
     exp.state = state
-    return np.asarray(losses), exp.mode.state_to_host(state), exp, initial
+    return np.asarray(losses), state_to_host(state), exp, initial
+
+
+def mode_grads(mode, local, params, batch, step, scale):
+    """``(global-mean gradients x loss scale, metric sums)`` of ``mode``'s gradient computation inside its step,
+    for a mode without mode-owned state (to inspect the gradients alone)."""
+    return mode._gradients(local, params, batch, step, scale)[:2]
 
 
 def max_abs_diff(a, b) -> float:
@@ -127,7 +134,7 @@ def assert_matches_reference(run, ref, tol: float, devices: int, steps: int) -> 
     assert np.max(np.abs(losses - ref_losses)) <= tol
     assert max_abs_diff(state.params, ref_state.params) <= tol
     assert max_abs_diff(state.opt_state, ref_state.opt_state) <= tol
-    assert exp.mode.replica_divergence((exp.state.params, exp.state.opt_state)) == 0.0  # replicas in sync
+    assert replica_divergence((exp.state.params, exp.state.opt_state)) == 0.0  # replicas in sync
     assert int(state.step) == steps
 
 

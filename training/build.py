@@ -1,34 +1,32 @@
-"""Typed config -> validated plan -> mesh, mode, model, state and jitted steps (no data, no logging).
-
-``plan(cfg)`` checks everything that can be checked without touching data or compiling (batch and mesh
-divisibility, names of modes, optimizers, schedules ...), raising ``ConfigError`` with one line naming the
-offending values; ``build(plan)`` then creates the state and the steps.
-"""
+"""What a run builds from its typed config before the first step: ``plan`` (the checks that need the devices,
+the mode, the libraries or the model; one ``ConfigError`` line), ``load_data``, ``build`` (mesh, mode, placed
+state, jitted steps) and ``static_info`` (the run's figures known once built)."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from conf.schema import Config, model_kwargs, optimizer_kwargs
+from conf.schema import Config, OptimConfig
 from core.errors import ConfigError
 from core.layout import BatchLayout
 from core.optim import effective_lr, make_optimizer, make_schedule
-from core.precision import LOSS_SCALING_MODES, init_loss_scale
+from core.precision import init_loss_scale
 from core.step import LocalGrads, TrainState, Updater, create_state
 from data.augment import augment_spec
-from measure.profiler import check_window
-from measure.throughput import check_target_accuracy
+from data.load import image_data, text_data
+from measure.compiled import device_memory_stat
 from models import build_model
-from parallel import ParallelMode, make_mesh, mode_class, resolve_mesh_shape
-from parallel.base import StepFns, reduce_dtype
+from parallel import MODES, ParallelMode, make_mesh, mode_class, resolve_mesh_shape
+from parallel.base import StepFns, check_mesh_shape, reduce_dtype
+from parallel.compress import COMPRESSIONS
 from parallel.fsdp import check_rules
-from parallel.options import COMPRESSIONS
+from parallel.state import host_abstract
 from training.report import resolve_wandb_mode
 from training.validate import check_library_settings
 
@@ -56,28 +54,15 @@ class Plan:
 
 
 def resolve_batch(global_batch: Optional[int], per_device_batch: Optional[int], num_devices: int) -> tuple[int, str]:
-    """(global batch, 'strong'|'weak'). Weak scaling: per_device_batch x devices.
-
-    Raises:
-      ConfigError: both set, or a non-positive value.
-    """
-    if global_batch is not None and per_device_batch is not None:
-        raise ConfigError(
-            f"train.global_batch={global_batch} and train.per_device_batch={per_device_batch} are "
-            f"both set; set one (global_batch: strong scaling, per_device_batch: weak scaling)"
-        )
+    """(global batch, 'strong'|'weak'). Weak scaling: per_device_batch x devices (the schema refuses both set)."""
     if per_device_batch is not None:
-        if per_device_batch <= 0:
-            raise ConfigError(f"train.per_device_batch={per_device_batch} must be positive")
         return per_device_batch * num_devices, "weak"
-    gb = DEFAULT_GLOBAL_BATCH if global_batch is None else global_batch
-    if gb <= 0:
-        raise ConfigError(f"train.global_batch={gb} must be positive")
-    return gb, "strong"
+    return DEFAULT_GLOBAL_BATCH if global_batch is None else global_batch, "strong"
 
 
 def plan(cfg: Config) -> Plan:
-    """Validates ``cfg`` against the visible devices. Raises ConfigError (one line) on bad input."""
+    """Checks ``cfg`` (whose values the schema checked: ``conf.schema.validate``) against the visible devices, the
+    mode, the libraries and the model. Raises ConfigError (one line) on bad input."""
     visible = jax.devices()
     n = len(visible) if cfg.mesh.devices is None else cfg.mesh.devices
     if n <= 0:
@@ -93,11 +78,9 @@ def plan(cfg: Config) -> Plan:
         raise ConfigError(f"mesh.devices={n} with {jax.process_count()} processes must use all {len(visible)} devices")
     mode = mode_class(cfg.parallel.name)
     shape = resolve_mesh_shape(cfg.mesh.shape, mode.default_mesh_shape, n, mode.name)
-    mode.check(shape)
+    check_mesh_shape(mode, shape)
     gb, scaling = resolve_batch(cfg.train.global_batch, cfg.train.per_device_batch, n)
     k = cfg.train.accum_steps
-    if k <= 0:
-        raise ConfigError(f"train.accum_steps={k} must be positive")
     if gb % (n * k):
         what = f"mesh.devices={n}" + (f" x train.accum_steps={k} = {n * k}" if k > 1 else "")
         raise ConfigError(
@@ -106,48 +89,10 @@ def plan(cfg: Config) -> Plan:
         )
     if gb % jax.process_count():
         raise ConfigError(f"train.global_batch={gb} is not divisible by {jax.process_count()} processes")
-    if cfg.precision.compute_dtype not in COMPUTE_DTYPES:
-        raise ConfigError(
-            f"precision.compute_dtype={cfg.precision.compute_dtype!r} is unknown; "
-            f"choose one of {', '.join(COMPUTE_DTYPES)}"
-        )
-    if cfg.precision.loss_scale not in LOSS_SCALING_MODES:
-        raise ConfigError(
-            f"precision.loss_scale={cfg.precision.loss_scale!r} is unknown; "
-            f"choose one of {', '.join(LOSS_SCALING_MODES)}"
-        )
-    for key, value in (
-        ("train.log_every", cfg.train.log_every),
-        ("train.eval_batch", cfg.train.eval_batch),
-        ("train.sync_every", cfg.train.sync_every),
-        ("train.max_in_flight", cfg.train.max_in_flight),
-    ):
-        if value <= 0:
-            raise ConfigError(f"{key}={value} must be positive")
-    if cfg.train.steps is not None and cfg.train.steps <= 0:
-        raise ConfigError(f"train.steps={cfg.train.steps} must be positive (or null to use train.epochs)")
-    if cfg.train.steps is None and cfg.train.epochs <= 0:
-        raise ConfigError(f"train.epochs={cfg.train.epochs} must be positive")
-    if cfg.train.eval_every is not None and cfg.train.eval_every <= 0:
-        raise ConfigError(f"train.eval_every={cfg.train.eval_every} must be positive (or null: only at the end)")
-    if cfg.train.sample_tokens < 0:
-        raise ConfigError(
-            f"train.sample_tokens={cfg.train.sample_tokens} must be >= 0 (bytes the GPT generates at the end; 0: none)"
-        )
-    if cfg.train.grad_norm_every is not None and not 0 < cfg.train.grad_norm_every < 2**31:
-        raise ConfigError(
-            f"train.grad_norm_every={cfg.train.grad_norm_every} must be in [1, {2**31 - 1}] (or null: no gradient norm)"
-        )
-    if cfg.data.on_device and cfg.model.name == "gpt":
-        raise ConfigError(
-            f"data.on_device=true keeps an image data set on the devices; model=gpt's text windows "
-            f"(data={cfg.data.name}) are gathered on the host: set data.on_device=null or false"
-        )
     check_compression(cfg.parallel.grad_compression, cfg.parallel.grad_reduce_dtype, mode)
     check_rules(getattr(cfg.parallel, "fsdp_rules", ()))
-    check_numbers(cfg)
     check_library_settings(cfg, extra_tags=[mode.name, cfg.precision.name, f"devices={n}"])
-    check_measurement(cfg)
+    check_in_flight(cfg.train.max_in_flight, visible[:n])
     try:
         reduce_dtype(cfg.parallel.grad_reduce_dtype)
         augment_spec(cfg.data.augment, cfg.data.crop_padding, cfg.data.flip)
@@ -182,8 +127,6 @@ def check_compression(compression: str, grad_reduce_dtype: Optional[str], mode: 
             f"parallel.grad_compression={compression!r} is unknown; choose one of {', '.join(COMPRESSIONS)}"
         )
     if compression not in mode.compressions:
-        from parallel import MODES
-
         ok = [m for m, cls in MODES.items() if compression in cls.compressions]
         raise ConfigError(
             f"parallel.grad_compression={compression} is not implemented for parallel={mode.name}; "
@@ -197,116 +140,21 @@ def check_compression(compression: str, grad_reduce_dtype: Optional[str], mode: 
         )
 
 
-def check_measurement(cfg: Config) -> None:
-    """Raises ConfigError for an unknown ``train.transfer_guard``, a ``train.target_accuracy`` outside (0, 1], or
-    a profile window past ``train.steps`` (with ``train.epochs`` the step count needs the data;
-    ``training.prepare`` checks the window then)."""
-    target_error = check_target_accuracy(cfg.train.target_accuracy)
-    if target_error:
-        raise ConfigError(target_error)
-    if cfg.train.transfer_guard not in TRANSFER_GUARDS:
-        raise ConfigError(
-            f"train.transfer_guard={cfg.train.transfer_guard!r} is unknown; choose one of {', '.join(TRANSFER_GUARDS)}"
-        )
-    if cfg.train.steps is not None and cfg.train.steps > 0:
-        window_error = check_window(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps, cfg.train.steps)
-        if window_error:
-            raise ConfigError(window_error)
-
-
-def check_numbers(cfg: Config) -> None:
-    """Range checks of numeric settings that would otherwise train silently into nonsense.
-
-    Raises:
-      ConfigError: naming the key, its value and the allowed range.
-    """
-    o, pr, m = cfg.optim, cfg.precision, cfg.model
-    checks = [
-        ("optim.lr", o.lr, math.isfinite(o.lr) and o.lr >= 0, "a finite value >= 0"),
-        (
-            "optim.clip_grad_norm",
-            o.clip_grad_norm,
-            o.clip_grad_norm is None or (math.isfinite(o.clip_grad_norm) and o.clip_grad_norm > 0),
-            "null (off) or a finite value > 0",
-        ),
-        *_optimizer_checks(o),
-        ("optim.warmup_steps", o.warmup_steps, o.warmup_steps >= 0, ">= 0"),
-        ("optim.base_batch", o.base_batch, o.base_batch > 0, "> 0"),
-        (
-            "precision.init_scale",
-            pr.init_scale,
-            math.isfinite(pr.init_scale) and pr.init_scale >= 1,
-            "a finite value >= 1",
-        ),
-        ("precision.growth_interval", pr.growth_interval, pr.growth_interval > 0, "> 0"),
-        ("parallel.min_shard_bytes", cfg.parallel.min_shard_bytes, cfg.parallel.min_shard_bytes >= 0, ">= 0"),
-        ("data.prefetch", cfg.data.prefetch, cfg.data.prefetch >= 0, ">= 0 (0: no background thread)"),
-        ("runtime.cpu_devices", cfg.runtime.cpu_devices, cfg.runtime.cpu_devices >= 1, ">= 1"),
-        (
-            "runtime.compilation_cache_min_compile_time_s",
-            cfg.runtime.compilation_cache_min_compile_time_s,
-            cfg.runtime.compilation_cache_min_compile_time_s >= 0,
-            ">= 0",
-        ),
-        (
-            "runtime.compilation_cache_min_entry_bytes",
-            cfg.runtime.compilation_cache_min_entry_bytes,
-            cfg.runtime.compilation_cache_min_entry_bytes >= 0,
-            ">= 0",
-        ),
-        (
-            "hardware.link_bytes_per_s",
-            cfg.hardware.link_bytes_per_s,
-            cfg.hardware.link_bytes_per_s is None or cfg.hardware.link_bytes_per_s > 0,
-            "null or > 0",
-        ),
-        (
-            "hardware.peak_flops_per_s",
-            cfg.hardware.peak_flops_per_s,
-            cfg.hardware.peak_flops_per_s is None or cfg.hardware.peak_flops_per_s > 0,
-            "null or > 0",
-        ),
-        (
-            "wandb.init_timeout_s",
-            cfg.wandb.init_timeout_s,
-            0 < cfg.wandb.init_timeout_s < math.inf,
-            "finite and > 0",
-        ),
-    ]
-    for k in ("hidden", "width", "depth"):  # each model has its own keys (conf/schema.py MODEL_SCHEMAS)
-        if getattr(m, k, None) is not None:  # (gpt: null = the size preset's value)
-            checks.append((f"model.{k}", getattr(m, k), getattr(m, k) > 0, "> 0"))
-    if hasattr(m, "init_std"):
-        checks.append(
-            ("model.init_std", m.init_std, math.isfinite(m.init_std) and m.init_std > 0, "a finite value > 0")
-        )
-    for key, value, ok, allowed in checks:
-        if not ok:
-            raise ConfigError(f"{key}={value} is out of range; it must be {allowed}")
-
-
-# The optimizers' own keys (conf/schema.py OPTIM_SCHEMAS): (key, in range, allowed range).
-_OPTIMIZER_RANGES = (
-    ("momentum", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("b1", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("b2", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("eps", lambda v: math.isfinite(v) and v > 0, "a finite value > 0"),
-    ("weight_decay", lambda v: math.isfinite(v) and v >= 0, ">= 0"),
-)
-
-
-def _optimizer_checks(o) -> list[tuple[str, Any, bool, str]]:
-    """``check_numbers`` entries for the keys the chosen optimizer has."""
-    return [
-        (f"optim.{k}", getattr(o, k), ok(getattr(o, k)), allowed)
-        for k, ok, allowed in _OPTIMIZER_RANGES
-        if hasattr(o, k)
-    ]
-
-
 def is_language_model(cfg: Config) -> bool:
     """Whether the model is the GPT language model (token batches, per-token loss averaged per window)."""
     return cfg.model.name == "gpt"
+
+
+def model_kwargs(model) -> dict[str, Any]:
+    """The hyper-parameters of ``cfg.model`` (every key but ``name``) as keyword arguments of ``models.build_model``."""
+    return {f.name: getattr(model, f.name) for f in dataclasses.fields(model) if f.name != "name"}
+
+
+def optimizer_kwargs(optim) -> dict[str, Any]:
+    """The optimizer's own hyper-parameters (the keys its schema adds to ``OptimConfig``) as keyword arguments of
+    ``core.optim.make_optimizer``: e.g. ``{"momentum": 0.0}`` for SGD."""
+    shared = {f.name for f in dataclasses.fields(OptimConfig)}
+    return {f.name: getattr(optim, f.name) for f in dataclasses.fields(optim) if f.name not in shared}
 
 
 def _model(cfg: Config):
@@ -343,13 +191,10 @@ class Experiment:
 
 
 def state_init_fn(cfg: Config, tx, graphdef: Any = None) -> tuple[Any, Any]:
-    """``(graphdef, init_fn)``: the model's graph and a pure function ``() -> TrainState`` creating the initial
-    state from ``train.seed`` (run by the mode under ``jax.jit`` with its shardings: ``ParallelMode.init_state``).
-    ``graphdef``: the graph when the caller has it (``Plan.graphdef``); None builds it from an abstract model
-    (``nnx.eval_shape``: ~50 ms of Python for GPT size tiny, nothing computed).
-
-    The params are a plain nested dict of float32 arrays (``nnx.merge`` takes it back): jit flattens it in C++,
-    while an ``nnx.State`` of ``Param`` variables costs ~60 us of Python per step to flatten/unflatten."""
+    """``(graphdef, init_fn)``: the model's graph (``graphdef`` when the caller has it, else from an abstract model)
+    and a pure ``() -> TrainState`` creating the initial state from ``train.seed``, which the mode runs under
+    ``jax.jit`` with its shardings. The params are a plain nested dict of float32 arrays: jit flattens it in C++,
+    where an ``nnx.State`` would cost Python time in every step."""
     if graphdef is None:
         graphdef = nnx.graphdef(nnx.eval_shape(lambda: _model(cfg)))
 
@@ -370,11 +215,9 @@ def init_host_state(cfg: Config, tx) -> tuple[Any, TrainState]:
 
 
 def build(p: Plan, feed_for: Optional[Callable[[BatchLayout], Any]] = None) -> Experiment:
-    """Mesh, mode, initial state (placed) and the jitted train/eval steps for plan ``p``.
-
-    ``feed_for``: ``layout -> DeviceFeed`` (``data.pipeline.DeviceSource.feed``): when the mode can
-    (``ParallelMode.fuses_feed``), the train step gathers its own batches from the split on the devices
-    (``Experiment.feed`` is then that feed; else None and the step takes batches)."""
+    """Mesh, mode, initial state (placed) and the jitted train/eval steps for plan ``p``. ``feed_for``: ``layout ->
+    DeviceFeed``; when the mode can (``fuses_feed``), the train step gathers its own batches from the split on the
+    devices (``Experiment.feed``)."""
     cfg = p.cfg
     mesh = make_mesh(p.devices, p.mesh_shape)
     mode = mode_class(cfg.parallel.name)(
@@ -407,7 +250,152 @@ def build(p: Plan, feed_for: Optional[Callable[[BatchLayout], Any]] = None) -> E
     )
     state = mode.init_state(init_fn)  # created directly in the mode's layout (fsdp: sharded)
     feed = feed_for(mode.batch_layout()) if feed_for is not None and mode.fuses_feed else None
-    steps = mode.build(local, updater, mode.host_abstract(state), feed=feed)
+    steps = mode.build(local, updater, host_abstract(state), feed=feed)
     return Experiment(
         plan=p, mode=mode, local=local, updater=updater, state=state, steps=steps, graphdef=graphdef, feed=feed
     )
+
+
+# ---- steps in flight ------------------------------------------------------------------------------------------
+# the most steps in flight on the CPU backend with more than one device: more can stall XLA:CPU's all-reduce until
+# its 40 s rendezvous timeout aborts the process (SIGABRT)
+CPU_MAX_IN_FLIGHT = 8
+
+
+def check_in_flight(max_in_flight: int, devices: Sequence) -> None:
+    """Raises ConfigError (one line, with the fix) for ``train.max_in_flight`` above ``CPU_MAX_IN_FLIGHT`` on more
+    than one CPU device (``devices``: the run's)."""
+    if len(devices) > 1 and devices[0].platform == "cpu" and max_in_flight > CPU_MAX_IN_FLIGHT:
+        raise ConfigError(
+            f"train.max_in_flight={max_in_flight} with {len(devices)} CPU devices: more steps in flight than "
+            f"{CPU_MAX_IN_FLIGHT} can stall XLA:CPU's collectives until a 40 s timeout aborts the process; use "
+            f"train.max_in_flight={CPU_MAX_IN_FLIGHT} or less"
+        )
+
+
+def in_flight_bound(num_devices: int, max_in_flight: int) -> Optional[int]:
+    """Steps allowed in flight: ``max_in_flight`` when more than one device takes part (the bound exists for
+    simulated-device collectives), None (unbounded: no wait per step) with one device."""
+    return max_in_flight if num_devices > 1 else None
+
+
+# ---- data -----------------------------------------------------------------------------------------------------
+def batches_need_index(cfg: Config) -> bool:
+    """Whether training batches must carry ``index`` (without it a step places 2 arrays, not 3): per-example
+    keys (dropout, augmentation) or the debug dump of placed indices need it."""
+    return cfg.model.dropout > 0 or cfg.data.augment or cfg.train.debug_dump_indices
+
+
+def gpt_dims(cfg: Config):
+    """The GPT's resolved dimensions (``models.gpt.GPTDims``) of ``cfg.model``."""
+    from models.gpt import resolve_dims
+
+    m = cfg.model
+    return resolve_dims(
+        m.size,
+        vocab_size=m.vocab_size,
+        context=m.context,
+        max_positions=m.max_positions,
+        width=m.width,
+        depth=m.depth,
+        heads=m.heads,
+        mlp_ratio=m.mlp_ratio,
+    )
+
+
+def load_text_data(cfg: Config, p: Plan):
+    """(train ``WindowSource``, host validation windows) of the language model (``data.load.text_data``)."""
+    dims = gpt_dims(cfg)
+    return text_data(
+        cfg.data,
+        context=dims.context,
+        vocab_size=dims.vocab_size,
+        global_batch=p.global_batch,
+        seed=cfg.train.seed,
+        with_index=batches_need_index(cfg),
+    )
+
+
+def load_data(cfg: Config, p: Plan):
+    """(train source, host test split) of the run (``data.load``): text windows for model=gpt, else images."""
+    if cfg.model.name == "gpt":
+        return load_text_data(cfg, p)
+    return image_data(
+        cfg.data,
+        model=cfg.model.name,
+        global_batch=p.global_batch,
+        seed=cfg.train.seed,
+        with_index=batches_need_index(cfg),
+        bytes_limit=device_bytes_limit(),
+    )
+
+
+def device_bytes_limit() -> Optional[int]:
+    """Bytes JAX's allocator may use on a local device (``memory_stats()['bytes_limit']``: GPU, TPU; on a GPU
+    with JAX's default preallocation ~75% of its memory), None where the backend reports none (CPU) or the
+    statistics cannot be read."""
+    return device_memory_stat("bytes_limit") or None  # a reported 0: no limit known
+
+
+def total_steps(cfg: Config, steps_per_epoch: int) -> int:
+    """Optimizer steps of the run: ``train.steps``, else ``train.epochs`` x steps per epoch."""
+    return cfg.train.steps if cfg.train.steps is not None else cfg.train.epochs * steps_per_epoch
+
+
+# ---- the run's static figures ---------------------------------------------------------------------------------
+def describe(cfg: Config) -> dict[str, Any]:
+    """Summary keys known before anything is built (also written for failed runs)."""
+    return {
+        "parallel": cfg.parallel.name,
+        "precision": cfg.precision.name,
+        "model": cfg.model.name,
+        "data": cfg.data.name,
+        "mesh/devices_requested": cfg.mesh.devices,
+        "train/accum_steps": cfg.train.accum_steps,
+        "process_count": jax.process_count(),
+    }
+
+
+def static_info(cfg: Config, p: Plan, exp: Experiment, n_steps: int, steps_per_epoch: int) -> dict[str, Any]:
+    """Summary keys known once the experiment is built (mesh, batch, schedule)."""
+    device, mode = p.devices[0], exp.mode
+    return {
+        **describe(cfg),
+        "platform": device.platform,
+        "device_kind": device.device_kind,
+        "process_count": jax.process_count(),
+        "mesh/devices": mode.num_devices,
+        "mesh/shape": list(p.mesh_shape),
+        "train/global_batch": p.global_batch,
+        "train/per_device_batch": p.per_device_batch,
+        "train/scaling": p.scaling,
+        "train/steps": n_steps,
+        "train/steps_per_epoch": steps_per_epoch,
+        "parallel/grad_reduce_dtype": cfg.parallel.grad_reduce_dtype,
+        "optim/peak_lr": p.peak_lr,
+        "parallel/grad_compression": cfg.parallel.grad_compression,  # sweeps.report groups by it
+    }
+
+
+def language_model_info(cfg: Config, p: Plan, exp: Experiment) -> dict[str, Any]:
+    """The GPT's static figures: ``model/param_count``, ``model/vocab_size``, ``train/tokens_per_example`` (T),
+    ``train/tokens_per_step`` (global batch x T), ``perf/flops_per_token`` = 6N + 12·L·d·T (PaLM appendix B;
+    ``models.gpt.flops_per_token``) and ``perf/flops_per_step_per_device`` from it (the model FLOPs of MFU;
+    XLA's count of the compiled step, which includes rematerialised work, moves to
+    ``perf/flops_per_step_per_device_xla``)."""
+    from models.gpt import flops_per_token
+
+    dims = gpt_dims(cfg)
+    n = int(sum(int(np.prod(x.shape)) for x in jax.tree.leaves(host_abstract(exp.state).params)))
+    per_token = flops_per_token(n, dims.depth, dims.width, dims.context)
+    tokens = p.global_batch * dims.context
+    out: dict[str, Any] = {
+        "model/param_count": n,
+        "model/vocab_size": dims.vocab_size,
+        "model/context": dims.context,
+        "train/tokens_per_example": dims.context,
+        "train/tokens_per_step": tokens,
+        "perf/flops_per_token": per_token,
+        "perf/flops_per_step_per_device": per_token * tokens / exp.mode.num_devices,
+    }
+    return out

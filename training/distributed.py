@@ -16,11 +16,11 @@ initialization_timeout=timeout_s)``; CPU collectives across processes use gloo. 
 JAX's runtime aborts the process (SIGABRT, exit code 134) about ``timeout_s`` seconds later: it never hangs.
 A second call in the same process (Hydra's basic launcher runs a sweep's jobs in one process) is a no-op.
 
-Process 0 first checks that the coordinator's port is free on its machine (``training.ports``): a taken port
+Process 0 first checks that the coordinator's port is free on its machine (``training.process``): a taken port
 is one line naming it, not a crash of JAX's runtime after the timeout.
 
 Bad settings (a malformed coordinator, a process id out of range, nothing to detect, a taken port) are not raised here:
-``initialize`` returns a ``Startup`` whose ``error`` ``training.app`` raises, so it is reported like every
+``initialize`` returns a ``Startup`` whose ``error`` ``training.run`` raises, so it is reported like every
 other bad input (``error: ...`` on stderr, ``summary.json`` with ``status: failed``, exit 1).
 
 After initialisation, processes other than 0 log only to their own file ``<job>_process<i>.log`` (Hydra's
@@ -43,7 +43,7 @@ from typing import Any, Iterator, Optional
 from conf.schema import DistributedConfig
 from core import compat
 from core.errors import ConfigError
-from training.ports import port_in_use, port_taken_line
+from training.process import port_in_use, port_taken_line
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class Settings:
 @dataclasses.dataclass(frozen=True)
 class Startup:
     """What ``initialize`` found: the settings it joined with (None: a single process) and the one-line error
-    of a bad setting (None when all was well), which ``training.app`` raises as a ``DistributedError``."""
+    of a bad setting (None when all was well), which ``training.run`` raises as a ``DistributedError``."""
 
     settings: Optional[Settings] = None
     error: Optional[str] = None

@@ -1,23 +1,18 @@
 """What the loop does between steps, one small object per concern.
 
-A hook says when it is due (``due(step)``, ``step`` = optimizer steps done so far) and acts (``run(loop,
-step)``). The loop asks every hook once per step, in order, and, when any is due, pauses its step timer ONCE
-(waiting for the last step's output), runs the due hooks in order, and resumes. ``close()`` runs when the loop
-ends (also on errors) and ``summary()`` adds keys to the run's summary.
-
-Order matters and is the list's order (``training.run.make_hooks``): profiler, sync check, evaluation, window
-log, final evaluation, checkpoint. Values a hook adds to ``loop.extra`` (sync check, evaluation) go on the
-record the window log writes at that step. The final evaluation runs at the last step after the window is
-logged and before the checkpoint hook, and the checkpoint hook runs last: a non-finite loss (window log) or
-non-finite final metrics (final evaluation) stop the run before a save, so a diverged run leaves no final
-checkpoint (earlier periodic ones stay). A hook that needs per-window throughput reads ``loop.windows``
-(``(steps, elapsed_s)`` of each logged window, appended by ``WindowLog``).
-"""
+A hook says when it is due (``due(step)``, ``step`` = optimizer steps done so far) and acts (``run(loop, step)``);
+the loop pauses its step timer ONCE around the due hooks, runs them in the list's order (``training.run.make_hooks``:
+profiler, sync check, evaluation, window log, final evaluation, checkpoint), and calls ``close()`` when it ends
+(also on errors); ``summary()`` adds keys to the run's summary. Values a hook adds to ``loop.extra`` go on the
+record the window log writes at that step. The checkpoint hook acts last, so a non-finite loss or non-finite final
+metrics stop the run before a save: a diverged run leaves no final checkpoint."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
+import math
 import time
 from typing import Any, Optional
 
@@ -25,13 +20,13 @@ import jax
 
 from core.errors import TrainingError, error_text
 from measure.profiler import Profiler
-from measure.rates import window_perf
+from measure.rates import perplexity, window_perf
 from measure.throughput import JobClock, TargetTracker, WindowStats
+from parallel.state import metrics_to_host, replica_divergence
 from training import checkpoint
-from training.console_lines import window_line
-from training.outcome import exploded_final, nonfinite_final
-from training.report import warn
-from training.signals import StopOnSignal
+from training.build import Experiment, in_flight_bound
+from training.console import warn, window_line
+from training.process import StopOnSignal
 
 log = logging.getLogger(__name__)
 
@@ -111,14 +106,14 @@ class ProfilerHook(Hook):
 class SyncCheck(Hook):
     """Every ``every`` steps and at the last: the max difference between replicas (must be 0.0)."""
 
-    def __init__(self, mode, every: int, n_steps: int, strict: bool):
-        self.mode, self.every, self.n_steps, self.strict = mode, every, n_steps, strict
+    def __init__(self, every: int, n_steps: int, strict: bool):
+        self.every, self.n_steps, self.strict = every, n_steps, strict
 
     def due(self, step: int) -> bool:
         return step % self.every == 0 or step == self.n_steps
 
     def run(self, loop: LoopState, step: int) -> None:
-        divergence = self.mode.replica_divergence((loop.state.params, loop.state.opt_state))
+        divergence = replica_divergence((loop.state.params, loop.state.opt_state))
         loop.extra["sync/max_replica_divergence"] = divergence
         if divergence != 0.0:
             msg = f"replicas diverged at step {step}: max |difference| = {divergence:g}"
@@ -143,16 +138,12 @@ class Evaluation(Hook):
 
 
 class FinalEvaluation(Hook):
-    """At the last step, after the window is logged and before the final checkpoint: the final evaluation
-    (to ``loop.final`` and the target tracker), its record (with the profile's figures), and the divergence
-    check.
+    """At the last step, after the window is logged and before the final checkpoint: the final evaluation (to
+    ``loop.final`` and the target tracker) and its record (with the profile's figures), then the divergence check.
 
-    Raises (from ``run``):
-      TrainingError: a final training or evaluation metric is not finite (``training.outcome.nonfinite_final``),
-        or, with ``exploded_limit`` (the number of classes C), a final loss is above 10 x ln C
-        (``training.outcome.exploded_final``); the record is written first (strict JSON: null + ``nonfinite``),
-        the final checkpoint never is.
-    """
+    Raises (from ``run``), after the record is written: TrainingError for a non-finite final metric
+    (``nonfinite_final``) or, with ``exploded_limit`` (the number of classes C), a final loss above 10 x ln C
+    (``exploded_final``)."""
 
     def __init__(
         self,
@@ -184,11 +175,9 @@ class FinalEvaluation(Hook):
 
 
 class CheckpointHook(Hook):
-    """Periodic and final saves, and stop-on-signal: a signal makes the step a save and then stops the run.
-
-    ``due`` must be asked every step (``StopOnSignal.requested`` takes part in the preemption sync of a
-    multi-process job); it answers the same for repeated calls at one step (the window log asks it too).
-    """
+    """Periodic and final saves, and stop-on-signal: a signal makes the step a save, then stops the run. ``due``
+    must be asked every step (it takes part in a multi-process job's preemption sync) and answers the same for
+    repeated calls at one step."""
 
     def __init__(self, ckpts: checkpoint.RunCheckpoints, stop: StopOnSignal, n_steps: int, directory, wandb_run_id):
         self.ckpts, self.stop, self.n_steps, self.directory = ckpts, stop, n_steps, directory
@@ -203,13 +192,9 @@ class CheckpointHook(Hook):
         return self.saving
 
     def run(self, loop: LoopState, step: int) -> None:
-        """Saves the state after ``step``; after a signal's save, stops the run once that save is on disk.
-
-        Raises:
-          TrainingError: a non-finite state, too many undeletable steps, a checkpoint that could not be written
-            (``checkpoint.CheckpointWriteError``), or the stop after a signal (its line says where the checkpoint is,
-            or that it could not be written).
-        """
+        """Saves the state after ``step``; after a signal's save, stops the run once that save is on disk. Raises
+        TrainingError for a non-finite state, too many undeletable steps, a checkpoint that could not be written,
+        or the stop after a signal (its line says where the checkpoint is)."""
         reason = "final" if step == self.n_steps else ("signal" if self.stop.signal_name else "periodic")
         stopping = self.stop.signal_name is not None and step < self.n_steps
         stopped = f"stopped by {self.stop.signal_name} after step {step} of {self.n_steps}; "
@@ -275,7 +260,7 @@ class WindowLog(Hook):
             elapsed_s / steps, self.global_batch, self.mode.num_devices, self.info, self.peak_flops_per_s
         )
         try:
-            records = flush_window(self.mode, self.updater, loop.window_records, perf, loop.extra)
+            records = flush_window(self.updater, loop.window_records, perf, loop.extra)
         except NonFiniteLoss as e:  # the window's steps up to the first bad one are recorded, then the run stops
             try:
                 self.reporter.log(e.records)
@@ -287,7 +272,16 @@ class WindowLog(Hook):
         self.reporter.log(records)
         self.bar.set_postfix(loss=f"{loop.last['train/loss']:.4f}", ex_s=f"{perf['perf/examples_per_s']:.0f}")
         if self.reporter.enabled:  # process 0 (the others' figures are their own timings)
-            log.info("%s", window_line(step, self.n_steps, loop.last["train/loss"], perf["perf/examples_per_s"]))
+            log.info(
+                "%s",
+                window_line(
+                    step,
+                    self.n_steps,
+                    loop.last["train/loss"],
+                    perf["perf/examples_per_s"],
+                    perf.get("perf/tokens_per_s"),
+                ),
+            )
 
 
 class NonFiniteLoss(TrainingError):
@@ -299,15 +293,11 @@ class NonFiniteLoss(TrainingError):
         self.records = records
 
 
-def flush_window(mode, updater, window_records, perf: dict, extra: dict) -> list[dict]:
-    """Device metrics of a window -> one host record per step (``updater.complete`` adds the host-side
-    metrics); perf and extras go on the last record.
-
-    Raises:
-      NonFiniteLoss (a TrainingError): a step's loss or gradients were not finite (names the first bad step).
-    """
+def flush_window(updater, window_records, perf: dict, extra: dict) -> list[dict]:
+    """Device metrics of a window -> one host record per step (``updater.complete`` adds the host-side metrics),
+    perf and extras on the last. Raises NonFiniteLoss (a TrainingError) naming the first non-finite step."""
     items = [item if isinstance(item, tuple) else (item, {}) for _, item in window_records]
-    hosts = mode.metrics_to_host([metrics for metrics, _ in items])  # the window's metrics in one transfer
+    hosts = metrics_to_host([metrics for metrics, _ in items])  # the window's metrics in one transfer
     records = [
         {"step": step, **{k: float(v) for k, v in host.items()}, **more}
         for (step, _), host, (_, more) in zip(window_records, hosts, items)
@@ -322,3 +312,70 @@ def flush_window(mode, updater, window_records, perf: dict, extra: dict) -> list
     records[-1].update(perf)
     records[-1].update(extra)
     return records
+
+
+# ---- the evaluation and whether the final numbers are usable ------------------------------------------------
+def evaluate(exp: Experiment, params, eval_set) -> dict[str, float]:
+    """Loss and accuracy over the whole test split (padded, masked: the denominator is exact).
+
+    Dispatches under the training loop's in-flight bound (``train.max_in_flight`` with more than one device):
+    an unbounded queue of simulated-device collectives aborts the process on the CPU backend."""
+    totals = None
+    bound = in_flight_bound(exp.mode.num_devices, exp.plan.cfg.train.max_in_flight)
+    in_flight: collections.deque = collections.deque()
+    for batch in eval_set.batches:
+        sums = exp.steps.eval(params, batch)
+        totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
+        if bound is not None:
+            in_flight.append(totals)
+            if len(in_flight) > bound:
+                jax.block_until_ready(in_flight.popleft())
+    host = metrics_to_host(totals)
+    count = float(host["count"])
+    assert count == eval_set.num_examples, (count, eval_set.num_examples)
+    out = {"eval/loss": float(host["loss_sum"]) / count, "eval/accuracy": float(host["correct"]) / count}
+    if exp.local.tokens:  # language model: loss in nats per token, perplexity = exp(loss)
+        out["eval/perplexity"] = perplexity(out["eval/loss"])
+    return out
+
+
+# The final values a run reports as its result; any of them non-finite means the run diverged.
+FINAL_KEYS = ("train/loss", "train/accuracy", "eval/loss", "eval/accuracy")
+
+
+def nonfinite_final(last_train: dict, final_eval: dict) -> Optional[str]:
+    """One-line error naming every non-finite final metric, or None when all are finite. ``last_train``: the last
+    logged training record (empty when a resumed run trained no step); ``final_eval``: the final evaluation."""
+    values = {
+        **{k: last_train[k] for k in FINAL_KEYS if k in last_train},
+        **{k: final_eval[k] for k in FINAL_KEYS if k in final_eval},
+    }
+    bad = {k: v for k, v in values.items() if isinstance(v, (int, float)) and not math.isfinite(v)}
+    if not bad:
+        return None
+    which = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
+    return (
+        f"the run diverged: final {which} is not finite; lower optim.lr, enable optim.clip_grad_norm, "
+        f"or, under bf16/fp16, use precision=fp32"
+    )
+
+
+# A final loss this many times the loss of a uniform guess (ln C) has exploded (see ``exploded_final``).
+EXPLODED_LOSS_FACTOR = 10.0
+
+
+def exploded_final(last_train: dict, final_eval: dict, num_classes: int) -> Optional[str]:
+    """One-line warning when a final ``train/loss`` or ``eval/loss`` is finite but above ``EXPLODED_LOSS_FACTOR``
+    x ln C, the loss of a uniform guess over ``num_classes`` classes (far above where a run recovering from a high
+    learning rate ends), else None. ``FinalEvaluation`` fails the run with it unless ``train.allow_exploded_loss``."""
+    limit = EXPLODED_LOSS_FACTOR * math.log(num_classes)
+    values = {**{k: last_train.get(k) for k in ("train/loss",)}, **{k: final_eval.get(k) for k in ("eval/loss",)}}
+    high = {k: v for k, v in values.items() if isinstance(v, (int, float)) and math.isfinite(v) and v > limit}
+    if not high:
+        return None
+    which = " and ".join(f"{k}={v:.4g}" for k, v in sorted(high.items(), reverse=True))
+    return (
+        f"warning: the loss exploded: final {which} {'are' if len(high) > 1 else 'is'} above "
+        f"{EXPLODED_LOSS_FACTOR:g} x ln({num_classes}) = "
+        f"{limit:.3g} (a uniform guess scores ln({num_classes})); lower optim.lr or enable optim.clip_grad_norm"
+    )

@@ -1,27 +1,10 @@
-"""Where numbers go: ``metrics.jsonl`` and ``summary.json`` in the run folder, W&B, and the console.
+"""Where numbers go: ``metrics.jsonl`` and ``summary.json`` in the run folder, and W&B.
 
-Only process 0 reports; the others construct a ``Reporter`` with ``enabled=False`` that does nothing.
-
-History across restarts (a run killed at any moment and started again with the same command):
-
-- ``metrics.jsonl`` holds every step once. A run that continues a checkpoint of step C keeps the records with
-  ``step`` <= C (``continue_metrics``; records written after C by the run that crashed are dropped); a restart
-  that finds no checkpoint sets the earlier file aside (``start_metrics``).
-- W&B: every start that trains (or finishes) is a new W&B run with a fresh id. A run that continues a
-  checkpoint of step C first logs the records ``continue_metrics`` kept (steps 0..C, the same values as
-  ``metrics.jsonl``) into its history, then its own steps C+1..N. So the W&B run named by ``summary.json``
-  (``wandb/run_id``) holds every step 0..N exactly once with the values of ``metrics.jsonl``, and the complete
-  summary. The crashed starts stay as the W&B runs they were (partial; online they show as crashed); the new one
-  names the run whose checkpoint it continues in its config (``resumed.previous_wandb_run_id``,
-  ``resumed.step``), in ``summary.json`` (``wandb/previous_run_id``) and carries the tag ``resumed``; group, job
-  type and other tags are those of the command. A rerun of a finished run ("already complete at step N")
-  starts no W&B run.
-- Why not resume the W&B id: W&B keeps a resumed run's steps (``resume="allow"`` continues after the last
-  step it holds and drops smaller steps; offline, each start is a separate ``offline-run-*`` folder with the
-  same id and its own step list, merged only at ``wandb sync``), so steps C+1..K of the crashed run would keep
-  their old values. Rewinding (``resume_from="<id>?_step=C"``) and forking (``fork_from``) are W&B server
-  features in preview, unavailable offline; the replay above is the client-side equivalent of a fork at C.
-  Cost: one ``run.log`` per kept record at start, in the W&B process (``training.wandb_process``).
+Only process 0 reports; the others construct a ``Reporter`` with ``enabled=False`` that does nothing. Across
+restarts ``metrics.jsonl`` holds every step once (a resumed run keeps the records up to its checkpoint,
+``continue_metrics``; a restart without one sets the file aside, ``start_metrics``), and every start that trains
+is a new W&B run that first replays the kept records, so the W&B run named by ``summary.json`` holds every step
+exactly once (docs/internals.md, "W&B history across restarts", says why the W&B id is not resumed).
 """
 
 from __future__ import annotations
@@ -30,12 +13,13 @@ import json
 import logging
 import math
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
+
+from conf.schema import Config, as_dict
 
 log = logging.getLogger(__name__)
 _OFFLINE_HINT_SHOWN = False  # the offline-W&B hint was logged in this process
@@ -83,14 +67,22 @@ def write_json(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
-def resolve_wandb_mode(mode: Optional[str]) -> str:
-    """``mode`` or, when None, the environment's ``WANDB_MODE``, else 'online' if a W&B API key is configured
-    (env or netrc), else 'offline'.
+def write_summary(run_dir: Path, values: dict) -> None:
+    """Writes ``run_dir/summary.json``; one already there (a reused run folder) is kept as
+    ``summary.previous-<time>.json`` first, so nothing a user saved is lost."""
+    path = Path(run_dir) / "summary.json"
+    if path.exists():
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+        backup = path.with_name(f"summary.previous-{stamp}.json")
+        if not backup.exists():
+            os.replace(path, backup)
+            log.warning("%s already existed: kept as %s", path, backup.name)
+    write_json(path, values)
 
-    Raises:
-      ValueError: unknown mode, or a ``WANDB_MODE`` in the environment that W&B would refuse (unless W&B is
-        disabled: then it is never imported).
-    """
+
+def resolve_wandb_mode(mode: Optional[str]) -> str:
+    """``mode``, else the environment's ``WANDB_MODE``, else 'online' with a W&B API key (env or netrc), else
+    'offline'. Raises ValueError for an unknown mode or a ``WANDB_MODE`` W&B would refuse (unless disabled)."""
     if mode is not None and mode not in WANDB_MODES:
         raise ValueError(f"wandb.mode={mode!r} is unknown; choose one of online, offline, disabled (or null)")
     env = os.environ.get("WANDB_MODE")
@@ -136,12 +128,8 @@ def prestart_wandb(mode: Optional[str], process_priority: str = "normal") -> Non
 
 
 class Reporter:
-    """Writes records to ``metrics.jsonl`` and W&B; the summary to ``summary.json`` and W&B's summary.
-
-    Args:
-      run_dir: the Hydra run folder.
-      enabled: False on processes other than 0 (then every method is a no-op).
-    """
+    """Writes records to ``metrics.jsonl`` and W&B, the summary to ``summary.json`` and W&B's summary; with
+    ``enabled`` False (processes other than 0) every method does nothing."""
 
     def __init__(self, run_dir: Path, enabled: bool = True):
         self.run_dir = Path(run_dir)
@@ -168,20 +156,12 @@ class Reporter:
         previous_run_id: Optional[str] = None,
         process_priority: str = "normal",
     ) -> None:
-        """Starts a new W&B run (a fresh id, never a resumed one) inside the run folder.
+        """Starts a new W&B run (a fresh id, never a resumed one) inside the run folder, in W&B's own process
+        (``training.wandb_process``): returns once ``wandb.init`` is sent, with the id chosen (``wandb_run_id``).
 
-        ``previous_run_id``: the W&B run id recorded in the checkpoint this run continues (None for a run that
-        starts at step 0). It is not resumed: W&B cannot rewind an offline run, and a resumed id would hold the
-        steps logged after the checkpoint by the run that crashed. ``continue_metrics`` replays the kept history
-        into the new run instead (module docstring); the link is kept in the config
-        (``resumed.previous_wandb_run_id``, ``resumed.step``), the tag ``resumed`` and the summary
-        (``wandb/previous_run_id``). Online failure -> offline within ``init_timeout_s``.
-
-        W&B runs in a process of its own (``training.wandb_process``; the prestarted one when there is one): this
-        returns once ``wandb.init`` is sent, with the run's id chosen (``wandb_run_id``); ``wandb_info`` waits for
-        it to finish. A failure of W&B there (``wandb.init`` refused, the process died) never stops the run: one
-        warning line, W&B is dropped, ``summary.json`` gets ``wandb/error`` (``_drop_wandb``).
-        ``process_priority``: ``normal`` or ``idle`` (``training.wandb_process.lowest_cpu_priority``).
+        ``previous_run_id``: the W&B run of the checkpoint this run continues (None from step 0); named in the
+        config (``resumed.*``), the tag ``resumed`` and the summary, never resumed (module docstring). Online
+        failure -> offline within ``init_timeout_s``; a failure of W&B never stops the run (``_drop_wandb``).
         """
         if not self.enabled or mode == "disabled":
             return
@@ -220,9 +200,8 @@ class Reporter:
                 self._drop_wandb(errors)
 
     def _drop_wandb(self, errors: list[str]) -> None:
-        """W&B failed in its process: one warning line, no more W&B calls (its process, if alive, finishes the W&B run
-        with exit code 1 on its own; nothing here waits for it); ``wandb/error`` in the summary. The training and
-        metrics.jsonl go on."""
+        """W&B failed in its process: one warning line, no more W&B calls, ``wandb/error`` in the summary; the
+        training and metrics.jsonl go on (the W&B process, if alive, finishes its run with exit code 1)."""
         self.wandb_error = "; ".join(errors)
         log.warning(
             "W&B failed (%s); the run goes on without W&B: metrics.jsonl and summary.json keep every record",
@@ -278,16 +257,11 @@ class Reporter:
     # ---- records ---------------------------------------------------------------------------------
     # checkpoints: a resumed run continues metrics.jsonl
     def continue_metrics(self, previous: Optional[Path], step: int, final_step: int) -> int:
-        """Starts this run's metrics.jsonl as the history of a run resumed after optimizer step ``step``.
-
-        Keeps the records of ``previous`` (the saved run's metrics.jsonl; this run's own file when it is the
-        same folder) with ``step`` <= the restored step and drops the later ones (written after the checkpoint
-        by a run that then crashed), so no step is repeated or skipped. A cut-off last line (a crash while
-        writing it) is dropped. When the restored step is ``final_step`` the final-evaluation record (no
-        ``train/loss``) is dropped too: this run writes it again. The kept records are also logged, in order,
-        into this run's W&B history (started before, by ``start_wandb``; module docstring), and the W&B config
-        gets ``resumed.step``. Must be called before ``log``. Returns the number of records kept (0 when
-        ``previous`` does not exist).
+        """Starts this run's metrics.jsonl as the history of a run resumed after optimizer step ``step``: the
+        records of ``previous`` (the saved run's file) up to ``step``, the later ones (written after the checkpoint
+        by a run that crashed) and a cut-off last line dropped; at ``final_step`` the final evaluation's record too
+        (this run writes it again). The kept records are replayed into this run's W&B history. Call it before
+        ``log``. Returns the number of records kept (0 when ``previous`` does not exist).
         """
         if not self.enabled:
             return 0
@@ -317,11 +291,8 @@ class Reporter:
         return len(kept)
 
     def start_metrics(self) -> Optional[Path]:
-        """Starts an empty metrics.jsonl for a run that starts at step 0 (no checkpoint to continue).
-
-        A metrics.jsonl already in the run folder (a run killed before its first checkpoint, restarted in the
-        same folder) is kept as ``metrics.previous-<time>.jsonl`` and returned, so no step is recorded twice.
-        """
+        """Starts an empty metrics.jsonl for a run from step 0; one already there (a run killed before its first
+        checkpoint, restarted in the same folder) is kept as ``metrics.previous-<time>.jsonl`` and returned."""
         if not self.enabled:
             return None
         path = self.run_dir / "metrics.jsonl"
@@ -366,14 +337,7 @@ class Reporter:
             self.wandb_process.summary_update(strict_record(values))
 
     def _write_summary(self, values: dict) -> None:
-        path = self.run_dir / "summary.json"
-        if path.exists():  # a reused run folder: keep the earlier run's summary (nothing a user saved is lost)
-            stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
-            backup = path.with_name(f"summary.previous-{stamp}.json")
-            if not backup.exists():
-                os.replace(path, backup)
-                log.warning("%s already existed: kept as %s", path, backup.name)
-        write_json(path, values)
+        write_summary(self.run_dir, values)
 
     def close(self, exit_code: int = 0) -> None:
         """Closes the files and finishes the W&B run (always, also after an error): waits until the W&B process
@@ -399,32 +363,54 @@ class Reporter:
         self._offline_hint()
 
 
-def warn(line: str, logger: Optional[logging.Logger] = None) -> None:
-    """A warning the user must see: ``warning: <line>`` on stderr (``console``) and ``line`` in ``logger``'s log
-    (this module's when None), at WARNING."""
-    (logger or log).warning("%s", line)
-    console(f"warning: {line}")
+def wandb_group(cfg: Config) -> Optional[str]:
+    """``wandb.group``, else, inside a Hydra multirun, the sweep's id (its folder), so a sweep is one group."""
+    if cfg.wandb.group:
+        return cfg.wandb.group
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        if hc.mode == RunMode.MULTIRUN:
+            return "sweep-" + Path(hc.sweep.dir).as_posix().strip("/").replace("/", "_")
+    except Exception:  # not under Hydra (tests, library use)
+        pass
+    return None
 
 
-def console(line: str) -> None:
-    """One line on stderr (errors, warnings a user must see even with logging redirected).
+def start_reporting(
+    reporter: Reporter, cfg: Config, info: dict, num_devices: int, restored, start: int, n_steps: int
+) -> None:
+    """Starts W&B (a new run that names the saved run's id when resuming) and writes the step-0 record, or
+    continues the saved run's ``metrics.jsonl`` history from ``restored`` (a ``training.checkpoint.Restored``)."""
+    import jax
 
-    Processes other than 0 of a multi-process job log it instead (``[process i]`` prefix, ``<job>_process<i>.log``,
-    warnings and errors also on their console; see ``training.distributed.route_logging``): process 0 owns the
-    console. The level follows the line: ``error: ...`` ERROR, ``warning: ...`` WARNING, anything else INFO.
-    """
-    # distributed
-    from training.distributed import settings
+    from training.distributed import process_layout
 
-    s = settings()
-    if s is not None and s.process_id > 0:
-        level = (
-            logging.ERROR
-            if line.startswith("error")
-            else logging.WARNING
-            if line.startswith("warning")
-            else logging.INFO
-        )
-        log.log(level, "%s", line)
-        return
-    print(line, file=sys.stderr, flush=True)
+    wandb_cfg = {
+        **as_dict(cfg),
+        "process_count": jax.process_count(),
+        "process_layout": process_layout(),  # devices of every process
+        "resolved": {k: v for k, v in info.items() if not isinstance(v, list)},
+    }
+    reporter.start_wandb(
+        resolve_wandb_mode(cfg.wandb.mode),
+        cfg.wandb.project,
+        cfg.wandb.entity,
+        wandb_group(cfg),
+        job_type=f"{cfg.parallel.name}-{cfg.precision.name}",
+        tags=list(cfg.wandb.tags) + [cfg.parallel.name, cfg.precision.name, f"devices={num_devices}"],
+        config=wandb_cfg,
+        init_timeout_s=cfg.wandb.init_timeout_s,
+        process_priority=cfg.wandb.process_priority,
+        previous_run_id=None if restored is None else restored.metadata.get("wandb_run_id"),
+    )
+    if restored is None:
+        reporter.start_metrics()  # a restart without a checkpoint: the earlier history is set aside, not repeated
+        static = {k: v for k, v in info.items() if k.startswith(("comm/", "mem/", "perf/"))}
+        reporter.log([{"step": 0, **{k: v for k, v in static.items() if not isinstance(v, (list, str))}}])
+    else:  # metrics.jsonl continues the saved run's history (records after the checkpoint dropped)
+        previous = restored.metadata.get("run_dir")
+        reporter.continue_metrics(Path(previous) / "metrics.jsonl" if previous else None, start, n_steps)
+        info.update({"checkpoint/resumed_from": str(restored.path), "checkpoint/resumed_step": start})

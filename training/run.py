@@ -1,32 +1,57 @@
-"""One experiment: prepare (``training.prepare``), start reporting, run the loop with its hooks
-(``training.loop``, ``training.hooks``: the final evaluation is the last step's hook, before the final
-checkpoint), summarise."""
+"""One run, top to bottom: ``run_and_report`` -> ``run``: ``prepare`` (plan, data, build, restore, compile) ->
+start reporting -> ``train_loop`` (the steps, ``compiled(state, batch)``, built by ``parallel.base`` around
+``core.step``, and the hooks that are due after each) -> ``finish`` (the summary)."""
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
+import functools
+import json
 import logging
-import math
-import sys
 import statistics
+import sys
+import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import jax
+import numpy as np
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from conf.schema import Config, as_dict
-from core.errors import USER_ERRORS, ConfigError, DataError, TrainingError  # noqa: F401  (re-exported)
-from measure.compiled import peak_bytes_per_device
-from measure.profiler import Profiler, explain_ratio
-from measure.rates import token_rates
+from core.errors import USER_ERRORS, ConfigError, error_text
+from data.pipeline import DeviceSource, SyntheticSource, make_eval_set, train_batches
+from measure.compiled import (
+    CacheEvents,
+    compiled_step_metrics,
+    hardware_profile,
+    lookup_link_bytes_per_s,
+    lookup_peak_flops_per_s,
+    peak_bytes_per_device,
+    state_bytes_per_device,
+)
+from measure.profiler import Profiler, check_window, explain_ratio
+from measure.rates import comm_time_model_s, perplexity, token_rates
 from measure.throughput import STARTUP, JobClock, TargetTracker, WindowStats, in_multirun
+from parallel.state import host_abstract, state_to_host
 from training import checkpoint
-from training.build import Experiment
-from training.console_lines import startup_breakdown_line, startup_line
-from training.distributed import process_layout
+from training.build import (
+    Experiment,
+    Plan,
+    build,
+    describe,
+    in_flight_bound,
+    language_model_info,
+    load_data,
+    plan,
+    static_info,
+    total_steps,
+)
+from training.console import console, figure, startup_breakdown_line, startup_line, throughput_text, warn
+from training.distributed import Startup, check_device_counts, dump_batch_indices
 from training.hooks import (
     CheckpointHook,
     Evaluation,
@@ -36,173 +61,63 @@ from training.hooks import (
     ProfilerHook,
     SyncCheck,
     WindowLog,
-    flush_window,  # noqa: F401
-)  # noqa: F401  (flush_window re-exported)
-from training.loop import in_flight_bound, train_loop
-from training.outcome import exploded_final
-from training.prepare import (
-    Finished,
-    Prepared,
-    batches_need_index,  # noqa: F401
-    describe,  # noqa: F401  (re-exported)
-    prepare,
+    evaluate,
+    exploded_final,
 )
-from training.report import Reporter, console, resolve_wandb_mode
-from training.signals import StopOnSignal
-
+from training.process import StopOnSignal, interrupted
+from training.report import Reporter, start_reporting
+from training.validate import check_run_folder
 
 log = logging.getLogger(__name__)
+_NO_LINK_REPORTED: set[str] = set()  # device kinds whose missing link bandwidth was reported
 
 
-def perplexity(loss_nats: float) -> float:
-    """``exp(loss)`` of a mean per-token loss in nats (inf when it overflows)."""
-    return math.exp(loss_nats) if loss_nats < 700 else math.inf
-
-
-def evaluate(exp: Experiment, params, eval_set) -> dict[str, float]:
-    """Loss and accuracy over the whole test split (padded, masked: the denominator is exact).
-
-    Dispatches under the training loop's in-flight bound (``train.max_in_flight`` with more than one device):
-    an unbounded queue of simulated-device collectives aborts the process on the CPU backend."""
-    totals = None
-    bound = in_flight_bound(exp.mode.num_devices, exp.plan.cfg.train.max_in_flight)
-    in_flight: collections.deque = collections.deque()
-    for batch in eval_set.batches:
-        sums = exp.steps.eval(params, batch)
-        totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
-        if bound is not None:
-            in_flight.append(totals)
-            if len(in_flight) > bound:
-                jax.block_until_ready(in_flight.popleft())
-    host = exp.mode.metrics_to_host(totals)
-    count = float(host["count"])
-    assert count == eval_set.num_examples, (count, eval_set.num_examples)
-    out = {"eval/loss": float(host["loss_sum"]) / count, "eval/accuracy": float(host["correct"]) / count}
-    if exp.local.tokens:  # language model: loss in nats per token, perplexity = exp(loss)
-        out["eval/perplexity"] = perplexity(out["eval/loss"])
-    return out
-
-
-def wandb_group(cfg: Config) -> Optional[str]:
-    """``wandb.group``, else, inside a Hydra multirun, the sweep's id (its folder), so a sweep is one group."""
-    if cfg.wandb.group:
-        return cfg.wandb.group
+def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None) -> bool:
+    """Runs ``cfg`` in ``run_dir`` (``startup``: what ``setup_runtime`` returned); returns True on success. Bad input
+    (``USER_ERRORS``) prints one line ``error: ...`` and writes a failed ``summary.json``; anything else is a bug
+    and propagates with its traceback, after the summary and W&B are closed."""
+    jax.devices()  # the backend (started beside the imports by train.py): what is left of its start is `runtime`
+    STARTUP.mark("runtime")
+    reporter = Reporter(run_dir, enabled=jax.process_index() == 0)
     try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        hc = HydraConfig.get()
-        if hc.mode == RunMode.MULTIRUN:
-            return "sweep-" + Path(hc.sweep.dir).as_posix().strip("/").replace("/", "_")
-    except Exception:  # not under Hydra (tests, library use)
-        pass
-    return None
-
-
-def start_reporting(prep: Prepared, reporter: Reporter) -> None:
-    """Starts W&B (resuming the saved run's id) and writes the step-0 record, or continues the saved run's
-    ``metrics.jsonl`` history when resuming."""
-    cfg, info, restored, n = prep.cfg, prep.info, prep.restored, prep.exp.mode.num_devices
-    wandb_cfg = {
-        **as_dict(cfg),
-        "process_count": jax.process_count(),
-        "process_layout": process_layout(),  # devices of every process
-        "resolved": {k: v for k, v in info.items() if not isinstance(v, list)},
-    }
-    reporter.start_wandb(
-        resolve_wandb_mode(cfg.wandb.mode),
-        cfg.wandb.project,
-        cfg.wandb.entity,
-        wandb_group(cfg),
-        job_type=f"{cfg.parallel.name}-{cfg.precision.name}",
-        tags=list(cfg.wandb.tags) + [cfg.parallel.name, cfg.precision.name, f"devices={n}"],
-        config=wandb_cfg,
-        init_timeout_s=cfg.wandb.init_timeout_s,
-        process_priority=cfg.wandb.process_priority,
-        previous_run_id=None if restored is None else restored.metadata.get("wandb_run_id"),
-    )
-    if restored is None:
-        reporter.start_metrics()  # a restart without a checkpoint: the earlier history is set aside, not repeated
-        reporter.log(
-            [
-                {
-                    "step": 0,
-                    **{
-                        k: v
-                        for k, v in info.items()
-                        if k.startswith(("comm/", "mem/", "perf/")) and not isinstance(v, (list, str))
-                    },
-                }
-            ]
+        if startup is not None:  # a bad multi-process setting or unequal device counts stop here
+            startup.raise_error()
+        if jax.process_count() > 1:
+            check_device_counts()
+        summary = run(cfg, run_dir, reporter)
+    except USER_ERRORS as e:
+        line = str(e).splitlines()[0] if str(e) else type(e).__name__
+        console(f"error: {line}")
+        reporter.summary({**describe(cfg), "status": "failed", "error": line})
+        reporter.close(exit_code=1)
+        return False
+    except BaseException as e:
+        # a Ctrl-C (or an error it caused, e.g. in a C extension's import), or a bug
+        error = "KeyboardInterrupt" if interrupted(e) else (f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+        reporter.summary({**describe(cfg), "status": "failed", "error": error.splitlines()[0]})
+        reporter.close(exit_code=1)
+        raise
+    if summary.get("checkpoint/already_complete"):
+        console(
+            f"already complete at step {summary.get('train/steps')}: eval/accuracy="
+            f"{summary.get('eval/accuracy')} (checkpoint {summary.get('checkpoint/last_path')}); nothing to do"
         )
-    else:  # metrics.jsonl continues the saved run's history (records after the checkpoint dropped)
-        previous = restored.metadata.get("run_dir")
-        reporter.continue_metrics(Path(previous) / "metrics.jsonl" if previous else None, prep.start, prep.n_steps)
-        info.update({"checkpoint/resumed_from": str(restored.path), "checkpoint/resumed_step": prep.start})
-
-
-def make_hooks(prep: Prepared, reporter: Reporter, bar, stats: WindowStats, target: TargetTracker) -> list[Hook]:
-    """The hooks of a run, in the order they act at a step (``training.hooks``)."""
-    cfg, exp, n_steps, p = prep.cfg, prep.exp, prep.n_steps, prep.plan
-    evaluate_params = lambda params: evaluate(exp, params, prep.eval_set)  # noqa: E731
-    profiler = Profiler(
-        cfg.profile.enabled,
-        cfg.profile.start_step,
-        cfg.profile.num_steps,
-        prep.run_dir / "profile",
-        p.devices[0].platform,
-        hlo_text=prep.compiled.as_text() if cfg.profile.enabled else None,
-        num_devices=exp.mode.num_devices,
+        if not keeps_summary(run_dir / "summary.json"):
+            reporter.summary(summary)
+        reporter.close(exit_code=0)
+        return True
+    reporter.summary(summary)
+    reporter.close(exit_code=0)
+    log.info(
+        "eval/accuracy=%.4f eval/loss=%.4f %s wall=%s startup=%s; outputs in %s",
+        summary["eval/accuracy"],
+        summary["eval/loss"],
+        throughput_text(summary),
+        figure(summary.get("perf/wall_s"), ".1f", "s"),
+        figure(summary.get("perf/startup_s"), ".1f", "s"),
+        run_dir,
     )
-    ckpts = checkpoint.RunCheckpoints(
-        prep.ckpt_plan,
-        cfg_dict=as_dict(cfg),
-        mode=exp.mode,
-        mesh_shape=p.mesh_shape,
-        global_batch=p.global_batch,
-        steps_per_epoch=prep.source.steps_per_epoch,
-        n_steps=n_steps,
-        run_dir=prep.run_dir,
-        restored_step=None if prep.restored is None else prep.restored.step,
-    )
-    saving = CheckpointHook(
-        ckpts,
-        StopOnSignal().install(),
-        n_steps,
-        prep.ckpt_plan.directory,
-        wandb_run_id=lambda: reporter.wandb_run_id,
-    )
-    window = WindowLog(
-        exp.mode,
-        exp.updater,
-        reporter,
-        bar,
-        every=cfg.train.log_every,
-        n_steps=n_steps,
-        global_batch=p.global_batch,
-        info=prep.info,
-        peak_flops_per_s=prep.peak_flops_per_s,
-        saving=saving,
-        stats=stats,
-    )
-    # the checkpoint hook acts last: a non-finite loss (window log) or non-finite final metrics (final
-    # evaluation) stop the run before a save
-    hooks: list[Hook] = [
-        ProfilerHook(profiler),
-        SyncCheck(exp.mode, cfg.train.sync_every, n_steps, cfg.train.sync_strict),
-        Evaluation(evaluate_params, cfg.train.eval_every, n_steps, target),
-        window,
-        FinalEvaluation(
-            evaluate_params,
-            n_steps,
-            reporter,
-            target,
-            profiler,
-            exploded_limit=None if cfg.train.allow_exploded_loss else cfg.data.num_classes,
-        ),
-        saving,
-    ]
-    return hooks
+    return True
 
 
 def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
@@ -211,24 +126,24 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     prep = prepare(cfg, run_dir)
     if isinstance(prep, Finished):  # a rerun of a finished run: its summary, no training, no W&B
         return {**prep.summary, "checkpoint/already_complete": True}
-    start_reporting(prep, reporter)
+    n_devices = prep.exp.mode.num_devices
+    start_reporting(reporter, cfg, prep.info, n_devices, prep.restored, prep.start, prep.n_steps)
     loop = LoopState(state=prep.exp.state, clock=clock)
+    stats = WindowStats(prep.plan.global_batch, n_devices)
     if prep.restored is not None:  # the summary's training values also when this run trains no step
         loop.last.update(checkpoint.history_values(run_dir / "metrics.jsonl", prep.start))
-    stats = WindowStats(prep.plan.global_batch, prep.exp.mode.num_devices)
-    if prep.restored is not None and prep.start >= prep.n_steps:  # no step runs here (killed after its final
-        for elapsed_s, steps in checkpoint.history_windows(
-            run_dir / "metrics.jsonl", prep.start
-        ):  # save): the run's windows
-            stats.add(elapsed_s, steps)
+        if prep.start >= prep.n_steps:  # no step runs here (killed after its final save): the run's windows
+            for elapsed_s, steps in checkpoint.history_windows(run_dir / "metrics.jsonl", prep.start):
+                stats.add(elapsed_s, steps)
     target = TargetTracker(cfg.train.target_accuracy)
+    params = prep.param_count()
     log.info(
         "%s",
         startup_line(
             prep.info,
             accum_steps=cfg.train.accum_steps,
             model=cfg.model.name,
-            param_count=prep.param_count(),
+            param_count=params,
             dataset=cfg.data.name,
         ),
     )
@@ -257,7 +172,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
             start=prep.start,
             n_steps=prep.n_steps,
             hooks=hooks,
-            bound=in_flight_bound(prep.exp.mode.num_devices, cfg.train.max_in_flight),
+            bound=in_flight_bound(n_devices, cfg.train.max_in_flight),
             transfer_guard=cfg.train.transfer_guard,
             bar=bar,
         )
@@ -266,18 +181,326 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
     return finish(prep, loop, hooks, stats, target)
 
 
-def final_sample(prep: Prepared, loop: LoopState) -> str:
-    """``train.sample_tokens`` bytes generated greedily by the trained GPT after a newline (``models.gpt.generate``)."""
-    from flax import nnx
+# ---- before the first step -------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Prepared:
+    """One run, ready for its first step: ``exp.state`` the initial (or restored) placed state, ``first`` the batch
+    of step ``start`` (with ``exp.feed``: the device arrays the step gathers it from), ``batches`` the following
+    ones, ``compiled`` the train step, ``info`` the run's static figures (summary keys)."""
 
-    from models.gpt import generate
+    cfg: Config
+    plan: Plan
+    run_dir: Path
+    exp: Experiment
+    source: Any
+    eval_set: Any
+    n_steps: int
+    start: int
+    restored: Optional[checkpoint.Restored]
+    ckpt_plan: checkpoint.CheckpointPlan
+    first: Any
+    batches: Iterator
+    lowered: Any
+    compiled: Any
+    info: dict[str, Any]
+    peak_flops_per_s: Optional[float]
 
-    params = prep.exp.mode.state_to_host(loop.state).params
-    model = nnx.merge(prep.exp.graphdef, jax.tree.map(jax.numpy.asarray, params))
-    tokens = generate(model, [10], prep.cfg.train.sample_tokens)  # type: ignore[arg-type]
-    return bytes(tokens).decode("utf-8", errors="replace")
+    def param_count(self) -> int:
+        """Trainable parameters: elements of every leaf of the params."""
+        return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(host_abstract(self.exp.state).params))
 
 
+@dataclasses.dataclass
+class Finished:
+    """A rerun of a run that already finished: the saved run's ``summary.json`` (nothing to train)."""
+
+    summary: dict[str, Any]
+
+
+def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
+    """Plan, data, build, restore, compile: the run up to its first step (``Finished`` without compiling when
+    the checkpoint restored is the final one of a run that already finished). Raises USER_ERRORS (one line)."""
+    p = plan(cfg)  # every check that needs the devices but neither data nor compilation
+    check_run_folder(run_dir, cfg.checkpoint)
+    STARTUP.mark("config")  # perf/startup/*_s (measure.throughput.StartupPhases)
+    ckpt_plan = checkpoint.prepare(cfg.checkpoint, run_dir, jax.process_count())  # the resume path exists
+    if ckpt_plan.directory is not None:  # orbax's import overlaps data, build and compile
+        checkpoint.preload_orbax()
+    STARTUP.mark("checkpoint")
+    source, test = load_data(cfg, p)
+    n_steps = total_steps(cfg, source.steps_per_epoch)
+    window_error = check_window(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps, n_steps)
+    if window_error:  # with train.steps set, plan() already checked this; with train.epochs it needs the data
+        raise ConfigError(window_error)
+    STARTUP.mark("data")
+    # the split on the devices: the train step gathers its own batches (one program per step), except under pmap
+    # (fuses_feed) and with the debug dump of placed indices (it reads each step's batch)
+    fuse = isinstance(source, DeviceSource) and not cfg.train.debug_dump_indices
+    exp = build(p, feed_for=source.feed if fuse else None)
+    layout = exp.mode.batch_layout()
+    STARTUP.mark("build")
+    eval_set = make_eval_set(test, cfg.train.eval_batch, exp.mode.num_devices, layout)
+    STARTUP.mark("data")
+    restored, start, finished = restore(cfg, p, exp, ckpt_plan, n_steps, source.steps_per_epoch)
+    if finished is not None:
+        return Finished(finished)
+    STARTUP.mark("checkpoint")
+    info = static_info(cfg, p, exp, n_steps, source.steps_per_epoch)
+    # batches made on the devices: the split in device memory (data.on_device) or synthetic data generated there
+    info["data/on_device"] = isinstance(source, (DeviceSource, SyntheticSource))
+    if isinstance(source, DeviceSource):
+        info["data/on_device_bytes"] = source.split_bytes  # per device
+        info["data/gather_in_step"] = exp.feed is not None
+    first_step = min(start, n_steps - 1)  # a resumed run continues the data order at its step
+    if exp.feed is not None:  # the step's own step counter picks its batch: the loop hands it the split's arrays
+        batches = source.device_feeds(layout, first_step, n_steps)
+    else:
+        batches = train_batches(source, layout, first_step, n_steps, cfg.data.prefetch)
+    if cfg.train.debug_dump_indices:  # debug aid: which examples each process placed, per step
+        batches = dump_batch_indices(batches, run_dir / f"debug_indices_process{jax.process_index()}.jsonl", first_step)
+    first = next(batches)
+    STARTUP.mark("data")
+    lowered, compiled, peak_flops = compile_step(cfg, p, exp, first, info)
+    STARTUP.mark("compile")
+    checkpoint.wait_for_orbax()  # no import beside the steps (it would take the interpreter lock from them)
+    STARTUP.mark("checkpoint")
+    return Prepared(
+        cfg=cfg,
+        plan=p,
+        run_dir=run_dir,
+        exp=exp,
+        source=source,
+        eval_set=eval_set,
+        n_steps=n_steps,
+        start=start,
+        restored=restored,
+        ckpt_plan=ckpt_plan,
+        first=first,
+        batches=batches,
+        lowered=lowered,
+        compiled=compiled,
+        info=info,
+        peak_flops_per_s=peak_flops,
+    )
+
+
+def restore(cfg: Config, p: Plan, exp: Experiment, ckpt_plan, n_steps: int, steps_per_epoch: int):
+    """Restores the checkpoint the resume policy picks onto THIS run's layout, before compiling; returns ``(restored
+    or None, first step, the saved run's summary when it already finished or None)``; warns when the data order or
+    settings changed. Raises ConfigError for settings a resume refuses (``training.checkpoint.policy``, read from
+    the metadata before anything is restored) or a checkpoint past this run's last step."""
+    checkpoint.check_resume_settings(ckpt_plan, as_dict(cfg), p.global_batch)  # refused: one line, nothing moved
+    restored = checkpoint.resume(ckpt_plan, exp.mode, exp.state)
+    if restored is None:
+        return None, 0, None
+    if restored.step > n_steps:
+        raise ConfigError(
+            f"checkpoint {restored.path} is at step {restored.step}, past this run's "
+            f"{n_steps} steps; raise train.steps/train.epochs or set checkpoint.resume=never"
+        )
+    if restored.step == n_steps:
+        finished = checkpoint.finished_summary(restored.metadata.get("run_dir"), n_steps)
+        if finished is not None:  # a rerun of a finished run: its summary, no training, no W&B
+            return restored, restored.step, finished
+    exp.state = restored.state
+    for line in checkpoint.data_order_warnings(
+        restored.metadata,
+        global_batch=p.global_batch,
+        seed=cfg.train.seed,
+        steps_per_epoch=steps_per_epoch,
+        data=cfg.data.name,
+    ):
+        warn(line)
+    changes = checkpoint.config_changes(restored.metadata.get("config", {}), as_dict(cfg))
+    if changes:
+        warn(f"resuming {restored.path} with settings that differ from its run: {'; '.join(changes)}")
+    return restored, restored.step, None
+
+
+def compile_step(cfg: Config, p: Plan, exp: Experiment, first, info: dict[str, Any]):
+    """Lowers and compiles the train step for ``first``'s shapes; adds compile time, ``comm/*``, ``mem/*``,
+    ``perf/flops_*`` and the modelled communication time to ``info``. Returns ``(lowered, compiled, peak
+    FLOP/s or None)``; ``perf/startup/compile_cache`` says whether the persistent compilation cache held the
+    step (hit, miss, off)."""
+    device = p.devices[0]
+    t0 = time.perf_counter()
+    lowered = exp.steps.train.lower(exp.state, first)
+    with CacheEvents() as cache:
+        compiled = lowered.compile()
+    info["perf/compile_time_s"] = time.perf_counter() - t0
+    info["perf/startup/compile_cache"] = cache.outcome()
+    info.update(compiled_step_metrics(lowered, compiled, exp.mode.num_devices))
+    if exp.local.tokens:  # the model FLOPs of MFU replace XLA's count, which includes rematerialised work
+        if "perf/flops_per_step_per_device" in info:
+            info["perf/flops_per_step_per_device_xla"] = info["perf/flops_per_step_per_device"]
+        info.update(language_model_info(cfg, p, exp))
+    info["mem/state_bytes_per_device"] = state_bytes_per_device(exp.state)
+    detect = cfg.hardware.detect  # hardware=auto: the profile matching the device kind; a chosen profile: its own
+    info["hardware/profile"] = hardware_profile(cfg.hardware, device.device_kind)  # null when none
+    link = cfg.hardware.link_bytes_per_s or (lookup_link_bytes_per_s(device.device_kind) if detect else None)
+    peak_flops = cfg.hardware.peak_flops_per_s or (
+        lookup_peak_flops_per_s(device.device_kind, cfg.precision.compute_dtype) if detect else None
+    )
+    if link is None:
+        if device.device_kind not in _NO_LINK_REPORTED:  # once per process (a sweep's jobs share it)
+            _NO_LINK_REPORTED.add(device.device_kind)
+            log.info(
+                "no link bandwidth known for %s: comm/time_model_s and comm/ratio_model are not computed "
+                "(set hardware.link_bytes_per_s to model a target)",
+                device.device_kind,
+            )
+    else:
+        info["hardware/link_bytes_per_s"] = link
+        info["comm/time_model_s"] = comm_time_model_s(info["comm/bytes_per_step"], link)
+    return lowered, compiled, peak_flops
+
+
+def make_hooks(prep: Prepared, reporter: Reporter, bar, stats: WindowStats, target: TargetTracker) -> list[Hook]:
+    """The hooks of a run, in the order they act at a step (``training.hooks``); each says when it is due."""
+    cfg, exp, n_steps, p = prep.cfg, prep.exp, prep.n_steps, prep.plan
+    evaluate_params = lambda params: evaluate(exp, params, prep.eval_set)  # noqa: E731
+    profiler = Profiler(
+        cfg.profile.enabled,
+        cfg.profile.start_step,
+        cfg.profile.num_steps,
+        prep.run_dir / "profile",
+        p.devices[0].platform,
+        hlo_text=prep.compiled.as_text() if cfg.profile.enabled else None,
+        num_devices=exp.mode.num_devices,
+    )
+    ckpts = checkpoint.RunCheckpoints(
+        prep.ckpt_plan,
+        cfg_dict=as_dict(cfg),
+        mode=exp.mode,
+        mesh_shape=p.mesh_shape,
+        global_batch=p.global_batch,
+        steps_per_epoch=prep.source.steps_per_epoch,
+        n_steps=n_steps,
+        run_dir=prep.run_dir,
+        restored_step=None if prep.restored is None else prep.restored.step,
+    )
+    saving = CheckpointHook(
+        ckpts, StopOnSignal().install(), n_steps, prep.ckpt_plan.directory, wandb_run_id=lambda: reporter.wandb_run_id
+    )
+    window = WindowLog(
+        exp.mode,
+        exp.updater,
+        reporter,
+        bar,
+        every=cfg.train.log_every,
+        n_steps=n_steps,
+        global_batch=p.global_batch,
+        info=prep.info,
+        peak_flops_per_s=prep.peak_flops_per_s,
+        saving=saving,
+        stats=stats,
+    )
+    exploded_limit = None if cfg.train.allow_exploded_loss else cfg.data.num_classes
+    # the checkpoint hook acts last: a non-finite loss (window log) or non-finite final metrics (final
+    # evaluation) stop the run before a save
+    return [
+        ProfilerHook(profiler),  # the profile window's start and end
+        SyncCheck(cfg.train.sync_every, n_steps, cfg.train.sync_strict),  # every train.sync_every steps
+        Evaluation(evaluate_params, cfg.train.eval_every, n_steps, target),  # every train.eval_every steps
+        window,  # every train.log_every steps and at every save
+        FinalEvaluation(evaluate_params, n_steps, reporter, target, profiler, exploded_limit=exploded_limit),
+        saving,  # every checkpoint.every steps, at the last and after a signal
+    ]
+
+
+# ---- the steps -------------------------------------------------------------------------------------------------
+def train_loop(
+    compiled,
+    loop: LoopState,
+    first_batch,
+    batches,
+    *,
+    start: int,
+    n_steps: int,
+    hooks: Sequence[Hook],
+    bound: Optional[int],
+    transfer_guard: str,
+    bar=None,
+) -> LoopState:
+    """Runs steps ``start + 1 .. n_steps`` from ``loop.state``; returns ``loop`` with the final state. Marks the
+    first dispatch on ``loop.clock``; closes every hook when it ends (also on errors).
+
+    ``compiled``: the train step ``(state, batch) -> (state, metrics)`` (with the gather inside it, the batch is the
+    split's device arrays, ``Experiment.feed``); ``first_batch`` the placed batch of step ``start``, ``batches`` the
+    following ones. ``bound``: with more than one device, after dispatching step t wait for step t - ``bound``
+    (the CPU backend aborts with too many simulated-device collectives in flight); None: never wait.
+    ``transfer_guard``: ``jax.transfer_guard`` level around the dispatch (``allow``, JAX's default, sets none)."""
+    in_flight: collections.deque = collections.deque()
+    batch = first_batch
+    # "allow" is JAX's default: no guard context per step (it costs host time in every step)
+    guard = (
+        contextlib.nullcontext if transfer_guard == "allow" else functools.partial(jax.transfer_guard, transfer_guard)
+    )
+    error: Optional[BaseException] = None
+    try:
+        for step in range(start, n_steps):
+            with guard():
+                if step > start:
+                    batch = next(batches)
+                loop.state, loop.metrics = compiled(loop.state, batch)
+                if step == start:
+                    loop.clock.first_step()
+                loop.timer.steps += 1
+                loop.window_records.append((step + 1, loop.metrics))
+                if bound is not None:
+                    in_flight.append(loop.metrics)
+                    if len(in_flight) > bound:
+                        jax.block_until_ready(in_flight.popleft())
+            if bar is not None:
+                bar.update(1)
+            run_hooks(hooks, loop, step + 1)
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+        close_hooks(hooks, error)
+    return loop
+
+
+def run_hooks(hooks: Sequence[Hook], loop: LoopState, step: int) -> None:
+    """Asks every hook (every step, in order) whether it is due; pauses the timer once around the due ones."""
+    due = [hook for hook in hooks if hook.due(step)]
+    loop.logged_this_step = False
+    if due:
+        loop.timer.pause(loop.metrics)
+        for hook in due:
+            hook.run(loop, step)
+        loop.timer.resume()
+    if loop.extra and not loop.logged_this_step:
+        # eval / sync values are attached to the next logged record of this step
+        last_step, item = loop.window_records[-1]
+        loop.window_records[-1] = (last_step, (item, loop.extra))
+        loop.extra = {}
+
+
+def close_hooks(hooks: Sequence[Hook], error: Optional[BaseException]) -> None:
+    """Closes every hook, in order, also when one of them raises. With ``error`` None (the loop ended well) the
+    first close error is raised once all are closed; otherwise ``error`` stays the run's error and each close
+    error is one ``warning:`` line. A ``KeyboardInterrupt`` or ``SystemExit`` from a ``close`` propagates at once."""
+    failures: list[tuple[Hook, BaseException]] = []
+    for hook in hooks:
+        try:
+            hook.close()
+        except Exception as e:  # every hook is closed; the error is re-raised or reported below
+            failures.append((hook, e))
+    if not failures:
+        return
+    if error is None:
+        for hook, e in failures[1:]:
+            warn(f"closing {type(hook).__name__} also failed: {error_text(e)}", log)
+        raise failures[0][1]
+    for hook, e in failures:
+        warn(f"closing {type(hook).__name__} failed after the run's error: {error_text(e)}", log)
+
+
+# ---- after the last step ---------------------------------------------------------------------------------------
 def finish(
     prep: Prepared, loop: LoopState, hooks: list[Hook], stats: WindowStats, target: TargetTracker
 ) -> dict[str, Any]:
@@ -324,3 +547,23 @@ def finish(
         summary["mem/peak_bytes_per_device"] = peak
     summary.update(loop.clock.summary())
     return summary
+
+
+def final_sample(prep: Prepared, loop: LoopState) -> str:
+    """``train.sample_tokens`` bytes generated greedily by the trained GPT after a newline (``models.gpt.generate``)."""
+    from flax import nnx
+
+    from models.gpt import generate
+
+    params = state_to_host(loop.state).params
+    model = nnx.merge(prep.exp.graphdef, jax.tree.map(jax.numpy.asarray, params))
+    tokens = generate(model, [10], prep.cfg.train.sample_tokens)  # type: ignore[arg-type]
+    return bytes(tokens).decode("utf-8", errors="replace")
+
+
+def keeps_summary(path: Path) -> bool:
+    """Whether ``path`` already holds a successful run's summary (a rerun of a finished run leaves it)."""
+    try:
+        return json.loads(path.read_text()).get("status") == "ok"
+    except (OSError, ValueError):
+        return False

@@ -1,13 +1,19 @@
-"""Process set-up that must happen before the JAX backend starts (simulated CPU devices, XLA flags, a multi-process
-join), and the backend's start itself, on a thread beside the imports that follow (``start_backend``)."""
+"""Process set-up before the JAX backend starts (simulated CPU devices, XLA flags, the persistent compilation
+cache, a multi-process join), and the backend's start on a thread beside the imports that follow.
+
+The persistent compilation cache (``runtime.compilation_cache_*``) keeps compiled programs on disk for a rerun
+or a sweep's next job; ``null`` turns it off. Only process 0 writes it (JAX's rule). It is trusted code: keep
+the folder private. JAX's per-entry warnings about a damaged entry become ONE log line (``CacheWarnings``)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+import re
 import sys
 import threading
+import warnings
 from typing import Iterator, Optional
 
 from conf.schema import Config
@@ -19,13 +25,8 @@ log = logging.getLogger(__name__)
 
 def setup_runtime(cfg: Config) -> Startup:
     """Applies ``xla.flags``, ``runtime.cpu_devices`` and ``distributed`` once per process, before the backend starts,
-    and the persistent compilation cache settings (``runtime.compilation_cache_*``) for every job.
-
-    Returns what joining a multi-process job found (``Startup.error``: a bad setting, raised by ``training.app``).
-
-    Later calls in the same process (Hydra's default launcher runs every sweep job in one process) leave the
-    settings as they are: the device count of a process is fixed once its backend is up.
-    """
+    and the compilation cache settings for every job; returns what joining a multi-process job found. Later calls
+    in one process (a sweep under Hydra's default launcher) leave the device count and flags as they are."""
     import jax
 
     if backend_started():
@@ -41,33 +42,20 @@ def setup_runtime(cfg: Config) -> Startup:
         if cfg.xla.flags and xla_flags_error(cfg.xla.flags) is None:  # bad flags: plan() reports them (one line)
             os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", "")] + list(cfg.xla.flags)))
             log.info("XLA flags (xla=%s): %s", cfg.xla.name, " ".join(cfg.xla.flags))
-        if cfg.runtime.cpu_devices >= 1:  # a bad value is reported by training.build.plan (one line)
-            jax.config.update("jax_num_cpu_devices", cfg.runtime.cpu_devices)
+        jax.config.update("jax_num_cpu_devices", cfg.runtime.cpu_devices)  # >= 1: the schema checked it
     r = cfg.runtime
-    if r.compilation_cache_min_compile_time_s >= 0 and r.compilation_cache_min_entry_bytes >= 0:  # else: plan()
-        from training.compile_cache import configure_compilation_cache
-
-        configure_compilation_cache(
-            r.compilation_cache_dir, r.compilation_cache_min_compile_time_s, r.compilation_cache_min_entry_bytes
-        )
+    configure_compilation_cache(
+        r.compilation_cache_dir, r.compilation_cache_min_compile_time_s, r.compilation_cache_min_entry_bytes
+    )
     # join a multi-process job before anything queries the devices; a no-op when already done
     return initialize(cfg.distributed)
 
 
 def start_backend() -> Optional[threading.Thread]:
-    """Starts JAX's backend (``jax.devices()``) on a thread of its own, so that opening the accelerator overlaps
-    the imports that follow it; returns the thread, or None when a backend is already up.
-
-    Call it after ``setup_runtime`` (the device count, XLA flags and a multi-process job's join must come first).
-    Opening a TPU chip takes seconds (one TPU v5e host: 9.6-11.5 s), much of it, by a stack sampler's gaps of
-    5.8-6.6 s, holding the interpreter lock, so the imports overlap only the rest: ``train.py`` ran 1.4-5.0 s
-    shorter there (``benchmarks/results/backend_start_tpu_v5e.txt``); a CPU backend takes ~20 ms. The main
-    thread's own first ``jax.devices()`` (``training.app.run_and_report``) waits for it under JAX's backend lock
-    and raises what a failed start raises (the thread swallows it, so a failure is reported once, by the main
-    thread, with the message a start on that thread gives: ``tests/test_startup.py``). The thread is not a
-    daemon: a process that ends during the imports (a Ctrl-C) waits for the backend's start to finish, so it
-    never exits while the start still runs in C++ beside its teardown.
-    """
+    """Starts JAX's backend (``jax.devices()``) on a thread of its own, so that opening the accelerator (seconds on
+    a TPU) overlaps the imports that follow; returns the thread, or None when a backend is already up. Call it
+    after ``setup_runtime``. The main thread's own ``jax.devices()`` waits for it and raises what a failed start
+    raises; the thread is not a daemon, so the process never exits while the start still runs in C++."""
     if backend_started():
         return None
     import jax
@@ -85,16 +73,9 @@ def start_backend() -> Optional[threading.Thread]:
 
 @contextlib.contextmanager
 def without_ipython_probe() -> Iterator[None]:
-    """Imports inside run as if IPython were not installed, when this process is not an IPython session.
-
-    ``flax.nnx`` (its reprs: ``IPython.get_ipython()``, to choose colours) and ``treescope`` (its notebook
-    display hooks) import IPython when it is installed, which loads IPython, jedi and prompt_toolkit: ~0.2-0.3 s
-    of a script's start-up on 2 CPU cores, to learn what a script already knows (no IPython session). Both
-    handle a missing IPython (``ImportError``), so inside this block ``import IPython`` raises ImportError
-    (``sys.modules["IPython"] = None``, Python's documented way); afterwards the entry is removed and a later
-    ``import IPython`` loads the real package. Inside an IPython session (IPython already imported) nothing
-    changes.
-    """
+    """Imports inside run as if IPython were not installed (``sys.modules["IPython"] = None``), unless this process
+    is an IPython session: ``flax.nnx`` and ``treescope`` would import IPython, jedi and prompt_toolkit only to
+    learn that a script is not a notebook. A later ``import IPython`` loads the real package."""
     if "IPython" in sys.modules:
         yield
         return
@@ -104,3 +85,108 @@ def without_ipython_probe() -> Iterator[None]:
     finally:
         if "IPython" in sys.modules and sys.modules["IPython"] is None:
             del sys.modules["IPython"]
+
+
+# ---- the persistent compilation cache -------------------------------------------------------------------------
+# jax/_src/compiler.py: warnings.warn(f"Error reading persistent compilation cache entry for '{name}': {error}")
+CACHE_ENTRY_WARNING = re.compile(r"Error (reading|writing) persistent compilation cache entry for '([^']*)': (.*)")
+
+
+class CacheWarnings:
+    """Turns JAX's per-entry cache warnings into one log line per run (``install`` wraps ``warnings.showwarning``
+    once per process; other warnings pass unchanged). ``count``: cache warnings since the last ``reset``."""
+
+    folder: Optional[str] = None
+    count = 0
+
+    @classmethod
+    def reset(cls, folder: Optional[str]) -> None:
+        """A new run with cache ``folder``: its first damaged entry is reported again."""
+        cls.folder, cls.count = folder, 0
+
+    @classmethod
+    def line(cls, message: str) -> Optional[str]:
+        """The one line for a JAX cache warning ``message`` (None: not a cache warning)."""
+        m = CACHE_ENTRY_WARNING.match(message)
+        if m is None:
+            return None
+        verb, program, error = m.groups()
+        first_error = error.splitlines()[0] if error else "unknown error"
+        return (
+            f"persistent compilation cache {cls.folder or ''}: error {verb} an entry ({program}: {first_error}); "
+            f"such programs are compiled again (results unaffected); delete the folder to rebuild it, or set "
+            f"runtime.compilation_cache_dir=null (said once per run)"
+        )
+
+    @classmethod
+    def install(cls) -> None:
+        """Wraps ``warnings.showwarning`` (no-op when already wrapped)."""
+        previous = warnings.showwarning
+        if getattr(previous, "_compile_cache_hook", False):
+            return
+
+        def showwarning(message, category, filename, lineno, file=None, line=None):
+            text = cls.line(str(message))
+            if text is None:
+                return previous(message, category, filename, lineno, file, line)
+            cls.count += 1
+            if cls.count == 1:
+                log.warning("%s", text)
+
+        showwarning._compile_cache_hook = True  # type: ignore[attr-defined]
+        warnings.showwarning = showwarning
+
+
+def cache_settings(cache_dir: Optional[str], min_compile_time_s: float, min_entry_bytes: int) -> dict:
+    """The ``jax.config`` values of these keys, ``{option: value}``; ``cache_dir`` None or empty turns the cache off
+    (also against ``JAX_COMPILATION_CACHE_DIR``). Raises ValueError for a negative threshold."""
+    if min_compile_time_s < 0:
+        raise ValueError(f"runtime.compilation_cache_min_compile_time_s={min_compile_time_s} must be >= 0")
+    if min_entry_bytes < 0:
+        raise ValueError(f"runtime.compilation_cache_min_entry_bytes={min_entry_bytes} must be >= 0")
+    if not cache_dir:
+        return {"jax_enable_compilation_cache": False}
+    return {
+        "jax_enable_compilation_cache": True,
+        "jax_compilation_cache_dir": os.path.abspath(os.path.expanduser(str(cache_dir))),
+        "jax_persistent_cache_min_compile_time_secs": float(min_compile_time_s),
+        "jax_persistent_cache_min_entry_size_bytes": int(min_entry_bytes),
+    }
+
+
+def configure_compilation_cache(
+    cache_dir: Optional[str], min_compile_time_s: float = 0.0, min_entry_bytes: int = 0
+) -> Optional[str]:
+    """Applies the cache settings to ``jax.config`` (resetting JAX's cache object when they change, so each job of a
+    sweep in one process gets its own); returns the folder in use (None: off). A folder that cannot be written
+    turns the cache off with one warning line: the run goes on as without one."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    if cache_dir:
+        cache_dir = _writable_or_none(cache_dir)
+    wanted = cache_settings(cache_dir, min_compile_time_s, min_entry_bytes)
+    current = {name: getattr(jax.config, name) for name in wanted}
+    if current != wanted:
+        logging.getLogger("jax._src.compilation_cache").setLevel(logging.WARNING)  # "Resetting cache at ..."
+        compilation_cache.reset_cache()
+        for name, value in wanted.items():
+            jax.config.update(name, value)
+    folder = wanted.get("jax_compilation_cache_dir")
+    CacheWarnings.reset(folder)
+    CacheWarnings.install()
+    log.debug("JAX persistent compilation cache: %s", folder or "off")
+    return folder
+
+
+def _writable_or_none(cache_dir: str) -> Optional[str]:
+    """``cache_dir`` if it is (or can be created as) a writable folder, else None after one warning line."""
+    from core.errors import ConfigError
+    from training.validate import check_writable_folder
+
+    try:
+        check_writable_folder("runtime.compilation_cache_dir", os.path.expanduser(str(cache_dir)))
+    except ConfigError as e:
+        log.warning("%s: the compilation cache is off for this run (or set runtime.compilation_cache_dir=null)", e)
+        return None
+    return cache_dir

@@ -1,24 +1,15 @@
 """Checks of the settings this repository hands to libraries (W&B, orbax, TFDS, XLA), done at start.
 
-A library validates its own settings late: ``wandb.init`` after the data is loaded and the step compiled (a
-pydantic traceback), XLA when its backend starts (``F... Unknown flag in XLA_FLAGS`` and an abort), orbax /
-tensorstore when the first checkpoint is merged. ``check_library_settings`` (called by
-``training.build.plan``) applies the same rules before any data is read or anything compiled, and raises
-``ConfigError`` with one line naming the key, the value and the fix.
-
-Rules and their sources:
-- W&B (wandb 0.21 ``wandb_settings.py`` and its server): every tag 1-64 characters; project 1-128 characters
-  without any of ``/ \\ # ? % :``; group, run name at most 128 characters; notes a string; entity without
-  ``/`` or spaces.
-- XLA: every flag ``--name`` or ``--name=value``; names are checked by starting XLA once in a subprocess with
-  the flags (~0.4 s, only when ``xla.flags`` is set): XLA's own parser is the only complete list.
+A library validates its own settings late (``wandb.init`` after the step compiled, XLA when its backend starts,
+orbax at the first checkpoint); ``check_library_settings`` (called by ``training.build.plan``) applies their rules
+before any data is read, raising ``ConfigError`` with one line naming the key, the value and the fix:
+- W&B (``wandb_settings.py`` and its server): tags 1-64 characters; project 1-128 characters without any of
+  ``/ \\ # ? % :``; group at most 128; entity without ``/`` or spaces.
+- XLA: every flag ``--name`` or ``--name=value``, known to XLA (one probe in a subprocess: XLA's parser is the
+  only complete list).
 - TFDS: ``data.tfds_name`` is ``name[/config][:version]`` of a builder TFDS knows.
-- Paths (orbax/tensorstore, TFDS): ``[ ] * ?`` are glob characters; orbax's OCDBT merge finds the per-process
-  files of a checkpoint with a glob, so in a checkpoint folder they leave a step folder that was reported saved
-  but cannot be read. They are refused in ``checkpoint.dir``, ``checkpoint.resume``, the run folder (when
-  ``checkpoint.dir`` is null) and ``data.data_dir`` / ``TFDS_DATA_DIR``. Spaces, ``=``, ``,``, ``%``, ``#``
-  and non-ASCII letters work end to end (save, resume, evaluate).
-"""
+- Paths: ``[ ] * ?`` are refused in checkpoint and data folders: orbax's OCDBT merge finds a checkpoint's files
+  with a glob, so there they would leave a step folder reported saved but unreadable."""
 
 from __future__ import annotations
 
@@ -104,7 +95,7 @@ def check_tfds_name(tfds_name: str, data_dir: Optional[str] = None) -> None:
     """``data.tfds_name`` must name a TFDS builder. Raises ConfigError (one line, with close names).
 
     A copy already prepared under ``data_dir`` (``data.data_dir``, else ``TFDS_DATA_DIR``) is a known builder:
-    then TFDS (~0.4 s of imports) is not imported for the check."""
+    then TFDS (slow to import) is not imported for the check."""
     if not TFDS_NAME.fullmatch(tfds_name):
         raise ConfigError(f"data.tfds_name={tfds_name!r} is not a TFDS name (name[/config][:x.y.z], e.g. mnist)")
     name = tfds_name.split(":")[0].split("/")[0]

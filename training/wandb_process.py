@@ -1,13 +1,10 @@
 """W&B in a process of its own: the training process sends its W&B calls down a pipe and never imports wandb.
 
-Why: in the training process W&B cost a 1-device MNIST run (10 epochs, ~4 s of bare JAX on 2 cores) 1.7-1.9 s:
-``import wandb`` (~0.45 s), ``wandb.init`` (~0.5 s, waiting for W&B's ``wandb-core`` service to start) before the
-first step, and ~0.25 ms of the training thread per ``run.log`` call (2,340 calls: a blocking hand-off to W&B's
-asyncio thread and socket, and W&B's own OpenTelemetry timing of each call). A writer *thread* was measured
-slower (``benchmarks/results/overhead_history.md``, "Tried and not kept: W&B's calls on a writer thread": on 2
-cores its CPU and its hold on the GIL slowed the step dispatch more than it saved). A child process holds no GIL:
-it imports wandb beside the training process's own imports (``prestart``, on the other core), runs ``wandb.init``
-while the first steps run, and the training thread's per-record cost is one JSON line into a pipe (~10 us).
+Why: in the training process ``import wandb`` and ``wandb.init`` (waiting for W&B's ``wandb-core`` service) come
+before the first step, and each ``run.log`` call is a blocking hand-off on the training thread. A writer thread
+would hold the GIL beside the step dispatch. A child process holds no GIL: it imports wandb beside the training
+process's own imports (``prestart``), runs ``wandb.init`` while the first steps run, and the training thread's
+per-record cost is one JSON line into a pipe (docs/internals.md, "W&B in its own process").
 
 The W&B run is the one W&B in the training process would make: the same ``wandb.init`` arguments (plus an ``id``
 chosen here, so that the checkpoint can record it without waiting for W&B), the same ``run.log`` calls in the same
@@ -22,7 +19,7 @@ stdout is redirected to stderr so nothing W&B prints can corrupt the replies): `
 
 Environment: the child inherits the training process's, with ``WANDB_MODE=offline`` for an offline run (W&B's
 process-wide mode) and ``GOMAXPROCS=1`` unless it is set (W&B's service, ``wandb-core``, is a Go program; on one
-thread it spends less CPU per record: README "Offline W&B").
+thread it spends less CPU per record).
 
 Lifetime: the child ignores SIGINT, SIGTERM and SIGHUP (a Ctrl-C or a scheduler's SIGTERM reaches the whole
 process group; the training process decides what happens and finishes the W&B run with its exit code). End of
@@ -35,10 +32,7 @@ rest until ``finish``; the caller (``Reporter``) then drops W&B and trains on.
 Priority (``wandb.process_priority``): ``normal`` (default), the training process's own CPU priority: on a machine
 with spare cores W&B's work runs beside the steps; on a machine whose cores the steps keep busy it shares them (the
 steady-state windows slow by its CPU use). ``idle``: ``lowest_cpu_priority`` from the child's start: it takes only
-CPU time the training leaves, but on a busy machine it is starved and the run's end waits for it: one 1-device run
-beside two busy loops took 148.7 s at ``SCHED_IDLE`` and 27.0 s at nice 10 against 13.0 s in-process and 11.8 s
-at normal priority (``benchmarks/results/wandb_process_priority.txt``; then the training also waited whenever the
-pipe was full).
+CPU time the training leaves, but on a busy machine it is starved and the run's end waits for it.
 """
 
 from __future__ import annotations
@@ -120,15 +114,12 @@ class WandbProcess:
         env = dict(os.environ)
         if mode == "offline":
             # W&B's process-wide mode (WANDB_MODE), not only the run's: W&B's own analytics (an OpenTelemetry
-            # histogram per run.log call, exported to W&B's servers at exit) is off only then. An offline run then
-            # connects to nothing (strace: without it, a DNS lookup at exit), and import, init, 2,340 records and
-            # finish take 1.25 s of CPU instead of 1.43 s (medians of 10; benchmarks/wandb_offline_env.py).
+            # histogram per run.log call, exported to W&B's servers at exit) is off only then, so an offline run
+            # connects to nothing and spends less CPU.
             env["WANDB_MODE"] = "offline"
         # W&B's service (wandb-core, a Go program this process starts) on one OS thread at a time, unless the
         # environment says otherwise: with Go's default (one per core) it spends more CPU per record (most likely
-        # waking and parking threads: futex and nanosleep under strace). 2,340 records offline: 0.175 s of
-        # wandb-core CPU instead of 0.235 (medians of 8); the 1-device MNIST run 7.22 s instead of 7.45 (medians of
-        # 12 interleaved pairs on 2 cores; benchmarks/results/wandb_core_gomaxprocs.txt).
+        # waking and parking threads).
         env.setdefault("GOMAXPROCS", "1")
         with _signals_ignored():  # inherited: a Ctrl-C during the child's own imports does not reach them
             self.proc = subprocess.Popen(

@@ -5,7 +5,7 @@ Slurm launcher has): it starts every job of a sweep at once, and on a small mach
 other's timings. This launcher submits the sweep in chunks of ``array_parallelism`` jobs and waits for each chunk;
 every job is still a fresh process (``python -m submitit.core._submit``), so JAX's device count is set per job.
 
-SIGTERM or SIGINT to the sweep (``training.signals.SweepStop``): the signal is forwarded as SIGTERM to the
+SIGTERM or SIGINT to the sweep (``training.process.SweepStop``): the signal is forwarded as SIGTERM to the
 running job processes (a job in its training loop saves a checkpoint and stops; submitit's own handler ignores
 SIGTERM in a job that is still starting, which then runs to its end) and no further chunk is submitted (those
 jobs are counted as never started in the sweep's end report).
@@ -64,7 +64,7 @@ class SerialLocalLauncher(LocalLauncher):
         paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if str(REPO) not in paths:
             os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *paths])
-        from training.signals import sweep  # the repository is importable from here on
+        from training.process import sweep  # the repository is importable from here on
 
         k = self.array_parallelism
         results: List[JobReturn] = []

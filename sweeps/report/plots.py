@@ -4,8 +4,9 @@ Each ``plot_*`` draws on given axes from aggregated rows (``sweeps.report.aggreg
 handles it created, one per series; ``make_figures`` builds every figure, ``save`` writes a PNG. Tests inspect
 the returned ``Figure`` objects (scales, lines, error-bar containers, legend entries).
 
-Series share one colour, marker and line style in every figure (``series_style``): modes whose values are
-equal (e.g. communication bytes of two modes) stay visible through their markers and line styles.
+Series share one colour, marker and line style in every figure (``series_style``); in the byte panels, modes
+whose values are equal (e.g. the communication bytes of pmap, jit_sharding and shard_map) are drawn side by side
+(``dodged_x``), so none hides another.
 """
 
 from __future__ import annotations
@@ -280,14 +281,23 @@ def plot_speedup(ax, rows: list[dict]) -> list:
 
 
 def plot_efficiency(ax, rows: list[dict]) -> list:
-    """Scaling efficiency (speedup / devices) vs devices, y from 0 to 1.1 (higher when a point or an interval
-    bar reaches above: nothing is clipped), a line at 1.0 (one legend entry)."""
+    """Scaling efficiency (speedup / devices) vs devices, y from 0 to 1.1 (higher when a point or the interval
+    bar of a multi-device point reaches above: nothing informative is clipped), a line at 1.0 (one legend entry).
+    A 1-device point is 1.0 by definition and its bar only the spread of its own repeats (a noisy 0.47-2.14 once
+    squeezed every other point into a fifth of the panel): it does not widen the axis; where it reaches above, the
+    panel's title says how far."""
     handles = []
-    top = 1.0
+    top, one_device_top = 1.0, 0.0
     for label, style, members in _series(rows):
         pts = [r for r in members if r["efficiency"] is not None]
         if pts:
-            top = max([top] + [r[k] for r in pts for k in ("efficiency", "efficiency_ci_high") if r[k] is not None])
+            top = max([top] + [r["efficiency"] for r in pts])
+            for r in pts:
+                high = r["efficiency_ci_high"]
+                if high is not None and r["devices"] == 1:
+                    one_device_top = max(one_device_top, high)
+                elif high is not None:
+                    top = max(top, high)
             handles.append(
                 _errorbar(
                     ax,
@@ -301,25 +311,71 @@ def plot_efficiency(ax, rows: list[dict]) -> list:
             )
     handles.append(ax.axhline(1.0, label="ideal (1.0)", **IDEAL_STYLE))
     _log2_x(ax, rows)
-    ax.set_ylim(0.0, max(1.1, round(top * 1.05, 2)))
+    y_top = max(1.1, round(top * 1.05, 2))
+    ax.set_ylim(0.0, y_top)
+    if one_device_top > y_top:
+        ax.set_title(f"the 1-device interval reaches {one_device_top:.3g}, above the axis", fontsize=9)
     ax.set_ylabel("scaling efficiency (speedup / devices)")
     return handles
 
 
+DODGE = 0.025  # neighbours among coinciding points: this fraction of the x axis apart (at most 0.6 octave in all)
+SIDE_BY_SIDE = "equal values side by side"
+
+
+def dodged_x(points: list[list[tuple[int, float]]], x_span_octaves: float) -> tuple[list[list[float]], list[bool]]:
+    """x of every point of every series (``points``: per series its (devices, value) pairs), where points of
+    several series that coincide (values within 1% of the largest) are spread side by side around their device
+    count, in series order, ``DODGE`` x the axis width apart on the log-2 axis; a point that no other series
+    shares keeps its x. Equal communication bytes (``pmap``, ``jit_sharding``, ``shard_map``) stay visible.
+    Also returns, per series, whether some point of it coincided with another series'."""
+    tol = 0.01 * max((abs(v) for pts in points for _, v in pts), default=0.0)
+    xs = [[float(d) for d, _ in pts] for pts in points]
+    shared = [False] * len(points)
+    for d in sorted({d for pts in points for d, _ in pts}):
+        here = sorted((v, i, j) for i, pts in enumerate(points) for j, (dd, v) in enumerate(pts) if dd == d)
+        groups: list[list[tuple[float, int, int]]] = []
+        for item in here:
+            if groups and item[0] - groups[-1][0][0] <= tol:
+                groups[-1].append(item)
+            else:
+                groups.append([item])
+        for group in groups:
+            if len(group) < 2:
+                continue
+            step = min(DODGE * x_span_octaves, 0.6 / (len(group) - 1))
+            for k, (_, i, j) in enumerate(sorted(group, key=lambda t: t[1])):
+                xs[i][j] = d * 2.0 ** ((k - (len(group) - 1) / 2) * step)
+                shared[i] = True
+    return xs, shared
+
+
 def _bytes_panel(ax, rows, key: str, ylabel: str, in_bytes: bool = True) -> list:
-    """One line per series of ``key`` vs devices; byte values on a linear axis from 0 in KiB/MiB/GiB."""
+    """One line per series of ``key`` vs devices; byte values on a linear axis from 0 in KiB/MiB/GiB. Series
+    with equal values are drawn side by side (``dodged_x``; their lines have the gid ``"dodged"``)."""
+    drawn = [(label, style, [r for r in members if r[key] is not None]) for label, style, members in _series(rows)]
+    drawn = [(label, style, pts) for label, style, pts in drawn if pts]
+    devices = sorted({r["devices"] for r in rows if r["devices"]})
+    span = math.log2(devices[-1] / devices[0] * 1.3**2) if devices else 1.0
+    xs, shared = dodged_x([[(r["devices"], float(r[key])) for r in pts] for _, _, pts in drawn], span)
     handles, values = [], []
-    for label, style, members in _series(rows):
-        pts = [r for r in members if r[key] is not None]
-        if pts:
-            (line,) = ax.plot([r["devices"] for r in pts], [r[key] for r in pts], label=label, **style)
-            handles.append(line)
-            values += [r[key] for r in pts]
+    for (label, style, pts), x, moved in zip(drawn, xs, shared):
+        (line,) = ax.plot(x, [r[key] for r in pts], label=label, gid="dodged" if moved else None, **style)
+        handles.append(line)
+        values += [r[key] for r in pts]
     _log2_x(ax, rows)
     if in_bytes:
         _bytes_y(ax, values)
     ax.set_ylabel(ylabel)
     return handles
+
+
+def _title(ax, text: str) -> None:
+    """``text`` as the panel's title, with ``SIDE_BY_SIDE`` when some of its series were moved apart."""
+    moved = any(line.get_gid() == "dodged" for line in ax.get_lines())
+    if moved:
+        text = f"{text} ({SIDE_BY_SIDE})" if text else SIDE_BY_SIDE
+    ax.set_title(text, fontsize=9)
 
 
 def link_known(rows: list[dict]) -> bool:
@@ -331,18 +387,20 @@ def plot_comm(axes, rows: list[dict]) -> list:
     """Payload bytes per step, ring bytes per device per step (KiB/MiB axes) and, when ``axes`` has a third
     panel (a link bandwidth is known: ``link_known``), the comm ratio (model)."""
     handles = _bytes_panel(axes[0], rows, "comm_payload_bytes", "payload / step")
-    axes[0].set_title("payload (sum of collective operands)", fontsize=9)
+    _title(axes[0], "payload (sum of collective operands)")
     _bytes_panel(axes[1], rows, "comm_ring_bytes", "sent per device / step (ring model)")
-    axes[1].set_title("ring model, per device", fontsize=9)
+    _title(axes[1], "ring model, per device")
     if len(axes) > 2:
         _bytes_panel(axes[2], rows, "comm_ratio", "comm time (model) / step time", in_bytes=False)
-        axes[2].set_title("comm ratio (model)", fontsize=9)
+        _title(axes[2], "comm ratio (model)")
     return handles
 
 
 def plot_memory(ax, rows: list[dict]) -> list:
     """State bytes per device (parameters + optimizer state) vs devices, one series per configuration."""
-    return _bytes_panel(ax, rows, "state_bytes_per_device", "state (parameters + optimizer) per device")
+    handles = _bytes_panel(ax, rows, "state_bytes_per_device", "state (parameters + optimizer) per device")
+    _title(ax, "")
+    return handles
 
 
 def plot_time_to_target(ax, rows: list[dict]) -> list:

@@ -31,8 +31,8 @@ log = logging.getLogger("training.checkpoint")
 
 
 def warn(line: str) -> None:
-    """A checkpoint warning the user must see: ``training.report.warn`` under this package's logger."""
-    from training.report import warn as report_warn
+    """A checkpoint warning the user must see: ``training.console.warn`` under this package's logger."""
+    from training.console import warn as report_warn
 
     report_warn(line, log)
 

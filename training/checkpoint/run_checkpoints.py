@@ -49,7 +49,7 @@ class RunCheckpoints:
         self.plan, self.cfg_dict, self.mode = plan, cfg_dict, mode
         self.mesh_shape, self.global_batch, self.steps_per_epoch = list(mesh_shape), global_batch, steps_per_epoch
         self.n_steps, self.run_dir = n_steps, Path(run_dir)
-        self._saver: Optional[Saver] = None  # created at the first save (training.prepare has imported orbax by then)
+        self._saver: Optional[Saver] = None  # created at the first save (training.run.prepare imported orbax)
         self.last_step: Optional[int] = None  # newest step saved (or restored) in this folder by this run
         self.last_path: Optional[Path] = None
         self.pending_step: Optional[int] = None  # a step whose background write is not known to have finished

@@ -43,7 +43,14 @@ import jax
 import numpy as np
 
 from core.errors import ConfigError, error_text
-from parallel.base import device_finite_flags, held_whole, host_finite_flags
+from parallel.state import (
+    device_finite_flags,
+    from_restored,
+    held_whole,
+    host_abstract,
+    host_finite_flags,
+    restore_target,
+)
 
 STATE, META = "state", "meta"
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
@@ -77,8 +84,8 @@ _preload: Optional[threading.Thread] = None  # the background import of orbax, o
 
 def preload_orbax() -> None:
     """Starts importing ``orbax.checkpoint`` on a background thread (once per process; nothing when it is imported
-    already), so that the import (~0.4-0.9 s on 2 CPU cores, ~1.4 s on a TPU v5e host) overlaps the start-up's
-    data loading and compilation (``training.prepare`` calls ``wait_for_orbax`` after the compilation); ``_ocp``
+    already), so that the import (about a second: orbax pulls in tensorstore) overlaps the start-up's
+    data loading and compilation (``training.run.prepare`` calls ``wait_for_orbax`` after the compilation); ``_ocp``
     waits for an import still in progress (Python's import lock)."""
     global _preload
     if _preload is None and "orbax.checkpoint" not in sys.modules:
@@ -89,14 +96,13 @@ def preload_orbax() -> None:
 def wait_for_orbax() -> None:
     """Waits until the import started by ``preload_orbax`` has finished (at once when none was started), so that
     no import runs beside the training steps: a Python import holds the interpreter lock for most of its time,
-    and beside the steps of a dispatch-bound step loop it slowed them ~2.4x on a TPU v5e host
-    (``benchmarks/results/overhead_history.md``, "TPU v5e, first session"). Imports nothing itself."""
+    and beside the steps of a dispatch-bound step loop it slows them. Imports nothing itself."""
     if _preload is not None:
         _preload.join()
 
 
 def _ocp():
-    import orbax.checkpoint as ocp  # imported lazily: orbax pulls in tensorstore (~1 s)
+    import orbax.checkpoint as ocp  # imported lazily: orbax pulls in tensorstore
 
     absl_logger = logging.getLogger("absl")
     if not any(isinstance(f, _OrbaxInfoFilter) for f in absl_logger.filters):
@@ -179,11 +185,8 @@ def host_form(state):
     in one process only adds work: one slicing program per device and array shape (64 programs at the
     first save of the 8-device GPT state) and their dispatch at every save. From host arrays orbax writes
     the same OCDBT/zarr arrays (``NumpyHandler``) and any mode, mesh or device count restores them, since
-    shardings are never read back (module docstring). CPU per save, host arrays against device arrays, medians
-    on 2 CPU cores (``benchmarks/checkpoint_save.py``, ``benchmarks/results/checkpoint_save.txt``): MNIST MLP
-    state (2.4 MB) 29 against 41 ms on 1 device, 36 against 67 ms on 8 simulated devices (first save 0.03
-    against 0.72 s: 24 programs compiled); GPT size tiny (10 MB) on 8, 105 against 526 ms (first save 0.1
-    against 2.0 s: 64 programs).
+    shardings are never read back (module docstring). A save from host arrays costs less CPU and compiles no
+    program.
 
     The copy is made here, before ``save`` returns, as orbax itself does for device arrays; on the CPU
     backend the numpy arrays may share the device buffers, in which case JAX does not donate those
@@ -211,13 +214,11 @@ class Saver:
         self.last_step: Optional[int] = None  # newest step saved (or restored) in this folder by this run
         # Old steps are deleted inside each save's finalize (not on orbax's own thread, enable_background_delete), so
         # the next save waits for the deletion: a back-pressure that bounds the folder to `keep` + 1 steps. On a
-        # thread of their own, deletions slower than the saves queue without bound (254 step folders at once with
-        # checkpoint.every=1 keep=1 and 0.2 s per deletion), and the first failed one silently stops the rest until
-        # close (benchmarks/results/background_delete_slow_cpu.txt).
+        # thread of their own, deletions slower than the saves queue without bound, and the first failed one
+        # silently stops the rest until close.
         # One deletion thread: a plain recursive delete of a checkpoint's few files. On a host with 4 or more cores
-        # orbax would delete a step with a pool of min(16, max(1, cores // 2)) threads whose scheduler returns only
-        # after a 0.1 s queue poll times out: >= 0.1 s more in each save that deletes a step
-        # (benchmarks/checkpoint_delete.py, benchmarks/results/deletion_threads_*.txt).
+        # orbax would delete a step with a pool of threads whose scheduler returns only after a 0.1 s queue poll
+        # times out: >= 0.1 s more in each save that deletes a step.
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             create=True,
@@ -248,9 +249,8 @@ class Saver:
             checkpoints stay as they are.
         """
         if on_cpu_backend(state):
-            # the copy orbax is given, made first: the NaN guard reads it (numpy, ~2 ms for the 10 MB GPT state)
-            # instead of loading its device program (first call in a run: 90 ms for GPT size tiny, 18 ms for the
-            # MNIST MLP); a state that stays on the devices (several processes) is checked there
+            # the copy orbax is given, made first: the NaN guard reads it (numpy) instead of compiling its device
+            # program; a state that stays on the devices (several processes) is checked there
             saved = host_form(state)
             params_ok, opt_ok = finite_flags(saved, mode)
         else:  # an accelerator checks its own arrays (one small program), before any copy
@@ -311,7 +311,7 @@ class Saver:
             self.manager.wait_until_finished()
             # orbax 0.12: CheckpointManager.__init__ starts removing unfinished step folders of earlier runs in a
             # background future, and only save() waits for it (wait_until_finished and close do not). A run whose
-            # first save is refused (NonFiniteError, ~1 ms on the CPU backend) would exit with it still running:
+            # first save is refused (NonFiniteError) would exit with it still running:
             # an absl traceback at interpreter shutdown.
             await_cleanup = getattr(self.manager, "_maybe_await_cleanup_tmp_directory", None)
             if await_cleanup is not None:
@@ -326,7 +326,7 @@ def _delete_steps_or_keep(delete_steps, undeleted: list, steps) -> None:
     file) is appended to ``undeleted`` as ``(step, error)`` and kept, possibly in part (a deletion stops at the
     first file it cannot remove; resuming skips a step folder it cannot read), and the others are still deleted.
     Without this orbax's finalize raises, and the next save re-raises it: a traceback that stops a healthy run over a
-    folder it only had to remove (``benchmarks/results/background_delete_slow_cpu.txt``). A run stops once more than
+    folder it only had to remove. A run stops once more than
     ``keep`` steps could not be deleted (``Saver.check_undeleted``), so the folder stays bounded."""
     for step in steps:
         try:
@@ -401,8 +401,8 @@ class Restored:
 def restore_step(step_dir: Path, mode, placed_state) -> Restored:
     """Restores one step folder onto ``mode``'s layout (``placed_state`` gives structure and shardings).
 
-    The target is ``mode.restore_target`` of the host-form abstract state (``mode.host_abstract``): the new
-    mode's shardings, or host numpy for a mode that places it afterwards (``mode.from_restored``).
+    The target is ``parallel.state.restore_target`` of the abstract state (``host_abstract``): the new mode's
+    shardings, and the mode-owned state as saved, adapted by ``from_restored``.
 
     Raises:
       ConfigError: the checkpoint's arrays (names, shapes, dtypes) differ from this run's state (another
@@ -411,7 +411,7 @@ def restore_step(step_dir: Path, mode, placed_state) -> Restored:
     """
     ocp = _ocp()
     step_dir = Path(step_dir).absolute()
-    abstract = mode.host_abstract(placed_state)
+    abstract = host_abstract(placed_state)
     with ocp.CheckpointManager(
         step_dir.parent, item_handlers=_handlers(), options=ocp.CheckpointManagerOptions(create=False)
     ) as manager:
@@ -440,11 +440,11 @@ def restore_step(step_dir: Path, mode, placed_state) -> Restored:
                 f"there but {want.get(diff, 'absent')} here; resume with the checkpoint's model and "
                 f"optimizer settings, or set checkpoint.resume=never / another checkpoint.dir"
             )
-        target = mode.restore_target(abstract, saved.tree)
+        target = restore_target(mode, abstract, saved.tree)
         out = manager.restore(
             step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target), META: ocp.args.JsonRestore()})
         )
-    state, saved_step = mode.from_restored(dict(out[STATE]), abstract)
+    state, saved_step = from_restored(mode, dict(out[STATE]), abstract)
     meta = dict(out[META])
     if saved_step != step or meta.get("step") != step:
         raise ValueError(f"{step_dir} holds step {saved_step} (metadata: {meta.get('step')}), not {step}")

@@ -1,12 +1,12 @@
-"""End of a Hydra sweep: count the failed jobs, name their folders and errors, exit non-zero when any failed.
+"""The Hydra callback of every sweep (``hydra.callbacks.sweep_summary`` in ``conf/config.yaml``): at the end, count
+the failed jobs, name their folders and errors, exit non-zero when any failed; during it, stop on a signal.
 
-Registered in ``conf/config.yaml`` as ``hydra.callbacks.sweep_summary``. Hydra calls ``on_multirun_end`` in
-the launching process after every job has returned, for the basic launcher (jobs in-process) and for
-``hydra/launcher=submitit_local`` (jobs in their own processes) alike, so the count is taken from the job
-folders on disk: each job writes ``summary.json`` with ``status`` ok or failed (``training.app``); a job
-folder without one died before it could write it (killed, out of memory, a crash of the interpreter).
+Hydra calls ``on_multirun_end`` in the launching process after every job has returned, for the basic launcher
+(jobs in-process) and for ``hydra/launcher=submitit_local`` (jobs in their own processes) alike, so the count is
+taken from the job folders on disk: each job writes ``summary.json`` with ``status`` ok or failed; a job folder
+without one died before it could write it (killed, out of memory, a crash of the interpreter).
 
-SIGTERM or SIGINT during a sweep (``training.signals.SweepStop``, installed at the sweep's start): the running
+SIGTERM or SIGINT during a sweep (``training.process.SweepStop``, installed at the sweep's start): the running
 job saves a checkpoint and stops, no later job starts (``train.py`` writes ``status: skipped`` for it), and the
 end prints which jobs finished, stopped or never started and how to resume, and exits 1.
 """
@@ -22,8 +22,7 @@ from typing import Any, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from training import startup_gc
-from training.signals import SweepStop
+from training.process import SweepStop, release_gc
 
 # summary.json "error" of a job that never started because its sweep received a signal (then the signal's name)
 NOT_STARTED = "not started: the sweep was stopped by "
@@ -130,7 +129,7 @@ class SweepSummary(Callback):
         self.stop: Optional[SweepStop] = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        startup_gc.release()  # a sweep's process keeps Python's garbage collector on (training/startup_gc.py)
+        release_gc()  # a sweep's process keeps Python's garbage collector on (training.process)
         self.start_s = time.time()
         self.stop = SweepStop().install()
 

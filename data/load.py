@@ -1,0 +1,124 @@
+"""A run's data from its ``data`` settings (the ``conf.schema.DataConfig`` node, read as plain attributes): the
+training source and the host evaluation split, of images (TFDS or synthetic) or of text (byte tokens).
+
+Raises ``ConfigError`` (one line) when the data does not fit the settings, ``DataError`` when it cannot be read.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import numpy as np
+
+from core.errors import ConfigError
+from data.pipeline import DeviceSource, SyntheticSource, TrainSource, split_bytes, split_fits_on_device, synthetic_eval
+from data.sources import load_tfds_split
+
+TEXT_DATA = ("tiny_shakespeare", "text")
+
+
+def text_data(d, *, context: int, vocab_size: int, global_batch: int, seed: int, with_index: bool):
+    """(train ``WindowSource``, host validation windows) for a language model of ``context`` tokens: byte tokens
+    of ``data=tiny_shakespeare`` / ``data=text``, or random tokens with ``data=synthetic``.
+
+    Raises:
+      ConfigError: an image data set, tokens outside the model's vocabulary, a split shorter than one window.
+      DataError: the text file is missing, empty or not UTF-8.
+    """
+    from data.text import VOCAB_BYTES, WindowSource, eval_windows, load_text_splits, synthetic_tokens
+
+    t = context
+    if d.name == "synthetic":
+        if d.train_size <= t or d.eval_size <= t:
+            raise ConfigError(
+                f"data.train_size={d.train_size} and data.eval_size={d.eval_size} tokens: each must exceed one "
+                f"window of model.context={t} tokens"
+            )
+        train, test = synthetic_tokens(vocab_size, d.train_size, d.eval_size, seed)
+    elif d.name in TEXT_DATA:
+        if vocab_size < VOCAB_BYTES:
+            raise ConfigError(
+                f"model.vocab_size={vocab_size} is smaller than the {VOCAB_BYTES} byte tokens of "
+                f"data={d.name}; set model.vocab_size={VOCAB_BYTES} (or leave it null with model.size=tiny)"
+            )
+        train, test = load_text_splits(d.name, d.path, d.cache_dir, d.download)
+        for split, tokens in (("train", train), ("validation", test)):
+            if len(tokens) <= t:
+                raise ConfigError(
+                    f"the {split} split of data.path={d.path or d.name} has {len(tokens)} bytes, not more than "
+                    f"one window of model.context={t}; give a longer text or lower model.context"
+                )
+    else:
+        raise ConfigError(
+            f"model=gpt trains on text, not data={d.name}; use data=tiny_shakespeare, data=text data.path=FILE "
+            f"or data=synthetic"
+        )
+    return WindowSource(train, t, global_batch, seed, with_index=with_index), eval_windows(test, t)
+
+
+def image_data(d, *, model: str, global_batch: int, seed: int, with_index: bool, bytes_limit: Optional[int]):
+    """(train source, host test split) of an image data set. The train source is a ``DeviceSource`` (the split in
+    device memory) or a ``TrainSource`` (host batches), as ``data.on_device`` says (null: ``split_fits_on_device``
+    of the split's bytes and ``bytes_limit``, the bytes JAX may use on a device, None when unknown); synthetic
+    data is generated on the devices either way.
+
+    Raises DataError with one line when the dataset is missing, ConfigError when the data does not fit the settings
+    (text data for an image ``model``, image shape, labels, fewer examples than one global batch,
+    ``data.on_device=true`` with a split larger than a device's memory limit)."""
+    if d.name in TEXT_DATA:
+        raise ConfigError(f"data={d.name} is text: train it with model=gpt (model={model} reads images)")
+    if d.name == "synthetic":
+        # synthetic sizes and shape are checked before anything is generated
+        if len(d.image_shape) != 3 or min(d.image_shape) <= 0 or d.num_classes < 2:
+            raise ConfigError(
+                f"data.image_shape={list(d.image_shape)} and data.num_classes={d.num_classes} must "
+                f"be [H, W, C] with positive sizes and at least 2 classes"
+            )
+        if d.eval_size <= 0 or d.train_size < global_batch:
+            raise ConfigError(
+                f"data.train_size={d.train_size} and data.eval_size={d.eval_size}: the train split "
+                f"needs at least train.global_batch={global_batch} examples and the eval split one"
+            )
+        train = SyntheticSource(d.image_shape, d.num_classes, d.train_size, global_batch, seed, with_index=with_index)
+        return train, synthetic_eval(d.image_shape, d.num_classes, d.eval_size, seed)
+    if not d.tfds_name:
+        raise ConfigError(f"data={d.name} has no data.tfds_name; set it or use data=synthetic")
+    train = load_tfds_split(d.tfds_name, "train", d.data_dir, d.cache_dir, download=d.download)
+    test = load_tfds_split(d.tfds_name, "test", d.data_dir, d.cache_dir, download=d.download)
+    if tuple(train.images.shape[1:]) != tuple(d.image_shape):
+        raise ConfigError(
+            f"data.image_shape={list(d.image_shape)} but {d.tfds_name} images are "
+            f"{list(train.images.shape[1:])}; fix data.image_shape"
+        )
+    # labels must fit data.num_classes; the split must hold one global batch
+    top = int(max(train.labels.max(initial=0), test.labels.max(initial=0)))
+    if top >= d.num_classes:
+        raise ConfigError(
+            f"data.num_classes={d.num_classes} but {d.tfds_name} has label {top}; set data.num_classes={top + 1}"
+        )
+    if len(train) < global_batch:
+        raise ConfigError(
+            f"train.global_batch={global_batch} exceeds the {len(train)} examples of "
+            f"{d.tfds_name}/train; lower train.global_batch"
+        )
+    needed = split_bytes(train)
+    if d.on_device and bytes_limit and needed > bytes_limit:
+        raise ConfigError(
+            f"data.on_device=true: the {d.tfds_name} training split takes {needed} bytes on every device, more "
+            f"than the {bytes_limit} bytes JAX may use on one; set data.on_device=null or false (host batches)"
+        )
+    on_device = on_every_process(split_fits_on_device(needed, bytes_limit)) if d.on_device is None else d.on_device
+    kind = DeviceSource if on_device else TrainSource
+    return kind(train, global_batch, seed, with_index=with_index), test
+
+
+def on_every_process(fits: bool) -> bool:
+    """``data.on_device=null`` with several processes: the split goes to the devices only when it fits on every
+    process's devices (one ``multihost_utils.process_allgather`` of an int32: every process calls it), so that all
+    run the same programs even on hosts with different devices. One process: ``fits``."""
+    if jax.process_count() == 1:
+        return fits
+    from jax.experimental import multihost_utils
+
+    return bool(np.all(multihost_utils.process_allgather(np.int32(fits))))

@@ -1,0 +1,124 @@
+"""``python -m evaluate``: train.py's override syntax, ``--json`` anywhere among the overrides, a missing data set
+and another model than the checkpoint's refused in one line."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from utils import REPO
+
+
+@pytest.mark.unit
+def test_evaluate_overrides_compose_like_train():
+    from conf.schema import as_dict
+    from evaluate import compose_eval_config
+    from parallel import ConfigError
+    from utils import make_cfg
+
+    saved = as_dict(
+        make_cfg(
+            train__seed=7,
+            model__hidden=64,
+            parallel__name="fsdp",
+            precision__name="bf16",
+            precision__compute_dtype="bfloat16",
+        )
+    )
+    cfg = compose_eval_config(saved, ["parallel=pmap", "mesh.devices=2"])
+    assert (cfg.parallel.name, cfg.mesh.devices, cfg.train.seed, cfg.model.hidden) == ("pmap", 2, 7, 64)
+    assert cfg.precision.compute_dtype == "bfloat16" and cfg.wandb.mode == "disabled"  # saved, EVAL_DEFAULTS
+    # the option picks the schema: parallel.name alone would put pmap's name on jit_sharding's node
+    with pytest.raises(
+        ConfigError,
+        match=r"^parallel.name=pmap does not match the chosen option "
+        r"parallel=jit_sharding; choose the parallel with parallel=pmap$",
+    ):
+        compose_eval_config(saved, ["parallel.name=pmap"])
+    assert compose_eval_config(saved, []).parallel.name == "jit_sharding"
+    assert compose_eval_config(saved, ["precision=fp32"]).precision.compute_dtype == "float32"
+    for bad, needle in (
+        (["parallel=pmapp"], "parallel=pmapp is not an option"),
+        (["paralel=pmap"], "paralel"),
+        (["+foo=1"], "foo"),
+        (["mesh.devices=1,2"], "not a sweep"),
+    ):
+        with pytest.raises(ConfigError, match=needle):
+            compose_eval_config(saved, bad)
+
+
+@pytest.mark.parametrize(
+    "argv", [["ck", "--json", "mesh.devices=2", "parallel=pmap"], ["ck", "mesh.devices=2", "--json", "parallel=pmap"]]
+)
+def test_evaluate_takes_json_between_overrides(argv, monkeypatch, capsys):
+    import evaluate
+
+    seen = {}
+
+    def fake(checkpoint, overrides):
+        seen.update(checkpoint=checkpoint, overrides=list(overrides))
+        return {"eval/accuracy": 0.5, "eval/loss": 1.0, "step": 3, "examples": 10, "checkpoint": "ck/3"}
+
+    monkeypatch.setattr(evaluate, "evaluate_checkpoint", fake)
+    assert evaluate.main(argv) == 0
+    assert seen == {"checkpoint": Path("ck"), "overrides": ["mesh.devices=2", "parallel=pmap"]}
+    assert capsys.readouterr().out == (
+        '{"checkpoint": "ck/3", "eval/accuracy": 0.5, "eval/loss": 1.0, "examples": 10, "step": 3}\n'
+    )
+
+
+def test_evaluate_missing_dataset_is_one_line_on_stderr(tmp_path):
+    import subprocess
+
+    from utils import run_train
+
+    run_dir = tmp_path / "run"
+    proc = run_train(run_dir, "data=synthetic", "train.steps=2", "wandb.mode=disabled")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    env = {**os.environ, "TFDS_DATA_DIR": str(tmp_path / "empty_tfds")}
+    (tmp_path / "empty_tfds").mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "evaluate", str(run_dir / "checkpoints"), "data=mnist", "data.download=false"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 1
+    assert [ln for ln in proc.stderr.splitlines() if ln.strip()] == [
+        f"error: dataset 'mnist' (test) is not prepared in {tmp_path}/empty_tfds and data.download=false "
+        "(NotImplementedError); point TFDS_DATA_DIR (or data.data_dir) at a prepared copy, set "
+        "data.download=true, or run with data=synthetic"
+    ]
+
+
+def test_evaluate_refuses_another_model_by_name(tmp_path):
+    import evaluate
+    from core.errors import ConfigError
+    from utils import run_train
+
+    ckpt = tmp_path / "ckpt"
+    proc = run_train(
+        tmp_path / "run", "data=synthetic", "train.steps=2", f"checkpoint.dir={ckpt}", "wandb.mode=disabled"
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for overrides, change in [
+        (["model=cnn"], "model.name: 'mlp' -> 'cnn'"),
+        (["model.hidden=128"], "model.hidden: 256 -> 128"),
+        (["data.image_shape=[32,32,3]"], "data.image_shape: [28, 28, 1] -> [32, 32, 3]"),
+        (["optim=sgd"], "optim.name: 'adam' -> 'sgd'"),  # another optimizer's state: named, not a tree path
+        (["optim.b1=0.8"], "optim.b1: 0.9 -> 0.8"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            evaluate.evaluate_checkpoint(ckpt, overrides)
+        assert str(e.value) == (
+            f"checkpoint {ckpt}/2 holds a model trained with other settings ({change}); evaluate it with its own: "
+            "leave out these overrides"
+        )
+    saved = {"model": {"name": "mlp", "hidden": 256, "activation": "tanh", "dropout": 0.0, "init_std": 0.01}}
+    cfg = evaluate.compose_eval_config(saved, ["model.dropout=0.5", "mesh.devices=2"])
+    assert evaluate.model_changes(saved, cfg) == []  # dropout is off in evaluation; the device count is free

@@ -1,0 +1,322 @@
+"""The process: Ctrl-C and signals, the garbage collector during start-up, the coordinator's port.
+
+Standard library only at import: ``train.py`` installs its interrupt hooks before its other imports, and
+``scripts/launch_local.py`` checks the port without starting JAX.
+- A Ctrl-C outside the training steps is one line, not a traceback (``install_interrupt_hooks``); inside them
+  ``StopOnSignal`` turns SIGTERM/SIGINT into a checkpoint and a stop; ``SweepStop`` does it for a sweep.
+- The cyclic garbage collector is off while ``train.py`` imports, then every object alive is frozen
+  (``pause_gc``, ``resume_gc``; docs/internals.md, "The garbage collector during start-up").
+- A taken coordinator port crashes JAX's runtime after its timeout, so it is checked first (``port_in_use``)."""
+
+from __future__ import annotations
+
+import _thread
+import contextlib
+import errno
+import functools
+import gc
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from typing import Iterator, Optional
+
+log = logging.getLogger(__name__)
+
+
+# ---- Ctrl-C outside the training steps ---------------------------------------------------------------------
+# read at import, i.e. as train.py starts: its cli() sets HYDRA_FULL_ERROR itself later, for Hydra's composition
+_USER_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"
+INTERRUPTED_LINE = (
+    "error: interrupted by SIGINT (Ctrl-C) and stopped; a single Ctrl-C during the training steps saves a "
+    "checkpoint first (HYDRA_FULL_ERROR=1 prints where it stopped)"
+)
+
+
+PASS_ON_DELAY_S = 0.01  # unraisable_hook: after it has returned
+_reported = False  # interrupt_hook printed a Ctrl-C and the process went on (numpy's import does: see interrupted)
+
+
+def interrupted(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a ``KeyboardInterrupt``, was raised while handling one (its cause/context chain holds one),
+    or came after ``interrupt_hook`` reported a Ctrl-C: a Ctrl-C inside a C extension's import surfaces as an
+    ``ImportError`` (numpy's prints it through ``sys.excepthook`` first, which clears it from the chain)."""
+    if _reported:
+        return True
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+@contextlib.contextmanager
+def interrupt_as_keyboard() -> Iterator[None]:
+    """Raises ``KeyboardInterrupt`` (from None) for an exception of the block that ``interrupted`` says a Ctrl-C
+    caused, so that Hydra's job report (which catches ``Exception``) lets it through to ``interrupt_hook``."""
+    try:
+        yield
+    except Exception as e:
+        if interrupted(e):
+            raise KeyboardInterrupt from None
+        raise
+
+
+class HeldSigint:
+    """A Ctrl-C (SIGINT) held back from ``hold()`` to ``release()``, which then raises ``KeyboardInterrupt``; as a
+    context manager, around a block (an error of the block itself goes on instead). For code that cannot be
+    interrupted safely: jaxlib's initialisation (aborts or crashes on a ``KeyboardInterrupt``) and Hydra's
+    composition (which catches every ``Exception``). Holds only on the main thread with Python's default handler."""
+
+    def __init__(self) -> None:
+        self.holding, self.received = False, False
+
+    def hold(self) -> None:
+        if self.holding or threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            return
+        self.holding, self.received = True, False
+        signal.signal(signal.SIGINT, self._record)
+
+    def _record(self, signum, frame) -> None:
+        self.received = True
+
+    def release(self) -> None:
+        """Python's handler back; raises ``KeyboardInterrupt`` if a SIGINT came while held (once)."""
+        if not self.holding:
+            return
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        self.holding = False
+        if self.received:
+            self.received = False
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> HeldSigint:
+        self.hold()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.received = False  # the block's own error goes on
+        self.release()
+
+
+def interrupt_hook(exc_type, exc, tb, fallback=sys.excepthook, line: str = INTERRUPTED_LINE) -> None:
+    """An uncaught ``KeyboardInterrupt``, or an exception a Ctrl-C caused (``interrupted``), prints ``line`` on
+    stderr and the process exits with status 130 (after a ``KeyboardInterrupt`` Python exits by SIGINT itself;
+    after another exception, ``os._exit(130)``); anything else, or any exception when the user set
+    ``HYDRA_FULL_ERROR=1``, goes to ``fallback`` (Python's own hook: the traceback)."""
+    global _reported
+    if interrupted(exc if exc is not None else exc_type()) and not _USER_FULL_ERROR:
+        if not _reported:  # once: numpy's import prints the Ctrl-C through this hook, then fails on
+            print(line, file=sys.stderr, flush=True)
+            _reported = True
+        if not issubclass(exc_type, KeyboardInterrupt):  # e.g. an ImportError: exit as a Ctrl-C does
+            sys.stdout.flush()
+            os._exit(130)
+        return
+    fallback(exc_type, exc, tb)
+
+
+def unraisable_hook(unraisable, fallback=sys.unraisablehook) -> None:
+    """``sys.unraisablehook`` of the same kind: Python ignores a Ctrl-C raised in an exit handler or a garbage
+    collector callback. At exit this prints one line saying so; elsewhere the Ctrl-C is passed on to the main
+    thread ``PASS_ON_DELAY_S`` later (``_thread.interrupt_main``), so it stops the process as any other."""
+    if interrupted(unraisable.exc_value) and not _USER_FULL_ERROR:
+        if "atexit" in (unraisable.err_msg or ""):
+            print(
+                "warning: a Ctrl-C (SIGINT) came during Python's exit handlers and was ignored there; the run had "
+                "ended",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:  # from another thread, a moment later: on the main thread it would raise inside this hook, ignored
+            timer = threading.Timer(PASS_ON_DELAY_S, _thread.interrupt_main, args=(signal.SIGINT,))
+            timer.daemon = True
+            timer.start()
+        return
+    fallback(unraisable)
+
+
+def install_interrupt_hooks(line: str = INTERRUPTED_LINE) -> None:
+    """Makes ``interrupt_hook`` (with ``line``) and ``unraisable_hook`` this process's hooks (a script's
+    ``__main__``)."""
+    sys.excepthook = functools.partial(interrupt_hook, fallback=sys.excepthook, line=line)
+    sys.unraisablehook = functools.partial(unraisable_hook, fallback=sys.unraisablehook)
+
+
+class NoInterruptTraceback(logging.Filter):
+    """Keeps a log record but drops its traceback when the exception logged is a Ctrl-C (orbax logs "Save
+    Finalize thread (save_finalize) failed." with the ``KeyboardInterrupt`` of a Ctrl-C during the final save's
+    wait)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and interrupted(record.exc_info[1]) and not _USER_FULL_ERROR:
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+# ---- stop on a signal: a run, a sweep ------------------------------------------------------------------------
+class StopOnSignal:
+    """While active, SIGTERM and SIGINT only set ``signal_name`` (the loop finishes its step, saves and stops); a
+    second SIGINT raises ``KeyboardInterrupt`` at once. Handlers are installed only in the main thread, and the
+    previous ones put back on exit. With several processes no handler is installed: JAX's preemption service
+    catches SIGTERM and ``requested`` asks it for the one step at which every process saves and stops."""
+
+    def __init__(self):
+        # a signal the sweep received while this job was starting: stop after the first step
+        self.signal_name: Optional[str] = sweep_stopped()
+        self._previous: dict = {}
+        import jax
+
+        self._multi = jax.process_count() > 1
+
+    def requested(self, done: int) -> bool:
+        """Whether the run must save and stop after step ``done`` (call once per step, on every process)."""
+        if self._multi and self.signal_name is None:
+            from jax.experimental import multihost_utils
+
+            if multihost_utils.reached_preemption_sync_point(done):
+                self.signal_name = "SIGTERM (preemption, all processes)"
+        return self.signal_name is not None
+
+    def _handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.signal_name is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal_name = name
+        if _sweep is not None and _sweep.signal_name is None:
+            _sweep.signal_name = name  # no later job of the sweep starts
+        log.warning("%s received: finishing the current step, then saving a checkpoint and stopping", name)
+
+    def install(self) -> "StopOnSignal":
+        if not self._multi and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    __enter__ = install
+
+    def __exit__(self, *exc) -> None:
+        self.uninstall()
+
+
+class SweepStop:
+    """While a sweep runs: SIGTERM and SIGINT set ``signal_name`` (one log line); the running job saves and stops,
+    no later job starts, ``on_signal`` callbacks run at the first signal (e.g. forward it to job processes), and a
+    second SIGINT raises ``KeyboardInterrupt``. ``not_submitted``: jobs a launcher never started because of it."""
+
+    def __init__(self):
+        self.signal_name: Optional[str] = None
+        self.not_submitted = 0
+        self.on_signal: list = []
+        self._previous: dict = {}
+
+    def _handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.signal_name is not None:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            return
+        self.signal_name = name
+        log.warning("%s received: the running job saves a checkpoint and stops; no further job starts", name)
+        for callback in self.on_signal:
+            callback(signum)
+
+    def install(self) -> "SweepStop":
+        global _sweep
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        _sweep = self
+        return self
+
+    def uninstall(self) -> None:
+        global _sweep
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+        if _sweep is self:
+            _sweep = None
+
+
+_sweep: Optional[SweepStop] = None  # the sweep running in this process, if any
+
+
+def sweep() -> Optional[SweepStop]:
+    """The ``SweepStop`` of the sweep this process launches, or None (a single run, or a job process)."""
+    return _sweep
+
+
+def sweep_stopped() -> Optional[str]:
+    """The signal that stopped this process's sweep (``SIGTERM``/``SIGINT``), or None."""
+    return None if _sweep is None else _sweep.signal_name
+
+
+# ---- the garbage collector during start-up -------------------------------------------------------------------
+_gc_paused = False
+
+
+def pause_gc() -> None:
+    """Turns the cyclic collector off until ``resume_gc`` (reference counting still frees everything not in a cycle)."""
+    global _gc_paused
+    gc.disable()
+    _gc_paused = True
+
+
+def resume_gc() -> None:
+    """After ``pause_gc``: freezes every object alive now (``gc.freeze``) and turns the collector back on. Otherwise
+    does nothing. Called by ``train.py`` once its imports are done."""
+    global _gc_paused
+    if _gc_paused:
+        _gc_paused = False
+        gc.freeze()
+        gc.enable()
+
+
+def release_gc() -> None:
+    """After ``pause_gc``: turns the collector back on without freezing anything. Otherwise does nothing. Called when
+    a sweep starts (``sweeps.callback``: a sweep's process runs as long as its jobs, or runs them all itself
+    with Hydra's default launcher, so it keeps the collector as Python sets it) and when ``train.py`` ends."""
+    global _gc_paused
+    if _gc_paused:
+        _gc_paused = False
+        gc.enable()
+
+
+# ---- the coordinator's port ----------------------------------------------------------------------------------
+def port_in_use(port: int) -> bool:
+    """Whether binding TCP ``port`` (1 .. 65535) on all addresses fails with ``EADDRINUSE``: binds (never listens)
+    with ``SO_REUSEADDR`` as gRPC does, on ``::`` then ``0.0.0.0``, so a port only in TIME_WAIT counts as free."""
+    for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            s = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 on this machine
+            continue
+        with s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((address, port))
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    return True
+                continue  # e.g. EADDRNOTAVAIL for :: without IPv6: try the next family
+    return False
+
+
+def port_taken_line(port: int, how_to_choose: str) -> str:
+    """The one line printed when the coordinator port is taken; ``how_to_choose`` says how to pick another."""
+    return (
+        f"coordinator port {port} is already in use on this machine (another program or an earlier run "
+        f"listens there); {how_to_choose}"
+    )
