@@ -214,7 +214,7 @@ def compose_eval_config(saved_cfg: dict, overrides: Sequence[str] = ()):
 
 # Keys that fix what the saved parameters compute (their shapes or the function): an evaluation cannot change
 # them. ``model.dropout`` (off in evaluation) and ``model.init_std`` (initialisation only) may differ.
-MODEL_KEYS_EXEMPT = ("dropout", "init_std")
+MODEL_KEYS_EXEMPT = ("dropout", "attention_dropout", "init_std")
 DATA_SHAPE_KEYS = ("image_shape", "num_classes")
 
 
@@ -262,7 +262,11 @@ def evaluate_checkpoint(path: Path, overrides: Sequence[str] = ()) -> dict:
         saved = checkpoint.read_metadata(step_dir)
     except (OSError, ValueError) as e:
         raise ConfigError(f"checkpoint {step_dir} has no readable metadata ({e})") from None
-    cfg = compose_eval_config(saved.get("config", {}), overrides)
+    from training.prepare import with_inherited
+
+    # null settings as the checkpoint was trained (an older checkpoint: its AdamW decayed every parameter, whose
+    # optimizer state has another structure)
+    cfg = with_inherited(compose_eval_config(saved.get("config", {}), overrides), saved.get("config", {}))
     changed = model_changes(saved.get("config", {}), cfg)
     if changed:
         raise ConfigError(

@@ -73,6 +73,14 @@ class Schedule(enum.StrEnum):
     cosine = "cosine"
 
 
+class WeightDecayMask(enum.StrEnum):
+    """Which parameters AdamW decays: ``all`` or ``matrices`` (tensors of 2 or more dimensions: kernels and
+    embeddings, not biases or norm scales; nanoGPT's rule)."""
+
+    all = "all"
+    matrices = "matrices"
+
+
 class LrScaling(enum.StrEnum):
     none = "none"
     linear = "linear"  # lr * global_batch / base_batch
@@ -254,7 +262,9 @@ class GPTConfig(ModelConfig):
     learned position table (null = context). ``remat``: none | full | dots_saveable (``jax.checkpoint`` per
     block). ``attention``: auto (the splash kernel on TPU for a context of 512 or more, a multiple of 128; else XLA's) |
     xla | splash. ``loss_chunk``: 0, or tokens per chunk of the output layer fused with the loss (no [B, T, vocab]
-    logits). ``vocab_multiple``: the embedding's rows rounded up to a multiple of this (padded logits masked)."""
+    logits). ``vocab_multiple``: the embedding's rows rounded up to a multiple of this (padded logits masked).
+    ``attention_dropout``: dropout of the attention probabilities; null = ``dropout`` for a new run (nanoGPT uses one
+    rate for both), the checkpoint's own for a resumed one (0 for a checkpoint saved before this key existed)."""
 
     name: str = "gpt"
     size: str = "tiny"
@@ -272,6 +282,7 @@ class GPTConfig(ModelConfig):
     attention: Attention = Attention.auto
     loss_chunk: int = 0
     vocab_multiple: int = 1
+    attention_dropout: Optional[float] = None
 
 
 MODEL_SCHEMAS: dict[str, type] = {
@@ -333,8 +344,9 @@ class OptimConfig:
     """Optimizer and learning-rate schedule (optax); a node of one of ``OPTIM_SCHEMAS`` (``optim=<name>``).
 
     The keys every optimizer has live here; each optimizer's schema adds its own (``optimizer_kwargs``).
-    ``schedule``: constant | cosine (decays to 0 over ``decay_steps`` after ``warmup_steps``, its own key, never
-    derived); ``lr_scaling``: none | linear (lr * global_batch / base_batch); ``clip_grad_norm``: null = off.
+    ``schedule``: constant | cosine (decays to ``min_lr`` over ``decay_steps`` after ``warmup_steps``, its own key,
+    never derived); ``min_lr``: the floor of a decaying schedule (absolute, not scaled by ``lr_scaling``; 0: decay
+    to 0); ``lr_scaling``: none | linear (lr * global_batch / base_batch); ``clip_grad_norm``: null = off.
     """
 
     name: OptimizerName = MISSING
@@ -345,12 +357,15 @@ class OptimConfig:
     lr_scaling: LrScaling = LrScaling.none
     base_batch: int = 256
     clip_grad_norm: Optional[float] = None
+    min_lr: float = 0.0
 
 
 @dataclass
 class AdamConfig(OptimConfig):
     """Adam (Kingma and Ba 2015), ``optax.adam``; ``weight_decay`` > 0: AdamW, decoupled weight decay (Loshchilov
-    and Hutter 2019), ``optax.adamw``."""
+    and Hutter 2019), ``optax.adamw``. ``weight_decay_mask``: all | matrices (only tensors of 2 or more dimensions
+    are decayed); null = matrices for a new run, the checkpoint's own for a resumed one (all for a checkpoint saved
+    before this key existed): ``training.checkpoint.policy.INHERITED``."""
 
     name: OptimizerName = OptimizerName.adam
     lr: float = 1e-3
@@ -358,6 +373,7 @@ class AdamConfig(OptimConfig):
     b2: float = 0.999
     eps: float = 1e-8
     weight_decay: float = 0.0
+    weight_decay_mask: Optional[WeightDecayMask] = None
 
 
 @dataclass

@@ -183,8 +183,11 @@ def test_resume_policy_ignores_keys_only_the_old_union_schema_had():
 
 
 # ---- one schema per optimizer -------------------------------------------------------------------------------
-ADAM_KEYS = "lr, schedule, warmup_steps, decay_steps, lr_scaling, base_batch, clip_grad_norm, b1, b2, eps, weight_decay"
-SGD_KEYS = "lr, schedule, warmup_steps, decay_steps, lr_scaling, base_batch, clip_grad_norm, momentum"
+ADAM_KEYS = (
+    "lr, schedule, warmup_steps, decay_steps, lr_scaling, base_batch, clip_grad_norm, min_lr, b1, b2, eps, "
+    "weight_decay, weight_decay_mask"
+)
+SGD_KEYS = "lr, schedule, warmup_steps, decay_steps, lr_scaling, base_batch, clip_grad_norm, min_lr, momentum"
 SHARED = {"schedule": "constant", "warmup_steps": 0, "decay_steps": 0, "lr_scaling": "none", "base_batch": 256}
 
 
@@ -222,8 +225,10 @@ def test_optimizer_values_in_the_saved_config_are_the_options_values():
             "b2": 0.999,
             "eps": 1e-8,
             "weight_decay": 0.0,
+            "weight_decay_mask": None,
+            "min_lr": 0.0,
         },
-        "sgd": {"name": "sgd", "lr": 0.1, **SHARED, "clip_grad_norm": None, "momentum": 0.0},
+        "sgd": {"name": "sgd", "lr": 0.1, **SHARED, "clip_grad_norm": None, "min_lr": 0.0, "momentum": 0.0},
     }
 
 
@@ -289,7 +294,13 @@ def test_optimizer_keys_reach_optax():
     sgd = _typed("optim=sgd", "optim.momentum=0.9", "optim.lr=0.5")
     adam = _typed("optim.weight_decay=0.1")
     assert schema.optimizer_kwargs(sgd.optim) == {"momentum": 0.9}
-    assert schema.optimizer_kwargs(adam.optim) == {"b1": 0.9, "b2": 0.999, "eps": 1e-8, "weight_decay": 0.1}
+    assert schema.optimizer_kwargs(adam.optim) == {
+        "b1": 0.9,
+        "b2": 0.999,
+        "eps": 1e-8,
+        "weight_decay": 0.1,
+        "weight_decay_mask": None,
+    }
     tx, _ = _optimizer(sgd, 0.5)
     params, grad = jnp.ones(2), jnp.full(2, 2.0)
     state = tx.init(params)
@@ -297,8 +308,9 @@ def test_optimizer_keys_reach_optax():
     second, _ = tx.update(grad, state, params)  # heavy ball: -lr (g + 0.9 g)
     assert first.tolist() == [-1.0, -1.0] and second.tolist() == pytest.approx([-1.9, -1.9], rel=1e-6)
     tx, _ = _optimizer(adam, 1e-3)
-    update, _ = tx.update(jnp.zeros(2), tx.init(params), params)  # AdamW, zero gradient: -lr * wd * param
-    assert update.tolist() == pytest.approx([-1e-4, -1e-4], rel=1e-6)
+    matrix = jnp.ones((1, 2))  # (the default optim.weight_decay_mask decays tensors of 2 or more dimensions)
+    update, _ = tx.update(jnp.zeros((1, 2)), tx.init(matrix), matrix)  # AdamW, zero gradient: -lr * wd * param
+    assert update[0].tolist() == pytest.approx([-1e-4, -1e-4], rel=1e-6)
 
 
 @pytest.mark.unit
@@ -384,7 +396,8 @@ def test_train_py_resumes_and_evaluates_a_checkpoint_saved_with_the_union_optimi
     meta_path = ckpt / "2" / "meta" / "metadata"
     meta = json.loads(meta_path.read_text())
     assert meta["config"]["optim"] == {
-        k: v for k, v in OLD_UNION_SGD.items() if k not in ("b1", "b2", "eps", "weight_decay")
+        **{k: v for k, v in OLD_UNION_SGD.items() if k not in ("b1", "b2", "eps", "weight_decay")},
+        "min_lr": 0.0,
     }
     meta["config"]["optim"] = OLD_UNION_SGD
     meta_path.write_text(json.dumps(meta))
@@ -653,7 +666,7 @@ def test_sweep_presets_compose_every_value():
         (
             ["optim.learning_rate=0.5"],
             "unknown config key optim.learning_rate for optim=adam; optim=adam has: lr, schedule, warmup_steps, "
-            "decay_steps, lr_scaling, base_batch, clip_grad_norm, b1, b2, eps, weight_decay",
+            "decay_steps, lr_scaling, base_batch, clip_grad_norm, min_lr, b1, b2, eps, weight_decay, weight_decay_mask",
         ),
         (["train.stepz=3"], "unknown config key train.stepz; did you mean train.steps?"),
         (["paralel=pmap"], "unknown config key paralel; did you mean parallel?"),

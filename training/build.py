@@ -304,6 +304,12 @@ def _optimizer_checks(o) -> list[tuple[str, Any, bool, str]]:
     ]
 
 
+def uses_dropout(cfg: Config) -> bool:
+    """Whether the model draws dropout masks (per-example keys): ``model.dropout`` > 0, or the GPT's
+    ``model.attention_dropout`` > 0 (null: ``model.dropout``)."""
+    return cfg.model.dropout > 0 or (getattr(cfg.model, "attention_dropout", None) or 0) > 0
+
+
 def is_language_model(cfg: Config) -> bool:
     """Whether the model is the GPT language model (token batches, per-token loss averaged per window)."""
     return cfg.model.name == "gpt"
@@ -318,7 +324,7 @@ def _model(cfg: Config):
 
 def _optimizer(cfg: Config, peak_lr: float):
     o = cfg.optim
-    schedule = make_schedule(peak_lr, o.schedule, o.warmup_steps, o.decay_steps)
+    schedule = make_schedule(peak_lr, o.schedule, o.warmup_steps, o.decay_steps, o.min_lr)
     # A constant rate goes to optax as a number: no schedule state (a count) and no schedule evaluation in
     # every step; the schedule function still gives the logged optim/lr.
     constant = o.schedule == "constant" and o.warmup_steps <= 0
@@ -393,7 +399,7 @@ def build(p: Plan, feed_for: Optional[Callable[[BatchLayout], Any]] = None) -> E
         compute_dtype=p.compute_dtype,
         accum_steps=cfg.train.accum_steps,
         seed=cfg.train.seed,
-        use_example_keys=cfg.model.dropout > 0,
+        use_example_keys=uses_dropout(cfg),
         augment=augment_spec(cfg.data.augment, cfg.data.crop_padding, cfg.data.flip),
         tokens=is_language_model(cfg),
         manual_kernels=p.manual_kernels,

@@ -42,7 +42,7 @@ from measure.profiler import check_window
 from measure.rates import comm_time_model_s
 from measure.throughput import STARTUP
 from training import checkpoint
-from training.build import Experiment, Plan, build, plan
+from training.build import Experiment, Plan, build, plan, uses_dropout
 from training.distributed import dump_batch_indices
 from training.loop import check_in_flight
 from training.validate import check_run_folder
@@ -64,10 +64,38 @@ def describe(cfg: Config) -> dict[str, Any]:
     }
 
 
+def inherit_settings(cfg: Config, run_dir: Path) -> Config:
+    """``cfg`` with every key of ``training.checkpoint.policy.INHERITED`` it leaves null set: to the value of the
+    checkpoint this run would resume (its saved config; ``ABSENT_MEANS`` for a checkpoint saved before the key
+    existed), else to the new-run default (``optim.weight_decay_mask`` matrices, ``model.attention_dropout`` =
+    ``model.dropout``). Read before ``plan``: only the JSON metadata of the step ``checkpoint.resume`` would try
+    first; a bad checkpoint setting or an unreadable step is left to ``checkpoint.prepare`` and the resume to
+    report."""
+    saved = None
+    try:
+        step_dir = checkpoint.candidate_step_dir(checkpoint.prepare(cfg.checkpoint, run_dir, jax.process_count()))
+        if step_dir is not None:
+            saved = checkpoint.read_metadata(step_dir).get("config", {})
+    except (ConfigError, OSError, ValueError):
+        saved = None
+    return with_inherited(cfg, saved)
+
+
+def with_inherited(cfg: Config, saved_cfg: Optional[dict]) -> Config:
+    """``cfg`` with the ``INHERITED`` keys it leaves null set from ``saved_cfg`` (the config saved with the
+    checkpoint it resumes or evaluates; None: a new run), ``training.checkpoint.policy.inherited_values``."""
+    from training.checkpoint.policy import inherited_values
+
+    for key, value in inherited_values(saved_cfg, as_dict(cfg)).items():
+        group, name = key.split(".")
+        cfg = dataclasses.replace(cfg, **{group: dataclasses.replace(getattr(cfg, group), **{name: value})})
+    return cfg
+
+
 def batches_need_index(cfg: Config) -> bool:
     """Whether training batches must carry ``index`` (without it a step places 2 arrays, not 3): per-example
     keys (dropout, augmentation) or the debug dump of placed indices need it."""
-    return cfg.model.dropout > 0 or cfg.data.augment or cfg.train.debug_dump_indices
+    return uses_dropout(cfg) or cfg.data.augment or cfg.train.debug_dump_indices
 
 
 TEXT_DATA = ("tiny_shakespeare", "text")
@@ -419,6 +447,7 @@ def compile_step(cfg: Config, p: Plan, exp: Experiment, first, info: dict[str, A
 def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
     """Plan, data, build, restore, compile: the run up to its first step (``Finished`` without compiling when
     the checkpoint restored is the final one of a run that already finished). Raises USER_ERRORS (one line)."""
+    cfg = inherit_settings(cfg, run_dir)  # the null settings a resumed run keeps from its checkpoint
     p = plan(cfg)  # every check that needs neither data nor compilation
     check_in_flight(cfg.train.max_in_flight, p.devices)
     check_run_folder(run_dir, cfg.checkpoint)
