@@ -5,6 +5,7 @@
     python -m evaluate outputs/ckpt                     # a checkpoint folder: its newest readable step
     python -m evaluate outputs/ckpt mesh.devices=1 data.data_dir=/data/tfds   # dotted config overrides
     python -m evaluate outputs/ckpt parallel=pmap precision=bf16               # group options, as train.py
+    python -m evaluate outputs/2026-01-01/12-00-00 --best   # the best checkpoint (checkpoint.keep_best)
 
 The model, data set and seed come from the config saved with the checkpoint (``<step>/meta/metadata``);
 overrides (``train.py``'s syntax: ``group=option`` replaces a whole group, ``dotted.key=value`` one value) are
@@ -118,6 +119,36 @@ def find_step_dir(path: Path) -> Path:
         except (OSError, ValueError) as e:
             checkpoint.warn(f"skipping checkpoint {candidate}: its metadata cannot be read ({e})")
     raise ConfigError(f"{path} holds no checkpoint (no <step> folder with state/ and meta/)")
+
+
+def find_best_step_dir(path: Path) -> Path:
+    """The best checkpoint of a run (``checkpoint.keep_best``): the step folder in ``<checkpoint folder>/best``,
+    ``path`` being a run folder or its checkpoint folder (or that ``best`` folder itself).
+
+    Raises:
+      ConfigError: ``path`` is one step folder, or no best checkpoint was kept there (the run was trained without
+        ``checkpoint.keep_best``).
+    """
+    from core.errors import ConfigError
+    from training import checkpoint
+    from training.validate import check_path
+
+    path = Path(path).expanduser().absolute()
+    check_path("the checkpoint argument", path)
+    if not path.exists():
+        raise ConfigError(f"checkpoint {path} does not exist; give a run folder or its checkpoints/ folder with --best")
+    if checkpoint.is_step_dir(path):
+        raise ConfigError(
+            f"--best takes a run folder or a checkpoint folder, not the step folder {path}; give {path.parent}"
+        )
+    folder = path if path.name == checkpoint.BEST_DIR else (run_checkpoint_dir(path) or path) / checkpoint.BEST_DIR
+    found = checkpoint.best_step_dir(folder)
+    if found is None:
+        raise ConfigError(
+            f"no best checkpoint in {folder}: the run was trained without checkpoint.keep_best (train with "
+            f"checkpoint.keep_best=eval/loss and train.eval_every=N to keep one), or leave out --best for the newest"
+        )
+    return found
 
 
 def load_test_split(cfg, p):
@@ -246,8 +277,9 @@ def model_changes(saved_cfg: dict, cfg) -> list[str]:
     return out
 
 
-def evaluate_checkpoint(path: Path, overrides: Sequence[str] = ()) -> dict:
-    """Restores the checkpoint at ``path`` onto this process's devices and evaluates it on the test split.
+def evaluate_checkpoint(path: Path, overrides: Sequence[str] = (), best: bool = False) -> dict:
+    """Restores the checkpoint at ``path`` (``best``: the run's best checkpoint, ``find_best_step_dir``) onto this
+    process's devices and evaluates it on the test split.
 
     Returns ``{"eval/accuracy", "eval/loss", "step", "examples", "checkpoint"}`` (and ``eval/perplexity`` for a
     GPT, evaluated on the validation windows its training evaluated on). Raises ConfigError/DataError
@@ -257,7 +289,7 @@ def evaluate_checkpoint(path: Path, overrides: Sequence[str] = ()) -> dict:
     from training import checkpoint
     from training.runtime import setup_runtime
 
-    step_dir = find_step_dir(path)
+    step_dir = find_best_step_dir(path) if best else find_step_dir(path)
     try:
         saved = checkpoint.read_metadata(step_dir)
     except (OSError, ValueError) as e:
@@ -296,6 +328,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "overrides", nargs="*", help="config overrides as for train.py, e.g. mesh.devices=1 parallel=pmap"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a line")
+    parser.add_argument(
+        "--best", action="store_true", help="the best checkpoint (checkpoint.keep_best) instead of the newest"
+    )
     args = parser.parse_intermixed_args(argv)  # --json before, between or after the overrides
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from training.console_lines import quiet_known_noise
@@ -305,7 +340,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from core.errors import ConfigError, DataError
 
     try:
-        result = evaluate_checkpoint(Path(args.checkpoint), args.overrides)
+        result = evaluate_checkpoint(Path(args.checkpoint), args.overrides, best=args.best)
     except (ConfigError, DataError) as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
         return 1

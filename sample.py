@@ -2,6 +2,7 @@
 
     python -m sample outputs/2026-12-02/02-10-00                     # a run folder: its newest checkpoint
     python -m sample outputs/.../checkpoints/600 --prompt "ROMEO:" --tokens 400 --temperature 0.8 --seed 1
+    python -m sample outputs/2026-12-02/02-10-00 --best              # the best checkpoint (checkpoint.keep_best)
 
 The model comes from the config saved with the checkpoint (``<step>/meta/metadata``), its parameters from the
 checkpoint's ``params`` (any device count or mode saved them: they are read as host arrays). ``--temperature 0``
@@ -20,11 +21,14 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 
-def find_checkpoint(path: Path) -> Path:
+def find_checkpoint(path: Path, best: bool = False) -> Path:
     """A step folder: ``path`` itself, the newest in ``path`` (a checkpoint folder) or in
-    ``path/checkpoints`` (a run folder). Raises ConfigError when there is none."""
-    from evaluate import find_step_dir
+    ``path/checkpoints`` (a run folder); ``best``: the run's best checkpoint (``evaluate.find_best_step_dir``).
+    Raises ConfigError when there is none."""
+    from evaluate import find_best_step_dir, find_step_dir
 
+    if best:
+        return find_best_step_dir(Path(path))
     path = Path(path)
     if (path / "checkpoints").is_dir():
         path = path / "checkpoints"
@@ -97,6 +101,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--tokens", type=int, default=300, help="bytes to generate (default 300)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: sampled")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling")
+    parser.add_argument(
+        "--best", action="store_true", help="the best checkpoint (checkpoint.keep_best) instead of the newest"
+    )
     args = parser.parse_args(argv)
     from core.errors import USER_ERRORS
 
@@ -105,7 +112,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise ValueError(f"--tokens {args.tokens} must be >= 0")
         if not (math.isfinite(args.temperature) and args.temperature >= 0):
             raise ValueError(f"--temperature {args.temperature} must be a finite number >= 0 (0: greedy)")
-        step_dir = find_checkpoint(Path(args.path))
+        step_dir = find_checkpoint(Path(args.path), best=args.best)
         model = load_model(step_dir)
         vocab = int(model.embed.embedding.shape[0])
         outside = sorted({b for b in args.prompt.encode("utf-8") if b >= vocab})

@@ -81,6 +81,15 @@ class WeightDecayMask(enum.StrEnum):
     matrices = "matrices"
 
 
+class BestMode(enum.StrEnum):
+    """Which value of ``checkpoint.keep_best``'s metric is the best: ``min``, ``max``, or ``auto`` (max for an
+    accuracy, min for a loss, perplexity or bits per byte)."""
+
+    auto = "auto"
+    min = "min"
+    max = "max"
+
+
 class LrScaling(enum.StrEnum):
     none = "none"
     linear = "linear"  # lr * global_batch / base_batch
@@ -526,6 +535,12 @@ class CheckpointConfig:
     # auto | never | <path>
     resume: str = "auto"
     enabled: bool = True
+    # null: off; an evaluation metric (eval/loss, eval/accuracy; the GPT's eval/perplexity, eval/bpb): the best
+    # evaluated step is also kept, in <checkpoint.dir>/best/<step>, which the checkpoint.keep rotation never deletes
+    # (python -m sample / evaluate --best); training/checkpoint/best.py
+    keep_best: Optional[str] = None
+    # min | max | auto (max for eval/accuracy, min for the others)
+    best_mode: BestMode = BestMode.auto
 
 
 @dataclass

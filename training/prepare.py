@@ -92,6 +92,23 @@ def with_inherited(cfg: Config, saved_cfg: Optional[dict]) -> Config:
     return cfg
 
 
+def check_keep_best(cfg: Config, ckpt_plan) -> None:
+    """``checkpoint.keep_best`` must name a metric this run's evaluation logs (``eval/perplexity`` and ``eval/bpb``:
+    the GPT's only); without ``train.eval_every`` only the final evaluation is compared, which a warning says.
+    Raises ConfigError (one line)."""
+    metric = ckpt_plan.keep_best
+    if metric in ("eval/perplexity", "eval/bpb") and cfg.model.name != "gpt":
+        raise ConfigError(
+            f"checkpoint.keep_best={metric} is a language model's metric; model={cfg.model.name} logs eval/loss and "
+            f"eval/accuracy"
+        )
+    if metric and not cfg.train.eval_every:
+        checkpoint.warn(
+            f"checkpoint.keep_best={metric} without train.eval_every: only the final evaluation is compared, so the "
+            f"best checkpoint is the last step's; set train.eval_every=N to keep the best of every N steps"
+        )
+
+
 def batches_need_index(cfg: Config) -> bool:
     """Whether training batches must carry ``index`` (without it a step places 2 arrays, not 3): per-example
     keys (dropout, augmentation) or the debug dump of placed indices need it."""
@@ -453,6 +470,7 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
     check_run_folder(run_dir, cfg.checkpoint)
     STARTUP.mark("config")  # perf/startup/*_s (measure.throughput.StartupPhases)
     ckpt_plan = checkpoint.prepare(cfg.checkpoint, run_dir, jax.process_count())  # the resume path exists
+    check_keep_best(cfg, ckpt_plan)
     if ckpt_plan.directory is not None:  # orbax's import overlaps data, build and compile
         checkpoint.preload_orbax()
     STARTUP.mark("checkpoint")

@@ -28,6 +28,7 @@ from training.build import Experiment
 from training.console_lines import startup_breakdown_line, startup_line
 from training.distributed import process_layout
 from training.hooks import (
+    BestCheckpointHook,
     CheckpointHook,
     Evaluation,
     FinalEvaluation,
@@ -185,6 +186,27 @@ def make_hooks(prep: Prepared, reporter: Reporter, bar, stats: WindowStats, targ
         saving=saving,
         stats=stats,
     )
+    best = (
+        [
+            BestCheckpointHook(
+                checkpoint.BestCheckpoint(
+                    prep.ckpt_plan,
+                    cfg_dict=as_dict(cfg),
+                    mode=exp.mode,
+                    mesh_shape=p.mesh_shape,
+                    global_batch=p.global_batch,
+                    steps_per_epoch=prep.source.steps_per_epoch,
+                    n_steps=n_steps,
+                    run_dir=prep.run_dir,
+                ),
+                cfg.train.eval_every,
+                n_steps,
+                wandb_run_id=lambda: reporter.wandb_run_id,
+            )
+        ]
+        if prep.ckpt_plan.best_directory is not None
+        else []
+    )
     # the checkpoint hook acts last: a non-finite loss (window log) or non-finite final metrics (final
     # evaluation) stop the run before a save
     hooks: list[Hook] = [
@@ -200,6 +222,7 @@ def make_hooks(prep: Prepared, reporter: Reporter, bar, stats: WindowStats, targ
             profiler,
             exploded_limit=None if cfg.train.allow_exploded_loss else cfg.data.num_classes,
         ),
+        *best,
         saving,
     ]
     return hooks

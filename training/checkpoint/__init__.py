@@ -10,11 +10,13 @@ mesh or parallel mode; never a non-finite checkpoint. One module per reason to c
   functions of configs, metadata and run files).
 - ``resuming``: which checkpoint a run continues from, whether the policy allows it, and restoring it.
 - ``run_checkpoints``: ``RunCheckpoints``, the training loop's view (when to save, metadata, summary).
+- ``best``: ``BestCheckpoint``, the best evaluated step kept in ``<dir>/best`` (``checkpoint.keep_best``).
 
 The names below are the package's interface (``from training import checkpoint``; ``checkpoint.resume(...)``).
 """
 
-from training.checkpoint.plan import RESUME_MODES, CheckpointPlan, default_directory, prepare
+from training.checkpoint.best import BestCheckpoint, best_step_dir
+from training.checkpoint.plan import BEST_DIR, BEST_METRICS, RESUME_MODES, CheckpointPlan, default_directory, prepare
 from training.checkpoint.policy import (
     config_changes,
     data_order_warnings,
@@ -48,6 +50,10 @@ from training.checkpoint.store import (
 )
 
 __all__ = [
+    "BEST_DIR",
+    "BEST_METRICS",
+    "BestCheckpoint",
+    "best_step_dir",
     "META",
     "RESUME_MODES",
     "STATE",

@@ -71,8 +71,11 @@ class RunCheckpoints:
     def saves_at(self, done: int) -> bool:
         return self.plan.saves_at(done, self.n_steps, self.steps_per_epoch)
 
-    def save(self, state, done: int, wandb_run_id: Optional[str], reason: str) -> Optional[Path]:
-        """Saves the state after ``done`` steps (asynchronously); None when disabled or already saved.
+    def save(
+        self, state, done: int, wandb_run_id: Optional[str], reason: str, extra: Optional[dict] = None
+    ) -> Optional[Path]:
+        """Saves the state after ``done`` steps (asynchronously); None when disabled or already saved. ``extra``:
+        more keys for the metadata (the best checkpoint's metric).
 
         Raises:
           NonFiniteError: the state is not finite (nothing written).
@@ -95,6 +98,7 @@ class RunCheckpoints:
             run_dir=self.run_dir,
             reason=reason,
         )
+        meta.update(extra or {})
         self.wait()  # the previous save's background write (orbax's save would wait for it too)
         try:
             self.last_path = self.saver.save(state, done, meta, self.mode)
