@@ -15,7 +15,8 @@ used, padded and masked, so the denominator is exact (10,000 for MNIST).
 
 Output: one line on stdout, ``eval/accuracy=<fraction> eval/loss=<mean cross-entropy, nats> step=<optimizer
 steps> examples=<test examples> checkpoint=<step folder>`` (for the language model ``eval/perplexity=<exp of the
-loss>`` after the loss); with ``--json`` one JSON object with the same keys.
+loss>`` after the loss, and on text ``eval/bpb=<bits per byte>``); with ``--json`` one JSON object with the same
+keys. A GPT trained on BPE tokens is evaluated with the ``tokenizer.json`` saved beside its checkpoint.
 Errors (no such checkpoint, unreadable checkpoint, missing data set, bad override): one line ``error: ...`` on
 stderr and exit code 1.
 """
@@ -151,19 +152,23 @@ def find_best_step_dir(path: Path) -> Path:
     return found
 
 
-def load_test_split(cfg, p):
+def load_test_split(cfg, p, step_dir: Optional[Path] = None):
     """The host test split named by ``cfg.data`` (synthetic: the same split training evaluated on); for
     ``model=gpt`` the validation windows training evaluated on (``training.prepare.load_text_data``, which needs
-    the run's ``Plan`` ``p``)."""
+    the run's ``Plan`` ``p``), encoded by the tokenizer saved with the checkpoint at ``step_dir``
+    (``training.prepare.tokenizer_beside``; else the one the config names)."""
     from data.pipeline import synthetic_eval
     from data.sources import load_tfds_split
     from core.errors import ConfigError
 
     d = cfg.data
     if cfg.model.name == "gpt":
-        from training.prepare import load_text_data
+        from training.prepare import TEXT_DATA, load_text_corpus, load_text_data, tokenizer_beside
 
-        return load_text_data(cfg, p)[1]
+        text = None
+        if d.name in TEXT_DATA:
+            text = load_text_corpus(cfg, tokenizer_beside(step_dir) if step_dir is not None else None)
+        return load_text_data(cfg, p, text)[1]
     if d.name == "synthetic":
         return synthetic_eval(d.image_shape, d.num_classes, d.eval_size, cfg.train.seed)
     if not d.tfds_name:
@@ -315,9 +320,10 @@ def evaluate_checkpoint(path: Path, overrides: Sequence[str] = (), best: bool = 
     p = plan(cfg)
     exp = build(p)
     restored = checkpoint.restore_step(step_dir, exp.mode, exp.state)
-    test = load_test_split(cfg, p)
+    test = load_test_split(cfg, p, step_dir)
     eval_set = make_eval_set(test, cfg.train.eval_batch, exp.mode.num_devices, exp.mode.batch_layout())
-    metrics = evaluate(exp, restored.state.params, eval_set)
+    text = cfg.model.name == "gpt" and cfg.data.name in ("tiny_shakespeare", "text")
+    metrics = evaluate(exp, restored.state.params, eval_set, getattr(test, "bytes_per_token", None) if text else None)
     return {**metrics, "step": restored.step, "examples": eval_set.num_examples, "checkpoint": str(step_dir)}
 
 
@@ -348,6 +354,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(json.dumps(result, sort_keys=True))
     else:
         perplexity = f" eval/perplexity={result['eval/perplexity']:.2f}" if "eval/perplexity" in result else ""
+        perplexity += f" eval/bpb={result['eval/bpb']:.4f}" if "eval/bpb" in result else ""
         print(
             f"eval/accuracy={result['eval/accuracy']:.4f} eval/loss={result['eval/loss']:.4f}{perplexity} "
             f"step={result['step']} examples={result['examples']} checkpoint={result['checkpoint']}"

@@ -81,6 +81,14 @@ class WeightDecayMask(enum.StrEnum):
     matrices = "matrices"
 
 
+class TokenizerName(enum.StrEnum):
+    """The language model's tokens of text data: ``bytes`` (UTF-8 bytes) or ``bpe`` (a byte-level BPE trained
+    on the training split)."""
+
+    bytes = "bytes"
+    bpe = "bpe"
+
+
 class BestMode(enum.StrEnum):
     """Which value of ``checkpoint.keep_best``'s metric is the best: ``min``, ``max``, or ``auto`` (max for an
     accuracy, min for a loss, perplexity or bits per byte)."""
@@ -342,9 +350,19 @@ class DataConfig:
     # true: always (refused for model=gpt and for a split larger than that memory). Synthetic data is generated
     # on the devices regardless.
     on_device: Optional[bool] = None
-    # Text data (data=tiny_shakespeare, data=text; model=gpt): the UTF-8 file to read (data=text: required;
-    # tiny_shakespeare: null = found or downloaded, data/text.py). Tokens are its bytes (vocabulary 256).
+    # Text data (data=tiny_shakespeare, data=text; model=gpt): the UTF-8 text to read (data=text: required, a file,
+    # a folder of files or a glob, read through a memory-mapped token file; tiny_shakespeare: null = found or
+    # downloaded, data/text.py).
     path: Optional[str] = None
+    # Text data: bytes (tokens are the UTF-8 bytes, vocabulary 256) | bpe (a byte-level BPE of data.vocab_size tokens
+    # trained on the training split, cached in data.cache_dir and saved with the run; data/tokens.py). The GPT's
+    # model.vocab_size null follows a BPE's size.
+    tokenizer: TokenizerName = TokenizerName.bytes
+    vocab_size: int = 4096
+    # a tokenizer.json (Hugging Face tokenizers) to use instead of data.tokenizer's (e.g. one a bpe run saved)
+    tokenizer_file: Optional[str] = None
+    # text data: evaluate the first N non-overlapping validation windows; null = every one
+    eval_windows: Optional[int] = None
 
 
 # ---- optimizers: one schema each ------------------------------------------------------------------------------

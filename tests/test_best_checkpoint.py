@@ -45,8 +45,8 @@ def test_the_best_evaluated_step_is_kept_beside_the_newest(tmp_path, monkeypatch
     losses = iter([3.0, 2.0, 2.5, 2.7])
     real = training.run.evaluate
 
-    def scripted(exp, params, eval_set):
-        return {**real(exp, params, eval_set), "eval/loss": next(losses)}
+    def scripted(exp, params, eval_set, *args):
+        return {**real(exp, params, eval_set, *args), "eval/loss": next(losses)}
 
     monkeypatch.setattr(training.run, "evaluate", scripted)
     ckpt, ref = tmp_path / "ckpt", tmp_path / "ref"

@@ -81,6 +81,45 @@ def inherit_settings(cfg: Config, run_dir: Path) -> Config:
     return with_inherited(cfg, saved)
 
 
+TOKENIZER_FILE = "tokenizer.json"  # the run's tokenizer, saved in the run folder and the checkpoint folder
+
+
+def saved_tokenizer(ckpt_plan) -> Optional[Path]:
+    """The ``tokenizer.json`` saved with the checkpoint this run would resume (beside its step folder), or None
+    (no checkpoint to resume; byte tokens save none)."""
+    step_dir = checkpoint.candidate_step_dir(ckpt_plan)
+    return None if step_dir is None else tokenizer_beside(step_dir)
+
+
+def tokenizer_beside(step_dir: Path) -> Optional[Path]:
+    """The ``tokenizer.json`` of the checkpoint at ``step_dir``: in its checkpoint folder (for ``<dir>/best/<step>``:
+    ``<dir>``), else in the run folder its metadata names; None when there is none."""
+    step_dir = Path(step_dir)
+    places = [step_dir.parent, step_dir.parent.parent]
+    try:
+        run_dir = checkpoint.read_metadata(step_dir).get("run_dir")
+        places += [Path(run_dir)] if run_dir else []
+    except (OSError, ValueError):
+        pass
+    return next((place / TOKENIZER_FILE for place in places if (place / TOKENIZER_FILE).is_file()), None)
+
+
+def save_tokenizer(tokenizer, run_dir: Path, ckpt_plan) -> None:
+    """Writes a BPE or file tokenizer as ``tokenizer.json`` into the run folder and the checkpoint folder (process
+    0; atomically), so that ``python -m sample`` / ``evaluate`` and a resumed run encode with the same one.
+    A checkpoint folder that already holds checkpoints keeps its own (the run resumed with it)."""
+    from data.tokens import write_atomic
+
+    text = tokenizer.to_json()
+    if text is None or jax.process_index() != 0:
+        return
+    write_atomic(Path(run_dir) / TOKENIZER_FILE, text)
+    if ckpt_plan.directory is not None:
+        kept = Path(ckpt_plan.directory) / TOKENIZER_FILE
+        if not (kept.is_file() and checkpoint.complete_steps(ckpt_plan.directory)):
+            write_atomic(kept, text)
+
+
 def with_inherited(cfg: Config, saved_cfg: Optional[dict]) -> Config:
     """``cfg`` with the ``INHERITED`` keys it leaves null set from ``saved_cfg`` (the config saved with the
     checkpoint it resumes or evaluates; None: a new run), ``training.checkpoint.policy.inherited_values``."""
@@ -135,18 +174,48 @@ def gpt_dims(cfg: Config):
     )
 
 
-def load_text_data(cfg: Config, p: Plan):
-    """(train ``WindowSource``, host validation windows) for the language model: byte tokens of
-    ``data=tiny_shakespeare`` / ``data=text``, or random tokens with ``data=synthetic``.
+def load_text_corpus(cfg: Config, saved_tokenizer: Optional[Path] = None):
+    """The tokens and the tokenizer of ``data=tiny_shakespeare`` / ``data=text`` (``data.text.load_text``):
+    ``saved_tokenizer``, the ``tokenizer.json`` saved with the checkpoint this run resumes or evaluates, wins over
+    training or loading another. Raises DataError (one line)."""
+    from data.text import load_text
+
+    d = cfg.data
+    return load_text(
+        d.name,
+        d.path,
+        d.cache_dir,
+        d.download,
+        tokenizer=d.tokenizer,
+        vocab_size=d.vocab_size,
+        tokenizer_file=d.tokenizer_file,
+        saved_tokenizer=saved_tokenizer,
+    )
+
+
+def with_text_vocab(cfg: Config, tokenizer) -> Config:
+    """``cfg`` whose ``model.vocab_size`` follows a BPE or file tokenizer: null becomes the tokenizer's size (byte
+    tokens keep the size preset's vocabulary, 256 for ``tiny``); a value set stays (``load_text_data`` refuses one
+    smaller than the tokenizer's)."""
+    if tokenizer.name == "bytes" or getattr(cfg.model, "vocab_size", 0) is not None:
+        return cfg
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
+
+
+def load_text_data(cfg: Config, p: Plan, text=None):
+    """(train ``WindowSource``, host validation windows ``data.text.TextEvalSet``) for the language model: the
+    tokens of ``data=tiny_shakespeare`` / ``data=text`` (``text``: ``load_text_corpus``'s, loaded here when None),
+    or random tokens with ``data=synthetic``.
 
     Raises:
       ConfigError: an image data set with model=gpt, tokens outside the model's vocabulary, a split shorter
-        than one window. DataError: the text file is missing, empty or not UTF-8.
+        than one window. DataError: the text is missing, empty or not UTF-8; a bad tokenizer setting.
     """
-    from data.text import VOCAB_BYTES, WindowSource, eval_windows, load_text_splits, synthetic_tokens
+    from data.text import VOCAB_BYTES, WindowSource, eval_windows, synthetic_tokens
 
     d, dims = cfg.data, gpt_dims(cfg)
     t = dims.context
+    tokenizer, token_bytes = None, None
     if d.name == "synthetic":
         if d.train_size <= t or d.eval_size <= t:
             raise ConfigError(
@@ -155,28 +224,42 @@ def load_text_data(cfg: Config, p: Plan):
             )
         train, test = synthetic_tokens(dims.vocab_size, d.train_size, d.eval_size, cfg.train.seed)
     elif d.name in TEXT_DATA:
-        if dims.vocab_size < VOCAB_BYTES:
+        byte_tokens = d.tokenizer == "bytes" and not d.tokenizer_file
+        if byte_tokens and dims.vocab_size < VOCAB_BYTES:
             raise ConfigError(
                 f"model.vocab_size={dims.vocab_size} is smaller than the {VOCAB_BYTES} byte tokens of "
                 f"data={d.name}; set model.vocab_size={VOCAB_BYTES} (or leave it null with model.size=tiny)"
             )
-        train, test = load_text_splits(d.name, d.path, d.cache_dir, d.download)
+        if d.eval_windows is not None and d.eval_windows < 1:
+            raise ConfigError(f"data.eval_windows={d.eval_windows} must be >= 1 (or null: every validation window)")
+        text = text if text is not None else load_text_corpus(cfg)
+        tokenizer = text.tokenizer
+        if dims.vocab_size < tokenizer.vocab_size:
+            which = f"data.tokenizer_file={d.tokenizer_file}" if d.tokenizer_file else f"data.tokenizer={d.tokenizer}"
+            raise ConfigError(
+                f"model.vocab_size={dims.vocab_size} is smaller than the {tokenizer.vocab_size} tokens of {which}; "
+                f"leave model.vocab_size null (the tokenizer's size) or raise it"
+            )
+        train, test = text.train, text.validation
+        unit = "bytes" if tokenizer.name == "bytes" else "tokens"
         for split, tokens in (("train", train), ("validation", test)):
             if len(tokens) <= t:
                 raise ConfigError(
-                    f"the {split} split of data.path={d.path or d.name} has {len(tokens)} bytes, not more than "
+                    f"the {split} split of data.path={d.path or d.name} has {len(tokens)} {unit}, not more than "
                     f"one window of model.context={t}; give a longer text or lower model.context"
                 )
+        token_bytes = tokenizer.token_bytes()
     else:
         raise ConfigError(
             f"model=gpt trains on text, not data={d.name}; use data=tiny_shakespeare, data=text data.path=FILE "
             f"or data=synthetic"
         )
     source = WindowSource(train, t, p.global_batch, cfg.train.seed, with_index=batches_need_index(cfg))
-    return source, eval_windows(test, t)
+    source.tokenizer = tokenizer
+    return source, eval_windows(test, t, getattr(d, "eval_windows", None), token_bytes)
 
 
-def load_data(cfg: Config, p: Plan):
+def load_data(cfg: Config, p: Plan, text=None):
     """(train source, host test split). The train source of an image data set is a ``DeviceSource`` (the split in
     device memory) or a ``TrainSource`` (host batches), as ``data.on_device`` says (null: ``split_fits_on_device``
     of the split's bytes and ``device_bytes_limit()``); synthetic data is generated on the devices either way.
@@ -186,7 +269,7 @@ def load_data(cfg: Config, p: Plan):
     a device's memory limit)."""
     d = cfg.data
     if cfg.model.name == "gpt":
-        return load_text_data(cfg, p)
+        return load_text_data(cfg, p, text)
     if d.name in TEXT_DATA:
         raise ConfigError(f"data={d.name} is text: train it with model=gpt (model={cfg.model.name} reads images)")
     if d.name == "synthetic":
@@ -344,6 +427,23 @@ def restore(cfg: Config, p: Plan, exp: Experiment, ckpt_plan, n_steps: int, step
     return restored, restored.step, None
 
 
+def text_info(text, test) -> dict[str, Any]:
+    """Summary keys of a text data set: the tokenizer, its vocabulary, the splits' tokens and the bytes per token
+    (``data/eval_bytes_per_token`` of the evaluated targets: ``eval/bpb``; ``data/train_bytes_per_token`` of the
+    training split: ``train/bpb``), and where the tokens live (a token folder, or null: in memory)."""
+    tok = text.tokenizer
+    return {
+        "data/tokenizer": tok.name,
+        "data/tokenizer_vocab_size": tok.vocab_size,
+        "data/tokenizer_path": None if tok.path is None else str(tok.path),
+        "data/train_tokens": int(len(text.train)),
+        "data/validation_tokens": int(len(text.validation)),
+        "data/train_bytes_per_token": text.train_bytes_per_token,
+        "data/eval_bytes_per_token": test.bytes_per_token,
+        "data/token_dir": None if text.token_dir is None else str(text.token_dir),
+    }
+
+
 def static_info(cfg: Config, p: Plan, exp: Experiment, n_steps: int, steps_per_epoch: int) -> dict[str, Any]:
     """Summary keys known once the experiment is built (mesh, batch, schedule)."""
     device, mode = p.devices[0], exp.mode
@@ -474,7 +574,15 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
     if ckpt_plan.directory is not None:  # orbax's import overlaps data, build and compile
         checkpoint.preload_orbax()
     STARTUP.mark("checkpoint")
-    source, test = load_data(cfg, p)
+    text = None
+    if cfg.model.name == "gpt" and cfg.data.name in TEXT_DATA:  # the tokenizer fixes the model's vocabulary
+        text = load_text_corpus(cfg, saved_tokenizer(ckpt_plan))
+        resolved = with_text_vocab(cfg, text.tokenizer)
+        if resolved is not cfg:
+            cfg, p = resolved, plan(resolved)
+    source, test = load_data(cfg, p, text)
+    if text is not None:
+        save_tokenizer(text.tokenizer, run_dir, ckpt_plan)
     n_steps = total_steps(cfg, source.steps_per_epoch)
     window_error = check_window(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps, n_steps)
     if window_error:  # with train.steps set, plan() already checked this; with train.epochs it needs the data
@@ -493,6 +601,8 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
         return Finished(finished)
     STARTUP.mark("checkpoint")
     info = static_info(cfg, p, exp, n_steps, source.steps_per_epoch)
+    if text is not None:
+        info.update(text_info(text, test))
     # batches made on the devices: the split in device memory (data.on_device) or synthetic data generated there
     info["data/on_device"] = isinstance(source, (DeviceSource, SyntheticSource))
     if isinstance(source, DeviceSource):

@@ -60,8 +60,10 @@ def perplexity(loss_nats: float) -> float:
     return math.exp(loss_nats) if loss_nats < 700 else math.inf
 
 
-def evaluate(exp: Experiment, params, eval_set) -> dict[str, float]:
-    """Loss and accuracy over the whole test split (padded, masked: the denominator is exact).
+def evaluate(exp: Experiment, params, eval_set, bytes_per_token: Optional[float] = None) -> dict[str, float]:
+    """Loss and accuracy over the whole test split (padded, masked: the denominator is exact); for a language
+    model on text also ``eval/bpb``, bits per byte: the loss (nats per token) / ln 2 / ``bytes_per_token`` (of the
+    evaluated target tokens, ``data.text.TextEvalSet``), comparable across tokenizers.
 
     Dispatches under the training loop's in-flight bound (``train.max_in_flight`` with more than one device):
     an unbounded queue of simulated-device collectives aborts the process on the CPU backend."""
@@ -81,6 +83,8 @@ def evaluate(exp: Experiment, params, eval_set) -> dict[str, float]:
     out = {"eval/loss": float(host["loss_sum"]) / count, "eval/accuracy": float(host["correct"]) / count}
     if exp.local.tokens:  # language model: loss in nats per token, perplexity = exp(loss)
         out["eval/perplexity"] = perplexity(out["eval/loss"])
+        if bytes_per_token:
+            out["eval/bpb"] = out["eval/loss"] / math.log(2) / bytes_per_token
     return out
 
 
@@ -145,7 +149,8 @@ def start_reporting(prep: Prepared, reporter: Reporter) -> None:
 def make_hooks(prep: Prepared, reporter: Reporter, bar, stats: WindowStats, target: TargetTracker) -> list[Hook]:
     """The hooks of a run, in the order they act at a step (``training.hooks``)."""
     cfg, exp, n_steps, p = prep.cfg, prep.exp, prep.n_steps, prep.plan
-    evaluate_params = lambda params: evaluate(exp, params, prep.eval_set)  # noqa: E731
+    bytes_per_token = prep.info.get("data/eval_bytes_per_token")
+    evaluate_params = lambda params: evaluate(exp, params, prep.eval_set, bytes_per_token)  # noqa: E731
     profiler = Profiler(
         cfg.profile.enabled,
         cfg.profile.start_step,
@@ -290,15 +295,19 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
 
 
 def final_sample(prep: Prepared, loop: LoopState) -> str:
-    """``train.sample_tokens`` bytes generated greedily by the trained GPT after a newline (``models.gpt.generate``)."""
+    """``train.sample_tokens`` tokens generated greedily by the trained GPT after a newline
+    (``models.gpt.generate``), decoded by the run's tokenizer (bytes when it has none)."""
     from flax import nnx
 
+    from data.tokens import ByteTokenizer
     from models.gpt import generate
 
+    tokenizer = getattr(prep.source, "tokenizer", None) or ByteTokenizer()
     params = prep.exp.mode.state_to_host(loop.state).params
     model = nnx.merge(prep.exp.graphdef, jax.tree.map(jax.numpy.asarray, params))
-    tokens = generate(model, [10], prep.cfg.train.sample_tokens)  # type: ignore[arg-type]
-    return bytes(tokens).decode("utf-8", errors="replace")
+    prompt = [int(i) for i in tokenizer.encode("\n")]
+    tokens = generate(model, prompt, prep.cfg.train.sample_tokens)  # type: ignore[arg-type]
+    return tokenizer.decode(tokens)
 
 
 def finish(
@@ -338,9 +347,12 @@ def finish(
     summary.update(token_rates(summary))
     if prep.exp.local.tokens and prep.cfg.train.sample_tokens > 0:
         summary["sample/text"] = final_sample(prep, loop)
-        console(f"sample (greedy, {prep.cfg.train.sample_tokens} bytes after a newline):\n{summary['sample/text']}")
+        unit = "bytes" if getattr(getattr(prep.source, "tokenizer", None), "name", "bytes") == "bytes" else "tokens"
+        console(f"sample (greedy, {prep.cfg.train.sample_tokens} {unit} after a newline):\n{summary['sample/text']}")
     if prep.exp.local.tokens and "train/loss" in summary:
         summary["train/perplexity"] = perplexity(summary["train/loss"])
+        if prep.info.get("data/train_bytes_per_token"):  # the training split's mean bytes per token
+            summary["train/bpb"] = summary["train/loss"] / math.log(2) / prep.info["data/train_bytes_per_token"]
     explain_ratio(summary)
     peak = peak_bytes_per_device()
     if peak is not None:

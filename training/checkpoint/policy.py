@@ -57,6 +57,7 @@ ALLOWED = (
     "data.data_dir",
     "data.prefetch",
     "data.on_device",  # where the same batches are made (data/pipeline.py: DeviceSource)
+    "data.eval_windows",  # how much of the validation split is evaluated (training is the same)
 )
 BATCH_KEYS = ("train.global_batch", "train.per_device_batch")
 # Nodes whose keys depend on the chosen option (conf/schema.py OPTION_SCHEMAS); checkpoints saved before hold
