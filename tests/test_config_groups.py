@@ -535,8 +535,27 @@ def test_cnn_recipe_is_an_experiment_and_model_cnn_is_only_the_model():
     )
     assert _error("+experiment=cnn") == (
         "experiment=cnn is not an option of group experiment; choose one of "
-        "cnn_mnist, gpt_shakespeare; did you mean experiment=cnn_mnist?"
+        "cnn_mnist, gpt_shakespeare, nanogpt_char; did you mean experiment=cnn_mnist?"
     )
+
+
+@pytest.mark.unit
+def test_nanogpt_char_recipe_is_nanogpts_shakespeare_char():
+    """karpathy/nanoGPT config/train_shakespeare_char.py, on one device and nanoGPT's 90/10 split (data=text)."""
+    r = _typed("+experiment=nanogpt_char")
+    m, o, t = r.model, r.optim, r.train
+    assert (m.name, m.depth, m.width, m.heads, m.context, m.dropout, m.attention_dropout) == (
+        "gpt", 6, 384, 6, 256, 0.2, None  # null: the same 0.2 on the attention probabilities
+    )  # fmt: skip
+    assert (r.data.name, r.data.path, r.data.tokenizer, r.mesh.devices, r.precision.compute_dtype) == (
+        "text", "../shared/data/tiny_shakespeare/input.txt", "bytes", 1, "bfloat16"
+    )  # fmt: skip
+    assert (t.steps, t.global_batch, t.eval_every) == (5000, 64, 250)
+    assert (o.name, o.lr, o.b1, o.b2, o.weight_decay, o.weight_decay_mask, o.clip_grad_norm) == (
+        "adam", 1e-3, 0.9, 0.99, 0.1, "matrices", 1.0
+    )  # fmt: skip
+    assert (o.schedule, o.warmup_steps, o.warmup_steps + o.decay_steps, o.min_lr) == ("cosine", 100, 5000, 1e-4)
+    assert (r.checkpoint.keep_best, r.checkpoint.best_mode) == ("eval/loss", "auto")
 
 
 @pytest.mark.unit
