@@ -146,6 +146,25 @@ def start_reporting(prep: Prepared, reporter: Reporter) -> None:
         info.update({"checkpoint/resumed_from": str(restored.path), "checkpoint/resumed_step": prep.start})
 
 
+def best_checkpoint_hooks(prep: Prepared, reporter: Reporter) -> list[Hook]:
+    """``[BestCheckpointHook]`` with ``checkpoint.keep_best`` (the best evaluated step kept in
+    ``<checkpoint.dir>/best``), else ``[]``."""
+    if prep.ckpt_plan.best_directory is None:
+        return []
+    cfg, exp, p = prep.cfg, prep.exp, prep.plan
+    best = checkpoint.BestCheckpoint(
+        prep.ckpt_plan,
+        cfg_dict=as_dict(cfg),
+        mode=exp.mode,
+        mesh_shape=p.mesh_shape,
+        global_batch=p.global_batch,
+        steps_per_epoch=prep.source.steps_per_epoch,
+        n_steps=prep.n_steps,
+        run_dir=prep.run_dir,
+    )
+    return [BestCheckpointHook(best, cfg.train.eval_every, prep.n_steps, wandb_run_id=lambda: reporter.wandb_run_id)]
+
+
 def make_hooks(prep: Prepared, reporter: Reporter, bar, stats: WindowStats, target: TargetTracker) -> list[Hook]:
     """The hooks of a run, in the order they act at a step (``training.hooks``)."""
     cfg, exp, n_steps, p = prep.cfg, prep.exp, prep.n_steps, prep.plan
@@ -191,27 +210,7 @@ def make_hooks(prep: Prepared, reporter: Reporter, bar, stats: WindowStats, targ
         saving=saving,
         stats=stats,
     )
-    best = (
-        [
-            BestCheckpointHook(
-                checkpoint.BestCheckpoint(
-                    prep.ckpt_plan,
-                    cfg_dict=as_dict(cfg),
-                    mode=exp.mode,
-                    mesh_shape=p.mesh_shape,
-                    global_batch=p.global_batch,
-                    steps_per_epoch=prep.source.steps_per_epoch,
-                    n_steps=n_steps,
-                    run_dir=prep.run_dir,
-                ),
-                cfg.train.eval_every,
-                n_steps,
-                wandb_run_id=lambda: reporter.wandb_run_id,
-            )
-        ]
-        if prep.ckpt_plan.best_directory is not None
-        else []
-    )
+    best = best_checkpoint_hooks(prep, reporter)
     # the checkpoint hook acts last: a non-finite loss (window log) or non-finite final metrics (final
     # evaluation) stop the run before a save
     hooks: list[Hook] = [
