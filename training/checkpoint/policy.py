@@ -19,6 +19,8 @@ the step a run would resume, before anything is restored):
   with both values and the two ways out (set them back, or give the run its own ``checkpoint.dir``). Nothing
   is renamed or deleted: the checkpoint is healthy. A GPT's vocabulary / context / position table are
   compared as resolved from its size preset, so the line names both table sizes (``gpt_table_changes``).
+- Keys newer than a checkpoint: compared as what it ran with (``ABSENT_MEANS``); ``INHERITED`` keys left null take
+  the checkpoint's value (``inherited_values``; ``training.prepare.inherit_settings``).
 """
 
 from __future__ import annotations
