@@ -157,3 +157,45 @@ def test_bad_keep_best_is_one_line(tmp_path, capsys, keys, model, message):
     assert len(err) == 1
     assert re.match(message, err[0].removeprefix("error: ")), err
     assert not (tmp_path / "ck").exists()
+
+
+def test_the_best_folder_keeps_the_best_value_not_the_newest_step(tmp_path, monkeypatch, capsys):
+    """A resumed run that evaluates more often (``train.eval_every`` may change on resume) can find a better step
+    before the recorded best: the folder keeps that one (orbax ranks the best folder's steps by their value). A
+    fresh run in a folder holding an earlier run's best moves it aside first."""
+    import training.run
+    from training.app import run_and_report
+
+    values = {4: 3.0, 8: 2.0}
+    real = training.run.evaluate
+    steps = iter([4, 8])
+    monkeypatch.setattr(training.run, "evaluate", lambda *a: {**real(*a), "eval/loss": values[next(steps)]})
+    ckpt = tmp_path / "ckpt"
+    for run in ("a", "b", "c"):
+        (tmp_path / run).mkdir()
+    cfg = mlp_cfg(ckpt, keep_best="eval/loss")
+    cfg.train.eval_every, cfg.checkpoint.keep = 4, 10
+    assert run_and_report(cfg, tmp_path / "a")
+    assert checkpoint.complete_steps(ckpt / "best") == [8]
+    import shutil
+
+    for step in (6, 8):  # as if the run had stopped after step 5 (its best of step 8 already saved)
+        shutil.rmtree(ckpt / str(step))
+    values, steps = {6: 1.0, 8: 1.5}, iter([6, 8])
+    cfg = mlp_cfg(ckpt, keep_best="eval/loss")
+    cfg.checkpoint.keep = 10  # eval_every 2: resumed at step 4, evaluations at 6 and 8
+    assert run_and_report(cfg, tmp_path / "b")
+    assert checkpoint.complete_steps(ckpt / "best") == [6]
+    assert checkpoint.read_metadata(ckpt / "best" / "6")["best"]["value"] == 1.0
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert (summary["checkpoint/best_step"], summary["checkpoint/best_value"]) == (6, 1.0)
+    # a fresh run (no step left to resume) in that folder: the old best is moved aside, not compared with
+    for step in checkpoint.complete_steps(ckpt):
+        shutil.rmtree(ckpt / str(step))
+    values, steps = {2: 9.0, 4: 8.0, 6: 7.0, 8: 6.0}, iter([2, 4, 6, 8])
+    capsys.readouterr()
+    assert run_and_report(mlp_cfg(ckpt, keep_best="eval/loss"), tmp_path / "c")
+    assert checkpoint.complete_steps(ckpt / "best") == [8]
+    moved = [p for p in ckpt.iterdir() if p.name.startswith("best.previous-")]
+    assert len(moved) == 1 and checkpoint.complete_steps(moved[0]) == [6]
+    assert f"moved to {moved[0]}" in capsys.readouterr().err

@@ -154,6 +154,7 @@ def best_checkpoint_hooks(prep: Prepared, reporter: Reporter) -> list[Hook]:
     cfg, exp, p = prep.cfg, prep.exp, prep.plan
     best = checkpoint.BestCheckpoint(
         prep.ckpt_plan,
+        resumed=prep.restored is not None,
         cfg_dict=as_dict(cfg),
         mode=exp.mode,
         mesh_shape=p.mesh_shape,

@@ -3,11 +3,14 @@
 Every evaluation (``train.eval_every`` and the final one) that improves on the best value of the metric so far
 (``min`` or ``max``: ``training.checkpoint.plan.best_direction``; strictly better, a NaN never is) saves the state
 into ``<checkpoint.dir>/best/<step>``: a checkpoint folder of its own (its own orbax manager, one step kept), so
-the ``checkpoint.keep`` rotation of ``<checkpoint.dir>`` never sees it (orbax lists only step folders). Its
-metadata is a checkpoint's (``store.metadata``, ``reason: best``) plus ``best: {metric, value, mode}``.
+the ``checkpoint.keep`` rotation of ``<checkpoint.dir>`` never sees it (orbax lists only step folders); that
+manager keeps the best step by the value each save passes (orbax's ``best_fn``), not the newest by step number
+(a resumed run with another ``train.eval_every`` may find a better step before the recorded one). Its metadata is
+a checkpoint's (``store.metadata``, ``reason: best``) plus ``best: {metric, value, mode}``.
 
 A resumed run starts from the best recorded there (a run that resumes at or before that step re-evaluates the
-same values and does not replace it); ``python -m sample --best`` and ``python -m evaluate --best`` read it.
+same values and does not replace it); a run that starts fresh moves an earlier run's best folder aside
+(``best.previous-<time>``); ``python -m sample --best`` and ``python -m evaluate --best`` read it.
 The saves cost a state write each time the metric improves (none otherwise); the step's state is the same one a
 periodic save would write.
 """
@@ -17,12 +20,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
+import time
 from pathlib import Path
 from typing import Optional
 
-from training.checkpoint.plan import CheckpointPlan
+import jax
+
+from training.checkpoint.plan import BEST_DIR, CheckpointPlan
+from training.checkpoint.resuming import warn
 from training.checkpoint.run_checkpoints import RunCheckpoints
-from training.checkpoint.store import complete_steps, read_metadata
+from training.checkpoint.store import any_step_dirs, complete_steps, read_metadata
 
 log = logging.getLogger("training.checkpoint")
 
@@ -68,15 +76,22 @@ class BestCheckpoint:
         is not the one the run resumes from).
     """
 
-    def __init__(self, plan: CheckpointPlan, **kwargs):
+    def __init__(self, plan: CheckpointPlan, *, resumed: bool, **kwargs):
         assert plan.keep_best and plan.best_directory is not None
         self.metric, self.mode, self.directory = plan.keep_best, plan.best_mode, plan.best_directory
         own = dataclasses.replace(plan, directory=plan.best_directory, keep=1, resume_path=None, keep_best=None)
-        self.ckpts = RunCheckpoints(own, **{**kwargs, "restored_step": None})
-        try:
-            found = recorded_best(self.directory, self.metric)
-        except (OSError, ValueError):
-            found = None
+        self.ckpts = RunCheckpoints(own, **{**kwargs, "restored_step": None, "best_mode": self.mode})
+        found = None
+        if resumed:
+            try:
+                found = recorded_best(self.directory, self.metric)
+            except (OSError, ValueError):
+                found = None
+        elif any_step_dirs(self.directory):  # an abandoned run's best: not this run's, kept aside
+            moved = self.directory.with_name(f"{BEST_DIR}.previous-{time.strftime('%Y%m%d-%H%M%S')}")
+            if jax.process_index() == 0:
+                os.replace(self.directory, moved)
+            warn(f"{self.directory} holds an earlier run's best checkpoint (this run resumes none): moved to {moved}")
         self.step: Optional[int] = None if found is None else found[0]
         self.value: Optional[float] = None if found is None else found[1]
         self.path: Optional[Path] = None if found is None else self.directory / str(found[0])
@@ -93,7 +108,7 @@ class BestCheckpoint:
         if not is_better(value, self.value, self.mode):
             return None
         best = {"metric": self.metric, "value": value, "mode": self.mode}
-        path = self.ckpts.save(state, step, wandb_run_id, "best", extra={"best": best})
+        path = self.ckpts.save(state, step, wandb_run_id, "best", extra={"best": best}, metrics={"value": value})
         self.step, self.value, self.path = step, value, path
         log.info("best %s=%.6g at step %d -> %s", self.metric, value, step, path)
         return path
