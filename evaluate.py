@@ -5,6 +5,7 @@
     python -m evaluate outputs/ckpt                     # a checkpoint folder: its newest readable step
     python -m evaluate outputs/ckpt mesh.devices=1 data.data_dir=/data/tfds   # dotted config overrides
     python -m evaluate outputs/ckpt parallel=pmap precision=bf16               # group options, as train.py
+    python -m evaluate outputs/2026-01-01/12-00-00 --best   # the best checkpoint (checkpoint.keep_best)
 
 The model, data set and seed come from the config saved with the checkpoint (``<step>/meta/metadata``);
 overrides (``train.py``'s syntax: ``group=option`` replaces a whole group, ``dotted.key=value`` one value) are
@@ -14,7 +15,8 @@ used, padded and masked, so the denominator is exact (10,000 for MNIST).
 
 Output: one line on stdout, ``eval/accuracy=<fraction> eval/loss=<mean cross-entropy, nats> step=<optimizer
 steps> examples=<test examples> checkpoint=<step folder>`` (for the language model ``eval/perplexity=<exp of the
-loss>`` after the loss); with ``--json`` one JSON object with the same keys.
+loss>`` after the loss, and on text ``eval/bpb=<bits per byte>``); with ``--json`` one JSON object with the same
+keys. A GPT trained on BPE tokens is evaluated with the ``tokenizer.json`` saved beside its checkpoint.
 Errors (no such checkpoint, unreadable checkpoint, missing data set, bad override): one line ``error: ...`` on
 stderr and exit code 1.
 """
@@ -120,19 +122,55 @@ def find_step_dir(path: Path) -> Path:
     raise ConfigError(f"{path} holds no checkpoint (no <step> folder with state/ and meta/)")
 
 
-def load_test_split(cfg, p):
+def find_best_step_dir(path: Path) -> Path:
+    """The best checkpoint of a run (``checkpoint.keep_best``): the step folder in ``<checkpoint folder>/best``,
+    ``path`` being a run folder or its checkpoint folder (or that ``best`` folder itself).
+
+    Raises:
+      ConfigError: ``path`` is one step folder, or no best checkpoint was kept there (the run was trained without
+        ``checkpoint.keep_best``).
+    """
+    from core.errors import ConfigError
+    from training import checkpoint
+    from training.validate import check_path
+
+    path = Path(path).expanduser().absolute()
+    check_path("the checkpoint argument", path)
+    if not path.exists():
+        raise ConfigError(f"checkpoint {path} does not exist; give a run folder or its checkpoints/ folder with --best")
+    if checkpoint.is_step_dir(path):
+        raise ConfigError(
+            f"--best takes a run folder or a checkpoint folder, not the step folder {path}; give {path.parent}"
+        )
+    folder = path if path.name == checkpoint.BEST_DIR else (run_checkpoint_dir(path) or path) / checkpoint.BEST_DIR
+    found = checkpoint.best_step_dir(folder)
+    if found is None:
+        raise ConfigError(
+            f"no best checkpoint in {folder}: the run was trained without checkpoint.keep_best (train with "
+            f"checkpoint.keep_best=eval/loss and train.eval_every=N to keep one), or leave out --best for the newest"
+        )
+    return found
+
+
+def load_test_split(cfg, p, step_dir: Optional[Path] = None):
     """The host test split named by ``cfg.data`` (synthetic: the same split training evaluated on); for
     ``model=gpt`` the validation windows training evaluated on (``training.build.load_text_data``, which needs
-    the run's ``Plan`` ``p``)."""
+    the run's ``Plan`` ``p``), encoded by the tokenizer saved with the checkpoint at ``step_dir``
+    (``training.checkpoint.tokenizer_beside``; else the one the config names)."""
     from data.pipeline import synthetic_eval
     from data.sources import load_tfds_split
     from core.errors import ConfigError
 
     d = cfg.data
     if cfg.model.name == "gpt":
+        from data.load import TEXT_DATA, text_corpus
         from training.build import load_text_data
+        from training.checkpoint import tokenizer_beside
 
-        return load_text_data(cfg, p)[1]
+        text = None
+        if d.name in TEXT_DATA:
+            text = text_corpus(d, tokenizer_beside(step_dir) if step_dir is not None else None)
+        return load_text_data(cfg, p, text)[1]
     if d.name == "synthetic":
         return synthetic_eval(d.image_shape, d.num_classes, d.eval_size, cfg.train.seed)
     if not d.tfds_name:
@@ -204,7 +242,7 @@ def compose_eval_config(saved_cfg: dict, overrides: Sequence[str] = ()):
 
 # Keys that fix what the saved parameters compute (their shapes or the function): an evaluation cannot change
 # them. ``model.dropout`` (off in evaluation) and ``model.init_std`` (initialisation only) may differ.
-MODEL_KEYS_EXEMPT = ("dropout", "init_std")
+MODEL_KEYS_EXEMPT = ("dropout", "attention_dropout", "init_std")
 DATA_SHAPE_KEYS = ("image_shape", "num_classes")
 
 
@@ -236,8 +274,9 @@ def model_changes(saved_cfg: dict, cfg) -> list[str]:
     return out
 
 
-def evaluate_checkpoint(path: Path, overrides: Sequence[str] = ()) -> dict:
-    """Restores the checkpoint at ``path`` onto this process's devices and evaluates it on the test split.
+def evaluate_checkpoint(path: Path, overrides: Sequence[str] = (), best: bool = False) -> dict:
+    """Restores the checkpoint at ``path`` (``best``: the run's best checkpoint, ``find_best_step_dir``) onto this
+    process's devices and evaluates it on the test split.
 
     Returns ``{"eval/accuracy", "eval/loss", "step", "examples", "checkpoint"}`` (and ``eval/perplexity`` for a
     GPT, evaluated on the validation windows its training evaluated on). Raises ConfigError/DataError
@@ -247,12 +286,16 @@ def evaluate_checkpoint(path: Path, overrides: Sequence[str] = ()) -> dict:
     from training import checkpoint
     from training.runtime import setup_runtime
 
-    step_dir = find_step_dir(path)
+    step_dir = find_best_step_dir(path) if best else find_step_dir(path)
     try:
         saved = checkpoint.read_metadata(step_dir)
     except (OSError, ValueError) as e:
         raise ConfigError(f"checkpoint {step_dir} has no readable metadata ({e})") from None
-    cfg = compose_eval_config(saved.get("config", {}), overrides)
+    from training.checkpoint import with_inherited
+
+    # null settings as the checkpoint was trained (an older checkpoint: its AdamW decayed every parameter, whose
+    # optimizer state has another structure)
+    cfg = with_inherited(compose_eval_config(saved.get("config", {}), overrides), saved.get("config", {}))
     changed = model_changes(saved.get("config", {}), cfg)
     if changed:
         raise ConfigError(
@@ -269,9 +312,10 @@ def evaluate_checkpoint(path: Path, overrides: Sequence[str] = ()) -> dict:
     p = plan(cfg)
     exp = build(p)
     restored = checkpoint.restore_step(step_dir, exp.mode, exp.state)
-    test = load_test_split(cfg, p)
+    test = load_test_split(cfg, p, step_dir)
     eval_set = make_eval_set(test, cfg.train.eval_batch, exp.mode.num_devices, exp.mode.batch_layout())
-    metrics = evaluate(exp, restored.state.params, eval_set)
+    text = cfg.model.name == "gpt" and cfg.data.name in ("tiny_shakespeare", "text")
+    metrics = evaluate(exp, restored.state.params, eval_set, getattr(test, "bytes_per_token", None) if text else None)
     return {**metrics, "step": restored.step, "examples": eval_set.num_examples, "checkpoint": str(step_dir)}
 
 
@@ -282,6 +326,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "overrides", nargs="*", help="config overrides as for train.py, e.g. mesh.devices=1 parallel=pmap"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a line")
+    parser.add_argument(
+        "--best", action="store_true", help="the best checkpoint (checkpoint.keep_best) instead of the newest"
+    )
     args = parser.parse_intermixed_args(argv)  # --json before, between or after the overrides
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from training.console import quiet_known_noise
@@ -291,7 +338,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from core.errors import ConfigError, DataError
 
     try:
-        result = evaluate_checkpoint(Path(args.checkpoint), args.overrides)
+        result = evaluate_checkpoint(Path(args.checkpoint), args.overrides, best=args.best)
     except (ConfigError, DataError) as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
         return 1
@@ -299,6 +346,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(json.dumps(result, sort_keys=True))
     else:
         perplexity = f" eval/perplexity={result['eval/perplexity']:.2f}" if "eval/perplexity" in result else ""
+        perplexity += f" eval/bpb={result['eval/bpb']:.4f}" if "eval/bpb" in result else ""
         print(
             f"eval/accuracy={result['eval/accuracy']:.4f} eval/loss={result['eval/loss']:.4f}{perplexity} "
             f"step={result['step']} examples={result['examples']} checkpoint={result['checkpoint']}"

@@ -1,14 +1,16 @@
-"""Generates text from a GPT checkpoint (model=gpt, byte tokens).
+"""Generates text from a GPT checkpoint (model=gpt; byte tokens, or the BPE / tokenizer file it was trained with).
 
     python -m sample outputs/2026-12-02/02-10-00                     # a run folder: its newest checkpoint
     python -m sample outputs/.../checkpoints/600 --prompt "ROMEO:" --tokens 400 --temperature 0.8 --seed 1
+    python -m sample outputs/2026-12-02/02-10-00 --best              # the best checkpoint (checkpoint.keep_best)
 
 The model comes from the config saved with the checkpoint (``<step>/meta/metadata``), its parameters from the
 checkpoint's ``params`` (any device count or mode saved them: they are read as host arrays). ``--temperature 0``
 (the default) is greedy decoding; > 0 samples from ``softmax(logits / temperature)`` with ``--seed``. The
-prompt is UTF-8 encoded to byte tokens; the output bytes are decoded with replacement characters where a
-multi-byte character is cut. Output: the prompt and its continuation on stdout. Errors (no checkpoint, not a
-GPT, arrays that do not fit the saved config, a bad argument): one line ``error: ...`` on stderr and exit code 1.
+prompt is encoded with the run's tokenizer (byte tokens: its UTF-8 bytes; a BPE: the ``tokenizer.json`` saved
+beside the checkpoint) and the output decoded with it (a multi-byte character cut short becomes U+FFFD).
+Output: the prompt and its continuation on stdout. Errors (no checkpoint, not a GPT, arrays that do not fit the
+saved config, a bad argument): one line ``error: ...`` on stderr and exit code 1.
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 
-def find_checkpoint(path: Path) -> Path:
+def find_checkpoint(path: Path, best: bool = False) -> Path:
     """A step folder: ``path`` itself, the newest in ``path`` (a checkpoint folder) or in
-    ``path/checkpoints`` (a run folder). Raises ConfigError when there is none."""
-    from evaluate import find_step_dir
+    ``path/checkpoints`` (a run folder); ``best``: the run's best checkpoint (``evaluate.find_best_step_dir``).
+    Raises ConfigError when there is none."""
+    from evaluate import find_best_step_dir, find_step_dir
 
+    if best:
+        return find_best_step_dir(Path(path))
     path = Path(path)
     if (path / "checkpoints").is_dir():
         path = path / "checkpoints"
@@ -83,21 +88,50 @@ def load_model(step_dir: Path):
     return model
 
 
-def sample_text(model, prompt: str, num_tokens: int, temperature: float = 0.0, seed: int = 0) -> str:
-    """``prompt`` + its continuation of ``num_tokens`` byte tokens, decoded as UTF-8 (with replacement)."""
+def load_tokenizer(step_dir: Path):
+    """The tokenizer the checkpoint at ``step_dir`` was trained with: bytes for ``data.tokenizer=bytes`` (and a
+    config without the key); else the ``tokenizer.json`` saved beside it (``training.checkpoint.tokenizer_beside``),
+    else the config's ``data.tokenizer_file``. Raises ConfigError / DataError (one line) when it cannot be found."""
+    from core.errors import ConfigError
+    from data.tokens import ByteTokenizer, load_tokenizer_file
+    from training import checkpoint
+
+    data = checkpoint.read_metadata(step_dir).get("config", {}).get("data", {})
+    if data.get("tokenizer", "bytes") == "bytes" and not data.get("tokenizer_file"):
+        return ByteTokenizer()
+    saved = checkpoint.tokenizer_beside(step_dir)
+    if saved is not None:
+        return load_tokenizer_file(saved, "the run's saved tokenizer")
+    if data.get("tokenizer_file"):
+        return load_tokenizer_file(Path(data["tokenizer_file"]))
+    raise ConfigError(
+        f"checkpoint {step_dir} was trained on data.tokenizer={data.get('tokenizer')} tokens, but no tokenizer.json is "
+        f"beside it ({step_dir.parent}) nor in its run folder; copy the run's tokenizer.json into {step_dir.parent}"
+    )
+
+
+def sample_text(model, prompt: str, num_tokens: int, temperature: float = 0.0, seed: int = 0, tokenizer=None) -> str:
+    """``prompt`` + its continuation of ``num_tokens`` tokens, decoded by ``tokenizer`` (None: byte tokens, as
+    UTF-8 with replacement)."""
+    from data.tokens import ByteTokenizer
     from models.gpt import generate
 
-    tokens = generate(model, list(prompt.encode("utf-8")), num_tokens, temperature=temperature, seed=seed)
-    return prompt + bytes(tokens).decode("utf-8", errors="replace")
+    tokenizer = tokenizer or ByteTokenizer()
+    ids = [int(i) for i in tokenizer.encode(prompt)]
+    tokens = generate(model, ids, num_tokens, temperature=temperature, seed=seed)
+    return prompt + tokenizer.decode(tokens)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sample", description=__doc__.splitlines()[0])
     parser.add_argument("path", help="a run folder, a checkpoint folder or one <step> folder")
     parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    parser.add_argument("--tokens", type=int, default=300, help="bytes to generate (default 300)")
+    parser.add_argument("--tokens", type=int, default=300, help="tokens to generate (bytes for byte tokens; 300)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: sampled")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling")
+    parser.add_argument(
+        "--best", action="store_true", help="the best checkpoint (checkpoint.keep_best) instead of the newest"
+    )
     args = parser.parse_args(argv)
     from core.errors import USER_ERRORS
 
@@ -106,18 +140,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise ValueError(f"--tokens {args.tokens} must be >= 0")
         if not (math.isfinite(args.temperature) and args.temperature >= 0):
             raise ValueError(f"--temperature {args.temperature} must be a finite number >= 0 (0: greedy)")
-        step_dir = find_checkpoint(Path(args.path))
+        step_dir = find_checkpoint(Path(args.path), best=args.best)
         model = load_model(step_dir)
+        tokenizer = load_tokenizer(step_dir)
         vocab = int(model.embed.embedding.shape[0])
-        outside = sorted({b for b in args.prompt.encode("utf-8") if b >= vocab})
+        if not args.prompt:
+            raise ValueError("--prompt is empty; give at least one character (default: a newline)")
+        outside = sorted({int(b) for b in tokenizer.encode(args.prompt) if b >= vocab})
         if outside:
+            what = "byte values" if tokenizer.name == "bytes" else "tokens"
             raise ValueError(
-                f"--prompt {args.prompt!r} has byte values {outside} outside the model's vocabulary of {vocab} "
-                f"tokens; use a prompt of bytes below {vocab}"
+                f"--prompt {args.prompt!r} has {what} {outside} outside the model's vocabulary of {vocab} "
+                f"tokens; use a prompt of {'bytes' if tokenizer.name == 'bytes' else 'tokens'} below {vocab}"
             )
         how = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, seed {args.seed}"
-        print(f"sample: {step_dir}, prompt {args.prompt!r}, {args.tokens} bytes, {how}", file=sys.stderr, flush=True)
-        print(sample_text(model, args.prompt, args.tokens, args.temperature, args.seed))
+        unit = "bytes" if tokenizer.name == "bytes" else f"tokens ({tokenizer.name}, vocabulary {tokenizer.vocab_size})"
+        print(f"sample: {step_dir}, prompt {args.prompt!r}, {args.tokens} {unit}, {how}", file=sys.stderr, flush=True)
+        print(sample_text(model, args.prompt, args.tokens, args.temperature, args.seed, tokenizer))
     except (*USER_ERRORS, ValueError) as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 1

@@ -21,7 +21,9 @@ computed in the forward pass), ``--vocab-multiple M`` (the embedding padded to a
 logits masked), ``--remat`` (``jax.checkpoint`` of each block), ``--dropout`` with ``--dropout-keys``:
 ``per_example`` (the repository's scheme: example ``i`` of step ``s`` draws its masks from
 ``fold_in(fold_in(key(seed), s), i)``, one ``fold_in`` per dropout site, so masks do not depend on the device
-count) or ``per_step`` (one key per step and site, the whole batch's mask in one draw).
+count) or ``per_step`` (one key per step and site, the whole batch's mask in one draw); the attention
+probabilities are dropped too (``--attention-dropout``, default ``--dropout``: the attention written out, float32
+scores and softmax, site 2 of each block's key).
 
 ``tests/test_bare_gpt.py`` checks that it computes what the repository computes: the same parameter count and
 shapes, and, from the repository's initial parameters, the same loss and the same parameters after 3 Adam
@@ -144,11 +146,18 @@ def splash_kernel(t: int, heads: int):
         )
 
 
-def attention(q, k, v, kind: str):
-    """Causal attention of ``[B, T, H, K]`` queries, keys and values."""
+def attention(q, k, v, kind: str, rate: float = 0.0, key=None):
+    """Causal attention of ``[B, T, H, K]`` queries, keys and values; with ``rate`` > 0 and dropout key(s)
+    ``key`` the probabilities are dropped (written out: float32 scores and softmax, the probabilities cast back)."""
     import jax
     import jax.numpy as jnp
 
+    if rate > 0 and key is not None:
+        t, d = q.shape[1], q.shape[3]
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * jnp.float32(1 / math.sqrt(d))
+        s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -jnp.inf)
+        p = dropout(jax.nn.softmax(s, axis=-1), rate, key)
+        return jnp.einsum("bhqk,bkhd->bqhd", p.astype(v.dtype), v)
     if kind == "xla":
         return jax.nn.dot_product_attention(q, k, v, is_causal=True)
     t, h, d = q.shape[1:]
@@ -179,15 +188,26 @@ def fold(key, i: int):
 
 
 def features(
-    params, tokens, dtype, heads: int = HEADS, *, kind: str = "xla", rate: float = 0.0, key=None, remat: str = "none"
+    params,
+    tokens,
+    dtype,
+    heads: int = HEADS,
+    *,
+    kind: str = "xla",
+    rate: float = 0.0,
+    key=None,
+    remat: str = "none",
+    attn_rate=None,
 ):
-    """Final hidden states ``[B, T, D]`` in ``dtype`` of int32 tokens ``[B, T]``; ``key``: dropout key(s)."""
+    """Final hidden states ``[B, T, D]`` in ``dtype`` of int32 tokens ``[B, T]``; ``key``: dropout key(s);
+    ``attn_rate``: dropout of the attention probabilities (None: ``rate``)."""
     import jax
     import jax.numpy as jnp
 
     p = jax.tree.map(lambda a: a.astype(dtype), params)
     b, t = tokens.shape
-    key = key if rate > 0 else None
+    attn_rate = rate if attn_rate is None else attn_rate
+    key = key if rate > 0 or attn_rate > 0 else None
 
     def linear(q, x):  # x @ kernel + bias, contracting x's last axis (as flax's Linear writes it)
         return jax.lax.dot_general(x, q["kernel"], (((x.ndim - 1,), (0,)), ((), ()))) + q["bias"]
@@ -195,7 +215,8 @@ def features(
     def block(blk, x, bkey):
         d = x.shape[-1]
         qkv = linear(blk["qkv"], layer_norm(blk["norm1"], x)).reshape(b, t, 3, heads, -1)
-        a = attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], kind)
+        akey = None if bkey is None or not attn_rate else fold(bkey, 2)
+        a = attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], kind, attn_rate, akey)
         x = x + dropout(linear(blk["proj"], a.reshape(b, t, d)), rate, None if bkey is None else fold(bkey, 0))
         m = jax.nn.gelu(linear(blk["fc1"], layer_norm(blk["norm2"], x)))
         return x + dropout(linear(blk["fc2"], m), rate, None if bkey is None else fold(bkey, 1))
@@ -284,7 +305,8 @@ def make_train_step(
 
     def train_step(params, opt_state, x, y, step=0, index=None):
         key = None
-        if kw.get("rate", 0.0) > 0:
+        attn_rate = kw.get("attn_rate")
+        if kw.get("rate", 0.0) > 0 or (attn_rate if attn_rate is not None else kw.get("rate", 0.0)) > 0:
             key = jax.random.fold_in(jax.random.key(seed), step)
             if dropout_keys == "per_example":
                 key = jax.vmap(lambda i: jax.random.fold_in(key, i))(index)
@@ -335,6 +357,9 @@ def main() -> None:
     ap.add_argument("--vocab-multiple", type=int, default=1, help="pad the embedding to a multiple of this many rows")
     ap.add_argument("--remat", default="none", choices=["none", "full", "dots_saveable"])
     ap.add_argument("--dropout", type=float, default=0.0)
+    ap.add_argument(
+        "--attention-dropout", type=float, default=None, help="dropout of the attention probabilities (--dropout)"
+    )
     ap.add_argument("--dropout-keys", default="per_example", choices=["per_example", "per_step"])
     ap.add_argument("--data", default=default_corpus(), help="Tiny Shakespeare's input.txt")
     ap.add_argument("--timings", default=None, help="write phase times (s since start) to this JSON file")
@@ -369,8 +394,12 @@ def main() -> None:
     mark("data")
 
     dtype = {"fp32": jnp.float32, "bf16": jnp.bfloat16}[args.precision]
-    if args.attention == "auto":
-        args.attention = "splash" if jax.default_backend() == "tpu" and t >= 512 and t % 128 == 0 else "xla"
+    attn_rate = args.dropout if args.attention_dropout is None else args.attention_dropout
+    if args.attention == "auto":  # (the splash kernel drops no probabilities: XLA's attention with that dropout)
+        long = t >= 512 and t % 128 == 0
+        args.attention = "splash" if jax.default_backend() == "tpu" and long and not attn_rate else "xla"
+    if args.attention == "splash" and attn_rate:
+        raise SystemExit("--attention splash cannot drop attention probabilities: give --attention-dropout 0")
     mesh = Mesh(np.array(jax.devices()[: args.devices]), ("data",))
     repl, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
     if args.attention == "splash" and args.devices > 1:
@@ -378,7 +407,7 @@ def main() -> None:
     tx = optax.adam(1e-3)
     params = jax.device_put(init_params(jax.random.key(args.seed), depth, w, v_rows, t), repl)
     opt_state = jax.device_put(tx.init(params), repl)
-    model = dict(kind=args.attention, rate=args.dropout, remat=args.remat)
+    model = dict(kind=args.attention, rate=args.dropout, remat=args.remat, attn_rate=args.attention_dropout)
 
     def eval_step(params, x, y, mask):
         logits = logits_fn(params, x, dtype, h, v, kind=args.attention)

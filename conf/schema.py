@@ -35,6 +35,9 @@ WandbPriority = enum.StrEnum("WandbPriority", ["normal", "idle"])  # idle: SCHED
 Remat = enum.StrEnum("Remat", ["none", "full", "dots_saveable"])
 Norm = enum.StrEnum("Norm", ["layernorm", "rmsnorm"])
 Attention = enum.StrEnum("Attention", ["auto", "xla", "splash"])
+WeightDecayMask = enum.StrEnum("WeightDecayMask", ["all", "matrices"])  # matrices: tensors of >= 2 dims (nanoGPT)
+TokenizerName = enum.StrEnum("TokenizerName", ["bytes", "bpe"])  # bpe: byte-level BPE trained on the train split
+BestMode = enum.StrEnum("BestMode", ["auto", "min", "max"])  # auto: max for an accuracy, min for a loss/ppl/bpb
 
 
 @dataclass
@@ -48,19 +51,10 @@ class ParallelConfig:  # a node of one of PARALLEL_SCHEMAS (parallel=<name>)
         return 0
 
 
-@dataclass
-class JitShardingConfig(ParallelConfig):
-    name: str = "jit_sharding"
-
-
-@dataclass
-class PmapConfig(ParallelConfig):
-    name: str = "pmap"
-
-
-@dataclass
-class ShardMapConfig(ParallelConfig):
-    name: str = "shard_map"
+JitShardingConfig, PmapConfig, ShardMapConfig = (  # the modes with no keys of their own
+    dataclasses.make_dataclass(cls, [("name", str, field(default=name))], bases=(ParallelConfig,))
+    for cls, name in (("JitShardingConfig", "jit_sharding"), ("PmapConfig", "pmap"), ("ShardMapConfig", "shard_map"))
+)
 
 
 @dataclass
@@ -142,6 +136,7 @@ class GPTConfig(ModelConfig):  # every dimension left null takes the size preset
     attention: Attention = Attention.auto
     loss_chunk: int = 0  # 0, or tokens per chunk of the output layer fused with the loss
     vocab_multiple: int = 1  # embedding rows rounded up to a multiple of this (padded logits masked)
+    attention_dropout: Optional[float] = None  # on attention probabilities; null: dropout (resumed: as saved)
 
 
 MODEL_SCHEMAS: dict[str, type] = {s.name: s for s in (MLPConfig, CNNConfig, ResNetConfig, ViTConfig, GPTConfig)}
@@ -151,8 +146,7 @@ MODEL_SCHEMAS: dict[str, type] = {s.name: s for s in (MLPConfig, CNNConfig, ResN
 class DataConfig:
     name: str = "mnist"
     tfds_name: Optional[str] = "mnist"
-    # null: TFDS_DATA_DIR, else ../shared/tensorflow_datasets beside the repository, else TFDS's own default
-    data_dir: Optional[str] = None
+    data_dir: Optional[str] = None  # null: TFDS_DATA_DIR, else ../shared/tensorflow_datasets, else TFDS's default
     cache_dir: str = "${oc.env:XDG_CACHE_HOME,${oc.env:HOME}/.cache}/dp_scaling"  # decoded arrays
     download: bool = True  # a data set missing under data_dir is prepared there; false: stop instead
     image_shape: List[int] = field(default_factory=lambda: [28, 28, 1])
@@ -164,7 +158,11 @@ class DataConfig:
     flip: bool = False
     prefetch: int = 2  # host batches placed this many steps ahead on a thread; 0: inline
     on_device: Optional[bool] = None  # the training split in device memory; null: on GPU/TPU when it fits
-    path: Optional[str] = None  # the UTF-8 file of data=text (tiny_shakespeare: null = found or downloaded)
+    path: Optional[str] = None  # data=text: a UTF-8 file, folder or glob (tiny_shakespeare: null = found or downloaded)
+    tokenizer: TokenizerName = TokenizerName.bytes  # text: UTF-8 bytes, or a byte-level BPE of vocab_size tokens
+    vocab_size: int = 4096
+    tokenizer_file: Optional[str] = None  # a tokenizer.json (Hugging Face tokenizers) instead of data.tokenizer's
+    eval_windows: Optional[int] = None  # text: evaluate the first N validation windows; null: every one
 
 
 @dataclass
@@ -177,6 +175,7 @@ class OptimConfig:  # the keys every optimizer has; each optimizer's schema adds
     lr_scaling: LrScaling = LrScaling.none
     base_batch: int = 256
     clip_grad_norm: Optional[float] = None
+    min_lr: float = 0.0  # the floor of a decaying schedule (absolute, not scaled by lr_scaling)
 
 
 @dataclass
@@ -187,6 +186,7 @@ class AdamConfig(OptimConfig):  # optax.adam; weight_decay > 0: AdamW (decoupled
     b2: float = 0.999
     eps: float = 1e-8
     weight_decay: float = 0.0
+    weight_decay_mask: Optional[WeightDecayMask] = None  # null: matrices (resumed: the checkpoint's)
 
 
 @dataclass
@@ -285,6 +285,8 @@ class CheckpointConfig:
     keep: int = 3
     resume: str = "auto"  # auto | never | <path>
     enabled: bool = True
+    keep_best: Optional[str] = None  # an eval/ metric: its best step is also kept in <dir>/best (null: off)
+    best_mode: BestMode = BestMode.auto
 
 
 @dataclass

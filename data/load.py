@@ -1,5 +1,5 @@
 """A run's data from its ``data`` settings (the ``conf.schema.DataConfig`` node, read as plain attributes): the
-training source and the host evaluation split, of images (TFDS or synthetic) or of text (byte tokens).
+training source and the host evaluation split, of images (TFDS or synthetic) or of text (bytes or BPE tokens).
 
 Raises ``ConfigError`` (one line) when the data does not fit the settings, ``DataError`` when it cannot be read.
 """
@@ -18,17 +18,37 @@ from data.sources import load_tfds_split
 TEXT_DATA = ("tiny_shakespeare", "text")
 
 
-def text_data(d, *, context: int, vocab_size: int, global_batch: int, seed: int, with_index: bool):
-    """(train ``WindowSource``, host validation windows) for a language model of ``context`` tokens: byte tokens
-    of ``data=tiny_shakespeare`` / ``data=text``, or random tokens with ``data=synthetic``.
+def text_corpus(d, saved_tokenizer=None):
+    """The tokens and the tokenizer of ``data=tiny_shakespeare`` / ``data=text`` (``data.text.load_text``):
+    ``saved_tokenizer``, the ``tokenizer.json`` saved with the checkpoint a run resumes or evaluates, wins over
+    training or loading another. Raises DataError (one line)."""
+    from data.text import load_text
+
+    return load_text(
+        d.name,
+        d.path,
+        d.cache_dir,
+        d.download,
+        tokenizer=d.tokenizer,
+        vocab_size=d.vocab_size,
+        tokenizer_file=d.tokenizer_file,
+        saved_tokenizer=saved_tokenizer,
+    )
+
+
+def text_data(d, *, context: int, vocab_size: int, global_batch: int, seed: int, with_index: bool, text=None):
+    """(train ``WindowSource``, host validation windows ``data.text.TextEvalSet``) for a language model of
+    ``context`` tokens: the tokens of ``data=tiny_shakespeare`` / ``data=text`` (``text``: ``text_corpus``'s,
+    loaded here when None), or random tokens with ``data=synthetic``.
 
     Raises:
       ConfigError: an image data set, tokens outside the model's vocabulary, a split shorter than one window.
-      DataError: the text file is missing, empty or not UTF-8.
+      DataError: the text is missing, empty or not UTF-8; a bad tokenizer setting.
     """
-    from data.text import VOCAB_BYTES, WindowSource, eval_windows, load_text_splits, synthetic_tokens
+    from data.text import VOCAB_BYTES, WindowSource, eval_windows, synthetic_tokens
 
     t = context
+    tokenizer, token_bytes = None, None
     if d.name == "synthetic":
         if d.train_size <= t or d.eval_size <= t:
             raise ConfigError(
@@ -37,24 +57,55 @@ def text_data(d, *, context: int, vocab_size: int, global_batch: int, seed: int,
             )
         train, test = synthetic_tokens(vocab_size, d.train_size, d.eval_size, seed)
     elif d.name in TEXT_DATA:
-        if vocab_size < VOCAB_BYTES:
+        if d.tokenizer == "bytes" and not d.tokenizer_file and vocab_size < VOCAB_BYTES:
             raise ConfigError(
                 f"model.vocab_size={vocab_size} is smaller than the {VOCAB_BYTES} byte tokens of "
                 f"data={d.name}; set model.vocab_size={VOCAB_BYTES} (or leave it null with model.size=tiny)"
             )
-        train, test = load_text_splits(d.name, d.path, d.cache_dir, d.download)
+        if d.eval_windows is not None and d.eval_windows < 1:
+            raise ConfigError(f"data.eval_windows={d.eval_windows} must be >= 1 (or null: every validation window)")
+        text = text if text is not None else text_corpus(d)
+        tokenizer = text.tokenizer
+        if vocab_size < tokenizer.vocab_size:
+            which = f"data.tokenizer_file={d.tokenizer_file}" if d.tokenizer_file else f"data.tokenizer={d.tokenizer}"
+            raise ConfigError(
+                f"model.vocab_size={vocab_size} is smaller than the {tokenizer.vocab_size} tokens of {which}; "
+                f"leave model.vocab_size null (the tokenizer's size) or raise it"
+            )
+        train, test = text.train, text.validation
+        unit = "bytes" if tokenizer.name == "bytes" else "tokens"
         for split, tokens in (("train", train), ("validation", test)):
             if len(tokens) <= t:
                 raise ConfigError(
-                    f"the {split} split of data.path={d.path or d.name} has {len(tokens)} bytes, not more than "
+                    f"the {split} split of data.path={d.path or d.name} has {len(tokens)} {unit}, not more than "
                     f"one window of model.context={t}; give a longer text or lower model.context"
                 )
+        token_bytes = tokenizer.token_bytes()
     else:
         raise ConfigError(
             f"model=gpt trains on text, not data={d.name}; use data=tiny_shakespeare, data=text data.path=FILE "
             f"or data=synthetic"
         )
-    return WindowSource(train, t, global_batch, seed, with_index=with_index), eval_windows(test, t)
+    source = WindowSource(train, t, global_batch, seed, with_index=with_index)
+    source.tokenizer = tokenizer
+    return source, eval_windows(test, t, getattr(d, "eval_windows", None), token_bytes)
+
+
+def text_info(text, test) -> dict:
+    """Summary keys of a text data set: the tokenizer, its vocabulary, the splits' tokens and the bytes per token
+    (``data/eval_bytes_per_token`` of the evaluated targets: ``eval/bpb``; ``data/train_bytes_per_token`` of the
+    training split: ``train/bpb``), and where the tokens live (a token folder, or null: in memory)."""
+    tok = text.tokenizer
+    return {
+        "data/tokenizer": tok.name,
+        "data/tokenizer_vocab_size": tok.vocab_size,
+        "data/tokenizer_path": None if tok.path is None else str(tok.path),
+        "data/train_tokens": int(len(text.train)),
+        "data/validation_tokens": int(len(text.validation)),
+        "data/train_bytes_per_token": text.train_bytes_per_token,
+        "data/eval_bytes_per_token": test.bytes_per_token,
+        "data/token_dir": None if text.token_dir is None else str(text.token_dir),
+    }
 
 
 def image_data(d, *, model: str, global_batch: int, seed: int, with_index: bool, bytes_limit: Optional[int]):

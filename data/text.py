@@ -1,6 +1,7 @@
-"""Text for the language model: byte tokens, random training windows, every validation window once.
+"""Text for the language model: tokens (``data.tokens``), random training windows, every validation window once.
 
-Tokens are the bytes of UTF-8 text (vocabulary 256; nothing to download or train). A batch uses the same keys
+Tokens are the bytes of UTF-8 text (vocabulary 256; nothing to download or train), or a byte-level BPE's
+(``data.tokenizer=bpe``, ``data.tokenizer_file``; ``data.tokens``). A batch uses the same keys
 as the image data (``core.layout``), so every parallel mode, accumulation and the checkpoints handle it
 unchanged: ``image`` = input tokens int32 ``[B, T]``, ``label`` = the next tokens int32 ``[B, T]`` (the window
 shifted by one), ``index`` int32 ``[B]`` and, for evaluation, ``mask``.
@@ -19,26 +20,38 @@ Data sets:
   55,770). Read from ``data.path``, else from ``../shared/data/tiny_shakespeare/input.txt`` beside the
   repository, else from ``<data.cache_dir>/tiny_shakespeare/input.txt``, else downloaded there (with
   ``data.download``) and checked against the md5.
-- ``text``: any UTF-8 file (``data.path``), split 90/10 by characters (train / validation).
+- ``text``: any UTF-8 text (``data.path``: a file, a folder (every file in it and below, sorted by path, hidden
+  ones skipped) or a glob), the files' texts concatenated in that order and split 90/10 by characters (train /
+  validation; nanoGPT's split). Its tokens are written once into a token file per split (uint16 when the
+  vocabulary fits, else uint32), in ``<data.cache_dir>/text/<key>/`` (the key: the files' sizes and SHA-256, the
+  tokenizer and the split), atomically (a temporary folder renamed), as nanoGPT's ``prepare.py`` does; training
+  reads its windows from the memory-mapped file, so a corpus larger than memory trains, reading only its windows.
+  The batches are those of the same tokens in memory (``WindowSource`` indexes either the same way).
 - ``synthetic`` with the GPT: uniform random tokens below ``vocab_size`` (``data.train_size`` and
   ``data.eval_size`` tokens).
 """
 
 from __future__ import annotations
 
+import codecs
+import dataclasses
+import glob as globlib
 import hashlib
+import json
 import logging
 import os
+import shutil
 import socket
 import urllib.request
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Iterable, Iterator, Optional, Union
 
 import numpy as np
 
 from core.errors import DataError
 from core.layout import Batch
 from data.sources import HostDataset
+from data.tokens import ByteTokenizer, HFTokenizer, cached_bpe, load_tokenizer_file, text_pieces
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +76,7 @@ class WindowSource:
             raise ValueError(f"the train split has {len(tokens)} tokens, not more than one window of {context}")
         self.tokens, self.context, self.global_batch, self.seed = tokens, context, global_batch, seed
         self.with_index = with_index
+        self.tokenizer = None  # the tokenizer the tokens come from (data.tokens), when known; None: bytes
         self.steps_per_epoch = max(1, len(tokens) // (global_batch * context))
         self._offsets = np.arange(context + 1)
 
@@ -76,17 +90,29 @@ class WindowSource:
         return ((step * self.global_batch + np.arange(self.global_batch)) % 2**31).astype(np.int32)
 
     def local_batch(self, step: int, rows: slice) -> Batch:
-        windows = self.tokens[self.global_starts(step)[rows, None] + self._offsets]
+        # int32 whatever the tokens' dtype (a memory-mapped token file holds uint16 or uint32)
+        windows = np.asarray(self.tokens[self.global_starts(step)[rows, None] + self._offsets], np.int32)
         batch = {"image": windows[:, :-1], "label": windows[:, 1:]}
         if self.with_index:
             batch["index"] = self.global_indices(step)[rows]
         return batch
 
 
-def eval_windows(tokens: np.ndarray, context: int) -> HostDataset:
-    """Every non-overlapping window of ``tokens``: ``images`` int32 ``[W, T]`` (window ``w`` = tokens
-    ``[wT, wT + T)``), ``labels`` int32 ``[W, T]`` (the same shifted by one), ``W = (N - 1) // T``; each target
-    token ``1 .. W*T`` is counted once.
+@dataclasses.dataclass(frozen=True)
+class TextEvalSet(HostDataset):
+    """Validation windows (``eval_windows``) and the bytes their target tokens stand for per token
+    (``bytes_per_token``: ``eval/bpb`` = ``eval/loss`` / ln 2 / ``bytes_per_token``)."""
+
+    bytes_per_token: float = 1.0
+
+
+def eval_windows(
+    tokens: np.ndarray, context: int, max_windows: Optional[int] = None, token_bytes: Optional[np.ndarray] = None
+) -> TextEvalSet:
+    """Every non-overlapping window of ``tokens`` (or the first ``max_windows``): ``images`` int32 ``[W, T]``
+    (window ``w`` = tokens ``[wT, wT + T)``), ``labels`` int32 ``[W, T]`` (the same shifted by one), ``W = (N - 1)
+    // T``; each target token ``1 .. W*T`` is counted once. ``token_bytes``: the bytes of each token id
+    (``Tokenizer.token_bytes``; None: one per token), for ``bytes_per_token`` of the evaluated targets.
 
     Raises:
       ValueError: fewer than ``context + 1`` tokens.
@@ -94,8 +120,11 @@ def eval_windows(tokens: np.ndarray, context: int) -> HostDataset:
     n = (len(tokens) - 1) // context
     if n < 1:
         raise ValueError(f"the split has {len(tokens)} tokens, fewer than one window of {context} + 1")
-    x = tokens[: n * context + 1]
-    return HostDataset(images=x[:-1].reshape(n, context), labels=x[1:].reshape(n, context))
+    n = n if max_windows is None else min(n, max_windows)
+    x = np.asarray(tokens[: n * context + 1], np.int32)  # (read into memory: a token file's slice)
+    labels = x[1:].reshape(n, context)
+    per_token = 1.0 if token_bytes is None else float(token_bytes[labels].sum()) / labels.size
+    return TextEvalSet(images=x[:-1].reshape(n, context), labels=labels, bytes_per_token=per_token)
 
 
 def byte_tokens(text: str) -> np.ndarray:
@@ -174,21 +203,327 @@ def tiny_shakespeare_path(path: Optional[str], cache_dir: str, download: bool, t
         ) from None
 
 
-def load_text_splits(name: str, path: Optional[str], cache_dir: str, download: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(train tokens, validation tokens), int32 byte tokens of ``data=tiny_shakespeare`` or ``data=text``.
+Tokenizer = Union[ByteTokenizer, HFTokenizer]
+
+
+def load_text_splits(
+    name: str, path: Optional[str], cache_dir: str, download: bool, tokenizer: Optional[Tokenizer] = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(train tokens, validation tokens), int32, of ``data=tiny_shakespeare`` or ``data=text`` held in memory
+    (``tokenizer``: None = bytes; the text encoded in ``data.tokens.text_pieces``). ``data=text`` trains from a
+    token file (``text_token_files``) holding exactly these tokens.
 
     Raises:
       DataError (one line): the file is missing, unreadable, empty or not UTF-8 (``data=text`` without
         ``data.path`` too).
     """
+    tokenizer = tokenizer or ByteTokenizer()
     if name == "tiny_shakespeare":
         file = tiny_shakespeare_path(path, cache_dir, download)
         train, validation, _ = tfds_splits(read_utf8(file, "data.path"))
     else:
-        if not path:
-            raise DataError("data=text needs data.path=FILE (a UTF-8 text file)")
-        train, validation = split_90_10(read_utf8(Path(path), "data.path"))
-    return byte_tokens(train), byte_tokens(validation)
+        text = "".join(_text_chunks(corpus_files(path)))
+        if not text:
+            raise DataError(f"data.path={path} is empty; give a UTF-8 text file with at least one window of text")
+        train, validation = split_90_10(text)
+    return tokenizer.encode(train), tokenizer.encode(validation)
+
+
+# ---- any corpus: files, token files --------------------------------------------------------------------------
+GLOB_CHARS = "*?["
+CHUNK_BYTES = 1 << 24  # bytes read (and decoded) at a time
+TOKEN_FILES_FORMAT = 1
+
+
+def corpus_files(path: Optional[str]) -> list[Path]:
+    """The files of ``data.path``: a file; a folder: every file in it and below, sorted by path, names starting
+    with ``.`` skipped (at any depth); a glob (``*``, ``?``, ``[``; ``**`` recursive): the files it matches, sorted.
+
+    Raises:
+      DataError (one line): no path, nothing there, or no file in the folder / matching the glob.
+    """
+    if not path:
+        raise DataError("data=text needs data.path=FILE (a UTF-8 text file, a folder of them or a glob)")
+    p = Path(path).expanduser()
+    if any(c in str(path) for c in GLOB_CHARS) and not p.exists():
+        files = sorted(Path(f) for f in globlib.glob(str(p), recursive=True) if Path(f).is_file())
+        if not files:
+            raise DataError(f"data.path={path} matches no file; check the pattern (quoted for the shell)")
+        return files
+    if p.is_dir():
+        files = sorted(
+            f for f in p.rglob("*") if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
+        )
+        if not files:
+            raise DataError(f"data.path={path} is a folder without files; give a folder of UTF-8 text files")
+        return files
+    if not p.exists():
+        raise DataError(
+            f"data.path={path} cannot be read (FileNotFoundError: No such file or directory); give a readable file"
+        )
+    return [p]
+
+
+def _text_chunks(files: list[Path], chunk_bytes: int = CHUNK_BYTES) -> Iterator[str]:
+    """The files' texts, in order, in decoded chunks of about ``chunk_bytes`` bytes. Raises DataError (one line):
+    a file that cannot be read or is not UTF-8 (naming the file and the byte)."""
+    for f in files:
+        decoder = codecs.getincrementaldecoder("utf-8")("strict")
+        offset = 0
+        try:
+            with open(f, "rb") as fh:
+                while True:
+                    raw = fh.read(chunk_bytes)
+                    pending = len(decoder.getstate()[0])  # bytes of a character the last chunk cut short
+                    try:
+                        text = decoder.decode(raw, final=not raw)
+                    except UnicodeDecodeError as e:
+                        raise DataError(
+                            f"data.path={f} is not UTF-8 (byte {offset - pending + e.start}: {e.reason}); convert "
+                            f"it first, "
+                            f"e.g. iconv -f latin1 -t utf-8 {f} > out.txt"
+                        ) from None
+                    if text:
+                        yield text
+                    if not raw:
+                        break
+                    offset += len(raw)
+        except OSError as e:
+            raise DataError(
+                f"data.path={f} cannot be read ({type(e).__name__}: {e.strerror or e}); give a readable file"
+            )
+
+
+def corpus_fingerprint(files: list[Path]) -> tuple[str, int]:
+    """(fingerprint, characters): the SHA-256 of the files' sizes and contents in order, and the characters of
+    their concatenated text (every file read once; one that is not UTF-8 is refused here, ``_text_chunks``)."""
+    h = hashlib.sha256()
+    chars = 0
+    for f in files:
+        digest = hashlib.sha256()
+        size = 0
+        for text in _text_chunks([f]):
+            raw = text.encode("utf-8")
+            digest.update(raw)
+            size += len(raw)
+            chars += len(text)
+        h.update(f"{size}:{digest.hexdigest()}\n".encode())
+    return h.hexdigest()[:24], chars
+
+
+class _SplitStream:
+    """A stream of text chunks cut at character ``at``: ``first()`` yields the text before it, then ``second()``
+    the rest (``first`` must be exhausted first)."""
+
+    def __init__(self, chunks: Iterable[str], at: int):
+        self.chunks, self.at, self.rest = iter(chunks), at, ""
+
+    def first(self) -> Iterator[str]:
+        pos = 0
+        for chunk in self.chunks:
+            if pos + len(chunk) >= self.at:
+                cut = self.at - pos
+                if cut:
+                    yield chunk[:cut]
+                self.rest = chunk[cut:]
+                return
+            pos += len(chunk)
+            yield chunk
+
+    def second(self) -> Iterator[str]:
+        if self.rest:
+            yield self.rest
+        yield from self.chunks
+
+
+@dataclasses.dataclass
+class TextSplits:
+    """A text data set's tokens: ``train`` and ``validation`` (int32 arrays, or a token file's memory maps of
+    uint16/uint32), the ``tokenizer``, the UTF-8 bytes each split's text holds, and where the tokens live
+    (``token_dir``: the token files' folder, None: in memory)."""
+
+    train: np.ndarray
+    validation: np.ndarray
+    tokenizer: Tokenizer
+    train_bytes: int
+    validation_bytes: int
+    token_dir: Optional[Path] = None
+
+    @property
+    def train_bytes_per_token(self) -> float:
+        return self.train_bytes / max(1, len(self.train))
+
+
+def _memmap(path: Path, dtype: str, n: int) -> np.ndarray:
+    if n == 0:  # (numpy cannot map an empty file)
+        return np.zeros(0, dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=(n,))
+
+
+def token_dtype(vocab_size: int) -> str:
+    """uint16 when every token id fits (a vocabulary of at most 65,536), else uint32."""
+    return "uint16" if vocab_size <= 2**16 else "uint32"
+
+
+def text_token_files(
+    files: list[Path], fingerprint: str, chars: int, tokenizer: Tokenizer, cache_dir: str
+) -> TextSplits:
+    """The 90/10 split (by characters) of the concatenated ``files`` as token files in
+    ``<cache_dir>/text/<key>/`` (``train.bin``, ``validation.bin``, ``meta.json``; key: the corpus ``fingerprint``,
+    the tokenizer's and the split rule), written once: streamed through the tokenizer in ``text_pieces`` into a
+    temporary folder renamed at the end (a concurrent writer of the same key loses the race harmlessly); then
+    memory-mapped.
+
+    Raises:
+      DataError (one line): the cache folder cannot be written.
+    """
+    split = int(chars * 0.9)
+    key = hashlib.sha256(
+        json.dumps([TOKEN_FILES_FORMAT, fingerprint, tokenizer.fingerprint, "90/10 characters"]).encode()
+    ).hexdigest()[:20]
+    folder = Path(cache_dir) / "text" / key
+    meta_path = folder / "meta.json"
+    if not meta_path.is_file():
+        try:
+            _write_token_files(folder, files, split, tokenizer, fingerprint)
+        except OSError as e:
+            raise DataError(
+                f"the token files of data.path cannot be written in data.cache_dir={cache_dir} ({type(e).__name__}: "
+                f"{e.strerror or e}); set data.cache_dir to a folder you can write"
+            ) from None
+    meta = json.loads(meta_path.read_text())
+    return TextSplits(
+        train=_memmap(folder / "train.bin", meta["dtype"], meta["train_tokens"]),
+        validation=_memmap(folder / "validation.bin", meta["dtype"], meta["validation_tokens"]),
+        tokenizer=tokenizer,
+        train_bytes=meta["train_bytes"],
+        validation_bytes=meta["validation_bytes"],
+        token_dir=folder,
+    )
+
+
+def _write_token_files(folder: Path, files: list[Path], split: int, tokenizer: Tokenizer, fingerprint: str) -> None:
+    tmp = folder.with_name(f"{folder.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    dtype = token_dtype(tokenizer.vocab_size)
+    stream = _SplitStream(_text_chunks(files), split)
+    counts = {}
+    for name, chunks in (("train", stream.first), ("validation", stream.second)):
+        n_tokens = n_bytes = 0
+
+        def counted(pieces: Iterable[str]) -> Iterator[str]:
+            nonlocal n_bytes
+            for piece in pieces:
+                n_bytes += len(piece.encode("utf-8"))
+                yield piece
+
+        with open(tmp / f"{name}.bin", "wb") as out:
+            for ids in tokenizer.encode_pieces(counted(text_pieces(chunks()))):
+                out.write(ids.astype(dtype).tobytes())
+                n_tokens += len(ids)
+        counts[f"{name}_tokens"], counts[f"{name}_bytes"] = n_tokens, n_bytes
+    meta = {
+        "format": TOKEN_FILES_FORMAT,
+        "dtype": dtype,
+        "vocab_size": tokenizer.vocab_size,
+        "tokenizer": tokenizer.fingerprint,
+        "corpus": fingerprint,
+        "files": [str(f) for f in files],
+        "split_char": split,
+        **counts,
+    }
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    try:
+        os.replace(tmp, folder)
+    except OSError:
+        if not (folder / "meta.json").is_file():  # not another writer's finished folder: a real failure
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info(
+        "wrote %d + %d tokens (%s) of %d file(s) to %s",
+        counts["train_tokens"],
+        counts["validation_tokens"],
+        dtype,
+        len(files),
+        folder,
+    )
+
+
+def choose_tokenizer(
+    kind: str,
+    vocab_size: int,
+    tokenizer_file: Optional[str],
+    cache_dir: str,
+    train_fingerprint: Callable[[], str],
+    train_pieces: Callable[[], Iterable[str]],
+    saved: Optional[Path] = None,
+) -> Tokenizer:
+    """The tokenizer of a run: the one saved with its checkpoint (``saved``: a resumed run, evaluation) when the
+    data are not bytes; else ``data.tokenizer_file``; else for ``bpe`` the BPE of ``vocab_size`` tokens cached for
+    the training split (``train_fingerprint()``), trained on ``train_pieces()`` when not cached; else bytes.
+
+    Raises:
+      DataError (one line): an unknown kind, a tokenizer file that cannot be read, a bad ``vocab_size``.
+    """
+    if kind not in ("bytes", "bpe"):
+        raise DataError(f"data.tokenizer={kind!r} is unknown; choose bytes or bpe")
+    if kind == "bytes" and not tokenizer_file:
+        return ByteTokenizer()
+    if saved is not None and saved.is_file():
+        return load_tokenizer_file(saved, "the run's saved tokenizer")
+    if tokenizer_file:
+        return load_tokenizer_file(Path(tokenizer_file).expanduser())
+    return cached_bpe(cache_dir, train_fingerprint(), vocab_size, train_pieces)
+
+
+def load_text(
+    name: str,
+    path: Optional[str],
+    cache_dir: str,
+    download: bool,
+    *,
+    tokenizer: str = "bytes",
+    vocab_size: int = 4096,
+    tokenizer_file: Optional[str] = None,
+    saved_tokenizer: Optional[Path] = None,
+) -> TextSplits:
+    """The tokens of ``data=tiny_shakespeare`` (in memory, TFDS's cut) or ``data=text`` (token files of any corpus,
+    nanoGPT's 90/10 cut) with the run's tokenizer (``choose_tokenizer``; a BPE is trained on the training split).
+
+    Raises:
+      DataError (one line): files missing, unreadable, empty or not UTF-8; a bad tokenizer setting.
+    """
+    if name == "tiny_shakespeare":
+        file = tiny_shakespeare_path(path, cache_dir, download)
+        train, validation, _ = tfds_splits(read_utf8(file, "data.path"))
+        tok = choose_tokenizer(
+            tokenizer,
+            vocab_size,
+            tokenizer_file,
+            cache_dir,
+            lambda: hashlib.sha256(train.encode("utf-8")).hexdigest()[:24],
+            lambda: text_pieces([train]),
+            saved_tokenizer,
+        )
+        return TextSplits(
+            tok.encode(train), tok.encode(validation), tok, len(train.encode("utf-8")), len(validation.encode("utf-8"))
+        )
+    files = corpus_files(path)
+    fingerprint, chars = corpus_fingerprint(files)
+    if chars == 0:
+        raise DataError(f"data.path={path} is empty; give a UTF-8 text file with at least one window of text")
+    split = int(chars * 0.9)
+    tok = choose_tokenizer(
+        tokenizer,
+        vocab_size,
+        tokenizer_file,
+        cache_dir,
+        lambda: hashlib.sha256(f"{fingerprint}:{split}".encode()).hexdigest()[:24],
+        lambda: text_pieces(_SplitStream(_text_chunks(files), split).first()),
+        saved_tokenizer,
+    )
+    return text_token_files(files, fingerprint, chars, tok, cache_dir)
 
 
 def synthetic_tokens(vocab_size: int, train_size: int, eval_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -140,9 +140,20 @@ def _norm(kind: str, width: int, rngs: nnx.Rngs) -> nnx.Module:
 
 
 class Block(nnx.Module):
-    """Pre-norm decoder block: ``x + drop(Wo attn(LN(x)))``, then ``x + drop(W2 gelu(W1 LN(x)))``."""
+    """Pre-norm decoder block: ``x + drop(Wo attn(LN(x)))``, then ``x + drop(W2 gelu(W1 LN(x)))``; with
+    ``attention_dropout`` the attention probabilities are dropped too. Dropout sites of the block's key: 0 after
+    the attention's projection, 1 after the MLP, 2 the attention probabilities."""
 
-    def __init__(self, dims: GPTDims, dropout: float, norm: str, attention: str, *, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        dims: GPTDims,
+        dropout: float,
+        norm: str,
+        attention: str,
+        *,
+        rngs: nnx.Rngs,
+        attention_dropout: float = 0.0,
+    ):
         d, r = dims.width, dims.mlp_ratio
         w_init, out_init = normal(0.02), normal(0.02 / math.sqrt(2 * max(1, dims.depth)))
         self.norm1 = _norm(norm, d, rngs)
@@ -152,13 +163,15 @@ class Block(nnx.Module):
         self.fc1 = nnx.Linear(d, r * d, kernel_init=w_init, rngs=rngs)
         self.fc2 = nnx.Linear(r * d, d, kernel_init=out_init, rngs=rngs)
         self.heads, self.dropout, self.attention = dims.heads, dropout, attention
+        self.attention_dropout = attention_dropout
 
     def __call__(self, x_BxTxD: jax.Array, keys_B: jax.Array | None) -> jax.Array:
         b, t, d = x_BxTxD.shape
         h = self.heads
         qkv = self.qkv(self.norm1(x_BxTxD)).reshape(b, t, 3, h, d // h)
         q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-        a = causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, self.attention)
+        attention_keys = site_keys(keys_B, 2) if self.attention_dropout else None
+        a = causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, self.attention, self.attention_dropout, attention_keys)
         x_BxTxD = x_BxTxD + per_example_dropout(self.proj(a.reshape(b, t, d)), self.dropout, site_keys(keys_B, 0))
         m = jax.nn.gelu(self.fc1(self.norm2(x_BxTxD)))
         return x_BxTxD + per_example_dropout(self.fc2(m), self.dropout, site_keys(keys_B, 1))
@@ -173,6 +186,8 @@ class GPT(nnx.Module):
     Args:
       dims: ``GPTDims`` (``resolve_dims`` checks them).
       dropout: rate after the embeddings and each residual branch (0 disables it; per-example keys).
+      attention_dropout: rate of the dropout of the attention probabilities (None: ``dropout``, as nanoGPT;
+        ``models.attention.dropout_attention``: XLA's attention written out; refused with the splash kernel).
       remat: none | full (``jax.checkpoint`` of each block, nothing saved) | dots_saveable
         (``jax.checkpoint_policies.dots_saveable``: matmul outputs kept, the rest recomputed).
       tied_embeddings: the output layer is the token embedding transposed (GPT-2); else its own matrix.
@@ -195,6 +210,7 @@ class GPT(nnx.Module):
         norm: str = "layernorm",
         attention: str = "auto",
         loss_chunk: int = 0,
+        attention_dropout: Optional[float] = None,
         rngs: nnx.Rngs,
     ):
         if remat not in REMAT_POLICIES:
@@ -203,16 +219,25 @@ class GPT(nnx.Module):
             raise ValueError(f"model.norm={norm!r} is unknown; choose one of {', '.join(NORMS)}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"model.dropout={dropout} must be in [0, 1)")
+        attention_dropout = dropout if attention_dropout is None else attention_dropout
+        if not 0.0 <= attention_dropout < 1.0:
+            raise ValueError(f"model.attention_dropout={attention_dropout} must be in [0, 1) (null: model.dropout)")
         if loss_chunk < 0:
             raise ValueError(f"model.loss_chunk={loss_chunk} must be >= 0 (0: logits, then the loss)")
         d, v = dims.width, dims.padded_vocab
         self.embed = nnx.Embed(v, d, embedding_init=normal(0.02), rngs=rngs)
         self.pos_embed = nnx.Param(normal(0.01)(rngs.params(), (dims.max_positions, d)))
-        kernel = resolve_attention(attention, dims.context)
-        self.blocks = nnx.List([Block(dims, dropout, norm, kernel, rngs=rngs) for _ in range(dims.depth)])
+        kernel = resolve_attention(attention, dims.context, attention_dropout=attention_dropout)
+        self.blocks = nnx.List(
+            [
+                Block(dims, dropout, norm, kernel, rngs=rngs, attention_dropout=attention_dropout)
+                for _ in range(dims.depth)
+            ]
+        )
         self.norm = _norm(norm, d, rngs)
         self.head = None if tied_embeddings else nnx.Linear(d, v, use_bias=False, kernel_init=normal(0.02), rngs=rngs)
         self.dims, self.dropout, self.remat, self.attention, self.loss_chunk = dims, dropout, remat, kernel, loss_chunk
+        self.attention_dropout = attention_dropout
 
     def _block(self, block: Block, x: jax.Array, keys: jax.Array | None) -> jax.Array:
         if self.remat == "none":
@@ -233,7 +258,7 @@ class GPT(nnx.Module):
                 f"an input of {t} tokens is longer than the position table (model.max_positions="
                 f"{self.dims.max_positions}); use at most {self.dims.max_positions} tokens"
             )
-        if self.dropout == 0.0:
+        if self.dropout == 0.0 and self.attention_dropout == 0.0:
             dropout_keys_B = None
         # the table as given (nnx.Embed would promote it to the float32 it was created in)
         x_BxTxD = jnp.take(self.embed.embedding[...], tokens_BxT.astype(jnp.int32), axis=0)

@@ -62,3 +62,45 @@ def test_auto_and_explicit_choices():
         resolve_attention("splash", 200, "tpu")
     with pytest.raises(ValueError, match=r"^model.attention='flash' is unknown; choose one of auto, xla, splash$"):
         resolve_attention("flash", 256, "tpu")
+
+
+def test_written_out_attention_without_dropout_equals_the_kernels():
+    """``dropout_attention`` (the path attention dropout takes) with rate 0 is the same causal attention."""
+    from models.attention import dropout_attention
+
+    q, k, v = qkv()
+    out = dropout_attention(q, k, v, 0.0, None)
+    np.testing.assert_allclose(out, reference_attention(q, k, v), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out, causal_attention(q, k, v, "xla"), rtol=1e-5, atol=1e-6)
+
+
+def test_attention_dropout_drops_probabilities_per_example():
+    """With per-example keys each example's probabilities are dropped from its own key alone (the same output
+    for the example whatever batch it sits in: independent of the device count), with the expected rate, scaled
+    by 1/keep so the expectation is unchanged; with rate 0 or no keys nothing is dropped."""
+    from models.attention import dropout_attention
+    from models.common import per_example_dropout
+
+    q, k, v = qkv()
+    keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(7), i))(jnp.arange(B))
+    out = causal_attention(q, k, v, "xla", 0.25, keys)
+    alone = causal_attention(q[1:], k[1:], v[1:], "xla", 0.25, keys[1:])
+    np.testing.assert_allclose(out[1:], alone, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(causal_attention(q, k, v, "xla", 0.25, None), causal_attention(q, k, v, "xla"))
+    assert not np.allclose(out, causal_attention(q, k, v, "xla"), atol=1e-3)
+    # the written-out attention with the dropout mask equals the float64 reference with that mask applied
+    s = np.einsum("bqhd,bkhd->bhqk", np.float64(q), np.float64(k)) / np.sqrt(K)
+    s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    kept = np.asarray(per_example_dropout(jnp.ones((B, H, T, T)), 0.25, keys))  # 0 or 1/0.75 per probability
+    assert abs((kept == 0).mean() - 0.25) < 0.01
+    want = np.einsum("bhqk,bkhd->bqhd", p * kept, np.float64(v))
+    np.testing.assert_allclose(dropout_attention(q, k, v, 0.25, keys), want, rtol=1e-4, atol=1e-5)
+
+
+def test_splash_with_attention_dropout_is_refused_and_auto_takes_xla():
+    assert resolve_attention("auto", 1024, "tpu", attention_dropout=0.1) == "xla"
+    assert resolve_attention("auto", 1024, "tpu", attention_dropout=0.0) == "splash"
+    with pytest.raises(ValueError, match=r"model.attention=splash cannot drop attention probabilities"):
+        resolve_attention("splash", 1024, "tpu", attention_dropout=0.1)

@@ -112,12 +112,20 @@ def test_bare_gpt_is_the_repository_computation():
 
 @pytest.mark.unit
 @pytest.mark.parametrize(
-    "model", [{"dropout": 0.1}, {"loss_chunk": 200}, {"dropout": 0.1, "remat": "full", "loss_chunk": 512}]
+    "model",
+    [
+        {"dropout": 0.1},  # the attention probabilities dropped too (model.attention_dropout null = model.dropout)
+        {"dropout": 0.1, "attention_dropout": 0.0},
+        {"dropout": 0.0, "attention_dropout": 0.3},
+        {"loss_chunk": 200},
+        {"dropout": 0.1, "remat": "full", "loss_chunk": 512},
+    ],
 )
 def test_bare_gpt_computes_the_repository_loss_and_gradients_with_its_levers(model):
-    """With dropout (per-example keys from (seed, step, example index), one fold_in per site), the fused chunked
-    loss and remat, the bare script's loss and gradients are the repository's, from the same parameters and
-    batch (float32, 1 device): the yardstick computes what the product computes."""
+    """With dropout (per-example keys from (seed, step, example index), one fold_in per site; the attention
+    probabilities too), the fused chunked loss and remat, the bare script's loss and gradients are the
+    repository's, from the same parameters and batch (float32, 1 device): the yardstick computes what the product
+    computes."""
     from core.step import example_keys
 
     bare = bare_module()
@@ -133,21 +141,27 @@ def test_bare_gpt_computes_the_repository_loss_and_gradients_with_its_levers(mod
     x, y = (jnp.asarray(rng.integers(0, 256, (4, 128)), jnp.int32) for _ in range(2))
     step, index = jnp.int32(5), jnp.arange(8, 12, dtype=jnp.int32)
     rate = model.get("dropout", 0.0)
-    keys = example_keys(3, step, index) if rate else None
+    attn_rate = model.get("attention_dropout")
+    drops = rate or attn_rate
+    keys = example_keys(3, step, index) if drops else None
 
     def repo_loss(p):
         objective, per_example, _ = exp.local.losses(p, x, y, keys, jnp.float32(1.0 / 4))
         return jnp.sum(per_example) / 4 if objective is None else objective
 
+    key = jax.vmap(lambda i: jax.random.fold_in(jax.random.fold_in(jax.random.key(3), step), i))(index)
+
     def bare_loss(p):
-        key = jax.vmap(lambda i: jax.random.fold_in(jax.random.fold_in(jax.random.key(3), step), i))(index)
         kw = {"rate": rate, "remat": model.get("remat", "none"), "loss_chunk": model.get("loss_chunk", 0)}
-        return bare.loss_fn(as_bare_layout(p), x, y, jnp.float32, key=key if rate else None, **kw)
+        return bare.loss_fn(as_bare_layout(p), x, y, jnp.float32, key=key if drops else None, attn_rate=attn_rate, **kw)
 
     want, want_grads = jax.value_and_grad(repo_loss)(params)
     got, got_grads = jax.value_and_grad(bare_loss)(params)
     np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
     for a, b in zip(jax.tree.leaves(as_bare_layout(want_grads)), jax.tree.leaves(got_grads)):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-7)
-    if rate:  # dropout really drew masks: the loss differs from the one without it
+    if drops:  # dropout really drew masks: the loss differs from the one without it
         assert abs(float(got) - float(bare.loss_fn(as_bare_layout(params), x, y, jnp.float32))) > 1e-4
+    if rate and attn_rate is None:  # the attention probabilities are dropped as well: not the residual sites alone
+        residual_only = bare.loss_fn(as_bare_layout(params), x, y, jnp.float32, key=key, rate=rate, attn_rate=0.0)
+        assert abs(float(got) - float(residual_only)) > 1e-4

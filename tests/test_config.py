@@ -25,7 +25,7 @@ def _typed(*overrides: str):
         (
             "+optim.learning_rate=0.5",
             "unknown config key optim.learning_rate for optim=adam; optim=adam has: lr, schedule, warmup_steps, "
-            "decay_steps, lr_scaling, base_batch, clip_grad_norm, b1, b2, eps, weight_decay",
+            "decay_steps, lr_scaling, base_batch, clip_grad_norm, min_lr, b1, b2, eps, weight_decay, weight_decay_mask",
         ),
         ("+train.stepz=3", "unknown config key train.stepz; did you mean train.steps?"),
         ("+model.hiden=3", "unknown config key model.hiden for model=mlp; did you mean model.hidden?"),
@@ -55,7 +55,8 @@ def test_train_py_stops_at_start(tmp_path):
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert lines == [
         "error: unknown config key optim.learning_rate for optim=adam; optim=adam has: lr, schedule, "
-        "warmup_steps, decay_steps, lr_scaling, base_batch, clip_grad_norm, b1, b2, eps, weight_decay"
+        "warmup_steps, decay_steps, lr_scaling, base_batch, clip_grad_norm, min_lr, b1, b2, eps, weight_decay, "
+        "weight_decay_mask"
     ]
     # nothing but Hydra's .hydra/ and log, and a failed summary naming the key
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {

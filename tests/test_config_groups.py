@@ -182,8 +182,11 @@ def test_resume_policy_ignores_keys_only_the_old_union_schema_had():
 
 
 # ---- one schema per optimizer -------------------------------------------------------------------------------
-ADAM_KEYS = "lr, schedule, warmup_steps, decay_steps, lr_scaling, base_batch, clip_grad_norm, b1, b2, eps, weight_decay"
-SGD_KEYS = "lr, schedule, warmup_steps, decay_steps, lr_scaling, base_batch, clip_grad_norm, momentum"
+ADAM_KEYS = (
+    "lr, schedule, warmup_steps, decay_steps, lr_scaling, base_batch, clip_grad_norm, min_lr, b1, b2, eps, "
+    "weight_decay, weight_decay_mask"
+)
+SGD_KEYS = "lr, schedule, warmup_steps, decay_steps, lr_scaling, base_batch, clip_grad_norm, min_lr, momentum"
 SHARED = {"schedule": "constant", "warmup_steps": 0, "decay_steps": 0, "lr_scaling": "none", "base_batch": 256}
 
 
@@ -221,8 +224,10 @@ def test_optimizer_values_in_the_saved_config_are_the_options_values():
             "b2": 0.999,
             "eps": 1e-8,
             "weight_decay": 0.0,
+            "weight_decay_mask": None,
+            "min_lr": 0.0,
         },
-        "sgd": {"name": "sgd", "lr": 0.1, **SHARED, "clip_grad_norm": None, "momentum": 0.0},
+        "sgd": {"name": "sgd", "lr": 0.1, **SHARED, "clip_grad_norm": None, "min_lr": 0.0, "momentum": 0.0},
     }
 
 
@@ -288,7 +293,13 @@ def test_optimizer_keys_reach_optax():
     sgd = _typed("optim=sgd", "optim.momentum=0.9", "optim.lr=0.5")
     adam = _typed("optim.weight_decay=0.1")
     assert optimizer_kwargs(sgd.optim) == {"momentum": 0.9}
-    assert optimizer_kwargs(adam.optim) == {"b1": 0.9, "b2": 0.999, "eps": 1e-8, "weight_decay": 0.1}
+    assert optimizer_kwargs(adam.optim) == {
+        "b1": 0.9,
+        "b2": 0.999,
+        "eps": 1e-8,
+        "weight_decay": 0.1,
+        "weight_decay_mask": None,
+    }
     tx, _ = _optimizer(sgd, 0.5)
     params, grad = jnp.ones(2), jnp.full(2, 2.0)
     state = tx.init(params)
@@ -296,8 +307,9 @@ def test_optimizer_keys_reach_optax():
     second, _ = tx.update(grad, state, params)  # heavy ball: -lr (g + 0.9 g)
     assert first.tolist() == [-1.0, -1.0] and second.tolist() == pytest.approx([-1.9, -1.9], rel=1e-6)
     tx, _ = _optimizer(adam, 1e-3)
-    update, _ = tx.update(jnp.zeros(2), tx.init(params), params)  # AdamW, zero gradient: -lr * wd * param
-    assert update.tolist() == pytest.approx([-1e-4, -1e-4], rel=1e-6)
+    matrix = jnp.ones((1, 2))  # (the default optim.weight_decay_mask decays tensors of 2 or more dimensions)
+    update, _ = tx.update(jnp.zeros((1, 2)), tx.init(matrix), matrix)  # AdamW, zero gradient: -lr * wd * param
+    assert update[0].tolist() == pytest.approx([-1e-4, -1e-4], rel=1e-6)
 
 
 @pytest.mark.unit
@@ -380,7 +392,8 @@ def test_train_py_resumes_and_evaluates_a_checkpoint_saved_with_the_union_optimi
     meta_path = ckpt / "2" / "meta" / "metadata"
     meta = json.loads(meta_path.read_text())
     assert meta["config"]["optim"] == {
-        k: v for k, v in OLD_UNION_SGD.items() if k not in ("b1", "b2", "eps", "weight_decay")
+        **{k: v for k, v in OLD_UNION_SGD.items() if k not in ("b1", "b2", "eps", "weight_decay")},
+        "min_lr": 0.0,
     }
     meta["config"]["optim"] = OLD_UNION_SGD
     meta_path.write_text(json.dumps(meta))
@@ -518,8 +531,27 @@ def test_cnn_recipe_is_an_experiment_and_model_cnn_is_only_the_model():
     )
     assert _error("+experiment=cnn") == (
         "experiment=cnn is not an option of group experiment; choose one of "
-        "cnn_mnist, gpt_shakespeare; did you mean experiment=cnn_mnist?"
+        "cnn_mnist, gpt_shakespeare, nanogpt_char; did you mean experiment=cnn_mnist?"
     )
+
+
+@pytest.mark.unit
+def test_nanogpt_char_recipe_is_nanogpts_shakespeare_char():
+    """karpathy/nanoGPT config/train_shakespeare_char.py, on one device and nanoGPT's 90/10 split (data=text)."""
+    r = _typed("+experiment=nanogpt_char")
+    m, o, t = r.model, r.optim, r.train
+    assert (m.name, m.depth, m.width, m.heads, m.context, m.dropout, m.attention_dropout) == (
+        "gpt", 6, 384, 6, 256, 0.2, None  # null: the same 0.2 on the attention probabilities
+    )  # fmt: skip
+    assert (r.data.name, r.data.path, r.data.tokenizer, r.mesh.devices, r.precision.compute_dtype) == (
+        "text", "../shared/data/tiny_shakespeare/input.txt", "bytes", 1, "bfloat16"
+    )  # fmt: skip
+    assert (t.steps, t.global_batch, t.eval_every) == (5000, 64, 250)
+    assert (o.name, o.lr, o.b1, o.b2, o.weight_decay, o.weight_decay_mask, o.clip_grad_norm) == (
+        "adam", 1e-3, 0.9, 0.99, 0.1, "matrices", 1.0
+    )  # fmt: skip
+    assert (o.schedule, o.warmup_steps, o.warmup_steps + o.decay_steps, o.min_lr) == ("cosine", 100, 5000, 1e-4)
+    assert (r.checkpoint.keep_best, r.checkpoint.best_mode) == ("eval/loss", "auto")
 
 
 @pytest.mark.unit
@@ -649,7 +681,7 @@ def test_sweep_presets_compose_every_value():
         (
             ["optim.learning_rate=0.5"],
             "unknown config key optim.learning_rate for optim=adam; optim=adam has: lr, schedule, warmup_steps, "
-            "decay_steps, lr_scaling, base_batch, clip_grad_norm, b1, b2, eps, weight_decay",
+            "decay_steps, lr_scaling, base_batch, clip_grad_norm, min_lr, b1, b2, eps, weight_decay, weight_decay_mask",
         ),
         (["train.stepz=3"], "unknown config key train.stepz; did you mean train.steps?"),
         (["paralel=pmap"], "unknown config key paralel; did you mean parallel?"),

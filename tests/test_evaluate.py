@@ -58,13 +58,13 @@ def test_evaluate_takes_json_between_overrides(argv, monkeypatch, capsys):
 
     seen = {}
 
-    def fake(checkpoint, overrides):
-        seen.update(checkpoint=checkpoint, overrides=list(overrides))
+    def fake(checkpoint, overrides, best):
+        seen.update(checkpoint=checkpoint, overrides=list(overrides), best=best)
         return {"eval/accuracy": 0.5, "eval/loss": 1.0, "step": 3, "examples": 10, "checkpoint": "ck/3"}
 
     monkeypatch.setattr(evaluate, "evaluate_checkpoint", fake)
     assert evaluate.main(argv) == 0
-    assert seen == {"checkpoint": Path("ck"), "overrides": ["mesh.devices=2", "parallel=pmap"]}
+    assert seen == {"checkpoint": Path("ck"), "overrides": ["mesh.devices=2", "parallel=pmap"], "best": False}
     assert capsys.readouterr().out == (
         '{"checkpoint": "ck/3", "eval/accuracy": 0.5, "eval/loss": 1.0, "examples": 10, "step": 3}\n'
     )

@@ -640,8 +640,9 @@ def test_sample_cli_greedy_is_deterministic_and_bad_folders_are_one_line(tmp_pat
     )
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     got, want = json.loads(evaluated.stdout), json.loads((run / "summary.json").read_text())
-    for key in ("eval/loss", "eval/accuracy", "eval/perplexity"):  # the run's own final evaluation, re-run
+    for key in ("eval/loss", "eval/accuracy", "eval/perplexity", "eval/bpb"):  # the run's final evaluation, re-run
         assert got[key] == pytest.approx(want[key], rel=1e-6), key
+    assert got["eval/bpb"] == pytest.approx(got["eval/loss"] / np.log(2), rel=1e-12)  # byte tokens: nats/byte / ln 2
     assert got["step"] == 4
     line = subprocess.run(  # the one-line output names the perplexity too (README "The language model")
         [sys.executable, "-m", "evaluate", str(run)],
@@ -650,7 +651,8 @@ def test_sample_cli_greedy_is_deterministic_and_bad_folders_are_one_line(tmp_pat
         text=True,
         timeout=300,
     )
-    assert line.returncode == 0 and f"eval/perplexity={got['eval/perplexity']:.2f} step=4 " in line.stdout, line.stdout
+    perplexity_bpb = f"eval/perplexity={got['eval/perplexity']:.2f} eval/bpb={got['eval/bpb']:.4f} step=4 "
+    assert line.returncode == 0 and perplexity_bpb in line.stdout, line.stdout
     a, b = sample(str(run), "--prompt", "AB", "--tokens", "24"), sample(str(run), "--prompt", "AB", "--tokens", "24")
     assert a.returncode == 0, a.stderr[-2000:]
     assert a.stdout == b.stdout and a.stdout.startswith("AB")

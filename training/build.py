@@ -140,6 +140,12 @@ def check_compression(compression: str, grad_reduce_dtype: Optional[str], mode: 
         )
 
 
+def uses_dropout(cfg: Config) -> bool:
+    """Whether the model draws dropout masks (per-example keys): ``model.dropout`` > 0, or the GPT's
+    ``model.attention_dropout`` > 0 (null: ``model.dropout``)."""
+    return cfg.model.dropout > 0 or (getattr(cfg.model, "attention_dropout", None) or 0) > 0
+
+
 def is_language_model(cfg: Config) -> bool:
     """Whether the model is the GPT language model (token batches, per-token loss averaged per window)."""
     return cfg.model.name == "gpt"
@@ -166,7 +172,7 @@ def _model(cfg: Config):
 
 def _optimizer(cfg: Config, peak_lr: float):
     o = cfg.optim
-    schedule = make_schedule(peak_lr, o.schedule, o.warmup_steps, o.decay_steps)
+    schedule = make_schedule(peak_lr, o.schedule, o.warmup_steps, o.decay_steps, o.min_lr)
     # A constant rate goes to optax as a number: no schedule state (a count) and no schedule evaluation in
     # every step; the schedule function still gives the logged optim/lr.
     constant = o.schedule == "constant" and o.warmup_steps <= 0
@@ -236,7 +242,7 @@ def build(p: Plan, feed_for: Optional[Callable[[BatchLayout], Any]] = None) -> E
         compute_dtype=p.compute_dtype,
         accum_steps=cfg.train.accum_steps,
         seed=cfg.train.seed,
-        use_example_keys=cfg.model.dropout > 0,
+        use_example_keys=uses_dropout(cfg),
         augment=augment_spec(cfg.data.augment, cfg.data.crop_padding, cfg.data.flip),
         tokens=is_language_model(cfg),
         manual_kernels=p.manual_kernels,
@@ -283,7 +289,7 @@ def in_flight_bound(num_devices: int, max_in_flight: int) -> Optional[int]:
 def batches_need_index(cfg: Config) -> bool:
     """Whether training batches must carry ``index`` (without it a step places 2 arrays, not 3): per-example
     keys (dropout, augmentation) or the debug dump of placed indices need it."""
-    return cfg.model.dropout > 0 or cfg.data.augment or cfg.train.debug_dump_indices
+    return uses_dropout(cfg) or cfg.data.augment or cfg.train.debug_dump_indices
 
 
 def gpt_dims(cfg: Config):
@@ -303,8 +309,18 @@ def gpt_dims(cfg: Config):
     )
 
 
-def load_text_data(cfg: Config, p: Plan):
-    """(train ``WindowSource``, host validation windows) of the language model (``data.load.text_data``)."""
+def with_text_vocab(cfg: Config, tokenizer) -> Config:
+    """``cfg`` whose ``model.vocab_size`` follows a BPE or file tokenizer: null becomes the tokenizer's size (byte
+    tokens keep the size preset's vocabulary, 256 for ``tiny``); a value set stays (``data.load.text_data`` refuses
+    one smaller than the tokenizer's)."""
+    if tokenizer.name == "bytes" or getattr(cfg.model, "vocab_size", 0) is not None:
+        return cfg
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
+
+
+def load_text_data(cfg: Config, p: Plan, text=None):
+    """(train ``WindowSource``, host validation windows) of the language model (``data.load.text_data``;
+    ``text``: the corpus ``data.load.text_corpus`` loaded, else loaded there)."""
     dims = gpt_dims(cfg)
     return text_data(
         cfg.data,
@@ -313,13 +329,14 @@ def load_text_data(cfg: Config, p: Plan):
         global_batch=p.global_batch,
         seed=cfg.train.seed,
         with_index=batches_need_index(cfg),
+        text=text,
     )
 
 
-def load_data(cfg: Config, p: Plan):
+def load_data(cfg: Config, p: Plan, text=None):
     """(train source, host test split) of the run (``data.load``): text windows for model=gpt, else images."""
     if cfg.model.name == "gpt":
-        return load_text_data(cfg, p)
+        return load_text_data(cfg, p, text)
     return image_data(
         cfg.data,
         model=cfg.model.name,

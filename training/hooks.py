@@ -66,6 +66,7 @@ class LoopState:
     clock: JobClock = dataclasses.field(default_factory=JobClock)
     final: Optional[dict] = None
     logged_this_step: bool = False
+    evaluation: Optional[tuple[int, dict]] = None  # (step, metrics) of the newest evaluation (periodic or final)
 
 
 class Hook:
@@ -134,6 +135,7 @@ class Evaluation(Hook):
 
     def run(self, loop: LoopState, step: int) -> None:
         loop.extra.update(self.evaluate(loop.state.params))
+        loop.evaluation = (step, {k: v for k, v in loop.extra.items() if k.startswith("eval/")})
         self.target.observe(step, loop.extra["eval/accuracy"], loop.clock.since_first_step_s())
 
 
@@ -164,6 +166,7 @@ class FinalEvaluation(Hook):
         final = self.evaluate(loop.state.params)
         self.target.observe(step, final["eval/accuracy"], loop.clock.since_first_step_s())
         loop.final = final
+        loop.evaluation = (step, final)
         profiled = self.profiler.result()
         self.reporter.log([{"step": step, **final, **{k: v for k, v in profiled.items() if not isinstance(v, str)}}])
         diverged = nonfinite_final(loop.last, final)
@@ -223,6 +226,37 @@ class CheckpointHook(Hook):
 
     def summary(self) -> dict[str, Any]:
         return self.ckpts.summary()
+
+
+class BestCheckpointHook(Hook):
+    """After each evaluation (every ``every`` steps and the final one, which comes first when both are due): the
+    state is saved as the best checkpoint when the metric improved (``checkpoint.BestCheckpoint``). It acts after
+    the final evaluation's checks (a non-finite run keeps its earlier best) and before the periodic and final
+    saves."""
+
+    def __init__(self, best: checkpoint.BestCheckpoint, every: Optional[int], n_steps: int, wandb_run_id):
+        self.best, self.every, self.n_steps, self.wandb_run_id = best, every, n_steps, wandb_run_id
+
+    def due(self, step: int) -> bool:
+        return (bool(self.every) and step % self.every == 0) or step == self.n_steps
+
+    def run(self, loop: LoopState, step: int) -> None:
+        """Raises TrainingError: a non-finite state or a best checkpoint that could not be written."""
+        if loop.evaluation is None or loop.evaluation[0] != step:
+            return
+        try:
+            self.best.observe(loop.state, step, loop.evaluation[1], self.wandb_run_id())
+        except (checkpoint.NonFiniteError, checkpoint.CheckpointWriteError) as e:
+            raise TrainingError(str(e)) from None
+
+    def close(self) -> None:
+        try:
+            self.best.close()
+        except checkpoint.CheckpointWriteError as e:
+            raise TrainingError(str(e)) from None
+
+    def summary(self) -> dict[str, Any]:
+        return self.best.summary()
 
 
 class WindowLog(Hook):
@@ -315,8 +349,10 @@ def flush_window(updater, window_records, perf: dict, extra: dict) -> list[dict]
 
 
 # ---- the evaluation and whether the final numbers are usable ------------------------------------------------
-def evaluate(exp: Experiment, params, eval_set) -> dict[str, float]:
-    """Loss and accuracy over the whole test split (padded, masked: the denominator is exact).
+def evaluate(exp: Experiment, params, eval_set, bytes_per_token: Optional[float] = None) -> dict[str, float]:
+    """Loss and accuracy over the whole test split (padded, masked: the denominator is exact); for a language
+    model on text also ``eval/bpb``, bits per byte: the loss (nats per token) / ln 2 / ``bytes_per_token`` (of the
+    evaluated target tokens, ``data.text.TextEvalSet``), comparable across tokenizers.
 
     Dispatches under the training loop's in-flight bound (``train.max_in_flight`` with more than one device):
     an unbounded queue of simulated-device collectives aborts the process on the CPU backend."""
@@ -336,6 +372,8 @@ def evaluate(exp: Experiment, params, eval_set) -> dict[str, float]:
     out = {"eval/loss": float(host["loss_sum"]) / count, "eval/accuracy": float(host["correct"]) / count}
     if exp.local.tokens:  # language model: loss in nats per token, perplexity = exp(loss)
         out["eval/perplexity"] = perplexity(out["eval/loss"])
+        if bytes_per_token:
+            out["eval/bpb"] = out["eval/loss"] / math.log(2) / bytes_per_token
     return out
 
 

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import json
 import logging
+import math
 import statistics
 import sys
 import time
@@ -23,6 +24,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from conf.schema import Config, as_dict
 from core.errors import USER_ERRORS, ConfigError, error_text
+from data.load import TEXT_DATA, text_corpus, text_info
 from data.pipeline import DeviceSource, SyntheticSource, make_eval_set, train_batches
 from measure.compiled import (
     CacheEvents,
@@ -49,10 +51,12 @@ from training.build import (
     plan,
     static_info,
     total_steps,
+    with_text_vocab,
 )
 from training.console import console, figure, startup_breakdown_line, startup_line, throughput_text, warn
 from training.distributed import Startup, check_device_counts, dump_batch_indices
 from training.hooks import (
+    BestCheckpointHook,
     CheckpointHook,
     Evaluation,
     FinalEvaluation,
@@ -220,14 +224,24 @@ class Finished:
 def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
     """Plan, data, build, restore, compile: the run up to its first step (``Finished`` without compiling when
     the checkpoint restored is the final one of a run that already finished). Raises USER_ERRORS (one line)."""
+    cfg = checkpoint.inherit_settings(cfg, run_dir)  # the null settings a resumed run keeps from its checkpoint
     p = plan(cfg)  # every check that needs the devices but neither data nor compilation
     check_run_folder(run_dir, cfg.checkpoint)
     STARTUP.mark("config")  # perf/startup/*_s (measure.throughput.StartupPhases)
     ckpt_plan = checkpoint.prepare(cfg.checkpoint, run_dir, jax.process_count())  # the resume path exists
+    checkpoint.check_keep_best(cfg, ckpt_plan)
     if ckpt_plan.directory is not None:  # orbax's import overlaps data, build and compile
         checkpoint.preload_orbax()
     STARTUP.mark("checkpoint")
-    source, test = load_data(cfg, p)
+    text = None
+    if cfg.model.name == "gpt" and cfg.data.name in TEXT_DATA:  # the tokenizer fixes the model's vocabulary
+        text = text_corpus(cfg.data, checkpoint.saved_tokenizer(ckpt_plan))
+        resolved = with_text_vocab(cfg, text.tokenizer)
+        if resolved is not cfg:
+            cfg, p = resolved, plan(resolved)
+    source, test = load_data(cfg, p, text)
+    if text is not None:
+        checkpoint.save_tokenizer(text.tokenizer, run_dir, ckpt_plan)
     n_steps = total_steps(cfg, source.steps_per_epoch)
     window_error = check_window(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps, n_steps)
     if window_error:  # with train.steps set, plan() already checked this; with train.epochs it needs the data
@@ -246,6 +260,8 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
         return Finished(finished)
     STARTUP.mark("checkpoint")
     info = static_info(cfg, p, exp, n_steps, source.steps_per_epoch)
+    if text is not None:
+        info.update(text_info(text, test))
     # batches made on the devices: the split in device memory (data.on_device) or synthetic data generated there
     info["data/on_device"] = isinstance(source, (DeviceSource, SyntheticSource))
     if isinstance(source, DeviceSource):
@@ -358,7 +374,8 @@ def compile_step(cfg: Config, p: Plan, exp: Experiment, first, info: dict[str, A
 def make_hooks(prep: Prepared, reporter: Reporter, bar, stats: WindowStats, target: TargetTracker) -> list[Hook]:
     """The hooks of a run, in the order they act at a step (``training.hooks``); each says when it is due."""
     cfg, exp, n_steps, p = prep.cfg, prep.exp, prep.n_steps, prep.plan
-    evaluate_params = lambda params: evaluate(exp, params, prep.eval_set)  # noqa: E731
+    bytes_per_token = prep.info.get("data/eval_bytes_per_token")  # text: eval/bpb
+    evaluate_params = lambda params: evaluate(exp, params, prep.eval_set, bytes_per_token)  # noqa: E731
     profiler = Profiler(
         cfg.profile.enabled,
         cfg.profile.start_step,
@@ -404,8 +421,29 @@ def make_hooks(prep: Prepared, reporter: Reporter, bar, stats: WindowStats, targ
         Evaluation(evaluate_params, cfg.train.eval_every, n_steps, target),  # every train.eval_every steps
         window,  # every train.log_every steps and at every save
         FinalEvaluation(evaluate_params, n_steps, reporter, target, profiler, exploded_limit=exploded_limit),
+        *best_checkpoint_hooks(prep, reporter),  # after each evaluation that improves checkpoint.keep_best
         saving,  # every checkpoint.every steps, at the last and after a signal
     ]
+
+
+def best_checkpoint_hooks(prep: Prepared, reporter: Reporter) -> list[Hook]:
+    """``[BestCheckpointHook]`` with ``checkpoint.keep_best`` (the best evaluated step kept in
+    ``<checkpoint.dir>/best``), else ``[]``."""
+    if prep.ckpt_plan.best_directory is None:
+        return []
+    cfg, exp, p = prep.cfg, prep.exp, prep.plan
+    best = checkpoint.BestCheckpoint(
+        prep.ckpt_plan,
+        resumed=prep.restored is not None,
+        cfg_dict=as_dict(cfg),
+        mode=exp.mode,
+        mesh_shape=p.mesh_shape,
+        global_batch=p.global_batch,
+        steps_per_epoch=prep.source.steps_per_epoch,
+        n_steps=prep.n_steps,
+        run_dir=prep.run_dir,
+    )
+    return [BestCheckpointHook(best, cfg.train.eval_every, prep.n_steps, wandb_run_id=lambda: reporter.wandb_run_id)]
 
 
 # ---- the steps -------------------------------------------------------------------------------------------------
@@ -538,9 +576,12 @@ def finish(
     summary.update(token_rates(summary))
     if prep.exp.local.tokens and prep.cfg.train.sample_tokens > 0:
         summary["sample/text"] = final_sample(prep, loop)
-        console(f"sample (greedy, {prep.cfg.train.sample_tokens} bytes after a newline):\n{summary['sample/text']}")
+        unit = "bytes" if getattr(getattr(prep.source, "tokenizer", None), "name", "bytes") == "bytes" else "tokens"
+        console(f"sample (greedy, {prep.cfg.train.sample_tokens} {unit} after a newline):\n{summary['sample/text']}")
     if prep.exp.local.tokens and "train/loss" in summary:
         summary["train/perplexity"] = perplexity(summary["train/loss"])
+        if prep.info.get("data/train_bytes_per_token"):  # the training split's mean bytes per token
+            summary["train/bpb"] = summary["train/loss"] / math.log(2) / prep.info["data/train_bytes_per_token"]
     explain_ratio(summary)
     peak = peak_bytes_per_device()
     if peak is not None:
@@ -550,15 +591,19 @@ def finish(
 
 
 def final_sample(prep: Prepared, loop: LoopState) -> str:
-    """``train.sample_tokens`` bytes generated greedily by the trained GPT after a newline (``models.gpt.generate``)."""
+    """``train.sample_tokens`` tokens generated greedily by the trained GPT after a newline
+    (``models.gpt.generate``), decoded by the run's tokenizer (bytes when it has none)."""
     from flax import nnx
 
+    from data.tokens import ByteTokenizer
     from models.gpt import generate
 
+    tokenizer = getattr(prep.source, "tokenizer", None) or ByteTokenizer()
     params = state_to_host(loop.state).params
     model = nnx.merge(prep.exp.graphdef, jax.tree.map(jax.numpy.asarray, params))
-    tokens = generate(model, [10], prep.cfg.train.sample_tokens)  # type: ignore[arg-type]
-    return bytes(tokens).decode("utf-8", errors="replace")
+    prompt = [int(i) for i in tokenizer.encode("\n")]
+    tokens = generate(model, prompt, prep.cfg.train.sample_tokens)  # type: ignore[arg-type]
+    return tokenizer.decode(tokens)
 
 
 def keeps_summary(path: Path) -> bool:

@@ -10,11 +10,14 @@ mesh or parallel mode; never a non-finite checkpoint. One module per reason to c
   functions of configs, metadata and run files).
 - ``resuming``: which checkpoint a run continues from, whether the policy allows it, and restoring it.
 - ``run_checkpoints``: ``RunCheckpoints``, the training loop's view (when to save, metadata, summary).
+- ``best``: ``BestCheckpoint``, the best evaluated step kept in ``<dir>/best`` (``checkpoint.keep_best``).
+- ``saved``: what a run takes from its checkpoint before building (inherited null settings, the tokenizer).
 
 The names below are the package's interface (``from training import checkpoint``; ``checkpoint.resume(...)``).
 """
 
-from training.checkpoint.plan import RESUME_MODES, CheckpointPlan, default_directory, prepare
+from training.checkpoint.best import BestCheckpoint, best_step_dir
+from training.checkpoint.plan import BEST_DIR, BEST_METRICS, RESUME_MODES, CheckpointPlan, default_directory, prepare
 from training.checkpoint.policy import (
     config_changes,
     data_order_warnings,
@@ -46,8 +49,28 @@ from training.checkpoint.store import (
     unfinished_saves,
     wait_for_orbax,
 )
+from training.checkpoint.saved import (
+    TOKENIZER_FILE,
+    check_keep_best,
+    inherit_settings,
+    save_tokenizer,
+    saved_tokenizer,
+    tokenizer_beside,
+    with_inherited,
+)
 
 __all__ = [
+    "BEST_DIR",
+    "TOKENIZER_FILE",
+    "check_keep_best",
+    "inherit_settings",
+    "save_tokenizer",
+    "saved_tokenizer",
+    "tokenizer_beside",
+    "with_inherited",
+    "BEST_METRICS",
+    "BestCheckpoint",
+    "best_step_dir",
     "META",
     "RESUME_MODES",
     "STATE",

@@ -16,6 +16,18 @@ from core.errors import ConfigError
 from training.checkpoint.store import META, STATE, any_step_dirs, complete_steps, is_step_dir
 
 RESUME_MODES = ("auto", "never")
+# what ``checkpoint.keep_best`` may name: the evaluation's metrics (the last two: the GPT's only)
+BEST_METRICS = ("eval/loss", "eval/accuracy", "eval/perplexity", "eval/bpb")
+BEST_MODES = ("auto", "min", "max")
+BEST_DIR = "best"  # <checkpoint.dir>/best/<step>: the best evaluated step (training/checkpoint/best.py)
+
+
+def best_direction(metric: str, mode: str) -> str:
+    """``min`` or ``max``: ``mode`` itself, or for ``auto`` max for an accuracy and min for a loss, perplexity or
+    bits per byte."""
+    if mode != "auto":
+        return mode
+    return "max" if "accuracy" in metric else "min"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +39,8 @@ class CheckpointPlan:
     keep: checkpoints kept (orbax ``max_to_keep``).
     resume: 'auto' | 'never' | 'path'.
     resume_path: absolute path for resume='path' (a checkpoint folder or one ``<step>`` folder in it).
+    keep_best: the evaluation metric whose best step is kept in ``<directory>/best`` (None: off).
+    best_mode: ``min`` or ``max`` (``best_direction``).
     """
 
     directory: Optional[Path]
@@ -34,6 +48,13 @@ class CheckpointPlan:
     keep: int
     resume: str
     resume_path: Optional[Path]
+    keep_best: Optional[str] = None
+    best_mode: str = "min"
+
+    @property
+    def best_directory(self) -> Optional[Path]:
+        """``<directory>/best`` when the best step is kept, else None."""
+        return None if self.directory is None or not self.keep_best else self.directory / BEST_DIR
 
     def every_steps(self, steps_per_epoch: int) -> int:
         """Steps between periodic saves (0: none)."""
@@ -80,6 +101,19 @@ def prepare(cfg: CheckpointConfig, run_dir: Path, process_count: int = 1) -> Che
         raise ConfigError(f"checkpoint.every={cfg.every} must be >= 0 (0: only at the end; null: every epoch)")
     if cfg.keep < 1:
         raise ConfigError(f"checkpoint.keep={cfg.keep} must be >= 1")
+    if cfg.keep_best is not None and cfg.keep_best not in BEST_METRICS:
+        raise ConfigError(
+            f"checkpoint.keep_best={cfg.keep_best} is not an evaluation metric; choose one of "
+            f"{', '.join(BEST_METRICS)} (the last two for model=gpt), or null (off)"
+        )
+    if cfg.best_mode not in BEST_MODES:
+        raise ConfigError(f"checkpoint.best_mode={cfg.best_mode} is unknown; choose one of {', '.join(BEST_MODES)}")
+    if cfg.keep_best is not None and not cfg.enabled:
+        raise ConfigError(
+            f"checkpoint.keep_best={cfg.keep_best} keeps a checkpoint, but checkpoint.enabled=false; enable "
+            f"checkpoints or set checkpoint.keep_best=null"
+        )
+    best = {"keep_best": cfg.keep_best, "best_mode": best_direction(cfg.keep_best or "", cfg.best_mode)}
     resume, resume_path = cfg.resume, None
     if resume not in RESUME_MODES:
         resume_path = Path(resume).expanduser().absolute()
@@ -110,5 +144,5 @@ def prepare(cfg: CheckpointConfig, run_dir: Path, process_count: int = 1) -> Che
             f"checkpoint.resume=auto to continue from the newest"
         )
     return CheckpointPlan(
-        directory=directory.absolute(), every=cfg.every, keep=cfg.keep, resume=resume, resume_path=resume_path
+        directory=directory.absolute(), every=cfg.every, keep=cfg.keep, resume=resume, resume_path=resume_path, **best
     )

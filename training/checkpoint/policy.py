@@ -19,6 +19,8 @@ the step a run would resume, before anything is restored):
   with both values and the two ways out (set them back, or give the run its own ``checkpoint.dir``). Nothing
   is renamed or deleted: the checkpoint is healthy. A GPT's vocabulary / context / position table are
   compared as resolved from its size preset, so the line names both table sizes (``gpt_table_changes``).
+- Keys newer than a checkpoint: compared as what it ran with (``ABSENT_MEANS``); ``INHERITED`` keys left null take
+  the checkpoint's value (``inherited_values``; ``training.checkpoint.saved.inherit_settings``).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ ALLOWED = (
     "data.data_dir",
     "data.prefetch",
     "data.on_device",  # where the same batches are made (data/pipeline.py: DeviceSource)
+    "data.eval_windows",  # how much of the validation split is evaluated (training is the same)
 )
 BATCH_KEYS = ("train.global_batch", "train.per_device_batch")
 # Nodes whose keys depend on the chosen option (conf/schema.py OPTION_SCHEMAS); checkpoints saved before hold
@@ -68,6 +71,53 @@ def _flat(d: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():
         out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+# Keys added after checkpoints were saved without them: the value that reproduces what such a checkpoint was
+# trained with (compared in its place, so an older checkpoint resumes under the defaults that mean the same).
+ABSENT_MEANS: dict[str, Any] = {
+    "optim.min_lr": 0.0,  # the cosine schedule decayed to 0
+    "optim.weight_decay_mask": "all",  # AdamW decayed every parameter
+    "model.attention_dropout": 0.0,  # no dropout on the attention probabilities
+    "data.tokenizer": "bytes",
+    "data.tokenizer_file": None,
+    "data.vocab_size": 4096,  # (unused with byte tokens)
+    "data.eval_windows": None,  # every validation window
+}
+# Keys whose null means "the checkpoint's value when this run resumes one, else the new-run default"
+# (``inherit_settings``): a resumed run keeps what it was trained with, a new one gets the current default.
+INHERITED = ("optim.weight_decay_mask", "model.attention_dropout")
+
+
+def _with_absent(saved: dict, now: dict) -> dict:
+    """The flat saved config ``saved`` with ``ABSENT_MEANS`` for the keys it lacks and ``now`` has."""
+    return {**{k: v for k, v in ABSENT_MEANS.items() if k in now and k not in saved}, **saved}
+
+
+def new_run_value(key: str, cfg_dict: dict) -> Any:
+    """The value an ``INHERITED`` key left null takes in a new run: ``optim.weight_decay_mask`` matrices (nanoGPT's
+    rule), ``model.attention_dropout`` the run's ``model.dropout`` (nanoGPT uses one rate for both)."""
+    if key == "optim.weight_decay_mask":
+        return "matrices"
+    if key == "model.attention_dropout":
+        return _flat(cfg_dict).get("model.dropout", 0.0)
+    raise KeyError(key)
+
+
+def inherited_values(saved_cfg: Optional[dict], cfg_dict: dict) -> dict[str, Any]:
+    """``{key: value}`` for every ``INHERITED`` key that ``cfg_dict`` has and leaves null: the saved config's value
+    when this run resumes a checkpoint (``saved_cfg``; ``ABSENT_MEANS`` when that config lacks the key, the new-run
+    value when it holds null), else the new-run value (``new_run_value``). A key given explicitly is not touched: the
+    resume policy compares it like any other."""
+    now = _flat(cfg_dict)
+    saved = None if saved_cfg is None else _with_absent(_flat(saved_cfg), now)
+    out = {}
+    for key in INHERITED:
+        if key not in now or now[key] is not None:
+            continue
+        value = None if saved is None else saved.get(key)
+        out[key] = new_run_value(key, cfg_dict) if value is None else value
     return out
 
 
@@ -119,11 +169,14 @@ def resume_conflicts(
     A GPT's vocabulary, context and position table are compared as resolved from its size preset (listed
     first, ``gpt_table_changes``), so the line names both table sizes even where a key was left null.
     """
-    old, new = _flat(saved_cfg), _flat(cfg_dict)
+    new = _flat(cfg_dict)
+    old = _with_absent(_flat(saved_cfg), new)
     out, resolved = gpt_table_changes(saved_cfg.get("model", {}), cfg_dict.get("model", {}))
     for key in sorted(set(old) | set(new)):
         if old.get(key) == new.get(key) or key.startswith(ALLOWED) or key in resolved:
             continue
+        if key in INHERITED and new.get(key) is None:
+            continue  # null: this run takes the checkpoint's value (``inherit_settings``)
         if key not in new and key.startswith(OPTION_NODES):
             continue  # a key of the union schema that this run's model / mode / optimizer lacks (so never used)
         if key in BATCH_KEYS and saved_global_batch is not None and saved_global_batch == global_batch:
@@ -176,11 +229,12 @@ def config_changes(saved_cfg: dict, cfg_dict: dict, limit: int = 6) -> list[str]
     or mode is legitimate, a checkpoint.dir shared by the jobs of a sweep is a mistake; the user sees which.
     When a model, mode or optimizer changes (``parallel.name: 'jit_sharding' -> 'fsdp'``), the keys only one of
     the two options has (``parallel.fsdp_rules``) are not listed: that line says it."""
-    old, new = _flat(saved_cfg), _flat(cfg_dict)
+    new = _flat(cfg_dict)
+    old = _with_absent(_flat(saved_cfg), new)
     switched = tuple(node for node in OPTION_NODES if old.get(f"{node}name") != new.get(f"{node}name"))
 
     def listed(k: str) -> bool:
-        if k.startswith(IGNORED_CHANGES) or old.get(k) == new.get(k):
+        if k.startswith(IGNORED_CHANGES) or old.get(k) == new.get(k) or (k in INHERITED and new.get(k) is None):
             return False
         return not ((k not in old or k not in new) and k.startswith(switched))
 

@@ -31,6 +31,8 @@ class RunCheckpoints:
       mesh_shape, global_batch, steps_per_epoch, n_steps: the run's numbers.
       run_dir: the run folder (recorded, so a resumed run finds the saved run's metrics.jsonl).
       restored_step: the step this run resumed from (None: started fresh).
+      best_mode: min | max for the best checkpoint's folder (``training.checkpoint.best``: the step kept is the best
+        by the metrics its save passed, not the newest); None: the newest steps are kept.
     """
 
     def __init__(
@@ -45,10 +47,12 @@ class RunCheckpoints:
         n_steps: int,
         run_dir: Path,
         restored_step: Optional[int] = None,
+        best_mode: Optional[str] = None,
     ):
         self.plan, self.cfg_dict, self.mode = plan, cfg_dict, mode
         self.mesh_shape, self.global_batch, self.steps_per_epoch = list(mesh_shape), global_batch, steps_per_epoch
         self.n_steps, self.run_dir = n_steps, Path(run_dir)
+        self.best_mode = best_mode
         self._saver: Optional[Saver] = None  # created at the first save (training.run.prepare imported orbax)
         self.last_step: Optional[int] = None  # newest step saved (or restored) in this folder by this run
         self.last_path: Optional[Path] = None
@@ -64,15 +68,25 @@ class RunCheckpoints:
     @property
     def saver(self) -> Saver:
         if self._saver is None:
-            self._saver = Saver(self.plan.directory, self.plan.keep)
+            self._saver = Saver(self.plan.directory, self.plan.keep, best_mode=self.best_mode)
             self._saver.last_step = self.last_step
         return self._saver
 
     def saves_at(self, done: int) -> bool:
         return self.plan.saves_at(done, self.n_steps, self.steps_per_epoch)
 
-    def save(self, state, done: int, wandb_run_id: Optional[str], reason: str) -> Optional[Path]:
-        """Saves the state after ``done`` steps (asynchronously); None when disabled or already saved.
+    def save(
+        self,
+        state,
+        done: int,
+        wandb_run_id: Optional[str],
+        reason: str,
+        extra: Optional[dict] = None,
+        metrics: Optional[dict] = None,
+    ) -> Optional[Path]:
+        """Saves the state after ``done`` steps (asynchronously); None when disabled or already saved. ``extra``:
+        more keys for the metadata (the best checkpoint's metric); ``metrics``: what a ``best_mode`` folder ranks
+        the step by.
 
         Raises:
           NonFiniteError: the state is not finite (nothing written).
@@ -95,9 +109,10 @@ class RunCheckpoints:
             run_dir=self.run_dir,
             reason=reason,
         )
+        meta.update(extra or {})
         self.wait()  # the previous save's background write (orbax's save would wait for it too)
         try:
-            self.last_path = self.saver.save(state, done, meta, self.mode)
+            self.last_path = self.saver.save(state, done, meta, self.mode, metrics=metrics)
         except WRITE_ERRORS as e:
             raise self._write_error(done, e) from None
         self.last_step = self.pending_step = done

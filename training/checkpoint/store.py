@@ -207,7 +207,7 @@ class Saver:
       async_save: write in a background thread (``save`` returns after the device-to-host copy).
     """
 
-    def __init__(self, directory: Path, keep: int, async_save: bool = True):
+    def __init__(self, directory: Path, keep: int, async_save: bool = True, best_mode: Optional[str] = None):
         ocp = _ocp()
         self.directory = Path(directory)
         self.keep = keep
@@ -229,6 +229,13 @@ class Saver:
             # Made in the background, such a failure would leave orbax's writer threads waiting 300 s for the
             # folder's "created" signal before the process could exit.
             async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
+            # best_mode (the best checkpoint's folder): the `keep` steps kept are the best by the metrics each save
+            # passes (``{"value": ...}``), not the newest by step number
+            **(
+                {"best_fn": _best_value, "best_mode": best_mode, "keep_checkpoints_without_metrics": False}
+                if best_mode
+                else {}
+            ),
         )
         self.manager = ocp.CheckpointManager(self.directory, item_handlers=_handlers(), options=options)
         # steps beyond ``keep`` that orbax could not delete, as (step, error): kept on disk, the run goes on
@@ -241,8 +248,9 @@ class Saver:
     def step_dir(self, step: int) -> Path:
         return self.directory / str(step)
 
-    def save(self, state, step: int, metadata: dict, mode) -> Path:
-        """Saves the placed ``state`` (of ``mode``) as step ``step``; returns the step folder.
+    def save(self, state, step: int, metadata: dict, mode, metrics: Optional[dict] = None) -> Path:
+        """Saves the placed ``state`` (of ``mode``) as step ``step``; returns the step folder. ``metrics``: what a
+        ``best_mode`` saver ranks the step by (``{"value": ...}``).
 
         Raises:
           NonFiniteError: params or optimizer state hold NaN/inf; nothing is written and the previous
@@ -277,6 +285,7 @@ class Saver:
                 }
             ),
             force=True,
+            **({"metrics": metrics} if metrics is not None else {}),
         )
         self.last_step = step
         return self.step_dir(step)
@@ -318,6 +327,11 @@ class Saver:
                 await_cleanup()
         finally:
             self.manager.close()
+
+
+def _best_value(metrics: dict) -> float:
+    """The value a ``best_mode`` saver ranks a step by (orbax's ``best_fn``)."""
+    return float(metrics["value"])
 
 
 def _delete_steps_or_keep(delete_steps, undeleted: list, steps) -> None:

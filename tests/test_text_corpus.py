@@ -1,0 +1,326 @@
+"""Real tokens and any corpus for the language model: the byte-level BPE (``data.tokenizer=bpe``, a
+``data.tokenizer_file``), bits per byte, and ``data=text`` over a file, a folder or a glob read through a
+memory-mapped token file (the same batches as in memory, exact on resume, equal across process counts)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core.errors import ConfigError, DataError
+from data.text import (
+    SHARED_TINY_SHAKESPEARE,
+    WindowSource,
+    corpus_files,
+    load_text,
+    load_text_splits,
+    split_90_10,
+)
+from data.tokens import ByteTokenizer, load_tokenizer_file, text_pieces, train_bpe
+from training import checkpoint
+from training.build import load_data, plan
+from utils import REPO, make_cfg
+
+SHAKESPEARE = SHARED_TINY_SHAKESPEARE.read_text() if SHARED_TINY_SHAKESPEARE.exists() else None
+needs_corpus = pytest.mark.skipif(SHAKESPEARE is None, reason="Tiny Shakespeare not present")
+TEXT = "ROMEO:\nBut, soft! what light through yonder window breaks?\n\nJULIET: café, naïve, 東京 ✓\n" * 3
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    """A folder of three files (one not ASCII, one hidden file skipped, one in a subfolder): 60,000+ characters."""
+    folder = tmp_path / "corpus"
+    (folder / "b").mkdir(parents=True)
+    base = SHAKESPEARE[:30_000] if SHAKESPEARE else "to be or not to be\n" * 1500
+    (folder / "a.txt").write_text(base[:20_000])
+    (folder / "b" / "c.txt").write_text(TEXT * 40)
+    (folder / "d.txt").write_text(base[20_000:])
+    (folder / ".hidden.txt").write_text("never read")
+    return folder
+
+
+# ---- tokens ------------------------------------------------------------------------------------------------
+@pytest.mark.unit
+def test_text_pieces_do_not_depend_on_how_the_text_is_read():
+    """The pieces (whole lines, at most ``limit`` characters; a long line cut) of a text are the same however
+    the text is cut into chunks: a streamed corpus encodes to the tokens of the same text in memory."""
+    rng = random.Random(0)
+    for _ in range(500):
+        text = "".join(
+            rng.choice(["ab", "\n", "\n\n", " ", "x" * rng.randint(0, 30)]) for _ in range(rng.randint(0, 40))
+        )
+        limit = rng.randint(1, 16)
+        ref = list(text_pieces([text], limit))
+        assert "".join(ref) == text and all(0 < len(p) <= limit for p in ref)
+        cuts = sorted(rng.sample(range(len(text) + 1), k=min(len(text) + 1, rng.randint(0, 6))))
+        assert list(text_pieces([text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])], limit)) == ref
+    assert list(text_pieces(["ab\ncd\n", "ef"], 6)) == ["ab\ncd\n", "ef"]
+    assert list(text_pieces(["abcdefgh\nxy\n"], 4)) == ["abcd", "efgh", "\nxy\n"]
+
+
+@pytest.mark.unit
+@needs_corpus
+def test_bpe_round_trip_determinism_and_bytes_per_token(tmp_path):
+    """The byte-level BPE trained on a training split: deterministic; any text (non-ASCII too) encodes and decodes
+    back exactly; ``token_bytes`` counts exactly the UTF-8 bytes the tokens stand for; a saved tokenizer.json
+    (``data.tokenizer_file``) encodes the same tokens."""
+    train, validation = split_90_10(SHAKESPEARE[:200_000])
+    bpe = train_bpe(text_pieces([train]), 512)
+    again = train_bpe(text_pieces([train]), 512)
+    assert bpe.vocab_size == 512 and bpe.to_json() == again.to_json() and bpe.fingerprint == again.fingerprint
+    for text in (validation, TEXT, "", "\n\n\n  x\n"):
+        ids = bpe.encode(text)
+        assert ids.dtype == np.int32 and bpe.decode(ids) == text
+        assert int(bpe.token_bytes()[ids].sum()) == len(text.encode("utf-8"))
+    ids = bpe.encode(validation)
+    assert len(ids) < 0.6 * len(validation.encode())  # real merges (512 tokens: ~1.9 bytes per token)
+    (tmp_path / "tokenizer.json").write_text(bpe.to_json() or "")
+    loaded = load_tokenizer_file(tmp_path / "tokenizer.json")
+    np.testing.assert_array_equal(loaded.encode(validation), ids)
+    assert loaded.fingerprint == bpe.fingerprint
+    bytes_ = ByteTokenizer()
+    assert bytes_.decode(bytes_.encode(TEXT)) == TEXT and bytes_.token_bytes().tolist() == [1] * 256
+    with pytest.raises(DataError, match=r"^data\.tokenizer_file=.*missing\.json does not exist"):
+        load_tokenizer_file(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(DataError, match=r"^data\.tokenizer_file=.*bad\.json is not a tokenizer\.json"):
+        load_tokenizer_file(tmp_path / "bad.json")
+
+
+# ---- the corpus: files, folders, globs ---------------------------------------------------------------------
+@pytest.mark.unit
+def test_corpus_files_and_their_one_line_errors(corpus, tmp_path):
+    files = corpus_files(str(corpus))
+    assert files == [corpus / "a.txt", corpus / "b" / "c.txt", corpus / "d.txt"]  # sorted, hidden skipped
+    assert corpus_files(str(corpus / "*.txt")) == [corpus / "a.txt", corpus / "d.txt"]
+    assert corpus_files(str(corpus / "**" / "*.txt")) == files
+    assert corpus_files(str(corpus / "a.txt")) == [corpus / "a.txt"]
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "latin1").mkdir()
+    (tmp_path / "latin1" / "x.txt").write_bytes("ok\n".encode() * 10 + "caf\u00e9".encode("latin-1"))
+    cases = [
+        (str(tmp_path / "nothing*.txt"), r"matches no file"),
+        (str(tmp_path / "empty"), r"is a folder without files"),
+        (str(tmp_path / "missing.txt"), r"cannot be read \(FileNotFoundError"),
+    ]
+    for path, message in cases:
+        with pytest.raises(DataError, match=rf"^data\.path={path.replace('*', '[*]')} {message}"):
+            corpus_files(path)
+    with pytest.raises(DataError, match=rf"^data\.path={tmp_path / 'latin1' / 'x.txt'} is not UTF-8 \(byte 33:"):
+        load_text("text", str(tmp_path / "latin1"), str(tmp_path / "cache"), False)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("tokenizer", ["bytes", "bpe"])
+def test_the_token_file_holds_the_in_memory_tokens_and_gives_the_same_batches(corpus, tmp_path, tokenizer):
+    """``data=text`` over a folder writes its tokens once into the cache (uint16, atomically: no temporary folder
+    left), memory-maps them, and every batch equals the one drawn from the same tokens in memory (any rows);
+    a second load reuses the files; the BPE is cached and trained on the training split only."""
+    cache = tmp_path / "cache"
+    text = load_text("text", str(corpus), str(cache), False, tokenizer=tokenizer, vocab_size=400)
+    assert isinstance(text.train, np.memmap) and text.train.dtype == np.uint16 and text.token_dir is not None
+    assert [p.name for p in (cache / "text").iterdir()] == [text.token_dir.name]  # no temporary folder left
+    whole = "".join(f.read_text() for f in corpus_files(str(corpus)))
+    train_text, validation_text = split_90_10(whole)
+    mem_train, mem_validation = load_text_splits("text", str(corpus), str(cache), False, text.tokenizer)
+    np.testing.assert_array_equal(np.asarray(text.train), mem_train)
+    np.testing.assert_array_equal(np.asarray(text.validation), mem_validation)
+    assert (text.train_bytes, text.validation_bytes) == (len(train_text.encode()), len(validation_text.encode()))
+    if tokenizer == "bytes":
+        np.testing.assert_array_equal(mem_train, np.frombuffer(train_text.encode(), np.uint8))
+    else:
+        assert text.tokenizer.vocab_size == 400 and text.tokenizer.decode(mem_validation) == validation_text
+        assert [p.name for p in (cache / "tokenizers").iterdir()] == [Path(str(text.tokenizer.path)).name]
+    mapped, memory = (WindowSource(t, 32, 12, seed=5) for t in (text.train, mem_train))
+    for step in (0, 1, 17):
+        for rows in (slice(0, 12), slice(0, 6), slice(6, 12)):
+            a, b = mapped.local_batch(step, rows), memory.local_batch(step, rows)
+            assert a["image"].dtype == np.int32
+            for key in ("image", "label", "index"):
+                np.testing.assert_array_equal(a[key], b[key])
+    stamp = (text.token_dir / "train.bin").stat().st_mtime_ns
+    again = load_text("text", str(corpus), str(cache), False, tokenizer=tokenizer, vocab_size=400)
+    assert again.token_dir == text.token_dir and (text.token_dir / "train.bin").stat().st_mtime_ns == stamp
+
+
+@pytest.mark.unit
+def test_model_vocabulary_follows_the_tokenizer_and_bpb(corpus, tmp_path):
+    """``model.vocab_size`` null follows a BPE (set larger: kept; smaller: refused in one line); the evaluation
+    set's bytes per token are the UTF-8 bytes of its target tokens (byte tokens: 1), the factor of eval/bpb."""
+    from data.load import text_corpus
+    from training.build import with_text_vocab
+
+    base = {"model": {"name": "gpt", "context": 32}, "data": {"name": "text", "path": str(corpus)}}
+    cfg = make_cfg({**base, "data": {**base["data"], "tokenizer": "bpe", "vocab_size": 300}})
+    cfg.data.cache_dir = str(tmp_path / "cache")
+    text = text_corpus(cfg.data)
+    resolved = with_text_vocab(cfg, text.tokenizer)
+    assert resolved.model.vocab_size == text.tokenizer.vocab_size == 300
+    source, evalset = load_data(resolved, plan(resolved), text)
+    labels = evalset.labels.reshape(-1)
+    assert evalset.bytes_per_token == len(text.tokenizer.decode(labels).encode("utf-8")) / labels.size
+    assert evalset.bytes_per_token > 1.2 and source.tokenizer is text.tokenizer
+    larger = make_cfg({**base, "model": {**base["model"], "vocab_size": 512}, "data": cfg.data.__dict__})
+    assert with_text_vocab(larger, text.tokenizer).model.vocab_size == 512
+    smaller = make_cfg({**base, "model": {**base["model"], "vocab_size": 280}, "data": cfg.data.__dict__})
+    with pytest.raises(
+        ConfigError, match=r"^model\.vocab_size=280 is smaller than the 300 tokens of data\.tokenizer=bpe"
+    ):
+        load_data(smaller, plan(smaller), text)
+    plain = make_cfg(base)
+    plain.data.cache_dir = str(tmp_path / "cache")
+    _, byte_eval = load_data(plain, plan(plain))
+    assert byte_eval.bytes_per_token == 1.0 and with_text_vocab(plain, ByteTokenizer()) is plain
+
+
+# ---- whole runs --------------------------------------------------------------------------------------------
+def gpt_run(tmp_path: Path, name: str, data: dict, **train) -> tuple[Path, dict]:
+    from training.run import run_and_report
+
+    run = tmp_path / name
+    run.mkdir()
+    cfg = make_cfg(
+        {
+            "model": {"name": "gpt", "size": "tiny", "depth": 1, "width": 32, "heads": 2, "context": 32},
+            "data": {"name": "text", "cache_dir": str(tmp_path / "cache"), **data},
+            "mesh": {"devices": 1},
+            "optim": {"lr": 3e-3},
+            "wandb": {"mode": "disabled"},
+            "checkpoint": {"dir": str(tmp_path / f"ckpt_{name}"), "every": 2},
+            "train": {"steps": 4, "log_every": 2, "eval_batch": 64, "global_batch": 8, **train},
+        }
+    )
+    assert run_and_report(cfg, run)
+    return run, json.loads((run / "summary.json").read_text())
+
+
+def losses(run: Path) -> dict[int, float]:
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["train/loss"] for r in recs if "train/loss" in r}
+
+
+@pytest.mark.unit
+def test_a_bpe_run_saves_its_tokenizer_for_sample_evaluate_and_a_tokenizer_file_run(corpus, tmp_path, capsys):
+    """A BPE run reports eval/bpb (= eval/loss x tokens / bytes / ln 2) and train/bpb, and saves tokenizer.json in
+    the run and checkpoint folders; ``python -m evaluate`` gives the run's numbers, ``python -m sample`` encodes
+    and decodes with it; a run given that file as ``data.tokenizer_file`` trains on the very same token files."""
+    import evaluate
+    import sample
+
+    run, s = gpt_run(tmp_path, "bpe", {"path": str(corpus), "tokenizer": "bpe", "vocab_size": 320}, sample_tokens=20)
+    ckpt = tmp_path / "ckpt_bpe"
+    assert (s["data/tokenizer"], s["data/tokenizer_vocab_size"], s["model/vocab_size"]) == ("bpe", 320, 320)
+    assert s["eval/bpb"] == pytest.approx(s["eval/loss"] / math.log(2) / s["data/eval_bytes_per_token"], rel=1e-12)
+    assert s["train/bpb"] == pytest.approx(s["train/loss"] / math.log(2) / s["data/train_bytes_per_token"], rel=1e-12)
+    assert 1.2 < s["data/eval_bytes_per_token"] < 4 and s["eval/bpb"] < s["eval/loss"] / math.log(2)
+    saved = (run / "tokenizer.json").read_text()
+    assert (ckpt / "tokenizer.json").read_text() == saved and checkpoint.complete_steps(ckpt) == [2, 4]
+    assert checkpoint.read_metadata(ckpt / "4")["config"]["model"]["vocab_size"] == 320
+    out = evaluate.evaluate_checkpoint(ckpt)
+    for key in ("eval/loss", "eval/bpb"):
+        assert out[key] == pytest.approx(s[key], rel=1e-6)
+    step_dir = sample.find_checkpoint(ckpt)
+    tokenizer = sample.load_tokenizer(step_dir)
+    assert tokenizer.fingerprint == load_tokenizer_file(run / "tokenizer.json").fingerprint
+    text = sample.sample_text(sample.load_model(step_dir), "JULIET: café", 12, tokenizer=tokenizer)
+    assert text.startswith("JULIET: café") and len(text) > len("JULIET: café")
+    assert sample.main([str(ckpt), "--prompt", "ROMEO:", "--tokens", "8"]) == 0
+    assert capsys.readouterr().out.startswith("ROMEO:")
+    assert isinstance(s["sample/text"], str)
+    # the saved tokenizer.json as data.tokenizer_file: the same tokenizer, hence the same token files
+    _, f = gpt_run(tmp_path, "file", {"path": str(corpus), "tokenizer_file": str(run / "tokenizer.json")})
+    assert (f["data/token_dir"], f["data/tokenizer_vocab_size"], f["model/vocab_size"]) == (
+        s["data/token_dir"],
+        320,
+        320,
+    )
+    assert losses(tmp_path / "file") == losses(run)  # the same tokens, model and batches: the same losses
+
+
+@pytest.mark.unit
+def test_the_memory_mapped_corpus_resumes_exactly(corpus, tmp_path):
+    """4 steps, then the same run to 8 from its checkpoint: the losses of steps 5-8 are bitwise those of an
+    uninterrupted 8-step run (the batches are a pure function of (seed, step, row), read from the token file)."""
+    data = {"path": str(corpus)}
+    straight, _ = gpt_run(tmp_path, "straight", data, steps=8)
+    first, _ = gpt_run(tmp_path, "first", data, steps=4)
+    import shutil
+
+    shutil.copytree(tmp_path / "ckpt_first", tmp_path / "ckpt_resumed")
+    from training.run import run_and_report
+
+    (tmp_path / "resumed").mkdir()
+    cfg = make_cfg(
+        {
+            "model": {"name": "gpt", "size": "tiny", "depth": 1, "width": 32, "heads": 2, "context": 32},
+            "data": {"name": "text", "cache_dir": str(tmp_path / "cache"), **data},
+            "mesh": {"devices": 1},
+            "optim": {"lr": 3e-3},
+            "wandb": {"mode": "disabled"},
+            "checkpoint": {"dir": str(tmp_path / "ckpt_resumed"), "every": 2},
+            "train": {"steps": 8, "log_every": 2, "eval_batch": 64, "global_batch": 8},
+        }
+    )
+    assert run_and_report(cfg, tmp_path / "resumed")
+    summary = json.loads((tmp_path / "resumed" / "summary.json").read_text())
+    assert summary["checkpoint/resumed_step"] == 4
+    want, got = losses(straight), losses(tmp_path / "resumed")
+    assert sorted(got) == list(range(1, 9)) and all(got[s] == want[s] for s in range(1, 9)), (got, want)
+    assert summary["eval/loss"] == json.loads((straight / "summary.json").read_text())["eval/loss"]
+
+
+# (~25 s: 3 processes; CI runs it, not the in-process unit tier)
+def test_two_processes_read_the_token_file_as_one(corpus, tmp_path):
+    """2 processes x 4 devices (scripts/launch_local.py) == 1 process x 8 devices on the memory-mapped corpus of a
+    BPE: the same losses and evaluation. The two processes start with an empty cache of their own, so both train
+    the BPE and write the token files at once (atomic renames: one folder, the same tokens), then each reads its
+    rows of every window from the memory-mapped file."""
+    from test_multihost import clean_env, finish, per_step, start
+
+    common = [
+        "model=gpt",
+        "model.depth=1",
+        "model.width=32",
+        "model.heads=2",
+        "model.context=32",
+        "data=text",
+        f"data.path={corpus}",
+        "data.tokenizer=bpe",
+        "data.vocab_size=300",
+        "precision=fp32",
+        "train.steps=6",
+        "train.global_batch=16",
+        "train.log_every=2",
+        "train.eval_batch=64",
+        "checkpoint.enabled=false",
+    ]
+    env = clean_env(tmp_path)
+    one = start(
+        ["train.py", f"hydra.run.dir={tmp_path / 'one'}", "runtime.cpu_devices=8", f"data.cache_dir={tmp_path / 'c1'}"]
+        + common,
+        env,
+        tmp_path / "one.txt",
+    )
+    code, out = finish(one, tmp_path / "one.txt", 600)
+    assert code == 0, out[-3000:]
+    launcher = [str(REPO / "scripts" / "launch_local.py"), "-n", "2", "--cpu-devices", "4", "--timeout-s", "120"]
+    two = start(
+        [*launcher, f"hydra.run.dir={tmp_path / 'two'}", f"data.cache_dir={tmp_path / 'c2'}", *common],
+        env,
+        tmp_path / "two.txt",
+    )
+    code, out = finish(two, tmp_path / "two.txt", 600)
+    assert code == 0, out[-3000:]
+    a, b = per_step(tmp_path / "one", "train/loss"), per_step(tmp_path / "two", "train/loss")
+    assert sorted(a) == sorted(b) == list(range(1, 7))
+    assert max(abs(a[s] - b[s]) for s in a) <= 1e-5
+    s1, s2 = (json.loads((tmp_path / r / "summary.json").read_text()) for r in ("one", "two"))
+    assert (s1["process_count"], s2["process_count"]) == (1, 2)
+    assert Path(s1["data/token_dir"]).name == Path(s2["data/token_dir"]).name  # the same corpus and tokenizer
+    assert [p.name for p in (tmp_path / "c2" / "text").iterdir()] == [Path(s2["data/token_dir"]).name]  # no tmp
+    assert abs(s1["eval/loss"] - s2["eval/loss"]) <= 1e-5 and abs(s1["eval/bpb"] - s2["eval/bpb"]) <= 1e-5
