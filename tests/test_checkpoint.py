@@ -828,6 +828,7 @@ def test_resume_conflicts_rule():
             checkpoint__keep=9,
             wandb__mode="offline",
             train__global_batch=256,
+            train__allow_exploded_loss=True,  # the fix the exploded-loss error names
         )
     )
     assert resume_conflicts(saved, allowed, 256, 256) == []

@@ -104,3 +104,27 @@ def test_huge_lr_run_fails_without_a_final_checkpoint_unless_allowed(tmp_path):
         f"warning: the loss exploded: final train/loss={s['train/loss']:.4g} and eval/loss={s['eval/loss']:.4g} "
         "are above 10 x ln(10) = 23 (a uniform guess scores ln(10)); lower optim.lr or enable optim.clip_grad_norm"
     )
+
+
+def test_the_exploded_loss_advice_resumes_when_followed(tmp_path):
+    """The exploded-loss error says ``train.allow_exploded_loss=true keeps the run``: the same command with that
+    key, in the same run folder, resumes the run's periodic checkpoint and ends ok (it is not a changed setting
+    the resume refuses)."""
+    import json
+
+    from utils import run_train
+
+    run_dir = tmp_path / "run"
+    args = ("data=synthetic", "train.steps=10", "checkpoint.every=5", "optim.lr=1e30", "wandb.mode=disabled")
+    proc = run_train(run_dir, *args)
+    assert proc.returncode == 1
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert line.endswith("(train.allow_exploded_loss=true keeps the run)")
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("[0-9]*")) == ["5"]
+
+    proc = run_train(run_dir, *args, "train.allow_exploded_loss=true")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["status"] == "ok" and s["train/steps"] == 10 and s["checkpoint/last_step"] == 10
+    assert "resuming" in proc.stderr and "train.allow_exploded_loss: False -> True" in proc.stderr

@@ -9,7 +9,8 @@ the step a run would resume, before anything is restored):
   (``mesh.*``, ``runtime.cpu_devices``), the parallel mode (``parallel.name``, ``parallel.min_shard_bytes``:
   the state restores onto any layout), XLA flags, hardware figures, data paths, prefetch and ``data.on_device``
   (the same batches), ``distributed.*``,
-  the GPT's end-of-run sample length (``train.sample_tokens``).
+  the GPT's end-of-run sample length (``train.sample_tokens``), the verdict on an exploded final loss
+  (``train.allow_exploded_loss``: the fix its error line names).
 - Adapted by an exact rule: ``train.global_batch`` / ``train.per_device_batch`` may change as long as the
   resolved global batch (per-device batch x devices under weak scaling) equals the checkpoint's, so the same
   examples make each step; otherwise the keys are refused.
@@ -42,6 +43,7 @@ ALLOWED = (
     "train.transfer_guard",
     "train.grad_norm_every",
     "train.sample_tokens",
+    "train.allow_exploded_loss",  # only the verdict on the final loss: the advice of its error line resumes
     "checkpoint.",
     "wandb.",
     "profile.",
