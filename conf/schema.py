@@ -285,6 +285,7 @@ class CheckpointConfig:
     keep: int = 3
     resume: str = "auto"  # auto | never | <path>
     enabled: bool = True
+    allow_data_change: bool = False  # true: resume a checkpoint although its training data changed (one warning)
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """A run's data from its ``data`` settings (the ``conf.schema.DataConfig`` node, read as plain attributes): the
-training source and the host evaluation split, of images (TFDS or synthetic) or of text (byte tokens).
+training source and the host evaluation split, of images (TFDS or synthetic) or of text (byte tokens). A source's
+``fingerprint`` says what it was read from (a text file's size and hash, a TFDS data set's name, version and split;
+None for synthetic data), for the checkpoints to record.
 
 Raises ``ConfigError`` (one line) when the data does not fit the settings, ``DataError`` when it cannot be read.
 """
@@ -13,7 +15,7 @@ import numpy as np
 
 from core.errors import ConfigError
 from data.pipeline import DeviceSource, SyntheticSource, TrainSource, split_bytes, split_fits_on_device, synthetic_eval
-from data.sources import load_tfds_split
+from data.sources import load_tfds_split, tfds_fingerprint
 
 TEXT_DATA = ("tiny_shakespeare", "text")
 
@@ -26,7 +28,7 @@ def text_data(d, *, context: int, vocab_size: int, global_batch: int, seed: int,
       ConfigError: an image data set, tokens outside the model's vocabulary, a split shorter than one window.
       DataError: the text file is missing, empty or not UTF-8.
     """
-    from data.text import VOCAB_BYTES, WindowSource, eval_windows, load_text_splits, synthetic_tokens
+    from data.text import VOCAB_BYTES, WindowSource, eval_windows, load_text, synthetic_tokens
 
     t = context
     if d.name == "synthetic":
@@ -36,13 +38,15 @@ def text_data(d, *, context: int, vocab_size: int, global_batch: int, seed: int,
                 f"window of model.context={t} tokens"
             )
         train, test = synthetic_tokens(vocab_size, d.train_size, d.eval_size, seed)
+        fingerprint = None  # random tokens: the config says all there is
     elif d.name in TEXT_DATA:
         if vocab_size < VOCAB_BYTES:
             raise ConfigError(
                 f"model.vocab_size={vocab_size} is smaller than the {VOCAB_BYTES} byte tokens of "
                 f"data={d.name}; set model.vocab_size={VOCAB_BYTES} (or leave it null with model.size=tiny)"
             )
-        train, test = load_text_splits(d.name, d.path, d.cache_dir, d.download)
+        splits = load_text(d.name, d.path, d.cache_dir, d.download)
+        train, test, fingerprint = splits.train, splits.validation, splits.fingerprint
         for split, tokens in (("train", train), ("validation", test)):
             if len(tokens) <= t:
                 raise ConfigError(
@@ -54,7 +58,8 @@ def text_data(d, *, context: int, vocab_size: int, global_batch: int, seed: int,
             f"model=gpt trains on text, not data={d.name}; use data=tiny_shakespeare, data=text data.path=FILE "
             f"or data=synthetic"
         )
-    return WindowSource(train, t, global_batch, seed, with_index=with_index), eval_windows(test, t)
+    source = WindowSource(train, t, global_batch, seed, with_index=with_index, fingerprint=fingerprint)
+    return source, eval_windows(test, t)
 
 
 def image_data(d, *, model: str, global_batch: int, seed: int, with_index: bool, bytes_limit: Optional[int]):
@@ -110,7 +115,9 @@ def image_data(d, *, model: str, global_batch: int, seed: int, with_index: bool,
         )
     on_device = on_every_process(split_fits_on_device(needed, bytes_limit)) if d.on_device is None else d.on_device
     kind = DeviceSource if on_device else TrainSource
-    return kind(train, global_batch, seed, with_index=with_index), test
+    source = kind(train, global_batch, seed, with_index=with_index)
+    source.fingerprint = tfds_fingerprint(d.tfds_name, d.data_dir, "train", len(train))
+    return source, test
 
 
 def on_every_process(fits: bool) -> bool:

@@ -272,6 +272,13 @@ def _patch_download_manager(builder, manual: Path) -> None:
     builder._make_download_manager = make_patched
 
 
+def tfds_fingerprint(tfds_name: str, data_dir: Optional[str], split: str, examples: int) -> dict:
+    """What a run trained on, recorded with its checkpoints: ``{"kind": "tfds", "dataset", "version" (the
+    prepared one read, None when unknown), "split", "examples"}``."""
+    version = prepared_version(tfds_name, resolve_data_dir(data_dir))
+    return {"kind": "tfds", "dataset": tfds_name, "version": version, "split": split, "examples": examples}
+
+
 def prepared_version(tfds_name: str, data_dir: Optional[str]) -> Optional[str]:
     """Newest prepared version folder of ``tfds_name`` under ``data_dir`` (None when not found)."""
     root = Path(data_dir or Path.home() / "tensorflow_datasets") / tfds_name

@@ -26,9 +26,11 @@ Data sets:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
+import shlex
 import socket
 import urllib.request
 from pathlib import Path
@@ -53,16 +55,26 @@ class WindowSource:
 
     ``steps_per_epoch``: ``len(tokens) // (global_batch * context)`` (at least 1): the steps that see as many
     target tokens as the split holds (windows are drawn with replacement, so an "epoch" is a unit of length).
+    ``fingerprint``: what the tokens were read from (``file_fingerprint``), recorded with the checkpoints.
 
     Raises:
       ValueError: the split is not longer than one window.
     """
 
-    def __init__(self, tokens: np.ndarray, context: int, global_batch: int, seed: int, with_index: bool = True):
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        context: int,
+        global_batch: int,
+        seed: int,
+        with_index: bool = True,
+        fingerprint: Optional[dict] = None,
+    ):
         if len(tokens) <= context:
             raise ValueError(f"the train split has {len(tokens)} tokens, not more than one window of {context}")
         self.tokens, self.context, self.global_batch, self.seed = tokens, context, global_batch, seed
         self.with_index = with_index
+        self.fingerprint = fingerprint  # the text file's (file_fingerprint); None for random tokens
         self.steps_per_epoch = max(1, len(tokens) // (global_batch * context))
         self._offsets = np.arange(context + 1)
 
@@ -103,21 +115,92 @@ def byte_tokens(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32)
 
 
-def read_utf8(path: Path, what: str) -> str:
-    """The text of ``path``. Raises DataError (one line): missing, unreadable, empty or not UTF-8."""
+def file_fingerprint(path: Path, raw: bytes) -> dict:
+    """What a run trained on, recorded with its checkpoints: ``{"kind": "file", "file": absolute path, "bytes":
+    size, "blake2b": hex digest (16 bytes) of the contents}``. Two files with the same size and digest hold the
+    same text, wherever they are."""
+    digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
+    return {"kind": "file", "file": str(Path(path).absolute()), "bytes": len(raw), "blake2b": digest}
+
+
+# Byte-order marks of the encodings a text editor saves besides UTF-8 (UTF-32 first: its LE mark starts as UTF-16's)
+BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32LE"),
+    (b"\x00\x00\xfe\xff", "UTF-32BE"),
+    (b"\xff\xfe", "UTF-16LE"),
+    (b"\xfe\xff", "UTF-16BE"),
+)
+
+
+def wide_encoding(raw: bytes) -> Optional[str]:
+    """``UTF-16LE``/``UTF-16BE``/``UTF-32LE``/``UTF-32BE`` when ``raw`` starts with that byte-order mark, or, with
+    no mark, when a quarter or more of its first 64 KiB are NUL bytes and the others sit at one offset modulo 4
+    (UTF-32) or 2 (UTF-16), as ASCII letters do in those encodings; else None. UTF-8 text holds no NUL bytes."""
+    for bom, name in BOMS:
+        if raw.startswith(bom):
+            return name
+    head = np.frombuffer(raw[: 1 << 16], np.uint8)
+    if len(head) < 4 or int((head == 0).sum()) < len(head) // 4:
+        return None
+    offsets = np.flatnonzero(head)
+    for width, names in ((4, ("UTF-32LE", None, None, "UTF-32BE")), (2, ("UTF-16LE", "UTF-16BE"))):
+        share = np.bincount(offsets % width, minlength=width) / max(1, len(offsets))
+        at = int(share.argmax())
+        if share[at] >= 0.9 and names[at]:
+            return names[at]
+    return None
+
+
+def _shell(path: Path) -> str:
+    """``path`` quoted for a shell, so that an advised command works when pasted."""
+    return shlex.quote(str(path))
+
+
+def read_text_file(path: Path, what: str) -> tuple[str, dict]:
+    """The text of ``path`` (``~`` expanded) and its ``file_fingerprint``.
+
+    Raises:
+      DataError (one line): missing, unreadable, empty, or not UTF-8: a UTF-16/UTF-32 file (a byte-order mark, or
+        NUL bytes between ASCII letters; read as UTF-8 it would train on NUL bytes) is told to convert from its
+        encoding, one with other NUL bytes or invalid UTF-8 from its own (e.g. UTF-16LE, latin1), each with the
+        ``iconv`` command that writes a UTF-8 copy to pass instead.
+    """
+    path = Path(path).expanduser()
     try:
-        raw = Path(path).read_bytes()
+        raw = path.read_bytes()
     except OSError as e:
         raise DataError(f"{what}={path} cannot be read ({type(e).__name__}: {e.strerror or e}); give a readable file")
     if not raw:
         raise DataError(f"{what}={path} is empty; give a UTF-8 text file with at least one window of text")
+    out = path.with_name(path.stem + ".utf8.txt")  # where the advised conversion writes its UTF-8 copy
+    wide = wide_encoding(raw)
+    if wide is not None:
+        # with a byte-order mark iconv's UTF-16 / UTF-32 read it (and drop it); without one, name the byte order
+        source = wide[:6] if raw.startswith(tuple(bom for bom, _ in BOMS)) else wide
+        raise DataError(
+            f"{what}={path} is {wide} text, not UTF-8 (read as UTF-8 it would train on NUL bytes); convert it: "
+            f"iconv -f {source} -t UTF-8 {_shell(path)} > {_shell(out)}, then pass {what}={out}"
+        )
+    nul = raw.count(0)
+    if nul * 100 >= len(raw):  # UTF-16 of other scripts without a mark, or no text: say what is known, not a guess
+        raise DataError(
+            f"{what}={path} holds {nul} NUL bytes, which UTF-8 text never does: convert it to UTF-8 from its "
+            f"encoding (e.g. UTF-16LE: iconv -f UTF-16LE -t UTF-8 {_shell(path)} > {_shell(out)}, then pass "
+            f"{what}={out}); an archive or other binary file is not text"
+        )
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8"), file_fingerprint(path, raw)
     except UnicodeDecodeError as e:
         raise DataError(
-            f"{what}={path} is not UTF-8 (byte {e.start}: {e.reason}); convert it first, e.g. "
-            f"iconv -f latin1 -t utf-8 {path} > out.txt"
+            f"{what}={path} is not UTF-8 (byte {e.start}: {e.reason}); convert it from its encoding, e.g. latin1: "
+            f"iconv -f latin1 -t UTF-8 {_shell(path)} > {_shell(out)}, then pass {what}={out}"
         ) from None
+
+
+def read_utf8(path: Path, what: str) -> str:
+    """The text of ``path``. Raises DataError (one line): missing, unreadable, empty or not UTF-8
+    (``read_text_file``)."""
+    return read_text_file(path, what)[0]
 
 
 def tfds_splits(text: str) -> tuple[str, str, str]:
@@ -174,21 +257,39 @@ def tiny_shakespeare_path(path: Optional[str], cache_dir: str, download: bool, t
         ) from None
 
 
-def load_text_splits(name: str, path: Optional[str], cache_dir: str, download: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(train tokens, validation tokens), int32 byte tokens of ``data=tiny_shakespeare`` or ``data=text``.
+@dataclasses.dataclass(frozen=True)
+class TextSplits:
+    """The token splits of a text file: ``train``, ``validation`` int32 byte tokens ``[N]``, and the file's
+    ``fingerprint`` (``file_fingerprint``)."""
+
+    train: np.ndarray
+    validation: np.ndarray
+    fingerprint: dict
+
+
+def load_text(name: str, path: Optional[str], cache_dir: str, download: bool) -> TextSplits:
+    """The splits of ``data=tiny_shakespeare`` or ``data=text`` (``~`` in ``data.path`` expanded).
 
     Raises:
       DataError (one line): the file is missing, unreadable, empty or not UTF-8 (``data=text`` without
         ``data.path`` too).
     """
     if name == "tiny_shakespeare":
-        file = tiny_shakespeare_path(path, cache_dir, download)
-        train, validation, _ = tfds_splits(read_utf8(file, "data.path"))
+        file = tiny_shakespeare_path(path and os.path.expanduser(path), cache_dir, download)
+        text, fingerprint = read_text_file(file, "data.path")
+        train, validation, _ = tfds_splits(text)
     else:
         if not path:
             raise DataError("data=text needs data.path=FILE (a UTF-8 text file)")
-        train, validation = split_90_10(read_utf8(Path(path), "data.path"))
-    return byte_tokens(train), byte_tokens(validation)
+        text, fingerprint = read_text_file(Path(path), "data.path")
+        train, validation = split_90_10(text)
+    return TextSplits(byte_tokens(train), byte_tokens(validation), fingerprint)
+
+
+def load_text_splits(name: str, path: Optional[str], cache_dir: str, download: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(train tokens, validation tokens) of ``load_text``. Raises DataError as it does."""
+    splits = load_text(name, path, cache_dir, download)
+    return splits.train, splits.validation
 
 
 def synthetic_tokens(vocab_size: int, train_size: int, eval_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

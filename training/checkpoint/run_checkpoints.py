@@ -31,6 +31,7 @@ class RunCheckpoints:
       mesh_shape, global_batch, steps_per_epoch, n_steps: the run's numbers.
       run_dir: the run folder (recorded, so a resumed run finds the saved run's metrics.jsonl).
       restored_step: the step this run resumed from (None: started fresh).
+      data_fingerprint: what the training data was read from (the source's ``fingerprint``), saved with each state.
     """
 
     def __init__(
@@ -45,8 +46,10 @@ class RunCheckpoints:
         n_steps: int,
         run_dir: Path,
         restored_step: Optional[int] = None,
+        data_fingerprint: Optional[dict] = None,
     ):
         self.plan, self.cfg_dict, self.mode = plan, cfg_dict, mode
+        self.data_fingerprint = data_fingerprint
         self.mesh_shape, self.global_batch, self.steps_per_epoch = list(mesh_shape), global_batch, steps_per_epoch
         self.n_steps, self.run_dir = n_steps, Path(run_dir)
         self._saver: Optional[Saver] = None  # created at the first save (training.run.prepare imported orbax)
@@ -94,6 +97,7 @@ class RunCheckpoints:
             wandb_run_id=wandb_run_id,
             run_dir=self.run_dir,
             reason=reason,
+            data_fingerprint=self.data_fingerprint,
         )
         self.wait()  # the previous save's background write (orbax's save would wait for it too)
         try:

@@ -348,8 +348,10 @@ def metadata(
     wandb_run_id: Optional[str],
     run_dir: Path,
     reason: str,
+    data_fingerprint: Optional[dict] = None,
 ) -> dict:
-    """The JSON saved with a state. ``epoch``/``position``: step = epoch * steps_per_epoch + position."""
+    """The JSON saved with a state. ``epoch``/``position``: step = epoch * steps_per_epoch + position;
+    ``data_fingerprint``: what the training data was read from (``data.load``; None: synthetic)."""
     epoch, position = divmod(step, steps_per_epoch)
     return {
         "step": step,
@@ -367,6 +369,7 @@ def metadata(
         "reason": reason,
         "jax_version": jax.__version__,
         "saved_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "data_fingerprint": data_fingerprint,
         "config": cfg_dict,
     }
 
