@@ -54,6 +54,7 @@ from sweeps.projection import (
     overlay_projection,
     project,
 )
+from training.folders import CHECKPOINTS, STEP, folder_kind
 
 SUMMARY_NAME = "summary.json"
 _COLLECTIVE_RE = re.compile(r"^(?P<kind>[a-z\-]+) (?P<dtype>\S+) (?P<bytes>\d+)B n=(?P<n>\d+)(?P<loop> loop)?$")
@@ -84,9 +85,16 @@ def parse_devices(text: str) -> list[int]:
 
 
 def load_summaries(folder: Path) -> list[dict[str, Any]]:
-    """Every readable ``summary.json`` below ``folder`` whose ``status`` is ok (``wandb`` folders skipped)."""
+    """Every readable ``summary.json`` below ``folder`` (a run or sweep folder) whose ``status`` is ok (``wandb``
+    folders skipped). Raises ProjectionError for a missing folder, a checkpoint folder or step (naming the run
+    folder to pass), or no finished run."""
     if not folder.is_dir():
         raise ProjectionError(f"run folder does not exist or is not a directory: {folder}")
+    kind = folder_kind(folder)
+    if kind in (CHECKPOINTS, STEP):  # the run folder holds the summary: one or two levels up
+        run = folder.parent if kind == CHECKPOINTS else folder.parent.parent
+        what = "a run's checkpoint folder" if kind == CHECKPOINTS else "a checkpoint step of a run"
+        raise ProjectionError(f"{folder} is {what}, not a run or sweep folder; pass the run folder {run}")
     out = []
     for path in sorted(folder.rglob(SUMMARY_NAME)):
         if "wandb" in path.relative_to(folder).parts[:-1]:

@@ -1005,3 +1005,27 @@ def _blake2b(path: Path) -> str:
     import hashlib
 
     return hashlib.blake2b(path.read_bytes(), digest_size=16).hexdigest()
+
+
+@pytest.mark.unit
+def test_resume_from_a_sweep_or_run_folder_names_the_checkpoint_folder_to_give(tmp_path):
+    """checkpoint.resume=<sweep folder> used to try each job folder as a step ("incomplete or corrupt" warnings);
+    a run folder was "no checkpoint". Each is now named, with the folder to give, which resumes."""
+    from training.checkpoint.plan import prepare
+    from utils import fake_sweep
+
+    sweep = fake_sweep(tmp_path / "sweep")
+    cfg = CheckpointConfig(resume=str(sweep))
+    with pytest.raises(ConfigError) as e:
+        prepare(cfg, tmp_path / "run")
+    assert str(e.value) == (
+        f"checkpoint.resume={sweep} is a sweep folder (jobs 0, 1), not a checkpoint folder; give one job's checkpoint "
+        f"folder, e.g. {sweep / '0'}/checkpoints"
+    )
+    with pytest.raises(ConfigError) as e:
+        prepare(CheckpointConfig(resume=str(sweep / "0")), tmp_path / "run")
+    assert str(e.value) == (
+        f"checkpoint.resume={sweep / '0'} is a run folder, not a checkpoint folder; give its checkpoint folder, "
+        f"checkpoint.resume={sweep / '0' / 'checkpoints'} (or one <step> folder in it)"
+    )
+    assert prepare(CheckpointConfig(resume=str(sweep / "0" / "checkpoints")), tmp_path / "run").resume == "path"
