@@ -95,19 +95,23 @@ def load_summaries(folder: Path) -> list[dict[str, Any]]:
         run = folder.parent if kind == CHECKPOINTS else folder.parent.parent
         what = "a run's checkpoint folder" if kind == CHECKPOINTS else "a checkpoint step of a run"
         raise ProjectionError(f"{folder} is {what}, not a run or sweep folder; pass the run folder {run}")
-    out = []
+    out, unreadable, other = [], [], []
     for path in sorted(folder.rglob(SUMMARY_NAME)):
         if "wandb" in path.relative_to(folder).parts[:-1]:
             continue
         try:
             summary = json.loads(path.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError) as e:  # named below when no run is left
+            unreadable.append(f"{path} ({type(e).__name__})")
             continue
         if isinstance(summary, dict) and summary.get("status", "ok") == "ok":
             summary["_job_dir"] = str(path.parent)
             out.append(summary)
+        else:
+            other.append(f"{path} (status {summary.get('status') if isinstance(summary, dict) else '?'})")
     if not out:
-        raise ProjectionError(f"no finished run (summary.json with status ok) below {folder}")
+        found = "; ".join((unreadable + other)[:3]) or "none found"
+        raise ProjectionError(f"no finished run (summary.json with status ok) below {folder}: {found}")
     return out
 
 

@@ -675,3 +675,9 @@ def test_a_checkpoint_folder_names_the_run_folder_to_pass(tmp_path):
             cli.load_summaries(given)
         assert str(e.value) == f"{given} is {kind}, not a run or sweep folder; pass the run folder {run}"
     assert [s["_job_dir"] for s in cli.load_summaries(run)] == [str(run)]
+    (run / "summary.json").write_text('{"status": "ok", "train/lo')  # cut short: named, not skipped unseen
+    with pytest.raises(cli.ProjectionError) as e:
+        cli.load_summaries(run)
+    assert str(e.value) == (
+        f"no finished run (summary.json with status ok) below {run}: {run / 'summary.json'} (JSONDecodeError)"
+    )
