@@ -385,7 +385,7 @@ def test_nan_params_are_never_saved(tmp_path, capsys, monkeypatch):
     assert err == [
         f"error: parameters are not finite after step 20: no checkpoint written; the last good "
         f"checkpoint is {ckpt / '10'} (step 10); lower optim.lr, enable optim.clip_grad_norm, or, under "
-        f"bf16/fp16, use precision=fp32"
+        f"bf16/fp16, use precision=fp32, in a new run (its own checkpoint.dir where one is pinned)"
     ]
     assert checkpoint.complete_steps(ckpt) == [10] and not checkpoint.unfinished_saves(ckpt)
     assert summary(run_dir)["status"] == "failed"
@@ -1029,3 +1029,25 @@ def test_resume_from_a_sweep_or_run_folder_names_the_checkpoint_folder_to_give(t
         f"checkpoint.resume={sweep / '0' / 'checkpoints'} (or one <step> folder in it)"
     )
     assert prepare(CheckpointConfig(resume=str(sweep / "0" / "checkpoints")), tmp_path / "run").resume == "path"
+
+
+def test_a_checkpoint_past_the_last_step_advice_works_when_followed(tmp_path):
+    """The line's fixes, each followed: train.steps up to the checkpoint's step (the run ends ok), or a fresh
+    start with checkpoint.resume=never and a checkpoint.dir of its own (it used to advise resume=never alone, which
+    is refused while checkpoint.dir holds checkpoints)."""
+    run_dir = tmp_path / "run"
+    args = ("data=synthetic", "wandb.mode=disabled")
+    assert run_train(run_dir, *args, "train.steps=6").returncode == 0
+    short = run_train(run_dir, *args, "train.steps=4")
+    assert short.returncode == 1
+    step6 = run_dir / "checkpoints" / "6"
+    assert [ln for ln in short.stderr.splitlines() if ln.startswith("error:")] == [
+        f"error: checkpoint {step6} is at step 6, past this run's 4 steps; raise train.steps (or train.epochs) to "
+        "reach step 6, or start afresh with checkpoint.resume=never and a checkpoint.dir of its own"
+    ]
+    complete = run_train(run_dir, *args, "train.steps=6")
+    assert complete.returncode == 0, complete.stderr[-2000:]
+    assert summary(run_dir)["status"] == "ok" and summary(run_dir)["train/steps"] == 6
+    fresh = run_train(run_dir, *args, "train.steps=4", "checkpoint.resume=never", f"checkpoint.dir={tmp_path / 'new'}")
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    assert summary(run_dir)["train/steps"] == 4 and (tmp_path / "new" / "4").is_dir() and step6.is_dir()

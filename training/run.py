@@ -306,8 +306,9 @@ def restore(
         return None, 0, None
     if restored.step > n_steps:
         raise ConfigError(
-            f"checkpoint {restored.path} is at step {restored.step}, past this run's "
-            f"{n_steps} steps; raise train.steps/train.epochs or set checkpoint.resume=never"
+            f"checkpoint {restored.path} is at step {restored.step}, past this run's {n_steps} steps; raise "
+            f"train.steps (or train.epochs) to reach step {restored.step}, or start afresh with "
+            f"checkpoint.resume=never and a checkpoint.dir of its own"
         )
     if restored.step == n_steps:
         finished = checkpoint.finished_summary(restored.metadata.get("run_dir"), n_steps)

@@ -63,6 +63,9 @@ ALLOWED = (
     "data.on_device",  # where the same batches are made (data/pipeline.py: DeviceSource)
 )
 BATCH_KEYS = ("train.global_batch", "train.per_device_batch")
+# Where the advice to change refused settings (a lower learning rate after a divergence) works: a resume of the
+# same checkpoint.dir refuses them, so the advice says to start a new run there.
+NEW_RUN = "in a new run (its own checkpoint.dir where one is pinned)"
 # Nodes whose keys depend on the chosen option (conf/schema.py OPTION_SCHEMAS); checkpoints saved before hold
 # every option's keys.
 OPTION_NODES = ("model.", "parallel.", "optim.")
