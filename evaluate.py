@@ -30,6 +30,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from training.folders import run_checkpoint_dir
+
 log = logging.getLogger("evaluate")
 
 _NOT_A_KEY = object()
@@ -47,50 +49,27 @@ EVAL_DEFAULTS = [
 ]
 
 
-def run_checkpoint_dir(run_dir: Path) -> Optional[Path]:
-    """The checkpoint folder of a run folder (the one a run prints as "outputs in"): its ``checkpoint.dir``
-    from ``.hydra/config.yaml`` when set (a relative one taken from the folder the run was started in, Hydra's
-    ``hydra.runtime.cwd`` in ``.hydra/hydra.yaml``, as the run itself took it), else ``<run folder>/checkpoints``;
-    None when ``run_dir`` is not a run folder (neither ``.hydra/`` nor ``checkpoints/`` in it)."""
-    if (run_dir / "checkpoints").is_dir():
-        return run_dir / "checkpoints"
-    config = run_dir / ".hydra" / "config.yaml"
-    if not config.is_file():
-        return None
-    from omegaconf import OmegaConf
-
-    try:
-        saved = OmegaConf.to_container(OmegaConf.load(config), resolve=False)
-        folder = ((saved or {}).get("checkpoint") or {}).get("dir")
-    except Exception:  # an unreadable config: fall back to the default location
-        folder = None
-    if not folder:
-        return run_dir / "checkpoints"
-    path = Path(str(folder)).expanduser()
-    if path.is_absolute():
-        return path
-    try:
-        hydra_cfg = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "hydra.yaml"), resolve=False)
-        started_in = Path(str(((hydra_cfg or {}).get("hydra") or {})["runtime"]["cwd"]))
-    except Exception:  # no readable hydra.yaml: the current folder
-        return path.absolute()
-    return started_in / path
-
-
 def find_step_dir(path: Path) -> Path:
     """``path`` if it is a step folder, else the newest finished step folder whose metadata reads. A run folder
-    (with ``.hydra/`` or ``checkpoints/``) stands for its checkpoint folder (:func:`run_checkpoint_dir`).
+    (with ``.hydra/`` or ``checkpoints/``) stands for its checkpoint folder (``training.folders.run_checkpoint_dir``).
 
     Raises:
-      ConfigError: nothing there; a step folder that does not exist names the steps that do.
+      ConfigError: nothing there; a step folder that does not exist names the steps that do; a sweep folder
+        (named as one, with a job folder to pass instead); a run folder without a checkpoint (with what its files
+        say about why).
     """
     from core.errors import ConfigError
     from training import checkpoint
-
+    from training.folders import SWEEP, folder_kind, first_job, is_step_folder, jobs_in_words, why_no_checkpoint
     from training.validate import check_path
 
     path = Path(path).expanduser().absolute()
     check_path("the checkpoint argument", path)
+    if folder_kind(path) == SWEEP:  # its job folders are named by numbers, as steps are
+        raise ConfigError(
+            f"{path} is a sweep folder ({jobs_in_words(path)}), not a run: pass one job's folder, e.g. "
+            f"{first_job(path)}"
+        )
     if not path.exists():
         parent = path.parent
         steps = checkpoint.complete_steps(parent) if parent.is_dir() and path.name.isdigit() else []
@@ -107,10 +86,7 @@ def find_step_dir(path: Path) -> Path:
     run_ckpt = run_checkpoint_dir(path)
     if run_ckpt is not None:
         if not run_ckpt.is_dir() or not checkpoint.complete_steps(run_ckpt):
-            raise ConfigError(
-                f"run folder {path} has no checkpoint in {run_ckpt} (checkpoint.enabled=false, or the run stopped "
-                "before its first save)"
-            )
+            raise ConfigError(f"run folder {path} has no checkpoint in {run_ckpt}: {why_no_checkpoint(path)}")
         path = run_ckpt
     for step in reversed(checkpoint.complete_steps(path)):
         candidate = path / str(step)
@@ -119,7 +95,12 @@ def find_step_dir(path: Path) -> Path:
             return candidate
         except (OSError, ValueError) as e:
             checkpoint.warn(f"skipping checkpoint {candidate}: its metadata cannot be read ({e})")
-    raise ConfigError(f"{path} holds no checkpoint (no <step> folder with state/ and meta/)")
+    if is_step_folder(path.parent):  # e.g. its state/ folder
+        raise ConfigError(f"{path} is inside the checkpoint step folder {path.parent}: pass {path.parent}")
+    raise ConfigError(
+        f"{path} holds no checkpoint (no <step> folder with state/ and meta/); give a run folder, its checkpoint "
+        f"folder or one <step> folder in it"
+    )
 
 
 def find_best_step_dir(path: Path) -> Path:

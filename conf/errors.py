@@ -164,8 +164,8 @@ def _first_line(text: str) -> str:
 
 
 # Characters Hydra's override grammar reads as syntax (or cannot lex) in an unquoted value: a path holding one
-# must be quoted inside the shell's quotes ('key="a b"').
-_NEEDS_QUOTES = re.compile(r"[\s()\[\]{}=,'\"#%:$\\]|[^\x00-\x7f]")
+# must be quoted inside the shell's quotes ('key="a b"'; a quoted '~/x' is expanded by the run, as the shell would).
+_NEEDS_QUOTES = re.compile(r"[\s()\[\]{}=,'\"#%:$\\~]|[^\x00-\x7f]")
 
 
 def _quote_hint(override: str) -> str:

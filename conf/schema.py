@@ -287,6 +287,7 @@ class CheckpointConfig:
     enabled: bool = True
     keep_best: Optional[str] = None  # an eval/ metric: its best step is also kept in <dir>/best (null: off)
     best_mode: BestMode = BestMode.auto
+    allow_data_change: bool = False  # true: resume a checkpoint although its training data changed (one warning)
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """A run's data from its ``data`` settings (the ``conf.schema.DataConfig`` node, read as plain attributes): the
-training source and the host evaluation split, of images (TFDS or synthetic) or of text (bytes or BPE tokens).
+training source and the host evaluation split, of images (TFDS or synthetic) or of text (bytes or BPE tokens). A
+source's ``fingerprint`` says what it was read from (a text file's size and hash, a TFDS data set's name, version
+and split; None for synthetic data), for the checkpoints to record.
 
 Raises ``ConfigError`` (one line) when the data does not fit the settings, ``DataError`` when it cannot be read.
 """
@@ -13,7 +15,7 @@ import numpy as np
 
 from core.errors import ConfigError
 from data.pipeline import DeviceSource, SyntheticSource, TrainSource, split_bytes, split_fits_on_device, synthetic_eval
-from data.sources import load_tfds_split
+from data.sources import load_tfds_split, tfds_fingerprint
 
 TEXT_DATA = ("tiny_shakespeare", "text")
 
@@ -56,6 +58,7 @@ def text_data(d, *, context: int, vocab_size: int, global_batch: int, seed: int,
                 f"window of model.context={t} tokens"
             )
         train, test = synthetic_tokens(vocab_size, d.train_size, d.eval_size, seed)
+        fingerprint = None  # random tokens: the config says all there is
     elif d.name in TEXT_DATA:
         if d.tokenizer == "bytes" and not d.tokenizer_file and vocab_size < VOCAB_BYTES:
             raise ConfigError(
@@ -72,7 +75,7 @@ def text_data(d, *, context: int, vocab_size: int, global_batch: int, seed: int,
                 f"model.vocab_size={vocab_size} is smaller than the {tokenizer.vocab_size} tokens of {which}; "
                 f"leave model.vocab_size null (the tokenizer's size) or raise it"
             )
-        train, test = text.train, text.validation
+        train, test, fingerprint = text.train, text.validation, text.fingerprint
         unit = "bytes" if tokenizer.name == "bytes" else "tokens"
         for split, tokens in (("train", train), ("validation", test)):
             if len(tokens) <= t:
@@ -86,7 +89,7 @@ def text_data(d, *, context: int, vocab_size: int, global_batch: int, seed: int,
             f"model=gpt trains on text, not data={d.name}; use data=tiny_shakespeare, data=text data.path=FILE "
             f"or data=synthetic"
         )
-    source = WindowSource(train, t, global_batch, seed, with_index=with_index)
+    source = WindowSource(train, t, global_batch, seed, with_index=with_index, fingerprint=fingerprint)
     source.tokenizer = tokenizer
     return source, eval_windows(test, t, getattr(d, "eval_windows", None), token_bytes)
 
@@ -161,7 +164,9 @@ def image_data(d, *, model: str, global_batch: int, seed: int, with_index: bool,
         )
     on_device = on_every_process(split_fits_on_device(needed, bytes_limit)) if d.on_device is None else d.on_device
     kind = DeviceSource if on_device else TrainSource
-    return kind(train, global_batch, seed, with_index=with_index), test
+    source = kind(train, global_batch, seed, with_index=with_index)
+    source.fingerprint = tfds_fingerprint(d.tfds_name, d.data_dir, "train", len(train))
+    return source, test
 
 
 def on_every_process(fits: bool) -> bool:

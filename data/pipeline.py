@@ -43,6 +43,8 @@ class TrainSource:
     ``train.debug_dump_indices``); without it a step places 2 arrays instead of 3.
     """
 
+    fingerprint: Optional[dict] = None  # what the split was read from (data.load), recorded with the checkpoints
+
     def __init__(self, dataset: HostDataset, global_batch: int, seed: int, with_index: bool = True):
         if global_batch > len(dataset):
             raise ValueError(f"train.global_batch={global_batch} exceeds the {len(dataset)} training examples")
@@ -224,6 +226,8 @@ class SyntheticSource:
     Raises:
       ValueError: ``global_batch`` larger than ``train_size``.
     """
+
+    fingerprint: Optional[dict] = None  # generated from the config: nothing beyond it to record
 
     def __init__(
         self,

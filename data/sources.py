@@ -16,7 +16,7 @@ from typing import Optional
 
 import numpy as np
 
-from core.errors import DataError, first_line
+from core.errors import DataError, error_text, first_line
 
 log = logging.getLogger(__name__)
 
@@ -58,19 +58,29 @@ def load_tfds_split(
     A dataset that is not prepared under ``data_dir`` is downloaded and prepared there first
     (``prepare_tfds``) unless ``download`` is False (``data.download=false``).
 
+    A cache file that cannot be read (cut short, damaged) is named in a warning and made again.
+
     Raises:
-      DataError: the dataset is not prepared and ``download`` is False, or its download/preparation failed.
+      DataError: the dataset is not prepared and ``download`` is False, or its download/preparation failed, or
+        a prepared split cannot be read (its files and the error named).
     """
     data_dir = resolve_data_dir(data_dir)
     version = prepared_version(tfds_name, data_dir)
-    cache = Path(cache_dir) / f"{tfds_name}-{version or 'unknown'}-{split}.npz"
+    cache = Path(cache_dir).expanduser() / f"{tfds_name}-{version or 'unknown'}-{split}.npz"
     if version is not None and cache.exists():
-        with np.load(cache) as f:
-            return HostDataset(images=f["images"], labels=f["labels"])
+        try:
+            with np.load(cache) as f:
+                return HostDataset(images=f["images"], labels=f["labels"])
+        except Exception as e:  # a cut or damaged cache (zipfile, numpy and OS errors): derived data, made again
+            log.warning(
+                "the data cache %s cannot be read (%s); decoding %s/%s again", cache, error_text(e), tfds_name, split
+            )
     try:
         source = _data_source(tfds_name, split, data_dir)
     except Exception as e:  # TFDS raises several kinds (AssertionError, NotImplementedError, FileNotFoundError)
         where = data_dir or "TFDS's default folder (~/tensorflow_datasets)"
+        if version is not None:  # prepared, yet unreadable: name it rather than call it missing
+            raise unreadable(tfds_name, split, data_dir, version, e) from None
         if not download:
             raise DataError(
                 f"dataset {tfds_name!r} ({split}) is not prepared in {where} and data.download=false "
@@ -78,9 +88,16 @@ def load_tfds_split(
                 f"data.download=true, or run with data=synthetic"
             ) from None
         prepare_tfds(tfds_name, data_dir)
-        source = _data_source(tfds_name, split, data_dir)
+        version = prepared_version(tfds_name, data_dir)
+        try:
+            source = _data_source(tfds_name, split, data_dir)
+        except Exception as e:
+            raise unreadable(tfds_name, split, data_dir, version, e) from None
     t0 = time.perf_counter()
-    images, labels = _decode_all(source)
+    try:
+        images, labels = _decode_all(source)
+    except Exception as e:  # a damaged record file (e.g. "Corrupted Riegeli/records file"), an undecodable image
+        raise unreadable(tfds_name, split, data_dir, version, e) from None
     log.info(
         "decoded %s/%s (%d examples) in %.1f s; caching to %s",
         tfds_name,
@@ -97,6 +114,17 @@ def load_tfds_split(
     except OSError as e:
         log.warning("could not write the data cache %s (%s); the next run decodes again", cache, e)
     return HostDataset(images=images, labels=labels)
+
+
+def unreadable(tfds_name: str, split: str, data_dir: Optional[str], version: Optional[str], error: Exception):
+    """The one-line ``DataError`` for a prepared split that cannot be read: its files (or folder) and the error."""
+    folder = Path(data_dir or Path.home() / "tensorflow_datasets") / tfds_name.partition(":")[0] / (version or "")
+    files = sorted(folder.glob(f"*-{split}.*")) if folder.is_dir() else []
+    where = ", ".join(map(str, files[:2])) + (f" (+{len(files) - 2} more)" if len(files) > 2 else "") or str(folder)
+    return DataError(
+        f"dataset {tfds_name!r} ({split}) cannot be read from {where} ({error_text(error)}); prepare it again (move "
+        f"{folder} away and run with data.download=true), or point TFDS_DATA_DIR at a good copy"
+    )
 
 
 def _data_source(tfds_name: str, split: str, data_dir: Optional[str]):
@@ -270,6 +298,13 @@ def _patch_download_manager(builder, manual: Path) -> None:
         return manager
 
     builder._make_download_manager = make_patched
+
+
+def tfds_fingerprint(tfds_name: str, data_dir: Optional[str], split: str, examples: int) -> dict:
+    """What a run trained on, recorded with its checkpoints: ``{"kind": "tfds", "dataset", "version" (the
+    prepared one read, None when unknown), "split", "examples"}``."""
+    version = prepared_version(tfds_name, resolve_data_dir(data_dir))
+    return {"kind": "tfds", "dataset": tfds_name, "version": version, "split": split, "examples": examples}
 
 
 def prepared_version(tfds_name: str, data_dir: Optional[str]) -> Optional[str]:

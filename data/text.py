@@ -40,6 +40,7 @@ import hashlib
 import json
 import logging
 import os
+import shlex
 import shutil
 import socket
 import urllib.request
@@ -67,15 +68,26 @@ class WindowSource:
     ``steps_per_epoch``: ``len(tokens) // (global_batch * context)`` (at least 1): the steps that see as many
     target tokens as the split holds (windows are drawn with replacement, so an "epoch" is a unit of length).
 
+    ``fingerprint``: what the tokens were read from (``file_fingerprint``), recorded with the checkpoints.
+
     Raises:
       ValueError: the split is not longer than one window.
     """
 
-    def __init__(self, tokens: np.ndarray, context: int, global_batch: int, seed: int, with_index: bool = True):
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        context: int,
+        global_batch: int,
+        seed: int,
+        with_index: bool = True,
+        fingerprint: Optional[dict] = None,
+    ):
         if len(tokens) <= context:
             raise ValueError(f"the train split has {len(tokens)} tokens, not more than one window of {context}")
         self.tokens, self.context, self.global_batch, self.seed = tokens, context, global_batch, seed
         self.with_index = with_index
+        self.fingerprint = fingerprint  # what the tokens were read from (file_fingerprint); None: random tokens
         self.tokenizer = None  # the tokenizer the tokens come from (data.tokens), when known; None: bytes
         self.steps_per_epoch = max(1, len(tokens) // (global_batch * context))
         self._offsets = np.arange(context + 1)
@@ -132,21 +144,109 @@ def byte_tokens(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32)
 
 
-def read_utf8(path: Path, what: str) -> str:
-    """The text of ``path``. Raises DataError (one line): missing, unreadable, empty or not UTF-8."""
+def file_fingerprint(path: Path, raw: bytes) -> dict:
+    """What a run trained on, recorded with its checkpoints: ``{"kind": "file", "file": absolute path, "bytes":
+    size, "blake2b": hex digest (16 bytes) of the contents}``. Two files with the same size and digest hold the
+    same text, wherever they are."""
+    digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
+    return {"kind": "file", "file": str(Path(path).absolute()), "bytes": len(raw), "blake2b": digest}
+
+
+# Byte-order marks of the encodings a text editor saves besides UTF-8 (UTF-32 first: its LE mark starts as UTF-16's)
+BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32LE"),
+    (b"\x00\x00\xfe\xff", "UTF-32BE"),
+    (b"\xff\xfe", "UTF-16LE"),
+    (b"\xfe\xff", "UTF-16BE"),
+)
+
+
+def wide_encoding(raw: bytes) -> Optional[str]:
+    """``UTF-16LE``/``UTF-16BE``/``UTF-32LE``/``UTF-32BE`` when ``raw`` starts with that byte-order mark, or, with
+    no mark, when a quarter or more of its first 64 KiB are NUL bytes and the others sit at one offset modulo 4
+    (UTF-32) or 2 (UTF-16), as ASCII letters do in those encodings; else None. UTF-8 text holds no NUL bytes."""
+    for bom, name in BOMS:
+        if raw.startswith(bom):
+            return name
+    head = np.frombuffer(raw[: 1 << 16], np.uint8)
+    if len(head) < 4 or int((head == 0).sum()) < len(head) // 4:
+        return None
+    offsets = np.flatnonzero(head)
+    for width, names in ((4, ("UTF-32LE", None, None, "UTF-32BE")), (2, ("UTF-16LE", "UTF-16BE"))):
+        share = np.bincount(offsets % width, minlength=width) / max(1, len(offsets))
+        at = int(share.argmax())
+        if share[at] >= 0.9 and names[at]:
+            return names[at]
+    return None
+
+
+def _shell(path: Path) -> str:
+    """``path`` quoted for a shell, so that an advised command works when pasted."""
+    return shlex.quote(str(path))
+
+
+def read_text_file(path: Path, what: str) -> tuple[str, dict]:
+    """The text of ``path`` (``~`` expanded) and its ``file_fingerprint``.
+
+    Raises:
+      DataError (one line): missing, unreadable, empty, or not UTF-8: a UTF-16/UTF-32 file (a byte-order mark, or
+        NUL bytes between ASCII letters; read as UTF-8 it would train on NUL bytes) is told to convert from its
+        encoding, one with other NUL bytes or invalid UTF-8 from its own (e.g. UTF-16LE, latin1), each with the
+        ``iconv`` command that writes a UTF-8 copy to pass instead.
+    """
+    path = Path(path).expanduser()
     try:
-        raw = Path(path).read_bytes()
+        raw = path.read_bytes()
     except OSError as e:
         raise DataError(f"{what}={path} cannot be read ({type(e).__name__}: {e.strerror or e}); give a readable file")
     if not raw:
         raise DataError(f"{what}={path} is empty; give a UTF-8 text file with at least one window of text")
+    check_text_bytes(raw, path, what)
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8"), file_fingerprint(path, raw)
     except UnicodeDecodeError as e:
+        raise DataError(not_utf8(path, what, e.start, e.reason)) from None
+
+
+def _utf8_copy(path: Path) -> Path:
+    return path.with_name(path.stem + ".utf8.txt")  # where the advised conversion writes its UTF-8 copy
+
+
+def not_utf8(path: Path, what: str, byte: int, reason: str) -> str:
+    """The one-line error for a file that is not UTF-8 at ``byte``, with the conversion that fixes it."""
+    out = _utf8_copy(path)
+    return (
+        f"{what}={path} is not UTF-8 (byte {byte}: {reason}); convert it from its encoding, e.g. latin1: "
+        f"iconv -f latin1 -t UTF-8 {_shell(path)} > {_shell(out)}, then pass {what}={out}"
+    )
+
+
+def check_text_bytes(raw: bytes, path: Path, what: str) -> None:
+    """Raises DataError (one line) when ``raw`` (a file's bytes, or its first chunk) is UTF-16/UTF-32 text (a
+    byte-order mark, or NUL bytes between ASCII letters: read as UTF-8 it would train on NUL bytes) or holds
+    other NUL bytes, with the ``iconv`` command that writes a UTF-8 copy to pass instead."""
+    out = _utf8_copy(path)
+    wide = wide_encoding(raw)
+    if wide is not None:
+        # with a byte-order mark iconv's UTF-16 / UTF-32 read it (and drop it); without one, name the byte order
+        source = wide[:6] if raw.startswith(tuple(bom for bom, _ in BOMS)) else wide
         raise DataError(
-            f"{what}={path} is not UTF-8 (byte {e.start}: {e.reason}); convert it first, e.g. "
-            f"iconv -f latin1 -t utf-8 {path} > out.txt"
-        ) from None
+            f"{what}={path} is {wide} text, not UTF-8 (read as UTF-8 it would train on NUL bytes); convert it: "
+            f"iconv -f {source} -t UTF-8 {_shell(path)} > {_shell(out)}, then pass {what}={out}"
+        )
+    nul = raw.count(0)
+    if nul * 100 >= len(raw):  # UTF-16 of other scripts without a mark, or no text: say what is known, not a guess
+        raise DataError(
+            f"{what}={path} holds {nul} NUL bytes, which UTF-8 text never does: convert it to UTF-8 from its "
+            f"encoding (e.g. UTF-16LE: iconv -f UTF-16LE -t UTF-8 {_shell(path)} > {_shell(out)}, then pass "
+            f"{what}={out}); an archive or other binary file is not text"
+        )
+
+
+def read_utf8(path: Path, what: str) -> str:
+    """The text of ``path``. Raises DataError (one line): missing, unreadable, empty or not UTF-8
+    (``read_text_file``)."""
+    return read_text_file(path, what)[0]
 
 
 def tfds_splits(text: str) -> tuple[str, str, str]:
@@ -219,7 +319,7 @@ def load_text_splits(
     """
     tokenizer = tokenizer or ByteTokenizer()
     if name == "tiny_shakespeare":
-        file = tiny_shakespeare_path(path, cache_dir, download)
+        file = tiny_shakespeare_path(path and os.path.expanduser(path), cache_dir, download)
         train, validation, _ = tfds_splits(read_utf8(file, "data.path"))
     else:
         text = "".join(_text_chunks(corpus_files(path)))
@@ -274,15 +374,13 @@ def _text_chunks(files: list[Path], chunk_bytes: int = CHUNK_BYTES) -> Iterator[
             with open(f, "rb") as fh:
                 while True:
                     raw = fh.read(chunk_bytes)
+                    if offset == 0 and raw:
+                        check_text_bytes(raw, f, "data.path")
                     pending = len(decoder.getstate()[0])  # bytes of a character the last chunk cut short
                     try:
                         text = decoder.decode(raw, final=not raw)
                     except UnicodeDecodeError as e:
-                        raise DataError(
-                            f"data.path={f} is not UTF-8 (byte {offset - pending + e.start}: {e.reason}); convert "
-                            f"it first, "
-                            f"e.g. iconv -f latin1 -t utf-8 {f} > out.txt"
-                        ) from None
+                        raise DataError(not_utf8(f, "data.path", offset - pending + e.start, e.reason)) from None
                     if text:
                         yield text
                     if not raw:
@@ -294,21 +392,27 @@ def _text_chunks(files: list[Path], chunk_bytes: int = CHUNK_BYTES) -> Iterator[
             )
 
 
-def corpus_fingerprint(files: list[Path]) -> tuple[str, int]:
-    """(fingerprint, characters): the SHA-256 of the files' sizes and contents in order, and the characters of
-    their concatenated text (every file read once; one that is not UTF-8 is refused here, ``_text_chunks``)."""
+def corpus_fingerprint(files: list[Path], path: Optional[str] = None) -> tuple[str, int, dict]:
+    """(fingerprint, characters, record): the SHA-256 of the files' sizes and contents in order (the token files'
+    key), the characters of their concatenated text, and what the checkpoints record (``file_fingerprint``'s keys:
+    ``file`` the one file, else ``path``; the bytes and blake2b of the concatenated files). Every file is read once;
+    one that is not UTF-8 is refused here (``_text_chunks``)."""
     h = hashlib.sha256()
-    chars = 0
+    whole = hashlib.blake2b(digest_size=16)
+    chars = total = 0
     for f in files:
         digest = hashlib.sha256()
         size = 0
         for text in _text_chunks([f]):
             raw = text.encode("utf-8")
             digest.update(raw)
+            whole.update(raw)
             size += len(raw)
             chars += len(text)
+        total += size
         h.update(f"{size}:{digest.hexdigest()}\n".encode())
-    return h.hexdigest()[:24], chars
+    file = str(files[0].absolute()) if len(files) == 1 else str(path)
+    return h.hexdigest()[:24], chars, {"kind": "file", "file": file, "bytes": total, "blake2b": whole.hexdigest()}
 
 
 class _SplitStream:
@@ -348,6 +452,7 @@ class TextSplits:
     train_bytes: int
     validation_bytes: int
     token_dir: Optional[Path] = None
+    fingerprint: Optional[dict] = None  # what the text was read from (file_fingerprint), recorded with checkpoints
 
     @property
     def train_bytes_per_token(self) -> float:
@@ -495,8 +600,9 @@ def load_text(
       DataError (one line): files missing, unreadable, empty or not UTF-8; a bad tokenizer setting.
     """
     if name == "tiny_shakespeare":
-        file = tiny_shakespeare_path(path, cache_dir, download)
-        train, validation, _ = tfds_splits(read_utf8(file, "data.path"))
+        file = tiny_shakespeare_path(path and os.path.expanduser(path), cache_dir, download)
+        text, fingerprint = read_text_file(file, "data.path")
+        train, validation, _ = tfds_splits(text)
         tok = choose_tokenizer(
             tokenizer,
             vocab_size,
@@ -507,10 +613,15 @@ def load_text(
             saved_tokenizer,
         )
         return TextSplits(
-            tok.encode(train), tok.encode(validation), tok, len(train.encode("utf-8")), len(validation.encode("utf-8"))
+            tok.encode(train),
+            tok.encode(validation),
+            tok,
+            len(train.encode("utf-8")),
+            len(validation.encode("utf-8")),
+            fingerprint=fingerprint,
         )
     files = corpus_files(path)
-    fingerprint, chars = corpus_fingerprint(files)
+    fingerprint, chars, record = corpus_fingerprint(files, path)
     if chars == 0:
         raise DataError(f"data.path={path} is empty; give a UTF-8 text file with at least one window of text")
     split = int(chars * 0.9)
@@ -523,7 +634,7 @@ def load_text(
         lambda: text_pieces(_SplitStream(_text_chunks(files), split).first()),
         saved_tokenizer,
     )
-    return text_token_files(files, fingerprint, chars, tok, cache_dir)
+    return dataclasses.replace(text_token_files(files, fingerprint, chars, tok, cache_dir), fingerprint=record)
 
 
 def synthetic_tokens(vocab_size: int, train_size: int, eval_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -6,10 +6,11 @@ Sharding rules are data (as big_vision's ``(regex, spec)`` lists): ``parallel.fs
 (``re.search``) in a state leaf's path (``params/blocks/0/fc1/kernel``; the optimizer state's copy of a
 parameter ends in the same path, so one rule covers both) and whose ``dim`` fits decides: ``dim`` an integer
 (negative counts from the end) splits that dimension, when the ``fsdp`` axis size divides it (else the next
-rule is tried); ``null`` replicates; ``"largest"`` splits the largest dimension the axis size divides (the first
-on ties), or replicates when none does. The default list is that last rule alone. Arrays smaller than
-``parallel.min_shard_bytes`` stay replicated whatever the rules say. The state is created directly in that
-layout (``ParallelMode.init_state``), so no device ever holds the whole model.
+rule is tried; a dimension the array does not have is an error); ``null`` replicates; ``"largest"`` splits the
+largest dimension the axis size divides (the first on ties), or replicates when none does. The default list is
+that last rule alone. Arrays smaller than ``parallel.min_shard_bytes`` stay replicated whatever the rules say.
+The state is created directly in that layout (``ParallelMode.init_state``), so no device ever holds the whole
+model.
 
 The step runs inside ``shard_map``; the model is built from the parameter SHARDS (``gathered_model``):
 
@@ -105,19 +106,38 @@ def check_rules(rules) -> list[tuple[str, Any]]:
 def rule_dim(path: str, shape, itemsize: int, fsdp_size: int, min_shard_bytes: int, rules) -> Optional[int]:
     """The dimension of the array at ``path`` (``shape``) to split over ``fsdp_size`` devices, or None
     (replicate): the first of ``rules`` (then ``DEFAULT_RULES``) that matches ``path`` and fits (module
-    docstring)."""
-    if fsdp_size == 1 or math.prod(shape) * itemsize < min_shard_bytes:
+    docstring).
+
+    Raises:
+      ConfigError: a rule tried on this array names a dimension it does not have (on any device count: a rule
+        that cannot apply is a mistake in the rules, not a reason to try the next one).
+    """
+    if math.prod(shape) * itemsize < min_shard_bytes:
         return None
-    for regex, dim in (*rules, *DEFAULT_RULES):
+    for i, (regex, dim) in enumerate((*rules, *DEFAULT_RULES)):
         if not re.search(regex, path):
             continue
         if dim is None:
             return None
         if dim == LARGEST:
             return shard_dim(shape, itemsize, fsdp_size, 0)
-        if -len(shape) <= dim < len(shape) and shape[dim] % fsdp_size == 0 and shape[dim] > 0:
+        if not -len(shape) <= dim < len(shape):
+            raise ConfigError(out_of_range(i, regex, dim, path, shape))
+        if fsdp_size > 1 and shape[dim] % fsdp_size == 0 and shape[dim] > 0:
             return dim % len(shape)
     return None
+
+
+def out_of_range(i: int, regex: str, dim: int, path: str, shape) -> str:
+    """The one-line error of rule ``i`` whose ``dim`` does not exist in the array at ``path`` it matches."""
+    n = len(shape)
+    has = f"{n} dimension{'s' if n != 1 else ''}" if n else "no dimension (a scalar)"
+    fix = f"a dim from {-n} to {n - 1}, " if n else ""
+    return (
+        f"parallel.fsdp_rules[{i}]=[{regex!r}, {dim}] matches {path} of shape {list(shape)}, which has {has}: "
+        f"there is no dimension {dim}; give {fix}null (replicate) or 'largest', or a regex that leaves this array "
+        f"out (e.g. one that ends in the parameter's name, 'kernel$')"
+    )
 
 
 def path_name(path) -> str:

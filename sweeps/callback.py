@@ -6,6 +6,11 @@ Hydra calls ``on_multirun_end`` in the launching process after every job has ret
 taken from the job folders on disk: each job writes ``summary.json`` with ``status`` ok or failed; a job folder
 without one died before it could write it (killed, out of memory, a crash of the interpreter).
 
+A sweep started in a ``hydra.sweep.dir`` that already holds jobs (``on_multirun_start``, before Hydra writes
+anything there) resumes them when each job folder would run its own values again (a sweep stopped and started
+again, perhaps with more ``train.steps``), and is refused in one line naming the changed values otherwise: the
+jobs of another sweep are neither rerun nor mixed into this one's folder.
+
 SIGTERM or SIGINT during a sweep (``training.process.SweepStop``, installed at the sweep's start): the running
 job saves a checkpoint and stops, no later job starts (``train.py`` writes ``status: skipped`` for it), and the
 end prints which jobs finished, stopped or never started and how to resume, and exits 1.
@@ -118,6 +123,107 @@ def offline_wandb_hint(sweep_dir: Path) -> Optional[str]:
     )
 
 
+# ---- a sweep resumed in its folder: the same jobs, or refused before anything is touched -------------------
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def planned_jobs(config: DictConfig) -> Optional[list[list[str]]]:
+    """The override strings of every job Hydra's basic sweeper will launch for ``config``, in job-number order
+    (``BasicSweeper.sweep``: ``hydra.sweeper.params``, then the command line's overrides, their product); None
+    for another sweeper or a sweep this cannot expand before the sweeper does (a ``glob`` of group options)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    sweeper = config.hydra.sweeper
+    if sweeper.get("_target_") != BASIC_SWEEPER:
+        return None
+    params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
+    arguments = list(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))  # type: ignore[arg-type]
+    try:
+        batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(params + arguments), None)
+    except Exception:  # the sweeper reports what it cannot parse or expand itself, in one line (conf/errors.py)
+        return None
+    return [list(job) for batch in batches for job in batch]
+
+
+def existing_jobs(sweep_dir: Path) -> dict[int, tuple[Path, list[str]]]:
+    """``job number -> (job folder, its override strings)`` of the jobs already in ``sweep_dir`` (Hydra's
+    ``.hydra/hydra.yaml`` and ``.hydra/overrides.yaml`` of each job folder; unreadable ones are left out)."""
+    import yaml
+
+    out: dict[int, tuple[Path, list[str]]] = {}
+    for hydra_dir in sorted(Path(sweep_dir).glob("**/.hydra")):
+        try:
+            num = int(yaml.safe_load((hydra_dir / "hydra.yaml").read_text())["hydra"]["job"]["num"])
+            overrides = [str(o) for o in yaml.safe_load((hydra_dir / "overrides.yaml").read_text()) or []]
+        except (OSError, ValueError, TypeError, KeyError, yaml.YAMLError):
+            continue
+        out.setdefault(num, (hydra_dir.parent, overrides))
+    return out
+
+
+def _as_dict(overrides: list[str]) -> dict[str, str]:
+    return dict(o.split("=", 1) if "=" in o else (o, "") for o in overrides)
+
+
+def _values(jobs: list[dict[str, str]], key: str) -> list[str]:
+    """The distinct values of ``key`` over ``jobs`` in their order (``(not set)`` where a job lacks it)."""
+    return list(dict.fromkeys(job.get(key, "(not set)") for job in jobs))
+
+
+def sweep_changes(sweep_dir: Path, jobs: list[list[str]]) -> list[str]:
+    """Why the jobs already in ``sweep_dir`` are not this sweep's (empty: each job folder would run its own
+    values again, so the sweep resumes): ``key: old values -> new values`` for every swept key whose values
+    changed, or the first job whose values moved. Keys that one value sets in every job and that a resumed run may
+    change (``train.steps``, logging, ``wandb``: ``training.checkpoint.policy.ALLOWED``) are not compared."""
+    existing = existing_jobs(sweep_dir)
+    if not existing:
+        return []
+    from training.checkpoint.policy import ALLOWED
+
+    old = {num: _as_dict(ov) for num, (_, ov) in existing.items()}
+    new = [_as_dict(ov) for ov in jobs]
+    keys = {k for job in [*old.values(), *new] for k in job}
+
+    def compared(key: str) -> bool:
+        swept = len(_values(list(old.values()), key)) > 1 or len(_values(new, key)) > 1
+        name = key.lstrip("+~")
+        return swept or not (name.startswith(ALLOWED) or f"{name}.".startswith(ALLOWED))
+
+    keys = {k for k in keys if compared(k)}
+    moved = [
+        num
+        for num, job in sorted(old.items())
+        if num >= len(new) or {k: job.get(k) for k in keys} != {k: new[num].get(k) for k in keys}
+    ]
+    if not moved:
+        return []
+    out = []
+    for key in sorted(keys):
+        before, after = _values(list(old.values()), key), _values(new, key)
+        if set(before) != set(after):
+            out.append(f"{key}: {','.join(before)} -> {','.join(after)}")
+    if not out:  # the same values, in another order or number of jobs: name the first job that moved
+        num = moved[0]
+        was, now = old[num], new[num] if num < len(new) else {}
+        differ = [k for k in sorted(keys) if was.get(k) != now.get(k)]
+        ran = " ".join(f"{k}={was[k]}" for k in differ if k in was)
+        would = " ".join(f"{k}={now[k]}" for k in differ if k in now) if now else "no job"
+        out.append(f"the same values in another order: job {num} ({existing[num][0]}) ran {ran}, would run {would}")
+    return out
+
+
+def sweep_refusal(sweep_dir: Path, changes: list[str], limit: int = 4) -> str:
+    """The one-line error for a sweep started in a folder that holds another sweep's jobs."""
+    shown = "; ".join(changes[:limit]) + (f"; ... {len(changes) - limit} more" if len(changes) > limit else "")
+    return (
+        f"hydra.sweep.dir={sweep_dir} holds the jobs of a sweep with other values ({shown}); to resume that sweep "
+        f"run it with its own values, otherwise give this sweep its own hydra.sweep.dir (nothing in the folder was "
+        f"changed)"
+    )
+
+
 class SweepSummary(Callback):
     """Prints ``k of n jobs failed`` with each failed job's folder and error, and exits with code 1 when k > 0.
 
@@ -130,6 +236,12 @@ class SweepSummary(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         release_gc()  # a sweep's process keeps Python's garbage collector on (training.process)
+        # before the sweeper writes multirun.yaml and the jobs their folders: another sweep's jobs stay untouched
+        jobs = planned_jobs(config)
+        changes = sweep_changes(Path(config.hydra.sweep.dir), jobs) if jobs is not None else []
+        if changes:
+            print(f"error: {sweep_refusal(Path(config.hydra.sweep.dir), changes)}", file=sys.stderr, flush=True)
+            sys.exit(1)  # SystemExit passes Hydra's callback wrapper (it only catches Exception)
         self.start_s = time.time()
         self.stop = SweepStop().install()
 

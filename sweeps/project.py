@@ -54,6 +54,7 @@ from sweeps.projection import (
     overlay_projection,
     project,
 )
+from training.folders import CHECKPOINTS, STEP, folder_kind
 
 SUMMARY_NAME = "summary.json"
 _COLLECTIVE_RE = re.compile(r"^(?P<kind>[a-z\-]+) (?P<dtype>\S+) (?P<bytes>\d+)B n=(?P<n>\d+)(?P<loop> loop)?$")
@@ -84,22 +85,33 @@ def parse_devices(text: str) -> list[int]:
 
 
 def load_summaries(folder: Path) -> list[dict[str, Any]]:
-    """Every readable ``summary.json`` below ``folder`` whose ``status`` is ok (``wandb`` folders skipped)."""
+    """Every readable ``summary.json`` below ``folder`` (a run or sweep folder) whose ``status`` is ok (``wandb``
+    folders skipped). Raises ProjectionError for a missing folder, a checkpoint folder or step (naming the run
+    folder to pass), or no finished run."""
     if not folder.is_dir():
         raise ProjectionError(f"run folder does not exist or is not a directory: {folder}")
-    out = []
+    kind = folder_kind(folder)
+    if kind in (CHECKPOINTS, STEP):  # the run folder holds the summary: one or two levels up
+        run = folder.parent if kind == CHECKPOINTS else folder.parent.parent
+        what = "a run's checkpoint folder" if kind == CHECKPOINTS else "a checkpoint step of a run"
+        raise ProjectionError(f"{folder} is {what}, not a run or sweep folder; pass the run folder {run}")
+    out, unreadable, other = [], [], []
     for path in sorted(folder.rglob(SUMMARY_NAME)):
         if "wandb" in path.relative_to(folder).parts[:-1]:
             continue
         try:
             summary = json.loads(path.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError) as e:  # named below when no run is left
+            unreadable.append(f"{path} ({type(e).__name__})")
             continue
         if isinstance(summary, dict) and summary.get("status", "ok") == "ok":
             summary["_job_dir"] = str(path.parent)
             out.append(summary)
+        else:
+            other.append(f"{path} (status {summary.get('status') if isinstance(summary, dict) else '?'})")
     if not out:
-        raise ProjectionError(f"no finished run (summary.json with status ok) below {folder}")
+        found = "; ".join((unreadable + other)[:3]) or "none found"
+        raise ProjectionError(f"no finished run (summary.json with status ok) below {folder}: {found}")
     return out
 
 

@@ -385,7 +385,7 @@ def test_nan_params_are_never_saved(tmp_path, capsys, monkeypatch):
     assert err == [
         f"error: parameters are not finite after step 20: no checkpoint written; the last good "
         f"checkpoint is {ckpt / '10'} (step 10); lower optim.lr, enable optim.clip_grad_norm, or, under "
-        f"bf16/fp16, use precision=fp32"
+        f"bf16/fp16, use precision=fp32, in a new run (its own checkpoint.dir where one is pinned)"
     ]
     assert checkpoint.complete_steps(ckpt) == [10] and not checkpoint.unfinished_saves(ckpt)
     assert summary(run_dir)["status"] == "failed"
@@ -828,6 +828,7 @@ def test_resume_conflicts_rule():
             checkpoint__keep=9,
             wandb__mode="offline",
             train__global_batch=256,
+            train__allow_exploded_loss=True,  # the fix the exploded-loss error names
         )
     )
     assert resume_conflicts(saved, allowed, 256, 256) == []
@@ -912,3 +913,141 @@ def test_special_characters_in_checkpoint_dir_work_end_to_end(tmp_path):
     s = summary(tmp_path / "run2")
     assert s["checkpoint/resumed_step"] == 4 and s["checkpoint/last_step"] == 6
     assert "corrupt" not in proc.stderr and sorted(p.name for p in ckpt.iterdir()) == ["2", "4", "6"]
+
+
+# ---- the data a checkpoint was trained on ------------------------------------------------------------------
+@pytest.mark.unit
+def test_data_change_compares_size_and_hash_wherever_the_file_lies():
+    from training.checkpoint.policy import data_change
+
+    a = {"kind": "file", "file": "/d/a.txt", "bytes": 20531, "blake2b": "89151a0b0dcd" + "0" * 20}
+    assert data_change(a, {**a, "file": "/elsewhere/copy.txt"}) is None  # the same bytes: the same data
+    assert data_change(None, a) is None and data_change(a, None) is None  # unknown: a checkpoint saved before
+    edited = {**a, "blake2b": "6bbd5127db70" + "0" * 20}
+    assert data_change(a, edited) == (
+        "/d/a.txt was 20,531 bytes, blake2b 89151a0b0dcd; it is now 20,531 bytes, blake2b 6bbd5127db70"
+    )
+    assert data_change(a, {**edited, "file": "/d/b.txt", "bytes": 9}) == (
+        "it was /d/a.txt (20,531 bytes, blake2b 89151a0b0dcd); this run reads /d/b.txt (9 bytes, blake2b 6bbd5127db70)"
+    )
+    mnist = {"kind": "tfds", "dataset": "mnist", "version": "3.0.1", "split": "train", "examples": 60000}
+    assert data_change(mnist, dict(mnist)) is None
+    assert data_change(mnist, {**mnist, "version": "3.0.2"}) == (
+        "it was mnist 3.0.1 (train, 60,000 examples); this run reads mnist 3.0.2 (train, 60,000 examples)"
+    )
+
+
+def test_a_text_file_edited_in_place_is_refused_on_resume(tmp_path, capsys):
+    """An edit of the same length (it changes neither the config nor steps per epoch) used to resume silently on
+    the new text. The resume is refused in one line naming the file, nothing saved changes; with
+    checkpoint.allow_data_change=true it continues with one warning and records the new text; a checkpoint saved
+    before fingerprints were recorded resumes with one warning."""
+    text = tmp_path / "corpus.txt"
+    text.write_text("".join(f"{i} the quick brown fox jumps over the lazy dog\n" for i in range(300)))
+    run_dir = tmp_path / "run"
+    args = [
+        "model=gpt",
+        "model.depth=1",
+        "model.context=16",
+        "train.global_batch=8",
+        "data=text",
+        f"data.path={text}",
+        "checkpoint.every=2",
+        "train.sample_tokens=0",
+        "wandb.mode=disabled",
+    ]
+    first = run_train(run_dir, *args, "train.steps=2")
+    assert first.returncode == 0, first.stderr[-2000:]
+    saved = json.loads((run_dir / "checkpoints" / "2" / "meta" / "metadata").read_text())
+    assert saved["data_fingerprint"]["file"] == str(text) and saved["data_fingerprint"]["bytes"] == 14290
+    before = {p: p.stat().st_mtime_ns for p in (run_dir / "checkpoints").rglob("*")}
+
+    text.write_text(text.read_text().replace("fox", "cat"))  # the same length
+    refused = run_train(run_dir, *args, "train.steps=4")
+    assert refused.returncode == 1
+    errors = [ln for ln in refused.stderr.splitlines() if ln.startswith("error:")]
+    old_hash, new_hash = saved["data_fingerprint"]["blake2b"][:12], _blake2b(text)[:12]
+    assert errors == [
+        f"error: checkpoint {run_dir / 'checkpoints' / '2'} was trained on other data ({text} was 14,290 bytes, "
+        f"blake2b {old_hash}; it is now 14,290 bytes, blake2b {new_hash}); put back the data it was trained on, give "
+        "this run its own checkpoint.dir, or set checkpoint.allow_data_change=true to continue it on this data"
+    ], refused.stderr[-2000:]
+    assert "Traceback" not in refused.stderr
+    assert {p: p.stat().st_mtime_ns for p in (run_dir / "checkpoints").rglob("*")} == before
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
+
+    allowed = run_train(run_dir, *args, "train.steps=4", "checkpoint.allow_data_change=true")
+    assert allowed.returncode == 0, allowed.stderr[-2000:]
+    assert (
+        f"warning: resuming {run_dir / 'checkpoints' / '2'} on other data, as checkpoint.allow_data_change=true "
+        f"allows ({text} was 14,290 bytes" in allowed.stderr
+    )
+    meta = json.loads((run_dir / "checkpoints" / "4" / "meta" / "metadata").read_text())
+    assert meta["data_fingerprint"]["blake2b"] == _blake2b(text)  # the text it now continues on
+
+    # a checkpoint saved before fingerprints were recorded: unknown, so it resumes (one warning)
+    del meta["data_fingerprint"]
+    (run_dir / "checkpoints" / "4" / "meta" / "metadata").write_text(json.dumps(meta))
+    from training.checkpoint.plan import CheckpointPlan
+    from training.checkpoint.resuming import check_resume_settings
+    from data.text import read_text_file
+
+    plan_ = CheckpointPlan(directory=run_dir / "checkpoints", every=2, keep=3, resume="auto", resume_path=None)
+    capsys.readouterr()
+    check_resume_settings(plan_, meta["config"], meta["global_batch"], read_text_file(text, "data.path")[1])
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: checkpoint {run_dir / 'checkpoints' / '4'} records no fingerprint of its training data (saved "
+        f"before they were): that {text} is the text it was trained on is not checked"
+    ]
+
+
+def _blake2b(path: Path) -> str:
+    import hashlib
+
+    return hashlib.blake2b(path.read_bytes(), digest_size=16).hexdigest()
+
+
+@pytest.mark.unit
+def test_resume_from_a_sweep_or_run_folder_names_the_checkpoint_folder_to_give(tmp_path):
+    """checkpoint.resume=<sweep folder> used to try each job folder as a step ("incomplete or corrupt" warnings);
+    a run folder was "no checkpoint". Each is now named, with the folder to give, which resumes."""
+    from training.checkpoint.plan import prepare
+    from utils import fake_sweep
+
+    sweep = fake_sweep(tmp_path / "sweep")
+    cfg = CheckpointConfig(resume=str(sweep))
+    with pytest.raises(ConfigError) as e:
+        prepare(cfg, tmp_path / "run")
+    assert str(e.value) == (
+        f"checkpoint.resume={sweep} is a sweep folder (jobs 0, 1), not a checkpoint folder; give one job's checkpoint "
+        f"folder, e.g. {sweep / '0'}/checkpoints"
+    )
+    with pytest.raises(ConfigError) as e:
+        prepare(CheckpointConfig(resume=str(sweep / "0")), tmp_path / "run")
+    assert str(e.value) == (
+        f"checkpoint.resume={sweep / '0'} is a run folder, not a checkpoint folder; give its checkpoint folder, "
+        f"checkpoint.resume={sweep / '0' / 'checkpoints'} (or one <step> folder in it)"
+    )
+    assert prepare(CheckpointConfig(resume=str(sweep / "0" / "checkpoints")), tmp_path / "run").resume == "path"
+
+
+def test_a_checkpoint_past_the_last_step_advice_works_when_followed(tmp_path):
+    """The line's fixes, each followed: train.steps up to the checkpoint's step (the run ends ok), or a fresh
+    start with checkpoint.resume=never and a checkpoint.dir of its own (it used to advise resume=never alone, which
+    is refused while checkpoint.dir holds checkpoints)."""
+    run_dir = tmp_path / "run"
+    args = ("data=synthetic", "wandb.mode=disabled")
+    assert run_train(run_dir, *args, "train.steps=6").returncode == 0
+    short = run_train(run_dir, *args, "train.steps=4")
+    assert short.returncode == 1
+    step6 = run_dir / "checkpoints" / "6"
+    assert [ln for ln in short.stderr.splitlines() if ln.startswith("error:")] == [
+        f"error: checkpoint {step6} is at step 6, past this run's 4 steps; raise train.steps (or train.epochs) to "
+        "reach step 6, or start afresh with checkpoint.resume=never and a checkpoint.dir of its own"
+    ]
+    complete = run_train(run_dir, *args, "train.steps=6")
+    assert complete.returncode == 0, complete.stderr[-2000:]
+    assert summary(run_dir)["status"] == "ok" and summary(run_dir)["train/steps"] == 6
+    fresh = run_train(run_dir, *args, "train.steps=4", "checkpoint.resume=never", f"checkpoint.dir={tmp_path / 'new'}")
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    assert summary(run_dir)["train/steps"] == 4 and (tmp_path / "new" / "4").is_dir() and step6.is_dir()

@@ -439,3 +439,21 @@ def test_startup_line_says_when_batches_are_made_on_the_devices():
     assert startup_line(info, **kw).endswith("mlp 203,530 params, data mnist")
     assert startup_line({**info, "data/on_device": False}, **kw).endswith("params, data mnist")
     assert startup_line({**info, "data/on_device": True}, **kw).endswith("params, data mnist on the devices")
+
+
+@pytest.mark.unit
+def test_a_sources_fingerprint_names_the_data_it_was_read_from(tmp_path):
+    """What the checkpoints record (training.checkpoint.policy.data_change): a TFDS split's name, prepared version,
+    split and size; nothing for synthetic data, whose config says it all."""
+    from training.build import load_data
+
+    cfg = make_cfg(data={"data_dir": str(SHARED_TFDS)}, mesh__devices=1, train__global_batch=64)
+    assert load_data(cfg, plan(cfg))[0].fingerprint == {
+        "kind": "tfds",
+        "dataset": "mnist",
+        "version": "3.0.1",
+        "split": "train",
+        "examples": 60000,
+    }
+    cfg = make_cfg(data={"name": "synthetic", "tfds_name": None}, mesh__devices=1, train__global_batch=64)
+    assert load_data(cfg, plan(cfg))[0].fingerprint is None

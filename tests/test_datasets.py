@@ -157,6 +157,43 @@ def test_prepared_split_reads_back_exactly_then_from_the_cache(name, prepared, t
     assert _sorted(again.images, again.labels) == _sorted(*data["train"])
 
 
+@pytest.mark.unit
+def test_a_damaged_cache_is_made_again_and_a_damaged_record_file_is_named(prepared, tmp_path, caplog):
+    """A cache cut short (a full disk, a kill) used to end in zipfile's traceback: it is named in a warning and
+    decoded again. A prepared record file cut short used to end in a traceback ("Corrupted Riegeli/records
+    file"), whatever data.download says: one line names the file and the error."""
+    import logging
+    import shutil
+
+    data_dir, data = prepared["fashion_mnist"]
+    version = FAKE["fashion_mnist"][3]
+    cache = tmp_path / "cache" / f"fashion_mnist-{version}-train.npz"
+    cache.parent.mkdir()
+    cache.write_bytes(b"PK\x03\x04 cut short")
+    with caplog.at_level(logging.WARNING, logger="data.sources"):
+        ds = load_tfds_split("fashion_mnist", "train", data_dir, str(cache.parent))
+    assert _sorted(ds.images, ds.labels) == _sorted(*data["train"])
+    assert [r.getMessage() for r in caplog.records] == [
+        f"the data cache {cache} cannot be read (BadZipFile: File is not a zip file); decoding fashion_mnist/train "
+        "again"
+    ]
+    assert len(np.load(cache)["labels"]) == len(data["train"][1])  # written again, whole
+
+    broken = tmp_path / "tfds"
+    shutil.copytree(data_dir, broken)
+    folder = broken / "fashion_mnist" / version
+    (record,) = folder.glob("*-train.array_record*")
+    record.write_bytes(record.read_bytes()[: record.stat().st_size // 2])
+    for download in (True, False):
+        with pytest.raises(DataError) as e:
+            load_tfds_split("fashion_mnist", "train", str(broken), str(tmp_path / "other_cache"), download=download)
+        assert str(e.value).startswith(f"dataset 'fashion_mnist' (train) cannot be read from {record} (")
+        assert str(e.value).endswith(
+            f"); prepare it again (move {folder} away and run with data.download=true), or point TFDS_DATA_DIR at "
+            "a good copy"
+        )
+
+
 @pytest.mark.parametrize("name", list(FAKE))
 def test_whole_pipeline_on_prepared_files(name, prepared, tmp_path):
     """data=<name> exactly as a user runs it, on a prepared copy: load, cache, batches, train, evaluate."""

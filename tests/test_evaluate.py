@@ -122,3 +122,27 @@ def test_evaluate_refuses_another_model_by_name(tmp_path):
     saved = {"model": {"name": "mlp", "hidden": 256, "activation": "tanh", "dropout": 0.0, "init_std": 0.01}}
     cfg = evaluate.compose_eval_config(saved, ["model.dropout=0.5", "mesh.devices=2"])
     assert evaluate.model_changes(saved, cfg) == []  # dropout is off in evaluation; the device count is free
+
+
+@pytest.mark.unit
+def test_a_sweep_folder_is_named_with_a_job_to_pass(tmp_path, capsys):
+    """evaluate and sample given a sweep folder: its job folders are named by numbers as checkpoint steps are, and
+    were each taken for a corrupt step (two warnings, then "holds no checkpoint"). Now one line says it is a sweep
+    and which job folder to pass; that folder is accepted. A folder inside a step names the step."""
+    import evaluate
+    import sample
+    from core.errors import ConfigError
+    from utils import fake_sweep
+
+    sweep = fake_sweep(tmp_path / "sweep", jobs=3)
+    line = f"error: {sweep} is a sweep folder (jobs 0, 1, 2), not a run: pass one job's folder, e.g. {sweep / '0'}"
+    assert evaluate.main([str(sweep)]) == 1
+    assert capsys.readouterr().err.strip() == line
+    assert sample.main([str(sweep)]) == 1
+    assert capsys.readouterr().err.strip() == line
+    assert evaluate.find_step_dir(sweep / "0") == sweep / "0" / "checkpoints" / "4"  # the advice, followed
+    assert sample.find_checkpoint(sweep / "0") == sweep / "0" / "checkpoints" / "4"
+    state = sweep / "0" / "checkpoints" / "4" / "state"
+    with pytest.raises(ConfigError) as e:
+        evaluate.find_step_dir(state)
+    assert str(e.value) == f"{state} is inside the checkpoint step folder {state.parent}: pass {state.parent}"

@@ -239,19 +239,100 @@ def test_text_file_errors(tmp_path):
 
 
 def test_not_utf8_file_fails_in_one_line_with_a_failed_summary(tmp_path):
+    """A UTF-16 file (its byte-order mark first) is told to convert from UTF-16, and the command the line gives
+    writes a UTF-8 copy that loads."""
     bad = tmp_path / "bad.txt"
-    bad.write_bytes(b"\xff\xfe" + b"x" * 5000)
+    text = "To be, or not to be, that is the question.\n" * 120
+    bad.write_bytes(text.encode("utf-16"))  # a byte-order mark, then UTF-16LE
     run = tmp_path / "run"
     r = run_train(run, "model=gpt", "data=text", f"data.path={bad}", "wandb=disabled", timeout=300)
     assert r.returncode != 0
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    out = tmp_path / "bad.utf8.txt"
     assert errors == [
-        f"error: data.path={bad} is not UTF-8 (byte 0: invalid start byte); convert it first, e.g. "
-        f"iconv -f latin1 -t utf-8 {bad} > out.txt"
+        f"error: data.path={bad} is UTF-16LE text, not UTF-8 (read as UTF-8 it would train on NUL bytes); convert "
+        f"it: iconv -f UTF-16 -t UTF-8 {bad} > {out}, then pass data.path={out}"
     ], r.stderr[-2000:]
     assert "Traceback" not in r.stderr
     assert json.loads((run / "summary.json").read_text())["status"] == "failed"
     assert not (run / "checkpoints").exists()
+    _follow_the_conversion(errors[0], text)
+
+
+def _follow_the_conversion(line: str, text: str) -> None:
+    """Runs the ``iconv`` command of an encoding error line (a process: not for a ``unit`` test; Python's codec
+    where iconv is missing), then loads the file it names: the UTF-8 copy holds ``text``."""
+    import shlex
+    import shutil
+    import subprocess
+
+    command, _, passed = line.partition(": iconv ")[2].partition(", then pass data.path=")
+    args = shlex.split("iconv " + command)
+    source, target = args[2], Path(args[-1])
+    if shutil.which("iconv"):
+        subprocess.run(" ".join(shlex.quote(a) if a != ">" else a for a in args), shell=True, check=True)
+    else:  # the same conversion: iconv's UTF-16 / UTF-32 read and drop the byte-order mark, as Python's codecs
+        target.write_text(Path(args[-3]).read_bytes().decode(source.lower()), encoding="utf-8")
+    assert Path(passed) == target
+    cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "text", "path": passed}})
+    train = load_data(cfg, plan(cfg))[0]
+    assert bytes(train.tokens.astype(np.uint8)).decode() == text[: int(len(text) * 0.9)]  # data=text's train split
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "latin-1"])
+def test_a_file_in_another_encoding_is_told_how_to_convert_it(tmp_path, encoding):
+    """UTF-16 without a byte-order mark decodes as UTF-8 (ASCII letters and NUL bytes): it used to train on NUL
+    bytes silently. Each encoding is named, and its conversion command, followed, gives a file that loads."""
+    text = "To be, or not to be, that is the question. Caf\u00e9.\n" * 100
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(text.encode(encoding))
+    cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "text", "path": str(path)}})
+    with pytest.raises(DataError) as e:
+        load_data(cfg, plan(cfg))
+    out = tmp_path / "corpus.utf8.txt"
+    named, source = {
+        "utf-16": ("UTF-16LE", "UTF-16"),
+        "utf-16-le": ("UTF-16LE", "UTF-16LE"),
+        "utf-16-be": ("UTF-16BE", "UTF-16BE"),
+        "utf-32": ("UTF-32LE", "UTF-32"),
+        "latin-1": (None, "latin1"),
+    }[encoding]
+    if named:
+        assert str(e.value) == (
+            f"data.path={path} is {named} text, not UTF-8 (read as UTF-8 it would train on NUL bytes); convert it: "
+            f"iconv -f {source} -t UTF-8 {path} > {out}, then pass data.path={out}"
+        )
+    else:
+        assert str(e.value) == (
+            f"data.path={path} is not UTF-8 (byte 46: invalid continuation byte); convert it from its encoding, e.g. "
+            f"latin1: iconv -f latin1 -t UTF-8 {path} > {out}, then pass data.path={out}"
+        )
+    _follow_the_conversion(str(e.value), text)
+
+
+@pytest.mark.unit
+def test_a_text_path_with_a_tilde_is_expanded(tmp_path, monkeypatch):
+    """``data.path="~/corpus.txt"`` (quoted for Hydra, as its parse error of the bare form says) reads the file in
+    the home folder, as the shell would; the run's paths are made absolute the same way (``absolute_paths``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from conf.errors import one_line
+    from conf.schema import as_dict
+    from training.console import absolute_paths
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "corpus.txt").write_text("to be or not to be " * 200)
+    with pytest.raises(Exception) as e:
+        OverridesParser.create().parse_overrides(["data.path=~/corpus.txt"])
+    assert one_line(e.value) == (
+        "cannot parse the override 'data.path=~/corpus.txt': LexerNoViableAltException: data.path=~/corpus.txt; "
+        "quote the value for Hydra inside the shell's quotes: 'data.path=\"~/corpus.txt\"'"
+    )
+    (quoted,) = OverridesParser.create().parse_overrides(['data.path="~/corpus.txt"'])
+    cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "text", "path": quoted.value()}})
+    assert len(load_data(cfg, plan(cfg))[0].tokens) == 3420  # the data layer expands it itself (evaluate, sample)
+    assert as_dict(absolute_paths(cfg, Path("/elsewhere"), {}))["data"]["path"] == str(tmp_path / "corpus.txt")
+    assert load_data(cfg, plan(cfg))[0].fingerprint["file"] == str(tmp_path / "corpus.txt")
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,8 @@ def test_diverged_run_fails_with_one_line(tmp_path):
     (err,) = error_lines(proc)
     assert err == (
         "error: the run diverged: final eval/loss=inf is not finite; lower optim.lr, enable "
-        "optim.clip_grad_norm, or, under bf16/fp16, use precision=fp32"
+        "optim.clip_grad_norm, or, under bf16/fp16, use precision=fp32, in a new run (its own checkpoint.dir where "
+        "one is pinned)"
     )
     assert "Traceback" not in proc.stderr
     s = summary(run_dir)
@@ -59,11 +60,13 @@ def test_exploded_final_loss_warns_above_ten_uniform_guesses():
     assert exploded_final({"train/loss": float("inf")}, {}, 10) is None  # non-finite: nonfinite_final fails it
     assert exploded_final({"train/loss": 261.0}, {"eval/loss": 2.0}, 10) == (
         "warning: the loss exploded: final train/loss=261 is above 10 x ln(10) = 23 (a uniform guess scores "
-        "ln(10)); lower optim.lr or enable optim.clip_grad_norm"
+        "ln(10)); lower optim.lr or enable optim.clip_grad_norm in a new run (its own checkpoint.dir where one is "
+        "pinned)"
     )
     assert exploded_final({"train/loss": 7.865e32}, {"eval/loss": 6.908e32}, 100) == (
         "warning: the loss exploded: final train/loss=7.865e+32 and eval/loss=6.908e+32 are above 10 x ln(100) = "
-        "46.1 (a uniform guess scores ln(100)); lower optim.lr or enable optim.clip_grad_norm"
+        "46.1 (a uniform guess scores ln(100)); lower optim.lr or enable optim.clip_grad_norm in a new run (its own "
+        "checkpoint.dir where one is pinned)"
     )
 
 
@@ -82,7 +85,8 @@ def test_huge_lr_run_fails_without_a_final_checkpoint_unless_allowed(tmp_path):
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["status"] == "failed" and s["error"] == line.removeprefix("error: ")
     assert line.startswith("error: the loss exploded: final train/loss=") and line.endswith(
-        "lower optim.lr or enable optim.clip_grad_norm (train.allow_exploded_loss=true keeps the run)"
+        "lower optim.lr or enable optim.clip_grad_norm in a new run (its own checkpoint.dir where one is pinned) "
+        "(train.allow_exploded_loss=true keeps the run)"
     )
     assert not list((run_dir / "checkpoints").glob("[0-9]*"))  # no final checkpoint of the exploded state
 
@@ -102,5 +106,37 @@ def test_huge_lr_run_fails_without_a_final_checkpoint_unless_allowed(tmp_path):
     assert s["status"] == "ok" and s["train/loss"] > 1e30
     assert line == (
         f"warning: the loss exploded: final train/loss={s['train/loss']:.4g} and eval/loss={s['eval/loss']:.4g} "
-        "are above 10 x ln(10) = 23 (a uniform guess scores ln(10)); lower optim.lr or enable optim.clip_grad_norm"
+        "are above 10 x ln(10) = 23 (a uniform guess scores ln(10)); lower optim.lr or enable optim.clip_grad_norm "
+        "in a new run (its own checkpoint.dir where one is pinned)"
     )
+
+
+def test_the_exploded_loss_advice_resumes_when_followed(tmp_path):
+    """The exploded-loss error says ``train.allow_exploded_loss=true keeps the run``: the same command with that
+    key, in the same run folder, resumes the run's periodic checkpoint and ends ok (it is not a changed setting
+    the resume refuses)."""
+    import json
+
+    from utils import run_train
+
+    run_dir = tmp_path / "run"
+    args = ("data=synthetic", "train.steps=10", "checkpoint.every=5", "optim.lr=1e30", "wandb.mode=disabled")
+    proc = run_train(run_dir, *args)
+    assert proc.returncode == 1
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert line.endswith("(train.allow_exploded_loss=true keeps the run)")
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("[0-9]*")) == ["5"]
+
+    proc = run_train(run_dir, *args, "train.allow_exploded_loss=true")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["status"] == "ok" and s["train/steps"] == 10 and s["checkpoint/last_step"] == 10
+    assert "resuming" in proc.stderr and "train.allow_exploded_loss: False -> True" in proc.stderr
+
+    # the line's other fix: a lower learning rate in a new run, with its own checkpoint.dir (this one is pinned)
+    lower = [a for a in args if not a.startswith("optim.lr")]
+    proc = run_train(run_dir, *lower, "optim.lr=1e-3", f"checkpoint.dir={tmp_path / 'new'}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["status"] == "ok" and s["train/loss"] < 23 and (tmp_path / "new" / "10").is_dir()

@@ -659,3 +659,25 @@ def test_gpt_run_folder_projects_in_tokens(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--tokens-per-example 999 does not match" in err and "context is 32" in err
     assert (tmp_path / "run" / "projection.csv").read_text() == before
+
+
+@pytest.mark.unit
+def test_a_checkpoint_folder_names_the_run_folder_to_pass(tmp_path):
+    """sweeps.project given a run's checkpoint folder or one step of it: the kind it got and the run folder."""
+    from utils import fake_sweep
+
+    run = fake_sweep(tmp_path / "sweep", jobs=1) / "0"
+    for given, kind in (
+        (run / "checkpoints", "a run's checkpoint folder"),
+        (run / "checkpoints" / "4", "a checkpoint step of a run"),
+    ):
+        with pytest.raises(cli.ProjectionError) as e:
+            cli.load_summaries(given)
+        assert str(e.value) == f"{given} is {kind}, not a run or sweep folder; pass the run folder {run}"
+    assert [s["_job_dir"] for s in cli.load_summaries(run)] == [str(run)]
+    (run / "summary.json").write_text('{"status": "ok", "train/lo')  # cut short: named, not skipped unseen
+    with pytest.raises(cli.ProjectionError) as e:
+        cli.load_summaries(run)
+    assert str(e.value) == (
+        f"no finished run (summary.json with status ok) below {run}: {run / 'summary.json'} (JSONDecodeError)"
+    )

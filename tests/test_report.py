@@ -800,3 +800,28 @@ def test_cli_token_sweep_with_its_projection_csv(tmp_path):
     assert project.main([*base, "--flops-per-example", "1e9", "--out", str(tmp_path / "plain")]) == 0
     res = cli(str(root), "--out", str(tmp_path / "out2"), "--projection", str(tmp_path / "plain" / "projection.csv"))
     assert res.returncode == 2 and "no tokens_per_s column" in res.stderr and res.stderr.count("\n") == 1
+
+
+@pytest.mark.unit
+def test_a_jobs_folder_or_checkpoints_name_the_sweep_to_pass(tmp_path, capsys):
+    """sweeps.report given one job of a sweep, its checkpoint folder or one step: the kind it got and the sweep
+    folder that holds it (which then reports); a lone run's checkpoints: what a sweep folder looks like."""
+    from sweeps.report.cli import main
+    from utils import fake_sweep
+
+    sweep = fake_sweep(tmp_path / "sweep")
+    for given, kind in (
+        (sweep / "0", "one run's folder (it holds summary.json or .hydra/)"),
+        (sweep / "0" / "checkpoints", "a run's checkpoint folder"),
+        (sweep / "0" / "checkpoints" / "4", "a checkpoint step of a run"),
+    ):
+        assert main([str(given)]) == 2
+        assert (
+            capsys.readouterr().err.strip()
+            == f"error: {given} is {kind}, not a sweep; pass the sweep it belongs to: {sweep}"
+        )
+    (fake_sweep(tmp_path / "lone", jobs=1) / "multirun.yaml").unlink()  # one run of its own, outside a sweep
+    with pytest.raises(report.ReportError) as e:
+        load_summaries(tmp_path / "lone" / "0" / "checkpoints")
+    assert str(e.value).endswith("not a sweep; pass a sweep folder that holds jobs (e.g. multirun/<date>/<time>)")
+    assert len(load_summaries(sweep)) == 2  # the folder the line names is the one to pass

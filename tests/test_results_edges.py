@@ -78,7 +78,17 @@ def test_evaluate_run_folder_and_missing_step_lines(tmp_path):
     (run_dir / ".hydra").mkdir(parents=True)
     (run_dir / ".hydra" / "config.yaml").write_text(f"checkpoint:\n  dir: {tmp_path / 'ckpt'}\n")
     assert run_checkpoint_dir(run_dir) == tmp_path / "ckpt"
-    with pytest.raises(ConfigError, match=r"run folder .* has no checkpoint in .*ckpt \(checkpoint.enabled=false"):
+    with pytest.raises(ConfigError) as info:
+        find_step_dir(run_dir)
+    assert str(info.value) == (  # what the run folder's own files say, not a guess
+        f"run folder {run_dir} has no checkpoint in {tmp_path / 'ckpt'}: it has no summary.json: it is still "
+        "running, or stopped before its first save"
+    )
+    (run_dir / "summary.json").write_text('{"status": "failed", "error": "data.path=x.txt is empty"}')
+    with pytest.raises(ConfigError, match=r"ckpt: its summary.json says status failed: data.path=x.txt is empty$"):
+        find_step_dir(run_dir)
+    (run_dir / ".hydra" / "config.yaml").write_text(f"checkpoint:\n  dir: {tmp_path / 'ckpt'}\n  enabled: false\n")
+    with pytest.raises(ConfigError, match=r"ckpt: it ran with checkpoint.enabled=false$"):
         find_step_dir(run_dir)
     for step in (20, 40):
         (tmp_path / "ckpt" / str(step) / "state").mkdir(parents=True)

@@ -107,11 +107,12 @@ def test_default_rules_are_the_largest_divisible_dimension(model):
 
 @pytest.mark.unit
 def test_rule_dim_first_fitting_rule_wins():
-    rules = [("hidden/kernel$", 1), ("out/kernel$", None), ("hidden/bias$", 3), ("hidden", -1)]
+    rules = [("hidden/kernel$", 1), ("out/kernel$", None), ("hidden/bias$", -1), ("hidden", -1)]
     assert rule_dim("params/hidden/kernel", (784, 256), 4, 8, 0, rules) == 1
     assert rule_dim("opt_state/0/trace/hidden/kernel", (784, 256), 4, 8, 0, rules) == 1  # its optimizer state
     assert rule_dim("params/out/kernel", (256, 10), 4, 8, 0, rules) is None  # null: replicated
-    assert rule_dim("params/hidden/bias", (256,), 4, 8, 0, rules) == 0  # dim 3 does not exist: next rule
+    assert rule_dim("params/hidden/bias", (256,), 4, 8, 0, rules) == 0  # -1: the last (only) dimension
+    assert rule_dim("params/hidden/bias", (12,), 4, 8, 0, rules) is None  # 12 % 8: next rules, then the default
     assert rule_dim("params/hidden/kernel", (784, 12), 4, 8, 0, [("hidden", 1)]) == 0  # 12 % 8: the default
     assert rule_dim("params/hidden/kernel", (784, 256), 4, 8, 10**7, rules) is None  # under min_shard_bytes
 
@@ -130,6 +131,29 @@ def test_bad_rules_are_config_errors(rules, message):
         check_rules(rules)
     with pytest.raises(ConfigError, match=message):
         plan(make_cfg({"parallel": {"name": "fsdp", "fsdp_rules": rules}}))
+
+
+@pytest.mark.unit
+def test_a_rule_whose_dim_an_array_it_matches_lacks_is_an_error():
+    """``[hidden/bias$, 3]`` matches a vector: an error naming the rule, the array and its shape (it used to be
+    skipped silently, leaving the bias to the default rule), on any device count."""
+    rules = [("hidden/kernel$", 1), ("hidden/bias$", 3)]
+    message = (
+        "parallel.fsdp_rules[1]=['hidden/bias$', 3] matches params/hidden/bias of shape [256], which has 1 "
+        "dimension: there is no dimension 3; give a dim from -1 to 0, null (replicate) or 'largest', or a regex "
+        "that leaves this array out (e.g. one that ends in the parameter's name, 'kernel$')"
+    )
+    for fsdp_size in (8, 1):
+        with pytest.raises(ConfigError) as e:
+            rule_dim("params/hidden/bias", (256,), 4, fsdp_size, 0, rules)
+        assert str(e.value) == message
+    with pytest.raises(ConfigError, match=r"matches step of shape \[\], which has no dimension \(a scalar\)"):
+        rule_dim("step", (), 4, 8, 0, [(".*", 0)])
+    assert rule_dim("params/hidden/bias", (256,), 4, 8, 2048, rules) is None  # under min_shard_bytes: not tried
+    assert rule_dim("params/hidden/bias", (256,), 4, 8, 0, [("hidden/kernel$", 3)]) == 0  # not matched
+    with pytest.raises(ConfigError) as e:  # the run's own build: the whole rule list against the model
+        build(plan(make_cfg({"parallel": {"name": "fsdp", "fsdp_rules": [list(r) for r in rules]}})))
+    assert str(e.value) == message
 
 
 def test_fsdp_rules_from_the_config_shard_params_and_optimizer_state():

@@ -96,3 +96,86 @@ def test_sweep_sharing_a_checkpoint_dir_refuses_the_second_seed(tmp_path):
     assert "1 of 2 jobs failed" in proc.stderr.splitlines()
     assert sorted(p.name for p in ckpt.iterdir()) == ["3"]  # the healthy checkpoint is neither moved nor renamed
     assert "corrupt" not in proc.stderr
+
+
+# ---- a sweep started again in the same hydra.sweep.dir ----------------------------------------------------
+def _files(folder):
+    """``path -> (modification time, bytes)`` of every file below ``folder``."""
+    return {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_sweep_started_again_with_other_values_is_refused_before_anything_changes(tmp_path):
+    """Seeds 0,1 then 2,3 in the same folder: Hydra used to rewrite multirun.yaml and each job's .hydra/, and every
+    job then failed on its checkpoint, leaving failed summaries in finished jobs' folders. Now one line names the
+    changed values and no file changes; the same values again resume (the finished jobs are complete)."""
+    sweep = tmp_path / "sweep"
+    first = _sweep(tmp_path, "train.seed=0,1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = _files(sweep)
+
+    other = _sweep(tmp_path, "train.seed=2,3")
+    assert other.returncode == 1
+    assert [ln for ln in other.stderr.splitlines() if ln.startswith("error:")] == [
+        f"error: hydra.sweep.dir={sweep} holds the jobs of a sweep with other values (train.seed: 0,1 -> 2,3); to "
+        "resume that sweep run it with its own values, otherwise give this sweep its own hydra.sweep.dir (nothing in "
+        "the folder was changed)"
+    ], other.stderr[-3000:]
+    assert "Traceback" not in other.stderr
+    assert _files(sweep) == before  # multirun.yaml, .hydra/, summaries, checkpoints: all as they were
+
+    same = _sweep(tmp_path, "train.seed=0,1")
+    assert same.returncode == 0, same.stderr[-3000:]
+    assert same.stderr.count("already complete at step 2") == 2
+    assert [summary(sweep / job)["status"] for job in ("0", "1")] == ["ok", "ok"]
+
+
+@pytest.mark.unit
+def test_sweep_changes_name_the_swept_values_and_pass_a_resume(tmp_path):
+    import yaml
+
+    from sweeps.callback import sweep_changes
+
+    def job(num, *overrides):
+        hydra = tmp_path / str(num) / ".hydra"
+        hydra.mkdir(parents=True)
+        (hydra / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"job": {"num": num}}}))
+        (hydra / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
+
+    assert sweep_changes(tmp_path, [["train.seed=0"]]) == []  # an empty folder: a new sweep
+    job(0, "parallel=pmap", "train.seed=0", "train.steps=30")
+    job(1, "parallel=pmap", "train.seed=1", "train.steps=30")
+    same = [["parallel=pmap", f"train.seed={s}", "train.steps=30"] for s in (0, 1)]
+    assert sweep_changes(tmp_path, same) == []
+    longer = [["parallel=pmap", f"train.seed={s}", "train.steps=60", "wandb=offline"] for s in (0, 1)]
+    assert sweep_changes(tmp_path, longer) == []  # more steps, W&B: what a resumed run may change
+    assert sweep_changes(tmp_path, same + [["parallel=pmap", "train.seed=2", "train.steps=30"]]) == []  # one more
+    assert sweep_changes(tmp_path, [["parallel=fsdp", f"train.seed={s}", "train.steps=30"] for s in (0, 1)]) == [
+        "parallel: pmap -> fsdp"
+    ]
+    lr = [[*job, "optim.lr=0.1"] for job in same]
+    assert sweep_changes(tmp_path, lr) == ["optim.lr: (not set) -> 0.1"]  # a setting the jobs' checkpoints refuse
+    assert sweep_changes(tmp_path, same[::-1]) == [
+        f"the same values in another order: job 0 ({tmp_path / '0'}) ran train.seed=0, would run train.seed=1"
+    ]
+    assert sweep_changes(tmp_path, same[:1]) == ["train.seed: 0,1 -> 0"]
+
+
+@pytest.mark.unit
+def test_planned_jobs_are_the_basic_sweepers_own():
+    """A preset's ``hydra.sweeper.params`` first, then the command line's overrides, in Hydra's product order."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from conf.schema import register
+    from sweeps.callback import planned_jobs
+
+    register()
+    with initialize_config_dir(config_dir=str(Path(REPO / "conf")), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["+sweep=precision", "train.steps=3"], return_hydra_config=True)
+    jobs = planned_jobs(cfg)
+    assert len(jobs) == 36
+    assert jobs[:2] == [
+        ["precision=fp32", "parallel=pmap", "train.seed=0", "+sweep=precision", "train.steps=3"],
+        ["precision=fp32", "parallel=pmap", "train.seed=1", "+sweep=precision", "train.steps=3"],
+    ]

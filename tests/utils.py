@@ -163,3 +163,24 @@ def full_hlo_parse(text: str, **kw) -> list:
     split = hlo._split_hlo
     with mock.patch.object(hlo, "_split_hlo", lambda t: split(t, keep=lambda stmt: True)):
         return hlo.parse_hlo_collectives(text, **kw)
+
+
+def fake_sweep(folder: Path, jobs: int = 2, step: int = 4) -> Path:
+    """A sweep folder's layout without training (for tools given the wrong kind of folder): ``multirun.yaml`` and
+    job folders ``0 .. jobs-1``, each with ``.hydra/``, an ok ``summary.json`` and ``checkpoints/<step>/{state,meta}``
+    (its metadata only).
+    Returns ``folder``."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "multirun.yaml").write_text("hydra: {}\n")
+    for num in range(jobs):
+        job = folder / str(num)
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "config.yaml").write_text("checkpoint:\n  dir: null\n")
+        (job / ".hydra" / "overrides.yaml").write_text(f"- train.seed={num}\n")
+        (job / "summary.json").write_text(json.dumps({"status": "ok"}))
+        for part in ("state", "meta"):
+            (job / "checkpoints" / str(step) / part).mkdir(parents=True)
+        (job / "checkpoints" / str(step) / "meta" / "metadata").write_text(json.dumps({"step": step, "config": {}}))
+    return folder

@@ -165,8 +165,9 @@ def absolute(path: Optional[str], base: Path) -> Optional[str]:
 
 def absolute_paths(cfg: Config, base: Path, environ=os.environ) -> Config:
     """A copy of ``cfg`` whose ``checkpoint.dir``, ``checkpoint.resume`` (a path), ``data.data_dir``,
-    ``data.cache_dir`` and ``runtime.compilation_cache_dir`` are absolute against ``base`` (the launch
-    folder); a relative ``TFDS_DATA_DIR`` in ``environ`` is made absolute there too (in place)."""
+    ``data.cache_dir``, ``data.path`` and ``runtime.compilation_cache_dir`` are absolute against ``base`` (the
+    launch folder; ``~`` expanded); a relative ``TFDS_DATA_DIR`` in ``environ`` is made absolute there too (in
+    place)."""
     ck, d = cfg.checkpoint, cfg.data
     resume = ck.resume if ck.resume in ("auto", "never") else absolute(ck.resume, base)
     tfds_dir = environ.get("TFDS_DATA_DIR")
@@ -175,7 +176,9 @@ def absolute_paths(cfg: Config, base: Path, environ=os.environ) -> Config:
     return dataclasses.replace(
         cfg,
         checkpoint=dataclasses.replace(ck, dir=absolute(ck.dir, base), resume=resume),
-        data=dataclasses.replace(d, data_dir=absolute(d.data_dir, base), cache_dir=absolute(d.cache_dir, base)),
+        data=dataclasses.replace(
+            d, data_dir=absolute(d.data_dir, base), cache_dir=absolute(d.cache_dir, base), path=absolute(d.path, base)
+        ),
         runtime=dataclasses.replace(
             cfg.runtime, compilation_cache_dir=absolute(cfg.runtime.compilation_cache_dir, base)
         ),

@@ -26,6 +26,7 @@ from parallel.state import metrics_to_host, replica_divergence
 from training import checkpoint
 from training.build import Experiment, in_flight_bound
 from training.console import warn, window_line
+from training.checkpoint.policy import NEW_RUN
 from training.process import StopOnSignal
 
 log = logging.getLogger(__name__)
@@ -340,7 +341,7 @@ def flush_window(updater, window_records, perf: dict, extra: dict) -> list[dict]
     if bad is not None:
         raise NonFiniteLoss(
             f"non-finite loss or gradient at step {bad['step']} (loss={bad['train/loss']}); "
-            f"lower optim.lr, enable optim.clip_grad_norm, or, under bf16/fp16, use precision=fp32",
+            f"lower optim.lr, enable optim.clip_grad_norm, or, under bf16/fp16, use precision=fp32, {NEW_RUN}",
             records[: next(i for i, record in enumerate(records) if record is bad) + 1],
         )
     records[-1].update(perf)
@@ -394,7 +395,7 @@ def nonfinite_final(last_train: dict, final_eval: dict) -> Optional[str]:
     which = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
     return (
         f"the run diverged: final {which} is not finite; lower optim.lr, enable optim.clip_grad_norm, "
-        f"or, under bf16/fp16, use precision=fp32"
+        f"or, under bf16/fp16, use precision=fp32, {NEW_RUN}"
     )
 
 
@@ -415,5 +416,6 @@ def exploded_final(last_train: dict, final_eval: dict, num_classes: int) -> Opti
     return (
         f"warning: the loss exploded: final {which} {'are' if len(high) > 1 else 'is'} above "
         f"{EXPLODED_LOSS_FACTOR:g} x ln({num_classes}) = "
-        f"{limit:.3g} (a uniform guess scores ln({num_classes})); lower optim.lr or enable optim.clip_grad_norm"
+        f"{limit:.3g} (a uniform guess scores ln({num_classes})); lower optim.lr or enable optim.clip_grad_norm "
+        f"{NEW_RUN}"
     )

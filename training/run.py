@@ -255,7 +255,7 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
     STARTUP.mark("build")
     eval_set = make_eval_set(test, cfg.train.eval_batch, exp.mode.num_devices, layout)
     STARTUP.mark("data")
-    restored, start, finished = restore(cfg, p, exp, ckpt_plan, n_steps, source.steps_per_epoch)
+    restored, start, finished = restore(cfg, p, exp, ckpt_plan, n_steps, source.steps_per_epoch, source.fingerprint)
     if finished is not None:
         return Finished(finished)
     STARTUP.mark("checkpoint")
@@ -300,19 +300,31 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
     )
 
 
-def restore(cfg: Config, p: Plan, exp: Experiment, ckpt_plan, n_steps: int, steps_per_epoch: int):
+def restore(
+    cfg: Config,
+    p: Plan,
+    exp: Experiment,
+    ckpt_plan,
+    n_steps: int,
+    steps_per_epoch: int,
+    data_fingerprint: Optional[dict] = None,
+):
     """Restores the checkpoint the resume policy picks onto THIS run's layout, before compiling; returns ``(restored
     or None, first step, the saved run's summary when it already finished or None)``; warns when the data order or
-    settings changed. Raises ConfigError for settings a resume refuses (``training.checkpoint.policy``, read from
-    the metadata before anything is restored) or a checkpoint past this run's last step."""
-    checkpoint.check_resume_settings(ckpt_plan, as_dict(cfg), p.global_batch)  # refused: one line, nothing moved
+    settings changed. Raises ConfigError for settings or training data (``data_fingerprint``) a resume refuses
+    (``training.checkpoint.policy``, read from the metadata before anything is restored) or a checkpoint past this
+    run's last step."""
+    checkpoint.check_resume_settings(  # refused: one line, nothing moved
+        ckpt_plan, as_dict(cfg), p.global_batch, data_fingerprint, cfg.checkpoint.allow_data_change
+    )
     restored = checkpoint.resume(ckpt_plan, exp.mode, exp.state)
     if restored is None:
         return None, 0, None
     if restored.step > n_steps:
         raise ConfigError(
-            f"checkpoint {restored.path} is at step {restored.step}, past this run's "
-            f"{n_steps} steps; raise train.steps/train.epochs or set checkpoint.resume=never"
+            f"checkpoint {restored.path} is at step {restored.step}, past this run's {n_steps} steps; raise "
+            f"train.steps (or train.epochs) to reach step {restored.step}, or start afresh with "
+            f"checkpoint.resume=never and a checkpoint.dir of its own"
         )
     if restored.step == n_steps:
         finished = checkpoint.finished_summary(restored.metadata.get("run_dir"), n_steps)
@@ -395,6 +407,7 @@ def make_hooks(prep: Prepared, reporter: Reporter, bar, stats: WindowStats, targ
         n_steps=n_steps,
         run_dir=prep.run_dir,
         restored_step=None if prep.restored is None else prep.restored.step,
+        data_fingerprint=prep.source.fingerprint,
     )
     saving = CheckpointHook(
         ckpts, StopOnSignal().install(), n_steps, prep.ckpt_plan.directory, wandb_run_id=lambda: reporter.wandb_run_id

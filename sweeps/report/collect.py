@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from training.folders import CHECKPOINTS, RUN, STEP, enclosing_sweep, folder_kind
+
 SUMMARY_NAME = "summary.json"
 OVERRIDES_PATH = Path(".hydra") / "overrides.yaml"
 # Overrides already represented by a record field (or that only name a repeat): not part of ``overrides``.
@@ -119,17 +121,23 @@ def load_summaries(folder, exclude: Iterable = ()) -> list[dict]:
     sub-folder) and anything inside a ``wandb`` folder are skipped.  An
     unreadable ``summary.json`` becomes ``{"status": "failed", "error": ...}``.
 
-    Raises ``ReportError`` if ``folder`` is not a directory, or is one run's folder (holds ``summary.json``).
+    Raises ``ReportError`` if ``folder`` is not a directory, is one run's folder (holds ``summary.json`` or
+    ``.hydra/``), or a checkpoint folder or step (``training.folders``).
     """
     folder = Path(folder)
     if not folder.is_dir():
         raise ReportError(f"multirun folder does not exist or is not a directory: {folder}")
     root = folder.resolve()
-    if (root / SUMMARY_NAME).is_file():
-        raise ReportError(
-            f"{folder} is one run's folder (it holds {SUMMARY_NAME}), not a sweep; pass the sweep folder that holds "
-            f"its jobs (e.g. multirun/<date>/<time>)"
+    kind = folder_kind(root)
+    if kind in (RUN, CHECKPOINTS, STEP):
+        what = {RUN: f"one run's folder (it holds {SUMMARY_NAME} or .hydra/)", CHECKPOINTS: "a run's checkpoint folder"}
+        sweep = enclosing_sweep(root)
+        fix = (
+            f"the sweep it belongs to: {sweep}"
+            if sweep
+            else "a sweep folder that holds jobs (e.g. multirun/<date>/<time>)"
         )
+        raise ReportError(f"{folder} is {what.get(kind, 'a checkpoint step of a run')}, not a sweep; pass {fix}")
     excluded = [Path(p).resolve() for p in exclude if Path(p).resolve() != root]
     out = []
     for path in sorted(root.rglob(SUMMARY_NAME), key=_natural_key):

@@ -9,10 +9,13 @@ the step a run would resume, before anything is restored):
   (``mesh.*``, ``runtime.cpu_devices``), the parallel mode (``parallel.name``, ``parallel.min_shard_bytes``:
   the state restores onto any layout), XLA flags, hardware figures, data paths, prefetch and ``data.on_device``
   (the same batches), ``distributed.*``,
-  the GPT's end-of-run sample length (``train.sample_tokens``).
+  the GPT's end-of-run sample length (``train.sample_tokens``), the verdict on an exploded final loss
+  (``train.allow_exploded_loss``: the fix its error line names).
 - Adapted by an exact rule: ``train.global_batch`` / ``train.per_device_batch`` may change as long as the
   resolved global batch (per-device batch x devices under weak scaling) equals the checkpoint's, so the same
   examples make each step; otherwise the keys are refused.
+- Refused unless ``checkpoint.allow_data_change=true``: other training data than the checkpoint's (``data_change``
+  of the fingerprints: a text file edited in place, another TFDS version), named with the file in the line.
 - Refused: every other difference (seed, data set and its sizes/augmentation, model, optimizer and its
   settings, clipping, schedule, precision and loss scaling, accumulation, gradient reduction dtype and
   compression): the run would continue another experiment's parameters. The one-line error names the keys
@@ -44,6 +47,7 @@ ALLOWED = (
     "train.transfer_guard",
     "train.grad_norm_every",
     "train.sample_tokens",
+    "train.allow_exploded_loss",  # only the verdict on the final loss: the advice of its error line resumes
     "checkpoint.",
     "wandb.",
     "profile.",
@@ -62,6 +66,9 @@ ALLOWED = (
     "data.eval_windows",  # how much of the validation split is evaluated (training is the same)
 )
 BATCH_KEYS = ("train.global_batch", "train.per_device_batch")
+# Where the advice to change refused settings (a lower learning rate after a divergence) works: a resume of the
+# same checkpoint.dir refuses them, so the advice says to start a new run there.
+NEW_RUN = "in a new run (its own checkpoint.dir where one is pinned)"
 # Nodes whose keys depend on the chosen option (conf/schema.py OPTION_SCHEMAS); checkpoints saved before hold
 # every option's keys.
 OPTION_NODES = ("model.", "parallel.", "optim.")
@@ -197,6 +204,47 @@ def refusal(step_dir: Path, conflicts: list[str], limit: int = 4) -> str:
     return (
         f"checkpoint {step_dir} was trained with other settings ({shown}); to resume it set them back, "
         f"otherwise give this run its own checkpoint.dir (the checkpoint is kept as it is)"
+    )
+
+
+# ---- the data a checkpoint was trained on ------------------------------------------------------------------
+# A checkpoint's metadata holds the fingerprint of its training data (``data_fingerprint``: ``data.text.
+# file_fingerprint`` for a text file, ``data.sources.tfds_fingerprint`` for a TFDS split, none for synthetic
+# data). A text file edited in place keeps every config value, so only its fingerprint tells the resume it changed.
+FINGERPRINT_KEYS = {"file": ("bytes", "blake2b"), "tfds": ("dataset", "version", "split", "examples")}
+
+
+def describe_data(fp: dict) -> str:
+    """A fingerprint in words: ``/data/a.txt (20,531 bytes, blake2b 1a2b3c4d5e6f)`` or ``mnist 3.0.1 (train,
+    60,000 examples)``."""
+    if fp.get("kind") == "file":
+        return f"{fp.get('file')} ({fp.get('bytes', 0):,} bytes, blake2b {str(fp.get('blake2b'))[:12]})"
+    examples = fp.get("examples")
+    return f"{fp.get('dataset')} {fp.get('version')} ({fp.get('split')}, {examples:,} examples)"
+
+
+def data_change(saved: Optional[dict], now: Optional[dict]) -> Optional[str]:
+    """How this run's training data differs from the checkpoint's, in words, or None: the same data (a file's
+    size and hash, wherever it lies; a TFDS split's name, version, split and size), or either side unknown
+    (a checkpoint saved before fingerprints were recorded, synthetic data)."""
+    if not saved or not now:
+        return None
+    kind = now.get("kind")
+    if saved.get("kind") == kind and all(saved.get(k) == now.get(k) for k in FINGERPRINT_KEYS.get(kind, ())):
+        return None
+    if kind == "file" and saved.get("kind") == kind and saved.get("file") == now.get("file"):
+        return (
+            f"{now['file']} was {saved.get('bytes', 0):,} bytes, blake2b {str(saved.get('blake2b'))[:12]}; it is now "
+            f"{now['bytes']:,} bytes, blake2b {now['blake2b'][:12]}"
+        )
+    return f"it was {describe_data(saved)}; this run reads {describe_data(now)}"
+
+
+def data_refusal(step_dir: Path, change: str) -> str:
+    """The one-line error for a resume on other data (``data_change``)."""
+    return (
+        f"checkpoint {step_dir} was trained on other data ({change}); put back the data it was trained on, give "
+        f"this run its own checkpoint.dir, or set checkpoint.allow_data_change=true to continue it on this data"
     )
 
 

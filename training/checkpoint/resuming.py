@@ -15,7 +15,7 @@ from typing import Optional
 
 from core.errors import ConfigError, first_line
 from training.checkpoint.plan import CheckpointPlan
-from training.checkpoint.policy import refusal, resume_conflicts
+from training.checkpoint.policy import data_change, data_refusal, refusal, resume_conflicts
 from training.checkpoint.store import (
     Restored,
     complete_steps,
@@ -54,9 +54,17 @@ def candidate_step_dir(ckpt_plan: CheckpointPlan) -> Optional[Path]:
     return None
 
 
-def check_resume_settings(ckpt_plan: CheckpointPlan, cfg_dict: dict, global_batch: int) -> None:
+def check_resume_settings(
+    ckpt_plan: CheckpointPlan,
+    cfg_dict: dict,
+    global_batch: int,
+    data_fingerprint: Optional[dict] = None,
+    allow_data_change: bool = False,
+) -> None:
     """Raises ConfigError (one line) when the checkpoint this run would resume was trained with refused
-    settings; call before restoring (nothing is read but the JSON metadata)."""
+    settings, or on other data than ``data_fingerprint`` (this run's training data, ``data.load``) unless
+    ``allow_data_change`` (then one warning); call before restoring (nothing is read but the JSON metadata). A
+    checkpoint that records no fingerprint (saved before they were recorded) resumes, with one warning for a file."""
     step_dir = candidate_step_dir(ckpt_plan)
     if step_dir is None:
         return
@@ -67,6 +75,17 @@ def check_resume_settings(ckpt_plan: CheckpointPlan, cfg_dict: dict, global_batc
     conflicts = resume_conflicts(meta.get("config", {}), cfg_dict, meta.get("global_batch"), global_batch)
     if conflicts:
         raise ConfigError(refusal(step_dir, conflicts))
+    saved = meta.get("data_fingerprint")
+    change = data_change(saved, data_fingerprint)
+    if change and not allow_data_change:
+        raise ConfigError(data_refusal(step_dir, change))
+    if change:
+        warn(f"resuming {step_dir} on other data, as checkpoint.allow_data_change=true allows ({change})")
+    elif saved is None and data_fingerprint is not None and data_fingerprint.get("kind") == "file":
+        warn(
+            f"checkpoint {step_dir} records no fingerprint of its training data (saved before they were): that "
+            f"{data_fingerprint['file']} is the text it was trained on is not checked"
+        )
 
 
 def _newest_readable(directory: Path, mode, placed_state) -> Optional[Restored]:

@@ -33,6 +33,7 @@ class RunCheckpoints:
       restored_step: the step this run resumed from (None: started fresh).
       best_mode: min | max for the best checkpoint's folder (``training.checkpoint.best``: the step kept is the best
         by the metrics its save passed, not the newest); None: the newest steps are kept.
+      data_fingerprint: what the training data was read from (the source's ``fingerprint``), saved with each state.
     """
 
     def __init__(
@@ -48,8 +49,10 @@ class RunCheckpoints:
         run_dir: Path,
         restored_step: Optional[int] = None,
         best_mode: Optional[str] = None,
+        data_fingerprint: Optional[dict] = None,
     ):
         self.plan, self.cfg_dict, self.mode = plan, cfg_dict, mode
+        self.data_fingerprint = data_fingerprint
         self.mesh_shape, self.global_batch, self.steps_per_epoch = list(mesh_shape), global_batch, steps_per_epoch
         self.n_steps, self.run_dir = n_steps, Path(run_dir)
         self.best_mode = best_mode
@@ -108,6 +111,7 @@ class RunCheckpoints:
             wandb_run_id=wandb_run_id,
             run_dir=self.run_dir,
             reason=reason,
+            data_fingerprint=self.data_fingerprint,
         )
         meta.update(extra or {})
         self.wait()  # the previous save's background write (orbax's save would wait for it too)

@@ -43,6 +43,7 @@ import jax
 import numpy as np
 
 from core.errors import ConfigError, error_text
+from training.checkpoint.policy import NEW_RUN
 from parallel.state import (
     device_finite_flags,
     from_restored,
@@ -273,7 +274,7 @@ class Saver:
             )
             raise NonFiniteError(
                 f"{what} are not finite after step {step}: no checkpoint written; {prev}; lower "
-                f"optim.lr, enable optim.clip_grad_norm, or, under bf16/fp16, use precision=fp32"
+                f"optim.lr, enable optim.clip_grad_norm, or, under bf16/fp16, use precision=fp32, {NEW_RUN}"
             )
         ocp = _ocp()
         self.manager.save(
@@ -362,8 +363,10 @@ def metadata(
     wandb_run_id: Optional[str],
     run_dir: Path,
     reason: str,
+    data_fingerprint: Optional[dict] = None,
 ) -> dict:
-    """The JSON saved with a state. ``epoch``/``position``: step = epoch * steps_per_epoch + position."""
+    """The JSON saved with a state. ``epoch``/``position``: step = epoch * steps_per_epoch + position;
+    ``data_fingerprint``: what the training data was read from (``data.load``; None: synthetic)."""
     epoch, position = divmod(step, steps_per_epoch)
     return {
         "step": step,
@@ -381,6 +384,7 @@ def metadata(
         "reason": reason,
         "jax_version": jax.__version__,
         "saved_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "data_fingerprint": data_fingerprint,
         "config": cfg_dict,
     }
 
@@ -444,15 +448,15 @@ def restore_step(step_dir: Path, mode, placed_state) -> Restored:
             raise ConfigError(
                 f"checkpoint {step_dir} was written by an earlier version of this repository "
                 f"(parameters saved as nnx.State leaves '<name>.value', before commit d3cd98a made "
-                f"them plain dicts); evaluate or resume it with that version, or set "
-                f"checkpoint.resume=never / another checkpoint.dir"
+                f"them plain dicts); evaluate or resume it with that version, or start afresh with "
+                f"checkpoint.resume=never and a checkpoint.dir of its own"
             )
         if have != want:
             diff = sorted(set(have.items()) ^ set(want.items()))[0][0]
             raise ConfigError(
                 f"checkpoint {step_dir} does not fit this run: {diff} is {have.get(diff, 'absent')} "
                 f"there but {want.get(diff, 'absent')} here; resume with the checkpoint's model and "
-                f"optimizer settings, or set checkpoint.resume=never / another checkpoint.dir"
+                f"optimizer settings, or start afresh with checkpoint.resume=never and a checkpoint.dir of its own"
             )
         target = restore_target(mode, abstract, saved.tree)
         out = manager.restore(

@@ -1,0 +1,122 @@
+"""Which kind of output folder a path is, so that a tool given the wrong kind says which kind it got and what to
+pass: a sweep folder (``hydra.sweep.dir``: ``multirun.yaml`` and one folder per job), a run folder
+(``hydra.run.dir`` or one job of a sweep: ``.hydra/``, ``summary.json``, ``checkpoints/``), a checkpoint folder
+(``<step>`` folders) or one step folder (``state/`` and ``meta/``). Only paths and small YAML files are read."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Optional
+
+SWEEP, RUN, CHECKPOINTS, STEP = "a sweep folder", "a run folder", "a checkpoint folder", "a step folder"
+
+
+def is_step_folder(path: Path) -> bool:
+    """One finished checkpoint step: a name of digits holding ``state/`` and ``meta/`` (``checkpoint.store``)."""
+    path = Path(path)
+    return path.name.isdigit() and (path / "state").is_dir() and (path / "meta").is_dir()
+
+
+def _natural(path: Path) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
+
+
+def job_folders(sweep_dir: Path) -> list[Path]:
+    """The job folders below ``sweep_dir`` (each holds Hydra's ``.hydra/``), in natural order (2 before 10)."""
+    return sorted((p.parent for p in Path(sweep_dir).glob("**/.hydra") if p.parent != Path(sweep_dir)), key=_natural)
+
+
+def folder_kind(path: Path) -> Optional[str]:
+    """``STEP``, ``RUN``, ``SWEEP`` or ``CHECKPOINTS`` for the folder at ``path`` (tried in this order), else
+    None (no folder, or none of these)."""
+    path = Path(path)
+    if not path.is_dir():
+        return None
+    if is_step_folder(path):
+        return STEP
+    if (path / ".hydra").is_dir() or (path / "summary.json").is_file():
+        return RUN
+    if (path / "multirun.yaml").is_file() or any(p.parent != path for p in path.glob("**/.hydra")):
+        return SWEEP
+    if any(is_step_folder(p) for p in path.iterdir()):
+        return CHECKPOINTS
+    return None
+
+
+def jobs_in_words(sweep_dir: Path, limit: int = 3) -> str:
+    """``jobs 0, 1, 2 ... (8 in all)`` of a sweep folder, relative to it (``no job folder yet`` when none)."""
+    jobs = [str(p.relative_to(sweep_dir)) for p in job_folders(sweep_dir)]
+    if not jobs:
+        return "no job folder yet"
+    more = f" ... ({len(jobs)} in all)" if len(jobs) > limit else ""
+    return f"job{'s' if len(jobs) > 1 else ''} {', '.join(jobs[:limit])}{more}"
+
+
+def first_job(sweep_dir: Path) -> str:
+    """The first job folder of a sweep folder, or ``<sweep folder>/<job>`` when it has none yet."""
+    jobs = job_folders(sweep_dir)
+    return str(jobs[0]) if jobs else f"{sweep_dir}/<job>"
+
+
+def enclosing_sweep(path: Path, levels: int = 4) -> Optional[Path]:
+    """The sweep folder (``multirun.yaml``) that holds ``path`` (a job folder, its checkpoints or a step), looking
+    at most ``levels`` folders up; None outside a sweep."""
+    for parent in list(Path(path).absolute().parents)[:levels]:
+        if (parent / "multirun.yaml").is_file():
+            return parent
+    return None
+
+
+def run_checkpoint_dir(run_dir: Path) -> Optional[Path]:
+    """The checkpoint folder of a run folder (the one a run prints as "outputs in"): its ``checkpoint.dir``
+    from ``.hydra/config.yaml`` when set (a relative one taken from the folder the run was started in, Hydra's
+    ``hydra.runtime.cwd`` in ``.hydra/hydra.yaml``, as the run itself took it), else ``<run folder>/checkpoints``;
+    None when ``run_dir`` is not a run folder (neither ``.hydra/`` nor ``checkpoints/`` in it)."""
+    run_dir = Path(run_dir)
+    if (run_dir / "checkpoints").is_dir():
+        return run_dir / "checkpoints"
+    config = run_dir / ".hydra" / "config.yaml"
+    if not config.is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(config), resolve=False)
+        folder = ((saved or {}).get("checkpoint") or {}).get("dir")  # type: ignore[union-attr]
+    except Exception:  # an unreadable config: the default location (the caller names what it finds there)
+        folder = None
+    if not folder:
+        return run_dir / "checkpoints"
+    path = Path(str(folder)).expanduser()
+    if path.is_absolute():
+        return path
+    try:
+        hydra_cfg = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "hydra.yaml"), resolve=False)
+        started_in = Path(str(((hydra_cfg or {}).get("hydra") or {})["runtime"]["cwd"]))  # type: ignore[union-attr]
+    except Exception:  # no readable hydra.yaml: the current folder
+        return path.absolute()
+    return started_in / path
+
+
+def why_no_checkpoint(run_dir: Path) -> str:
+    """What a run folder's own files say about why it has no checkpoint: ``checkpoint.enabled=false`` in its
+    ``.hydra/config.yaml``, else its ``summary.json`` status and error, else that it has no summary (still
+    running, or stopped before writing one)."""
+    from omegaconf import OmegaConf
+
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(Path(run_dir) / ".hydra" / "config.yaml"), resolve=False)
+        if ((saved or {}).get("checkpoint") or {}).get("enabled") is False:  # type: ignore[union-attr]
+            return "it ran with checkpoint.enabled=false"
+    except Exception:  # no readable config: the summary says the rest
+        pass
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except FileNotFoundError:
+        return "it has no summary.json: it is still running, or stopped before its first save"
+    except (OSError, ValueError) as e:
+        return f"its summary.json cannot be read ({type(e).__name__})"
+    error = f": {summary['error']}" if summary.get("error") else ""
+    return f"its summary.json says status {summary.get('status')}{error}"
