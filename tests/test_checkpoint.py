@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from parallel import ConfigError
 from parallel.state import host_abstract, state_to_host
 from training import checkpoint
 from training.build import build, plan
-from utils import REPO, SHARED_TFDS, make_cfg, random_dataset, run_steps, run_train
+from utils import REPO, SHARED_TFDS, make_cfg, random_dataset, run_steps, run_train, train_probe_cmd
 from wandb_reader import assert_history_matches_metrics, offline_runs, read_run
 
 STEPS, EVERY = 120, 20
@@ -682,6 +683,104 @@ def test_truncated_checkpoint_is_skipped_with_warning(tmp_path, capsys):
         for p, x in jax.tree_util.tree_flatten_with_path(state_to_host(restored.state))[0]
     }
     assert_bitwise_equal(got, saved10)
+
+
+# A background checkpoint write that fails on a full disk: TensorStore's array files (a file-size limit makes the
+# write fail as a full disk does, with EFBIG), or the metadata orbax writes itself (ENOSPC, injected).
+FULL_DISK = {
+    "arrays": (  # the MLP's arrays hold over 800 KB each; everything else a run writes is smaller
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (512 * 1024, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))",
+        "File too large",
+    ),
+    "metadata": (
+        "import errno\n"
+        "from orbax.checkpoint._src.handlers import json_checkpoint_handler as handler\n"
+        "async def full(self, item, directory):\n"
+        "    raise OSError(errno.ENOSPC, 'No space left on device', str(directory / 'metadata'))\n"
+        "handler.JsonCheckpointHandler._save_fn = full",
+        "[Errno 28] No space left on device",
+    ),
+}
+
+
+@pytest.mark.parametrize("where", sorted(FULL_DISK))
+def test_a_disk_that_fills_during_a_background_checkpoint_write_is_one_line(tmp_path, where):
+    """The periodic save of step 2 fails in orbax's background threads: the run stops at the next save with one
+    ``error:`` line naming the step, the reason and what to do, and nothing else on the console: no traceback from
+    orbax's writer threads (logged with their tracebacks, 3 times) nor from TensorStore's callbacks on orbax's
+    closed event loop ("Event loop is closed")."""
+    run, ckpt = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    before, reason = FULL_DISK[where]
+    cmd = train_probe_cmd(
+        before, "", f"hydra.run.dir={run}", "data=synthetic", "train.steps=6", "checkpoint.every=2", "wandb=offline"
+    )
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path)}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out and "Exception ignored" not in out, out[-3000:]
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"error: could not write the checkpoint of step 2 in {ckpt} (")
+    assert reason in line and line.endswith(
+        "); no complete checkpoint is left; free space or make the folder writable, then run the same command"
+    )
+    assert summary(run)["status"] == "failed" and summary(run)["error"] == line[len("error: ") :]
+    assert checkpoint.complete_steps(ckpt) == []
+
+
+@pytest.mark.unit
+def test_orbax_coroutines_end_before_their_event_loop_closes(monkeypatch):
+    """orbax runs each read and write on an event loop of its own; when one task fails (a truncated file, a full disk)
+    the others go on: the loop is closed only once they have ended (``store._run_settled``), so none is collected
+    unfinished ("Exception ignored in: <coroutine ...>") nor calls back into a closed loop."""
+    import asyncio
+    import gc
+
+    from orbax.checkpoint._src import asyncio_utils
+
+    checkpoint.store._ocp()
+    assert asyncio_utils._run_sync_via_new_loop is checkpoint.store._run_settled
+    unraisable: list = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    ended: list[int] = []
+
+    async def read(i: int):
+        try:
+            await asyncio.sleep(0.02 * i)
+            ended.append(i)
+        except BaseException as e:  # as orbax wraps a shard's read error (and the GeneratorExit of a collected one)
+            raise RuntimeError(f"read {i} failed") from e
+
+    async def truncated():
+        raise ValueError("Truncated Zstd-compressed stream")
+
+    async def restore():
+        await asyncio.gather(truncated(), *(read(i) for i in (1, 2, 3)))
+
+    with pytest.raises(ValueError, match="Truncated"):
+        asyncio_utils.run_sync(restore())
+    gc.collect()
+    assert ended == [1, 2, 3] and unraisable == []
+
+
+@pytest.mark.unit
+def test_a_failed_orbax_import_in_its_background_thread_prints_nothing(monkeypatch):
+    """The orbax-import thread (``preload_orbax``) leaves a failed import to the run's own import of orbax, which
+    raises it where the run reports it: no "Exception in thread orbax-import" traceback beside it."""
+    seen: list = []
+    monkeypatch.setattr(threading, "excepthook", seen.append)
+    monkeypatch.setattr(checkpoint.store, "_preload", None)
+    monkeypatch.delitem(sys.modules, "orbax.checkpoint")  # (not imported yet, as in a run's start-up)
+
+    def broken():
+        raise ImportError("cannot import name 'ocdbt' from 'tensorstore'")
+
+    monkeypatch.setattr(checkpoint.store, "_ocp", broken)
+    checkpoint.preload_orbax()
+    checkpoint.wait_for_orbax()
+    assert checkpoint.store._preload is not None and not checkpoint.store._preload.is_alive()
+    assert seen == []
 
 
 # ---- settings ---------------------------------------------------------------------------------------------------
