@@ -7,8 +7,10 @@ The model comes from the config saved with the checkpoint (``<step>/meta/metadat
 checkpoint's ``params`` (any device count or mode saved them: they are read as host arrays). ``--temperature 0``
 (the default) is greedy decoding; > 0 samples from ``softmax(logits / temperature)`` with ``--seed``. The
 prompt is UTF-8 encoded to byte tokens; the output bytes are decoded with replacement characters where a
-multi-byte character is cut. Output: the prompt and its continuation on stdout. Errors (no checkpoint, not a
-GPT, arrays that do not fit the saved config, a bad argument): one line ``error: ...`` on stderr and exit code 1.
+multi-byte character is cut. Output: the prompt and its continuation on stdout. A damaged newest step (a missing or
+truncated file) is named in one warning line and the newest complete step is used. Errors (no complete checkpoint,
+not a GPT, arrays that do not fit the saved config, a bad argument): one line ``error: ...`` on stderr and exit
+code 1.
 """
 
 from __future__ import annotations
@@ -20,15 +22,15 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 
-def find_checkpoint(path: Path) -> Path:
-    """A step folder: ``path`` itself, the newest in ``path`` (a checkpoint folder) or in
-    ``path/checkpoints`` (a run folder). Raises ConfigError when there is none."""
-    from evaluate import find_step_dir
+def load_newest(path: Path):
+    """``(the GPT, its step folder)`` of :func:`load_model` for ``path``: one step folder, or the newest complete step
+    of a checkpoint folder or of a run folder's checkpoints (a damaged newer one is named in one warning line).
+    Raises ConfigError when there is none (one line)."""
+    from evaluate import find_steps, nothing_left
+    from training import checkpoint
 
-    path = Path(path)
-    if (path / "checkpoints").is_dir():
-        path = path / "checkpoints"
-    return find_step_dir(path)
+    step_dirs, folder = find_steps(Path(path))
+    return checkpoint.read_newest(step_dirs, load_model, "sampling", nothing_left(step_dirs, folder, "sample"))
 
 
 def load_model(step_dir: Path):
@@ -100,14 +102,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling")
     args = parser.parse_args(argv)
     from core.errors import USER_ERRORS
+    from training.console import tool_logging
+
+    tool_logging()
 
     try:
         if args.tokens < 0:
             raise ValueError(f"--tokens {args.tokens} must be >= 0")
         if not (math.isfinite(args.temperature) and args.temperature >= 0):
             raise ValueError(f"--temperature {args.temperature} must be a finite number >= 0 (0: greedy)")
-        step_dir = find_checkpoint(Path(args.path))
-        model = load_model(step_dir)
+        model, step_dir = load_newest(Path(args.path))
         vocab = int(model.embed.embedding.shape[0])
         outside = sorted({b for b in args.prompt.encode("utf-8") if b >= vocab})
         if outside:

@@ -28,7 +28,7 @@ from parallel import ConfigError
 from parallel.state import host_abstract, state_to_host
 from training import checkpoint
 from training.build import build, plan
-from utils import REPO, SHARED_TFDS, make_cfg, random_dataset, run_steps, run_train, train_probe_cmd
+from utils import REPO, SHARED_TFDS, damage_step, make_cfg, random_dataset, run_steps, run_train, train_probe_cmd
 from wandb_reader import assert_history_matches_metrics, offline_runs, read_run
 
 STEPS, EVERY = 120, 20
@@ -642,9 +642,9 @@ def test_a_refused_first_save_waits_for_orbaxs_cleanup(tmp_path):
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == []
 
 
-# tensorstore's pending reads of the broken folder complete on orbax's closed event loop: harmless noise.
+# orbax's event loop ends after the broken folder's pending reads (store._run_settled): nothing unraisable is left
 @pytest.mark.unit
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 def test_truncated_checkpoint_is_skipped_with_warning(tmp_path, capsys):
     cfg = make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 2}, "parallel": {"name": "fsdp"}})
     _, _, exp, _ = run_steps(cfg, random_dataset(512), 1)
@@ -669,20 +669,42 @@ def test_truncated_checkpoint_is_skipped_with_warning(tmp_path, capsys):
     restored = checkpoint.resume(plan_, fresh.mode, fresh.state)
     err = capsys.readouterr().err.splitlines()
     assert restored.step == 10 and restored.path == ckpt / "10"
-    assert any(
-        line.startswith(f"warning: skipping checkpoint {ckpt / '20'}: it is incomplete or corrupt") for line in err
-    ), err
-    assert (
+    assert len(err) == 2, err  # one line each: the unfinished save, the damaged step (which array failed first varies)
+    assert err[0] == (
         f"warning: ignoring {ckpt / '30.orbax-checkpoint-tmp'}: a checkpoint save that never finished "
-        f"(the process stopped while writing it)" in err
+        f"(the process stopped while writing it)"
     )
-    assert f"warning: resuming from the previous checkpoint {ckpt / '10'} (step 10)" in err
+    assert err[1].startswith(f"warning: checkpoint {ckpt / '20'} is incomplete or corrupt (ValueError: NOT_FOUND: ")
+    assert err[1].endswith(f"), moved aside to 20.corrupt; resuming from the newest complete one, {ckpt / '10'}")
     assert (ckpt / "20.corrupt").is_dir() and checkpoint.complete_steps(ckpt) == [10]
     got = {
         checkpoint.store._name(p): np.asarray(x)
         for p, x in jax.tree_util.tree_flatten_with_path(state_to_host(restored.state))[0]
     }
     assert_bitwise_equal(got, saved10)
+
+
+def test_resume_over_a_damaged_step_is_one_warning_line(tmp_path):
+    """A rerun whose newest checkpoint has a truncated file resumes from the newest complete one with one warning line
+    (naming the damaged step, where it was moved, and the step used), no traceback (orbax's pending reads end before
+    its event loop closes: before, each printed "Event loop is closed" or "Exception ignored in: <coroutine ...>"),
+    and trains to the same final state as the undamaged run did."""
+    run, ckpt = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    command = ["data=synthetic", "train.steps=6", "checkpoint.every=2", "checkpoint.keep=5", "wandb=disabled"]
+    first = run_train(run, *command)
+    assert first.returncode == 0, first.stderr[-3000:]
+    final = checkpoint.read_arrays(ckpt / "6")
+    damage_step(ckpt / "6")
+
+    again = run_train(run, *command)
+    assert again.returncode == 0, again.stderr[-3000:]
+    out = again.stdout + again.stderr
+    assert "Traceback" not in out and "Exception ignored" not in out, again.stderr[-3000:]
+    (line,) = [ln for ln in again.stderr.splitlines() if "window" not in ln]  # (a 2-step run measures no window)
+    assert line.startswith(f"warning: checkpoint {ckpt / '6'} is incomplete or corrupt (ValueError: ")
+    assert line.endswith(f"), moved aside to 6.corrupt; resuming from the newest complete one, {ckpt / '4'}")
+    assert checkpoint.complete_steps(ckpt) == [2, 4, 6] and (ckpt / "6.corrupt").is_dir()
+    assert_bitwise_equal(checkpoint.read_arrays(ckpt / "6"), final)  # steps 5 and 6 again, from step 4
 
 
 # A background checkpoint write that fails on a full disk: TensorStore's array files (a file-size limit makes the

@@ -29,6 +29,7 @@ Errors: ``core.errors.ConfigError`` (a checkpoint that does not fit this run's m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -39,7 +40,7 @@ import re
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import jax
 import numpy as np
@@ -76,9 +77,9 @@ class CheckpointWriteError(RuntimeError):
 
 class _OrbaxInfoFilter(logging.Filter):
     """Drops orbax's INFO chatter (dozens of lines per save, through absl) from the run's log; keeps warnings, but
-    not orbax's reports of a write that failed with ``OSError``/``ValueError`` (a full disk: its writer threads log
-    the error with its traceback, two or three times), which the run reports itself in one line
-    (``CheckpointWriteError``); ``HYDRA_FULL_ERROR=1`` keeps those."""
+    not those of a read (``_quiet_read``), nor orbax's reports of a write that failed with ``OSError``/``ValueError``
+    (a full disk: its writer threads log the error with its traceback, two or three times), which the run reports
+    itself in one line (``CheckpointWriteError``); ``HYDRA_FULL_ERROR=1`` keeps those."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if "orbax" not in record.pathname:
@@ -86,7 +87,24 @@ class _OrbaxInfoFilter(logging.Filter):
         failed_write = record.exc_info is not None and isinstance(record.exc_info[1], (OSError, ValueError))
         if failed_write and os.environ.get("HYDRA_FULL_ERROR") != "1":
             return False
-        return record.levelno >= logging.WARNING
+        return record.levelno >= logging.WARNING and _reads_in_progress == 0
+
+
+_reads_in_progress = 0  # restore_step / read_arrays running (_quiet_read)
+
+
+@contextlib.contextmanager
+def _quiet_read() -> Iterator[None]:
+    """Drops orbax's warnings and errors while a step folder is read: a read that fails raises, and its reader names
+    the damaged step in one line (``training.checkpoint.read_newest``); one that succeeds has read every array and
+    checked the step, and orbax's messages then (e.g. "Metadata file does not exist" for a lost
+    ``_CHECKPOINT_METADATA``, which only holds timestamps) were printed beside it, twice each."""
+    global _reads_in_progress
+    _reads_in_progress += 1
+    try:
+        yield
+    finally:
+        _reads_in_progress -= 1
 
 
 _preload: Optional[threading.Thread] = None  # the background import of orbax, once per process
@@ -464,11 +482,17 @@ def read_arrays(step_dir: Path) -> dict[str, np.ndarray]:
     tests, independent of any mode or device count."""
     ocp = _ocp()
     step_dir = Path(step_dir).absolute()
-    with ocp.CheckpointManager(
-        step_dir.parent, item_handlers=_handlers(), options=ocp.CheckpointManagerOptions(create=False)
-    ) as manager:
+    with (
+        _quiet_read(),
+        ocp.CheckpointManager(
+            step_dir.parent, item_handlers=_handlers(), options=ocp.CheckpointManagerOptions(create=False)
+        ) as manager,
+    ):
         step = int(step_dir.name)
-        tree = manager.item_metadata(step)[STATE].tree
+        saved = manager.item_metadata(step)[STATE]
+        if saved is None:
+            raise FileNotFoundError(f"{step_dir / STATE} is missing")
+        tree = saved.tree
         target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), tree)
         out = manager.restore(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target)}))[STATE]
     return {_name(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(out)[0]}
@@ -498,9 +522,12 @@ def restore_step(step_dir: Path, mode, placed_state) -> Restored:
     ocp = _ocp()
     step_dir = Path(step_dir).absolute()
     abstract = host_abstract(placed_state)
-    with ocp.CheckpointManager(
-        step_dir.parent, item_handlers=_handlers(), options=ocp.CheckpointManagerOptions(create=False)
-    ) as manager:
+    with (
+        _quiet_read(),
+        ocp.CheckpointManager(
+            step_dir.parent, item_handlers=_handlers(), options=ocp.CheckpointManagerOptions(create=False)
+        ) as manager,
+    ):
         step = int(step_dir.name)
         saved = manager.item_metadata(step)[STATE]
         if saved is None:
