@@ -16,8 +16,9 @@ used, padded and masked, so the denominator is exact (10,000 for MNIST).
 Output: one line on stdout, ``eval/accuracy=<fraction> eval/loss=<mean cross-entropy, nats> step=<optimizer
 steps> examples=<test examples> checkpoint=<step folder>`` (for the language model ``eval/perplexity=<exp of the
 loss>`` after the loss, and on text ``eval/bpb=<bits per byte>``); with ``--json`` one JSON object with the same
-keys. A GPT trained on BPE tokens is evaluated with the ``tokenizer.json`` saved beside its checkpoint.
-Errors (no such checkpoint, unreadable checkpoint, missing data set, bad override): one line ``error: ...`` on
+keys. A GPT trained on BPE tokens is evaluated with the ``tokenizer.json`` saved beside its checkpoint. A damaged
+newest step (a missing or truncated file) is named in one warning line and the newest complete step is evaluated.
+Errors (no such checkpoint, no complete checkpoint, missing data set, bad override): one line ``error: ...`` on
 stderr and exit code 1.
 """
 
@@ -49,9 +50,11 @@ EVAL_DEFAULTS = [
 ]
 
 
-def find_step_dir(path: Path) -> Path:
-    """``path`` if it is a step folder, else the newest finished step folder whose metadata reads. A run folder
-    (with ``.hydra/`` or ``checkpoints/``) stands for its checkpoint folder (``training.folders.run_checkpoint_dir``).
+def find_steps(path: Path) -> tuple[list[Path], Optional[Path]]:
+    """The step folders ``path`` stands for, newest first, and the checkpoint folder they were taken from: ``[path]``
+    and None for one step folder (a folder named by its step: it may be damaged), else every finished step of the
+    checkpoint folder (a run folder, with ``.hydra/`` or ``checkpoints/``, stands for its checkpoint folder,
+    ``training.folders.run_checkpoint_dir``). Nothing is read but folder names and small YAML files.
 
     Raises:
       ConfigError: nothing there; a step folder that does not exist names the steps that do; a sweep folder
@@ -81,26 +84,53 @@ def find_step_dir(path: Path) -> Path:
         raise ConfigError(
             f"checkpoint {path} does not exist; give a run folder, its checkpoints/ folder or one <step> folder in it"
         )
-    if checkpoint.is_step_dir(path):
-        return path
     run_ckpt = run_checkpoint_dir(path)
+    if checkpoint.is_step_dir(path) or (
+        path.name.isdigit() and run_ckpt is None and not checkpoint.complete_steps(path)
+    ):
+        return [path], None
     if run_ckpt is not None:
         if not run_ckpt.is_dir() or not checkpoint.complete_steps(run_ckpt):
             raise ConfigError(f"run folder {path} has no checkpoint in {run_ckpt}: {why_no_checkpoint(path)}")
         path = run_ckpt
-    for step in reversed(checkpoint.complete_steps(path)):
-        candidate = path / str(step)
-        try:
-            checkpoint.read_metadata(candidate)
-            return candidate
-        except (OSError, ValueError) as e:
-            checkpoint.warn(f"skipping checkpoint {candidate}: its metadata cannot be read ({e})")
-    if is_step_folder(path.parent):  # e.g. its state/ folder
+    steps = checkpoint.complete_steps(path)
+    if not steps and is_step_folder(path.parent):  # e.g. its state/ folder
         raise ConfigError(f"{path} is inside the checkpoint step folder {path.parent}: pass {path.parent}")
-    raise ConfigError(
-        f"{path} holds no checkpoint (no <step> folder with state/ and meta/); give a run folder, its checkpoint "
-        f"folder or one <step> folder in it"
-    )
+    if not steps:
+        raise ConfigError(
+            f"{path} holds no checkpoint (no <step> folder with state/ and meta/); give a run folder, its checkpoint "
+            f"folder or one <step> folder in it"
+        )
+    return [path / str(step) for step in reversed(steps)], path
+
+
+def nothing_left(step_dirs: list[Path], folder: Optional[Path], tool: str) -> str:
+    """What to do when every one of ``step_dirs`` (from :func:`find_steps`) is damaged, for ``tool`` ("evaluate",
+    "sample"): another folder, or the given step's own folder when it holds other steps."""
+    if folder is not None:
+        return f"no complete checkpoint is left in {folder}: give another checkpoint folder"
+    from training import checkpoint
+
+    parent = step_dirs[0].parent
+    if any(str(s) != step_dirs[0].name for s in checkpoint.complete_steps(parent)):
+        return f"give its folder {parent} to {tool} the newest complete step"
+    return f"it is the only checkpoint in {parent}: give another checkpoint folder"
+
+
+def find_step_dir(path: Path) -> Path:
+    """``path`` if it is a step folder, else the newest finished step folder whose metadata reads (a newer one whose
+    metadata does not read is named in one warning line); see :func:`find_steps`.
+
+    Raises:
+      ConfigError: nothing there; a step folder that does not exist names the steps that do; no metadata reads.
+    """
+    from training import checkpoint
+
+    step_dirs, folder = find_steps(path)
+    if folder is None:
+        return step_dirs[0]
+    advice = nothing_left(step_dirs, folder, "use")
+    return checkpoint.read_newest(step_dirs, checkpoint.read_metadata, "using", advice)[1]
 
 
 def find_best_step_dir(path: Path) -> Path:
@@ -255,9 +285,20 @@ def model_changes(saved_cfg: dict, cfg) -> list[str]:
     return out
 
 
+def _has_metadata(step_dir: Path) -> bool:
+    from training import checkpoint
+
+    try:
+        checkpoint.read_metadata(step_dir)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
 def evaluate_checkpoint(path: Path, overrides: Sequence[str] = (), best: bool = False) -> dict:
-    """Restores the checkpoint at ``path`` (``best``: the run's best checkpoint, ``find_best_step_dir``) onto this
-    process's devices and evaluates it on the test split.
+    """Restores the checkpoint at ``path`` (``best``: the run's best checkpoint, ``find_best_step_dir``; else the
+    newest complete step, a damaged newer one named in one warning line) onto this process's devices and
+    evaluates it on the test split.
 
     Returns ``{"eval/accuracy", "eval/loss", "step", "examples", "checkpoint"}`` (and ``eval/perplexity`` for a
     GPT, evaluated on the validation windows its training evaluated on). Raises ConfigError/DataError
@@ -267,16 +308,19 @@ def evaluate_checkpoint(path: Path, overrides: Sequence[str] = (), best: bool = 
     from training import checkpoint
     from training.runtime import setup_runtime
 
-    step_dir = find_best_step_dir(path) if best else find_step_dir(path)
-    try:
-        saved = checkpoint.read_metadata(step_dir)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"checkpoint {step_dir} has no readable metadata ({e})") from None
-    from training.checkpoint import with_inherited
-
+    if best:
+        step_dirs, folder = [find_best_step_dir(path)], None
+    else:
+        step_dirs, folder = find_steps(path)
+    advice = nothing_left(step_dirs, folder, "evaluate")
+    # the config: of the newest step whose metadata reads (a damaged newer one is named when the state is read)
+    step_dir = next((d for d in step_dirs if _has_metadata(d)), None)
+    if step_dir is None:  # every one is damaged: read_newest raises one line naming them
+        step_dir = checkpoint.read_newest(step_dirs, checkpoint.read_metadata, "evaluating", advice)[1]
+    saved = checkpoint.read_metadata(step_dir)
     # null settings as the checkpoint was trained (an older checkpoint: its AdamW decayed every parameter, whose
     # optimizer state has another structure)
-    cfg = with_inherited(compose_eval_config(saved.get("config", {}), overrides), saved.get("config", {}))
+    cfg = checkpoint.with_inherited(compose_eval_config(saved.get("config", {}), overrides), saved.get("config", {}))
     changed = model_changes(saved.get("config", {}), cfg)
     if changed:
         raise ConfigError(
@@ -292,7 +336,10 @@ def evaluate_checkpoint(path: Path, overrides: Sequence[str] = (), best: bool = 
 
     p = plan(cfg)
     exp = build(p)
-    restored = checkpoint.restore_step(step_dir, exp.mode, exp.state)
+    # the newest step that restores: a damaged one (a missing or truncated file) is named in one warning line
+    restored, step_dir = checkpoint.read_newest(
+        step_dirs, lambda d: checkpoint.restore_step(d, exp.mode, exp.state), "evaluating", advice
+    )
     test = load_test_split(cfg, p, step_dir)
     eval_set = make_eval_set(test, cfg.train.eval_batch, exp.mode.num_devices, exp.mode.batch_layout())
     text = cfg.model.name == "gpt" and cfg.data.name in ("tiny_shakespeare", "text")
@@ -311,10 +358,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "--best", action="store_true", help="the best checkpoint (checkpoint.keep_best) instead of the newest"
     )
     args = parser.parse_intermixed_args(argv)  # --json before, between or after the overrides
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from training.console import quiet_known_noise
+    from training.console import tool_logging
 
-    quiet_known_noise()  # as train.py: the TPU probe, TFDS's OpenCV notice and its look for unprepared data
+    tool_logging()  # as train.py: the TPU probe, TFDS's OpenCV notice and its look for unprepared data quieted
 
     from core.errors import ConfigError, DataError
 

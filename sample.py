@@ -9,8 +9,9 @@ checkpoint's ``params`` (any device count or mode saved them: they are read as h
 (the default) is greedy decoding; > 0 samples from ``softmax(logits / temperature)`` with ``--seed``. The
 prompt is encoded with the run's tokenizer (byte tokens: its UTF-8 bytes; a BPE: the ``tokenizer.json`` saved
 beside the checkpoint) and the output decoded with it (a multi-byte character cut short becomes U+FFFD).
-Output: the prompt and its continuation on stdout. Errors (no checkpoint, not a GPT, arrays that do not fit the
-saved config, a bad argument): one line ``error: ...`` on stderr and exit code 1.
+Output: the prompt and its continuation on stdout. A damaged newest step (a missing or truncated file) is named in
+one warning line and the newest complete step is used. Errors (no complete checkpoint, not a GPT, arrays that do
+not fit the saved config, a bad argument): one line ``error: ...`` on stderr and exit code 1.
 """
 
 from __future__ import annotations
@@ -23,17 +24,23 @@ from typing import Optional, Sequence
 
 
 def find_checkpoint(path: Path, best: bool = False) -> Path:
-    """A step folder: ``path`` itself, the newest in ``path`` (a checkpoint folder) or in
-    ``path/checkpoints`` (a run folder); ``best``: the run's best checkpoint (``evaluate.find_best_step_dir``).
-    Raises ConfigError when there is none."""
+    """A step folder: ``path`` itself, the newest in ``path`` (a checkpoint folder) or in its run folder's
+    checkpoints; ``best``: the run's best checkpoint (``evaluate.find_best_step_dir``). Raises ConfigError when
+    there is none."""
     from evaluate import find_best_step_dir, find_step_dir
 
-    if best:
-        return find_best_step_dir(Path(path))
-    path = Path(path)
-    if (path / "checkpoints").is_dir():
-        path = path / "checkpoints"
-    return find_step_dir(path)
+    return find_best_step_dir(Path(path)) if best else find_step_dir(Path(path))
+
+
+def load_newest(path: Path, best: bool = False):
+    """``(the GPT, its step folder)`` of :func:`load_model` for ``path``: one step folder, or the newest complete step
+    of a checkpoint folder or of a run folder's checkpoints (a damaged newer one is named in one warning line);
+    ``best``: the run's best checkpoint. Raises ConfigError when there is none (one line)."""
+    from evaluate import find_best_step_dir, find_steps, nothing_left
+    from training import checkpoint
+
+    step_dirs, folder = ([find_best_step_dir(Path(path))], None) if best else find_steps(Path(path))
+    return checkpoint.read_newest(step_dirs, load_model, "sampling", nothing_left(step_dirs, folder, "sample"))
 
 
 def load_model(step_dir: Path):
@@ -134,14 +141,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     args = parser.parse_args(argv)
     from core.errors import USER_ERRORS
+    from training.console import tool_logging
+
+    tool_logging()
 
     try:
         if args.tokens < 0:
             raise ValueError(f"--tokens {args.tokens} must be >= 0")
         if not (math.isfinite(args.temperature) and args.temperature >= 0):
             raise ValueError(f"--temperature {args.temperature} must be a finite number >= 0 (0: greedy)")
-        step_dir = find_checkpoint(Path(args.path), best=args.best)
-        model = load_model(step_dir)
+        model, step_dir = load_newest(Path(args.path), best=args.best)
         tokenizer = load_tokenizer(step_dir)
         vocab = int(model.embed.embedding.shape[0])
         if not args.prompt:

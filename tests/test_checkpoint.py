@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from parallel import ConfigError
 from parallel.state import host_abstract, state_to_host
 from training import checkpoint
 from training.build import build, plan
-from utils import REPO, SHARED_TFDS, make_cfg, random_dataset, run_steps, run_train
+from utils import REPO, SHARED_TFDS, damage_step, make_cfg, random_dataset, run_steps, run_train, train_probe_cmd
 from wandb_reader import assert_history_matches_metrics, offline_runs, read_run
 
 STEPS, EVERY = 120, 20
@@ -641,9 +642,9 @@ def test_a_refused_first_save_waits_for_orbaxs_cleanup(tmp_path):
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == []
 
 
-# tensorstore's pending reads of the broken folder complete on orbax's closed event loop: harmless noise.
+# orbax's event loop ends after the broken folder's pending reads (store._run_settled): nothing unraisable is left
 @pytest.mark.unit
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 def test_truncated_checkpoint_is_skipped_with_warning(tmp_path, capsys):
     cfg = make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 2}, "parallel": {"name": "fsdp"}})
     _, _, exp, _ = run_steps(cfg, random_dataset(512), 1)
@@ -668,20 +669,140 @@ def test_truncated_checkpoint_is_skipped_with_warning(tmp_path, capsys):
     restored = checkpoint.resume(plan_, fresh.mode, fresh.state)
     err = capsys.readouterr().err.splitlines()
     assert restored.step == 10 and restored.path == ckpt / "10"
-    assert any(
-        line.startswith(f"warning: skipping checkpoint {ckpt / '20'}: it is incomplete or corrupt") for line in err
-    ), err
-    assert (
+    assert len(err) == 2, err  # one line each: the unfinished save, the damaged step (which array failed first varies)
+    assert err[0] == (
         f"warning: ignoring {ckpt / '30.orbax-checkpoint-tmp'}: a checkpoint save that never finished "
-        f"(the process stopped while writing it)" in err
+        f"(the process stopped while writing it)"
     )
-    assert f"warning: resuming from the previous checkpoint {ckpt / '10'} (step 10)" in err
+    assert err[1].startswith(f"warning: checkpoint {ckpt / '20'} is incomplete or corrupt (ValueError: NOT_FOUND: ")
+    assert err[1].endswith(f"), moved aside to 20.corrupt; resuming from the newest complete one, {ckpt / '10'}")
     assert (ckpt / "20.corrupt").is_dir() and checkpoint.complete_steps(ckpt) == [10]
     got = {
         checkpoint.store._name(p): np.asarray(x)
         for p, x in jax.tree_util.tree_flatten_with_path(state_to_host(restored.state))[0]
     }
     assert_bitwise_equal(got, saved10)
+
+
+def test_resume_over_a_damaged_step_is_one_warning_line(tmp_path):
+    """A rerun whose newest checkpoint has a truncated file resumes from the newest complete one with one warning line
+    (naming the damaged step, where it was moved, and the step used), no traceback (orbax's pending reads end before
+    its event loop closes: before, each printed "Event loop is closed" or "Exception ignored in: <coroutine ...>"),
+    and trains to the same final state as the undamaged run did."""
+    run, ckpt = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    command = ["data=synthetic", "train.steps=6", "checkpoint.every=2", "checkpoint.keep=5", "wandb=disabled"]
+    first = run_train(run, *command)
+    assert first.returncode == 0, first.stderr[-3000:]
+    final = checkpoint.read_arrays(ckpt / "6")
+    damage_step(ckpt / "6")
+
+    again = run_train(run, *command)
+    assert again.returncode == 0, again.stderr[-3000:]
+    out = again.stdout + again.stderr
+    assert "Traceback" not in out and "Exception ignored" not in out, again.stderr[-3000:]
+    (line,) = [ln for ln in again.stderr.splitlines() if "window" not in ln]  # (a 2-step run measures no window)
+    assert line.startswith(f"warning: checkpoint {ckpt / '6'} is incomplete or corrupt (ValueError: ")
+    assert line.endswith(f"), moved aside to 6.corrupt; resuming from the newest complete one, {ckpt / '4'}")
+    assert checkpoint.complete_steps(ckpt) == [2, 4, 6] and (ckpt / "6.corrupt").is_dir()
+    assert_bitwise_equal(checkpoint.read_arrays(ckpt / "6"), final)  # steps 5 and 6 again, from step 4
+
+
+# A background checkpoint write that fails on a full disk: TensorStore's array files (a file-size limit makes the
+# write fail as a full disk does, with EFBIG), or the metadata orbax writes itself (ENOSPC, injected).
+FULL_DISK = {
+    "arrays": (  # the MLP's arrays hold over 800 KB each; everything else a run writes is smaller
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (512 * 1024, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))",
+        "File too large",
+    ),
+    "metadata": (
+        "import errno\n"
+        "from orbax.checkpoint._src.handlers import json_checkpoint_handler as handler\n"
+        "async def full(self, item, directory):\n"
+        "    raise OSError(errno.ENOSPC, 'No space left on device', str(directory / 'metadata'))\n"
+        "handler.JsonCheckpointHandler._save_fn = full",
+        "[Errno 28] No space left on device",
+    ),
+}
+
+
+@pytest.mark.parametrize("where", sorted(FULL_DISK))
+def test_a_disk_that_fills_during_a_background_checkpoint_write_is_one_line(tmp_path, where):
+    """The periodic save of step 2 fails in orbax's background threads: the run stops at the next save with one
+    ``error:`` line naming the step, the reason and what to do, and nothing else on the console: no traceback from
+    orbax's writer threads (logged with their tracebacks, 3 times) nor from TensorStore's callbacks on orbax's
+    closed event loop ("Event loop is closed")."""
+    run, ckpt = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    before, reason = FULL_DISK[where]
+    cmd = train_probe_cmd(
+        before, "", f"hydra.run.dir={run}", "data=synthetic", "train.steps=6", "checkpoint.every=2", "wandb=offline"
+    )
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path)}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out and "Exception ignored" not in out, out[-3000:]
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"error: could not write the checkpoint of step 2 in {ckpt} (")
+    assert reason in line and line.endswith(
+        "); no complete checkpoint is left; free space or make the folder writable, then run the same command"
+    )
+    assert summary(run)["status"] == "failed" and summary(run)["error"] == line[len("error: ") :]
+    assert checkpoint.complete_steps(ckpt) == []
+
+
+@pytest.mark.unit
+def test_orbax_coroutines_end_before_their_event_loop_closes(monkeypatch):
+    """orbax runs each read and write on an event loop of its own; when one task fails (a truncated file, a full disk)
+    the others go on: the loop is closed only once they have ended (``store._run_settled``), so none is collected
+    unfinished ("Exception ignored in: <coroutine ...>") nor calls back into a closed loop."""
+    import asyncio
+    import gc
+
+    from orbax.checkpoint._src import asyncio_utils
+
+    checkpoint.store._ocp()
+    assert asyncio_utils._run_sync_via_new_loop is checkpoint.store._run_settled
+    unraisable: list = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    ended: list[int] = []
+
+    async def read(i: int):
+        try:
+            await asyncio.sleep(0.02 * i)
+            ended.append(i)
+        except BaseException as e:  # as orbax wraps a shard's read error (and the GeneratorExit of a collected one)
+            raise RuntimeError(f"read {i} failed") from e
+
+    async def truncated():
+        raise ValueError("Truncated Zstd-compressed stream")
+
+    async def restore():
+        await asyncio.gather(truncated(), *(read(i) for i in (1, 2, 3)))
+
+    with pytest.raises(ValueError, match="Truncated"):
+        asyncio_utils.run_sync(restore())
+    gc.collect()
+    assert ended == [1, 2, 3] and unraisable == []
+
+
+@pytest.mark.unit
+def test_a_failed_orbax_import_in_its_background_thread_prints_nothing(monkeypatch):
+    """The orbax-import thread (``preload_orbax``) leaves a failed import to the run's own import of orbax, which
+    raises it where the run reports it: no "Exception in thread orbax-import" traceback beside it."""
+    seen: list = []
+    monkeypatch.setattr(threading, "excepthook", seen.append)
+    monkeypatch.setattr(checkpoint.store, "_preload", None)
+    monkeypatch.delitem(sys.modules, "orbax.checkpoint")  # (not imported yet, as in a run's start-up)
+
+    def broken():
+        raise ImportError("cannot import name 'ocdbt' from 'tensorstore'")
+
+    monkeypatch.setattr(checkpoint.store, "_ocp", broken)
+    checkpoint.preload_orbax()
+    checkpoint.wait_for_orbax()
+    assert checkpoint.store._preload is not None and not checkpoint.store._preload.is_alive()
+    assert seen == []
 
 
 # ---- settings ---------------------------------------------------------------------------------------------------

@@ -146,3 +146,53 @@ def test_a_sweep_folder_is_named_with_a_job_to_pass(tmp_path, capsys):
     with pytest.raises(ConfigError) as e:
         evaluate.find_step_dir(state)
     assert str(e.value) == f"{state} is inside the checkpoint step folder {state.parent}: pass {state.parent}"
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+def test_evaluate_a_damaged_newest_step_evaluates_the_newest_complete_one(tmp_path, capsys):
+    """A checkpoint folder whose newest step has a truncated file: one warning line naming it, and the newest complete
+    step is evaluated (the same numbers as evaluating that step itself); none complete, or the damaged step given
+    itself: one ``error:`` line, exit 1. Never a traceback (orbax's event loop ends after its pending reads)."""
+    import json
+    import subprocess
+
+    from utils import damage_step, make_cfg, save_steps
+
+    ckpt = tmp_path / "ckpt"
+    cfg = make_cfg({"data": {"name": "synthetic", "eval_size": 512}, "mesh": {"devices": 2}})
+    save_steps(ckpt, cfg, {2: 1.0, 4: 3.0})
+    damage_step(ckpt / "4")
+
+    def evaluate(*args):
+        cmd = [sys.executable, "-m", "evaluate", *map(str, args)]
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-3000:]
+        return proc
+
+    fallback, direct = evaluate(ckpt, "--json"), evaluate(ckpt / "2", "--json")
+    assert fallback.returncode == 0 and direct.returncode == 0, fallback.stderr[-3000:]
+    got, want = json.loads(fallback.stdout), json.loads(direct.stdout)
+    assert got == want and got["step"] == 2 and got["checkpoint"] == str(ckpt / "2")
+    assert direct.stderr == ""
+    (line,) = fallback.stderr.splitlines()
+    assert line.startswith(f"warning: checkpoint {ckpt / '4'} is incomplete or corrupt (ValueError: ")
+    assert line.endswith(f"); evaluating the newest complete one, {ckpt / '2'}")
+
+    import evaluate as tool  # the same in-process (and faster), on the test session's devices
+
+    capsys.readouterr()
+    assert tool.main([str(ckpt / "4")]) == 1  # the damaged step itself: its folder holds a complete one
+    out, err = capsys.readouterr()
+    (line,) = err.splitlines()
+    assert out == "" and line.startswith(f"error: checkpoint {ckpt / '4'} is incomplete or corrupt (ValueError: ")
+    assert line.endswith(f"); give its folder {ckpt} to evaluate the newest complete step")
+
+    damage_step(ckpt / "2")
+    assert tool.main([str(ckpt)]) == 1
+    out, err = capsys.readouterr()
+    (line,) = err.splitlines()
+    assert out == "" and line.startswith(
+        f"error: checkpoints 4, 2 in {ckpt} are incomplete or corrupt (step 4: ValueError: "
+    )
+    assert line.endswith(f"); no complete checkpoint is left in {ckpt}: give another checkpoint folder")
+    assert sorted(p.name for p in ckpt.iterdir()) == ["2", "4"]  # a reader moves nothing

@@ -687,6 +687,45 @@ def test_on_device_true_is_refused_for_text_windows_and_null_or_false_pass():
     plan(gpt_cfg())
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+def test_sample_a_damaged_newest_step_samples_the_newest_complete_one(tmp_path, capsys):
+    """``python -m sample`` on a checkpoint folder whose newest step has a truncated file: one warning line naming it,
+    and the newest complete step's text (the same as sampling that step itself); none complete: one ``error:`` line,
+    exit 1. Never a traceback."""
+    import subprocess
+    import sys
+
+    import sample
+    from utils import REPO, damage_step, save_steps
+
+    ckpt = tmp_path / "ckpt"
+    save_steps(ckpt, gpt_cfg(), {2: 1.0, 4: 3.0})
+    damage_step(ckpt / "4")
+    args = ["--prompt", "AB", "--tokens", "12"]
+    fallback = subprocess.run(
+        [sys.executable, "-m", "sample", str(ckpt), *args], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert fallback.returncode == 0, fallback.stderr[-3000:]
+    assert "Traceback" not in fallback.stderr and "Exception ignored" not in fallback.stderr, fallback.stderr[-3000:]
+    warning, started = fallback.stderr.splitlines()
+    assert warning.startswith(f"warning: checkpoint {ckpt / '4'} is incomplete or corrupt (ValueError: ")
+    assert warning.endswith(f"); sampling the newest complete one, {ckpt / '2'}")
+    assert started.startswith(f"sample: {ckpt / '2'}, prompt 'AB', 12 bytes, greedy")
+
+    capsys.readouterr()
+    assert sample.main([str(ckpt / "2"), *args]) == 0  # in-process: the same text from step 2 itself
+    assert capsys.readouterr().out == fallback.stdout and fallback.stdout.startswith("AB")
+
+    damage_step(ckpt / "2")
+    assert sample.main([str(ckpt), *args]) == 1
+    out, err = capsys.readouterr()
+    (line,) = err.splitlines()
+    assert out == "" and line.startswith(
+        f"error: checkpoints 4, 2 in {ckpt} are incomplete or corrupt (step 4: ValueError: "
+    )
+    assert line.endswith(f"); no complete checkpoint is left in {ckpt}: give another checkpoint folder")
+
+
 def test_sample_cli_greedy_is_deterministic_and_bad_folders_are_one_line(tmp_path):
     """``python -m evaluate <run folder>``: the run's final evaluation again. ``python -m sample <run folder>``:
     greedy output is the prompt + N bytes, the same twice; a missing folder and a checkpoint whose saved

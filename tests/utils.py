@@ -94,6 +94,32 @@ def run_train(
     return subprocess.run(cmd, cwd=cwd, env=e, capture_output=True, text=True, timeout=timeout)
 
 
+def save_steps(directory: Path, cfg: Config, steps: dict[int, float]) -> None:
+    """Checkpoints of ``cfg``'s initial state in ``directory``, one per ``{step: factor}``, the parameters multiplied
+    by ``factor`` (so that every step evaluates differently); their metadata holds ``cfg`` as a run saves it."""
+    from conf.schema import as_dict
+    from training import checkpoint
+
+    exp = build(plan(cfg))
+    saver = checkpoint.Saver(directory, keep=len(steps))
+    for step, factor in steps.items():
+        state = exp.state.replace(
+            step=jax.device_put(np.int32(step), exp.state.step.sharding),
+            params=jax.tree.map(lambda x: x * factor, exp.state.params),
+        )
+        saver.save(state, step, {"step": step, "config": as_dict(cfg)}, exp.mode)
+    saver.close()
+
+
+def damage_step(step_dir: Path) -> Path:
+    """Truncates the largest array file of a checkpoint step folder to half its size (a write cut short, as by a
+    full disk or a killed copy); returns that file."""
+    files = [f for f in (Path(step_dir) / "state").rglob("*") if f.is_file() and f.parent.name == "d"]
+    largest = max(files, key=lambda f: f.stat().st_size)
+    os.truncate(largest, largest.stat().st_size // 2)
+    return largest
+
+
 def train_probe_cmd(before: str, after: str, *overrides: str) -> list[str]:
     """``python -c <probe> <overrides>``: runs the code ``before``, then train.py as ``__main__`` with
     ``overrides``, then the code ``after`` (also when train.py exits), and exits with train.py's exit code. Run it in

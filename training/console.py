@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 def warn(line: str, logger: Optional[logging.Logger] = None) -> None:
     """A warning the user must see: ``warning: <line>`` on stderr (``console``) and ``line`` in ``logger``'s log
     (this module's when None), at WARNING."""
-    (logger or log).warning("%s", line)
+    (logger or log).warning("%s", line, extra={"on_console": True})
     console(f"warning: {line}")
 
 
@@ -63,6 +63,23 @@ class _DropMessages(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         return not any(n in message for n in self.needles)
+
+
+class _NotOnConsole(logging.Filter):
+    """Drops the records of the lines ``warn`` has printed itself (a tool's stderr handler would print them again)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, "on_console", False)
+
+
+def tool_logging() -> None:
+    """Logging of a command-line tool (``python -m evaluate``, ``python -m sample``): warnings and errors on stderr as
+    ``LEVEL logger: message``, each line ``warn`` printed once, and ``quiet_known_noise``."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:  # basicConfig's (none when the root has handlers already)
+        if type(handler) is logging.StreamHandler and not any(isinstance(f, _NotOnConsole) for f in handler.filters):
+            handler.addFilter(_NotOnConsole())
+    quiet_known_noise()
 
 
 def quiet_known_noise() -> None:

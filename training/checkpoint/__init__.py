@@ -8,7 +8,8 @@ mesh or parallel mode; never a non-finite checkpoint. One module per reason to c
   parallel mode says how its state is saved and restored, nothing here asks which mode runs.
 - ``policy``: what a resumed run may change, what it warns about, what a finished run reports again (pure
   functions of configs, metadata and run files).
-- ``resuming``: which checkpoint a run continues from, whether the policy allows it, and restoring it.
+- ``resuming``: which checkpoint a run continues from, whether the policy allows it, and restoring it; reading
+  the newest complete step of a folder whose newest ones are damaged (``read_newest``, also for evaluate, sample).
 - ``run_checkpoints``: ``RunCheckpoints``, the training loop's view (when to save, metadata, summary).
 - ``best``: ``BestCheckpoint``, the best evaluated step kept in ``<dir>/best`` (``checkpoint.keep_best``).
 - ``saved``: what a run takes from its checkpoint before building (inherited null settings, the tokenizer).
@@ -27,7 +28,7 @@ from training.checkpoint.policy import (
     refusal,
     resume_conflicts,
 )
-from training.checkpoint.resuming import candidate_step_dir, check_resume_settings, resume, warn
+from training.checkpoint.resuming import candidate_step_dir, check_resume_settings, read_newest, resume, warn
 from training.checkpoint.run_checkpoints import RunCheckpoints
 from training.checkpoint.store import (
     META,
@@ -46,6 +47,7 @@ from training.checkpoint.store import (
     read_arrays,
     read_metadata,
     restore_step,
+    storage_error_text,
     unfinished_saves,
     wait_for_orbax,
 )
@@ -98,10 +100,12 @@ __all__ = [
     "prepare",
     "read_arrays",
     "read_metadata",
+    "read_newest",
     "refusal",
     "resume",
     "resume_conflicts",
     "restore_step",
+    "storage_error_text",
     "unfinished_saves",
     "wait_for_orbax",
     "warn",

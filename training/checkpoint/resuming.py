@@ -4,16 +4,17 @@
 refuses settings the resume policy (``training.checkpoint.policy``) does not allow, before anything is
 restored. ``resume`` then restores the newest readable step (``checkpoint.resume=auto``) or the given one
 onto this run's mode: unfinished saves and unreadable steps are named in a warning, and unreadable ones
-are moved aside once an older step restores.
+are moved aside once an older step restores. ``read_newest`` is that fallback for any reader (resuming,
+``python -m evaluate``, ``python -m sample``).
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, Sequence, TypeVar
 
-from core.errors import ConfigError, first_line
+from core.errors import USER_ERRORS, ConfigError
 from training.checkpoint.plan import CheckpointPlan
 from training.checkpoint.policy import data_change, data_refusal, refusal, resume_conflicts
 from training.checkpoint.store import (
@@ -23,8 +24,11 @@ from training.checkpoint.store import (
     move_aside,
     read_metadata,
     restore_step,
+    storage_error_text,
     unfinished_saves,
 )
+
+T = TypeVar("T")
 
 # one logger for the package: its log lines all name training.checkpoint
 log = logging.getLogger("training.checkpoint")
@@ -88,29 +92,66 @@ def check_resume_settings(
         )
 
 
-def _newest_readable(directory: Path, mode, placed_state) -> Optional[Restored]:
-    """The newest step of ``directory`` that restores; broken newer ones are warned about and moved aside."""
+def damaged_text(damaged: Sequence[tuple[Path, str]]) -> str:
+    """``checkpoint <dir>/<step> is incomplete or corrupt (<reason>)`` for one damaged step folder, ``checkpoints
+    <step>, <step> in <dir> are incomplete or corrupt (step <newest>: <reason>)`` for several (``damaged``: (folder,
+    reason), newest first, all in one folder)."""
+    if len(damaged) == 1:
+        return f"checkpoint {damaged[0][0]} is incomplete or corrupt ({damaged[0][1]})"
+    names = ", ".join(d.name for d, _ in damaged)
+    where = damaged[0][0].parent
+    return f"checkpoints {names} in {where} are incomplete or corrupt (step {damaged[0][0].name}: {damaged[0][1]})"
+
+
+def read_newest(
+    step_dirs: Sequence[Path], read: Callable[[Path], T], doing: str, nothing_left: str, move_damaged: bool = False
+) -> tuple[T, Path]:
+    """``read(step_dir)`` of the first of ``step_dirs`` (newest first) it succeeds on, and that folder: how resuming,
+    ``python -m evaluate`` and ``python -m sample`` read a checkpoint folder whose newest steps may be damaged (a
+    missing or truncated file: the process or the disk failed while writing, or a file was lost since).
+
+    The damaged ones before it are named in one warning line that says which step is used instead (``doing``,
+    e.g. "evaluating"); with ``move_damaged`` (resuming: a run would save over them) they are moved aside to
+    ``<step>.corrupt`` once one reads.
+
+    Raises:
+      ConfigError: every one is damaged: one line naming them and ``nothing_left`` (what to do); or ``read``'s own
+        user error (``core.errors.USER_ERRORS``: a checkpoint that does not fit, which an older step would not
+        either).
+    """
+    damaged: list[tuple[Path, str]] = []
+    for step_dir in step_dirs:
+        try:
+            result = read(step_dir)
+        except USER_ERRORS:
+            raise
+        except Exception as e:  # truncated / missing: TensorStore, orbax, JSON and OS errors all land here
+            damaged.append((Path(step_dir), storage_error_text(e, 200)))
+            continue
+        if damaged:
+            moved = ""
+            if move_damaged:
+                aside = [move_aside(d) for d, _ in damaged]
+                moved = f", moved aside to {', '.join(p.name for p in aside)}"
+            warn(f"{damaged_text(damaged)}{moved}; {doing} the newest complete one, {step_dir}")
+        return result, Path(step_dir)
+    if not damaged:
+        raise ConfigError(nothing_left)
+    raise ConfigError(f"{damaged_text(damaged)}; {nothing_left}")
+
+
+def _warn_unfinished(directory: Path) -> None:
     for tmp in unfinished_saves(directory):
         warn(f"ignoring {tmp}: a checkpoint save that never finished (the process stopped while writing it)")
-    broken: list[Path] = []
-    restored = None
-    for step in reversed(complete_steps(directory)):
-        step_dir = Path(directory) / str(step)
-        try:
-            restored = restore_step(step_dir, mode, placed_state)
-            break
-        except ConfigError:
-            raise
-        except Exception as e:  # truncated / corrupt: tensorstore, orbax and OS errors all land here
-            reason = first_line(e, 200)
-            warn(f"skipping checkpoint {step_dir}: it is incomplete or corrupt ({type(e).__name__}: {reason})")
-            broken.append(step_dir)
-    if broken and restored is not None:  # kept in place when nothing restores: the user decides
-        for step_dir in broken:
-            moved = move_aside(step_dir)
-            log.warning("moved the unreadable checkpoint %s to %s", step_dir, moved)
-    if restored is not None and broken:
-        warn(f"resuming from the previous checkpoint {restored.path} (step {restored.step})")
+
+
+def _newest_readable(directory: Path, mode, placed_state, nothing_left: str) -> Restored:
+    """The newest step of ``directory`` that restores (``read_newest``); damaged newer ones are moved aside."""
+    _warn_unfinished(directory)
+    steps = [Path(directory) / str(s) for s in reversed(complete_steps(directory))]
+    restored, _ = read_newest(
+        steps, lambda d: restore_step(d, mode, placed_state), "resuming from", nothing_left, move_damaged=True
+    )
     return restored
 
 
@@ -128,12 +169,17 @@ def resume(plan: CheckpointPlan, mode, placed_state) -> Optional[Restored]:
     if plan.directory is None or plan.resume == "never":
         return None
     if plan.resume == "auto":
-        restored = _newest_readable(plan.directory, mode, placed_state)
-        if restored is None and complete_steps(plan.directory):
-            raise ConfigError(
-                f"no readable checkpoint in checkpoint.dir={plan.directory} (see the warnings); "
-                f"move its step folders away, or use another checkpoint.dir"
+        restored = None
+        if complete_steps(plan.directory):
+            restored = _newest_readable(
+                plan.directory,
+                mode,
+                placed_state,
+                f"no complete checkpoint is left in checkpoint.dir={plan.directory} to resume from: move its step "
+                f"folders away to start over, or use another checkpoint.dir",
             )
+        else:
+            _warn_unfinished(plan.directory)
     else:
         path = plan.resume_path
         if is_step_dir(path) or path.name.isdigit():
@@ -142,15 +188,15 @@ def resume(plan: CheckpointPlan, mode, placed_state) -> Optional[Restored]:
             except ConfigError:
                 raise
             except Exception as e:
-                reason = first_line(e, 200)
                 raise ConfigError(
-                    f"checkpoint.resume={path} cannot be read ({type(e).__name__}: {reason}); give "
-                    f"another step folder or its parent folder (the newest readable step)"
+                    f"checkpoint.resume={path} cannot be read: it is incomplete or corrupt "
+                    f"({storage_error_text(e, 200)}); give another step folder or its parent folder (the newest "
+                    f"complete step)"
                 ) from None
         else:
-            restored = _newest_readable(path, mode, placed_state)
-            if restored is None:
-                raise ConfigError(f"checkpoint.resume={path} holds no readable checkpoint (see the warnings)")
+            restored = _newest_readable(
+                path, mode, placed_state, f"checkpoint.resume={path} holds no complete checkpoint: give another folder"
+            )
         later = [s for s in complete_steps(plan.directory) if s > restored.step]
         if later and plan.directory != restored.path.parent:
             raise ConfigError(

@@ -9,10 +9,9 @@ from typing import Optional
 
 import jax
 
-from core.errors import error_text
 from training.checkpoint.plan import CheckpointPlan
 from training.checkpoint.resuming import warn
-from training.checkpoint.store import CheckpointWriteError, Saver, complete_steps, metadata
+from training.checkpoint.store import CheckpointWriteError, Saver, complete_steps, metadata, storage_error_text
 
 # what orbax and TensorStore raise when a write fails (a full disk, a folder that is no longer writable)
 WRITE_ERRORS = (OSError, ValueError)
@@ -172,7 +171,7 @@ class RunCheckpoints:
             else "no complete checkpoint is left; free space or make the folder writable, then run the same command"
         )
         self.write_failed = True
-        return CheckpointWriteError(f"could not write {what} in {directory} ({error_text(error)}); {then}")
+        return CheckpointWriteError(f"could not write {what} in {directory} ({storage_error_text(error)}); {then}")
 
     def _warn_undeleted(self) -> None:
         """One warning per step beyond ``checkpoint.keep`` that orbax could not delete (it stays on disk)."""

@@ -28,21 +28,24 @@ Errors: ``core.errors.ConfigError`` (a checkpoint that does not fit this run's m
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import datetime
 import functools
 import json
 import logging
 import os
+import re
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import jax
 import numpy as np
 
-from core.errors import ConfigError, error_text
+from core.errors import ConfigError, error_text, first_line
 from training.checkpoint.policy import NEW_RUN
 from parallel.state import (
     device_finite_flags,
@@ -74,10 +77,35 @@ class CheckpointWriteError(RuntimeError):
 
 
 class _OrbaxInfoFilter(logging.Filter):
-    """Drops orbax's INFO chatter (dozens of lines per save, through absl) from the run's log; keeps warnings."""
+    """Drops orbax's INFO chatter (dozens of lines per save, through absl) from the run's log; keeps warnings, but
+    not those of a read (``_quiet_read``), nor orbax's reports of a write that failed with ``OSError``/``ValueError``
+    (a full disk: its writer threads log the error with its traceback, two or three times), which the run reports
+    itself in one line (``CheckpointWriteError``); ``HYDRA_FULL_ERROR=1`` keeps those."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or "orbax" not in record.pathname
+        if "orbax" not in record.pathname:
+            return True
+        failed_write = record.exc_info is not None and isinstance(record.exc_info[1], (OSError, ValueError))
+        if failed_write and os.environ.get("HYDRA_FULL_ERROR") != "1":
+            return False
+        return record.levelno >= logging.WARNING and _reads_in_progress == 0
+
+
+_reads_in_progress = 0  # restore_step / read_arrays running (_quiet_read)
+
+
+@contextlib.contextmanager
+def _quiet_read() -> Iterator[None]:
+    """Drops orbax's warnings and errors while a step folder is read: a read that fails raises, and its reader names
+    the damaged step in one line (``training.checkpoint.read_newest``); one that succeeds has read every array and
+    checked the step, and orbax's messages then (e.g. "Metadata file does not exist" for a lost
+    ``_CHECKPOINT_METADATA``, which only holds timestamps) were printed beside it, twice each."""
+    global _reads_in_progress
+    _reads_in_progress += 1
+    try:
+        yield
+    finally:
+        _reads_in_progress -= 1
 
 
 _preload: Optional[threading.Thread] = None  # the background import of orbax, once per process
@@ -90,8 +118,18 @@ def preload_orbax() -> None:
     waits for an import still in progress (Python's import lock)."""
     global _preload
     if _preload is None and "orbax.checkpoint" not in sys.modules:
-        _preload = threading.Thread(target=_ocp, name="orbax-import", daemon=True)
+        _preload = threading.Thread(target=_import_quietly, args=(_ocp,), name="orbax-import", daemon=True)
         _preload.start()
+
+
+def _import_quietly(import_orbax) -> None:
+    """The orbax-import thread: an import that fails there (a broken installation, or the interpreter shutting down
+    under it after the run stopped at an error) prints no traceback of its own (``threading.excepthook``): the run's
+    own import of orbax, at its first checkpoint, raises it where the run reports it."""
+    try:
+        import_orbax()
+    except BaseException:
+        pass
 
 
 def wait_for_orbax() -> None:
@@ -104,17 +142,83 @@ def wait_for_orbax() -> None:
 
 def _ocp():
     import orbax.checkpoint as ocp  # imported lazily: orbax pulls in tensorstore
+    from orbax.checkpoint._src import asyncio_utils
 
     absl_logger = logging.getLogger("absl")
     if not any(isinstance(f, _OrbaxInfoFilter) for f in absl_logger.filters):
         absl_logger.addFilter(_OrbaxInfoFilter())
+    # orbax 0.12.8 runs each of its coroutines (every read and write of a checkpoint) through this function
+    if getattr(asyncio_utils, "_run_sync_via_new_loop", _run_settled) is not _run_settled:
+        asyncio_utils._run_sync_via_new_loop = _run_settled
     return ocp
+
+
+SETTLE_TIMEOUT_S = 120.0  # how long a failed orbax call waits for its other reads and writes to end
+
+
+def _run_settled(coro):
+    """orbax's ``asyncio_utils._run_sync_via_new_loop`` (runs one orbax coroutine to its end on a fresh event loop),
+    but the loop is closed only once every task started on it has ended.
+
+    Why: when one read or write of a checkpoint fails (a truncated file, a full disk), orbax's ``asyncio.gather``
+    raises at once while the other reads and writes go on; orbax closed the loop under them, and each printed a
+    traceback when it ended (TensorStore's "Event loop is closed", Python's "Exception ignored in: <coroutine ...>"
+    when the unfinished coroutine was collected): tens of tracebacks beside the one line that reports the error.
+    A Ctrl-C (a ``BaseException``) closes the loop at once, as orbax does."""
+    loop = asyncio.new_event_loop()
+    settle = True
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(coro)
+    except Exception:
+        raise
+    except BaseException:
+        settle = False
+        raise
+    finally:
+        try:
+            if settle:
+                _settle(loop)
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+def _settle(loop: asyncio.AbstractEventLoop, timeout_s: float = SETTLE_TIMEOUT_S) -> None:
+    """Runs ``loop`` until its tasks have ended (at most ``timeout_s``; the rest are cancelled), and marks their
+    errors as seen (asyncio would log each "never retrieved"): the first error is the one orbax raised."""
+    tasks = asyncio.all_tasks(loop)
+    if not tasks:
+        return
+    _, pending = loop.run_until_complete(asyncio.wait(tasks, timeout=timeout_s))
+    for task in pending:
+        task.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.wait(pending, timeout=1.0))
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.exception()
 
 
 def _handlers() -> dict:
     """The two items of a step: the state (PyTree of arrays) and the JSON metadata."""
     ocp = _ocp()
     return {STATE: ocp.StandardCheckpointHandler(), META: ocp.JsonCheckpointHandler()}
+
+
+def storage_error_text(error: BaseException, limit: int = 300) -> str:
+    """``Type: message`` of the error that failed a checkpoint's read or write, for a one-line message: the innermost
+    cause (orbax wraps TensorStore's error in one that only names the array), with TensorStore's quoted absolute
+    paths left out so that its reason fits, e.g. ``ValueError: OUT_OF_RANGE: Error reading "params.w/0" in OCDBT
+    database: Requested byte range [0, 742536) is not valid for value of size 739419`` or ``... Failed writing:
+    No space left on device [os_error_code='28']``."""
+    seen = {id(error)}
+    while error.__cause__ is not None and id(error.__cause__) not in seen:
+        error = error.__cause__
+        seen.add(id(error))
+    text = re.sub(r'(?::| at local file)? "/[^"]*"', "", first_line(error, 100_000))
+    text = re.sub(r"\s*\[tensorstore_spec='.*?'\]", "", text)  # the whole spec of the array, in JSON
+    return f"{type(error).__name__}: {text[:limit]}" if text.strip() else type(error).__name__
 
 
 # ---- what is on disk ---------------------------------------------------------------------------------------
@@ -396,11 +500,17 @@ def read_arrays(step_dir: Path) -> dict[str, np.ndarray]:
     tests, independent of any mode or device count."""
     ocp = _ocp()
     step_dir = Path(step_dir).absolute()
-    with ocp.CheckpointManager(
-        step_dir.parent, item_handlers=_handlers(), options=ocp.CheckpointManagerOptions(create=False)
-    ) as manager:
+    with (
+        _quiet_read(),
+        ocp.CheckpointManager(
+            step_dir.parent, item_handlers=_handlers(), options=ocp.CheckpointManagerOptions(create=False)
+        ) as manager,
+    ):
         step = int(step_dir.name)
-        tree = manager.item_metadata(step)[STATE].tree
+        saved = manager.item_metadata(step)[STATE]
+        if saved is None:
+            raise FileNotFoundError(f"{step_dir / STATE} is missing")
+        tree = saved.tree
         target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), tree)
         out = manager.restore(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target)}))[STATE]
     return {_name(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(out)[0]}
@@ -430,9 +540,12 @@ def restore_step(step_dir: Path, mode, placed_state) -> Restored:
     ocp = _ocp()
     step_dir = Path(step_dir).absolute()
     abstract = host_abstract(placed_state)
-    with ocp.CheckpointManager(
-        step_dir.parent, item_handlers=_handlers(), options=ocp.CheckpointManagerOptions(create=False)
-    ) as manager:
+    with (
+        _quiet_read(),
+        ocp.CheckpointManager(
+            step_dir.parent, item_handlers=_handlers(), options=ocp.CheckpointManagerOptions(create=False)
+        ) as manager,
+    ):
         step = int(step_dir.name)
         saved = manager.item_metadata(step)[STATE]
         if saved is None:
