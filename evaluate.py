@@ -63,16 +63,14 @@ def find_steps(path: Path) -> tuple[list[Path], Optional[Path]]:
     """
     from core.errors import ConfigError
     from training import checkpoint
-    from training.folders import SWEEP, folder_kind, first_job, is_step_folder, jobs_in_words, why_no_checkpoint
+    from training.folders import first_job, is_step_folder, many_runs, why_no_checkpoint
     from training.validate import check_path
 
     path = Path(path).expanduser().absolute()
     check_path("the checkpoint argument", path)
-    if folder_kind(path) == SWEEP:  # its job folders are named by numbers, as steps are
-        raise ConfigError(
-            f"{path} is a sweep folder ({jobs_in_words(path)}), not a run: pass one job's folder, e.g. "
-            f"{first_job(path)}"
-        )
+    several = many_runs(path)
+    if several:  # a sweep's job folders are named by numbers, as steps are
+        raise ConfigError(f"{path} is {several}, not a run: pass one run's folder, e.g. {first_job(path)}")
     if not path.exists():
         parent = path.parent
         steps = checkpoint.complete_steps(parent) if parent.is_dir() and path.name.isdigit() else []
@@ -164,10 +162,11 @@ def find_best_step_dir(path: Path) -> Path:
 
 
 def load_test_split(cfg, p, step_dir: Optional[Path] = None):
-    """The host test split named by ``cfg.data`` (synthetic: the same split training evaluated on); for
-    ``model=gpt`` the validation windows training evaluated on (``training.build.load_text_data``, which needs
-    the run's ``Plan`` ``p``), encoded by the tokenizer saved with the checkpoint at ``step_dir``
-    (``training.checkpoint.tokenizer_beside``; else the one the config names)."""
+    """``(host test split, fingerprint of the training data or None)`` named by ``cfg.data`` (synthetic: the same
+    split training evaluated on); for ``model=gpt`` the validation windows training evaluated on
+    (``training.build.load_text_data``, which needs the run's ``Plan`` ``p``), encoded by the tokenizer saved with
+    the checkpoint at ``step_dir`` (``training.checkpoint.tokenizer_beside``; else the one the config names), and
+    the text's fingerprint."""
     from data.pipeline import synthetic_eval
     from data.sources import load_tfds_split
     from core.errors import ConfigError
@@ -181,12 +180,13 @@ def load_test_split(cfg, p, step_dir: Optional[Path] = None):
         text = None
         if d.name in TEXT_DATA:
             text = text_corpus(d, tokenizer_beside(step_dir) if step_dir is not None else None)
-        return load_text_data(cfg, p, text)[1]
+        source, windows = load_text_data(cfg, p, text)
+        return windows, source.fingerprint
     if d.name == "synthetic":
-        return synthetic_eval(d.image_shape, d.num_classes, d.eval_size, cfg.train.seed)
+        return synthetic_eval(d.image_shape, d.num_classes, d.eval_size, cfg.train.seed), None
     if not d.tfds_name:
         raise ConfigError(f"data={d.name} has no data.tfds_name; set it")
-    return load_tfds_split(d.tfds_name, "test", d.data_dir, d.cache_dir, download=d.download)
+    return load_tfds_split(d.tfds_name, "test", d.data_dir, d.cache_dir, download=d.download), None
 
 
 def compose_eval_config(saved_cfg: dict, overrides: Sequence[str] = ()):
@@ -340,7 +340,10 @@ def evaluate_checkpoint(path: Path, overrides: Sequence[str] = (), best: bool = 
     restored, step_dir = checkpoint.read_newest(
         step_dirs, lambda d: checkpoint.restore_step(d, exp.mode, exp.state), "evaluating", advice
     )
-    test = load_test_split(cfg, p, step_dir)
+    test, fingerprint = load_test_split(cfg, p, step_dir)
+    change = checkpoint.data_change(checkpoint.read_metadata(step_dir).get("data_fingerprint"), fingerprint)
+    if change:  # a text file edited since: its validation split is not the one the run evaluated on
+        checkpoint.warn(f"evaluating {step_dir} on other data than it was trained on ({change})")
     eval_set = make_eval_set(test, cfg.train.eval_batch, exp.mode.num_devices, exp.mode.batch_layout())
     text = cfg.model.name == "gpt" and cfg.data.name in ("tiny_shakespeare", "text")
     metrics = evaluate(exp, restored.state.params, eval_set, getattr(test, "bytes_per_token", None) if text else None)

@@ -1062,7 +1062,8 @@ def test_a_text_file_edited_in_place_is_refused_on_resume(tmp_path, capsys):
     """An edit of the same length (it changes neither the config nor steps per epoch) used to resume silently on
     the new text. The resume is refused in one line naming the file, nothing saved changes; with
     checkpoint.allow_data_change=true it continues with one warning and records the new text; a checkpoint saved
-    before fingerprints were recorded resumes with one warning."""
+    before fingerprints were recorded resumes with one warning. Moving the file (another data.path, the same
+    bytes) is allowed where both sides have a fingerprint."""
     text = tmp_path / "corpus.txt"
     text.write_text("".join(f"{i} the quick brown fox jumps over the lazy dog\n" for i in range(300)))
     run_dir = tmp_path / "run"
@@ -1096,6 +1097,13 @@ def test_a_text_file_edited_in_place_is_refused_on_resume(tmp_path, capsys):
     assert "Traceback" not in refused.stderr
     assert {p: p.stat().st_mtime_ns for p in (run_dir / "checkpoints").rglob("*")} == before
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
+    import evaluate  # evaluates on the new text's validation split, and says so
+
+    capsys.readouterr()
+    assert evaluate.evaluate_checkpoint(run_dir / "checkpoints" / "2")["step"] == 2
+    assert f"warning: evaluating {run_dir / 'checkpoints' / '2'} on other data than it was trained on ({text} was" in (
+        capsys.readouterr().err
+    )
 
     allowed = run_train(run_dir, *args, "train.steps=4", "checkpoint.allow_data_change=true")
     assert allowed.returncode == 0, allowed.stderr[-2000:]
@@ -1106,14 +1114,22 @@ def test_a_text_file_edited_in_place_is_refused_on_resume(tmp_path, capsys):
     meta = json.loads((run_dir / "checkpoints" / "4" / "meta" / "metadata").read_text())
     assert meta["data_fingerprint"]["blake2b"] == _blake2b(text)  # the text it now continues on
 
+    from data.text import read_text_file
+    from training.checkpoint.plan import CheckpointPlan
+    from training.checkpoint.resuming import check_resume_settings
+
+    # the file moved (another data.path, the same bytes): the same data, so the resume is allowed
+    moved = tmp_path / "moved.txt"
+    shutil.copy(text, moved)
+    cfg_moved = {**meta["config"], "data": {**meta["config"]["data"], "path": str(moved)}}
+    plan_ = CheckpointPlan(directory=run_dir / "checkpoints", every=2, keep=3, resume="auto", resume_path=None)
+    check_resume_settings(plan_, cfg_moved, meta["global_batch"], read_text_file(moved, "data.path")[1])
+
     # a checkpoint saved before fingerprints were recorded: unknown, so it resumes (one warning)
     del meta["data_fingerprint"]
     (run_dir / "checkpoints" / "4" / "meta" / "metadata").write_text(json.dumps(meta))
-    from training.checkpoint.plan import CheckpointPlan
-    from training.checkpoint.resuming import check_resume_settings
-    from data.text import read_text_file
-
-    plan_ = CheckpointPlan(directory=run_dir / "checkpoints", every=2, keep=3, resume="auto", resume_path=None)
+    with pytest.raises(ConfigError, match=r"was trained with other settings \(data\.path: "):
+        check_resume_settings(plan_, cfg_moved, meta["global_batch"], read_text_file(moved, "data.path")[1])
     capsys.readouterr()
     check_resume_settings(plan_, meta["config"], meta["global_batch"], read_text_file(text, "data.path")[1])
     assert capsys.readouterr().err.splitlines() == [
@@ -1140,7 +1156,7 @@ def test_resume_from_a_sweep_or_run_folder_names_the_checkpoint_folder_to_give(t
     with pytest.raises(ConfigError) as e:
         prepare(cfg, tmp_path / "run")
     assert str(e.value) == (
-        f"checkpoint.resume={sweep} is a sweep folder (jobs 0, 1), not a checkpoint folder; give one job's checkpoint "
+        f"checkpoint.resume={sweep} is a sweep folder (jobs 0, 1), not a checkpoint folder; give one run's checkpoint "
         f"folder, e.g. {sweep / '0'}/checkpoints"
     )
     with pytest.raises(ConfigError) as e:
@@ -1172,3 +1188,20 @@ def test_a_checkpoint_past_the_last_step_advice_works_when_followed(tmp_path):
     fresh = run_train(run_dir, *args, "train.steps=4", "checkpoint.resume=never", f"checkpoint.dir={tmp_path / 'new'}")
     assert fresh.returncode == 0, fresh.stderr[-2000:]
     assert summary(run_dir)["train/steps"] == 4 and (tmp_path / "new" / "4").is_dir() and step6.is_dir()
+
+
+def test_a_refused_resume_from_a_path_says_to_leave_the_path_out(tmp_path):
+    """checkpoint.resume=<another run's folder> with other settings: "give this run its own checkpoint.dir" did not
+    work there (that path is resumed again whatever the folder); the line says to leave the path out, which works."""
+    args = ("data=synthetic", "train.steps=2", "wandb.mode=disabled")
+    assert run_train(tmp_path / "a", *args, f"checkpoint.dir={tmp_path / 'ckA'}").returncode == 0
+    own = (*args, "train.seed=1", f"checkpoint.dir={tmp_path / 'ckB'}")
+    refused = run_train(tmp_path / "b", *own, f"checkpoint.resume={tmp_path / 'ckA'}")
+    assert [ln for ln in refused.stderr.splitlines() if ln.startswith("error:")] == [
+        f"error: checkpoint {tmp_path / 'ckA' / '2'} was trained with other settings (train.seed: 0 -> 1); to resume "
+        f"it set them back, otherwise leave out checkpoint.resume={tmp_path / 'ckA'}, saving into a checkpoint.dir "
+        "of this run's own (the checkpoint is kept as it is)"
+    ]
+    followed = run_train(tmp_path / "b", *own)
+    assert followed.returncode == 0, followed.stderr[-2000:]
+    assert summary(tmp_path / "b")["status"] == "ok" and (tmp_path / "ckB" / "2").is_dir()

@@ -135,7 +135,7 @@ def test_a_sweep_folder_is_named_with_a_job_to_pass(tmp_path, capsys):
     from utils import fake_sweep
 
     sweep = fake_sweep(tmp_path / "sweep", jobs=3)
-    line = f"error: {sweep} is a sweep folder (jobs 0, 1, 2), not a run: pass one job's folder, e.g. {sweep / '0'}"
+    line = f"error: {sweep} is a sweep folder (jobs 0, 1, 2), not a run: pass one run's folder, e.g. {sweep / '0'}"
     assert evaluate.main([str(sweep)]) == 1
     assert capsys.readouterr().err.strip() == line
     assert sample.main([str(sweep)]) == 1
@@ -146,6 +146,13 @@ def test_a_sweep_folder_is_named_with_a_job_to_pass(tmp_path, capsys):
     with pytest.raises(ConfigError) as e:
         evaluate.find_step_dir(state)
     assert str(e.value) == f"{state} is inside the checkpoint step folder {state.parent}: pass {state.parent}"
+    (sweep / "multirun.yaml").unlink()  # run folders below, no sweep of theirs (e.g. outputs/ of dated runs)
+    with pytest.raises(ConfigError) as e:
+        evaluate.find_step_dir(sweep)
+    assert (
+        str(e.value)
+        == f"{sweep} is a folder of runs (runs 0, 1, 2), not a run: pass one run's folder, e.g. {sweep / '0'}"
+    )
 
 
 @pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")

@@ -96,10 +96,12 @@ def run_train(
 
 def save_steps(directory: Path, cfg: Config, steps: dict[int, float]) -> None:
     """Checkpoints of ``cfg``'s initial state in ``directory``, one per ``{step: factor}``, the parameters multiplied
-    by ``factor`` (so that every step evaluates differently); their metadata holds ``cfg`` as a run saves it."""
+    by ``factor`` (so that every step evaluates differently); their metadata holds ``cfg`` as a run saves it (its
+    null inherited settings resolved as a new run's, ``checkpoint.with_inherited``)."""
     from conf.schema import as_dict
     from training import checkpoint
 
+    cfg = checkpoint.with_inherited(cfg, None)
     exp = build(plan(cfg))
     saver = checkpoint.Saver(directory, keep=len(steps))
     for step, factor in steps.items():

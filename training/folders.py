@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 SWEEP, RUN, CHECKPOINTS, STEP = "a sweep folder", "a run folder", "a checkpoint folder", "a step folder"
+RUNS = "a folder of runs"  # run folders below it but no multirun.yaml: e.g. outputs/, or multirun/ of many sweeps
 
 
 def is_step_folder(path: Path) -> bool:
@@ -29,8 +30,8 @@ def job_folders(sweep_dir: Path) -> list[Path]:
 
 
 def folder_kind(path: Path) -> Optional[str]:
-    """``STEP``, ``RUN``, ``SWEEP`` or ``CHECKPOINTS`` for the folder at ``path`` (tried in this order), else
-    None (no folder, or none of these)."""
+    """``STEP``, ``RUN``, ``SWEEP``, ``RUNS`` or ``CHECKPOINTS`` for the folder at ``path`` (tried in this order),
+    else None (no folder, or none of these)."""
     path = Path(path)
     if not path.is_dir():
         return None
@@ -38,20 +39,32 @@ def folder_kind(path: Path) -> Optional[str]:
         return STEP
     if (path / ".hydra").is_dir() or (path / "summary.json").is_file():
         return RUN
-    if (path / "multirun.yaml").is_file() or any(p.parent != path for p in path.glob("**/.hydra")):
+    if (path / "multirun.yaml").is_file():
         return SWEEP
+    if any(p.parent != path for p in path.glob("**/.hydra")):
+        return RUNS
     if any(is_step_folder(p) for p in path.iterdir()):
         return CHECKPOINTS
     return None
 
 
-def jobs_in_words(sweep_dir: Path, limit: int = 3) -> str:
-    """``jobs 0, 1, 2 ... (8 in all)`` of a sweep folder, relative to it (``no job folder yet`` when none)."""
+def jobs_in_words(sweep_dir: Path, limit: int = 3, noun: str = "job") -> str:
+    """``jobs 0, 1, 2 ... (8 in all)`` of a sweep folder (``noun``: ``run`` for a folder of runs), relative to it
+    (``no job folder yet`` when none)."""
     jobs = [str(p.relative_to(sweep_dir)) for p in job_folders(sweep_dir)]
     if not jobs:
-        return "no job folder yet"
+        return f"no {noun} folder yet"
     more = f" ... ({len(jobs)} in all)" if len(jobs) > limit else ""
-    return f"job{'s' if len(jobs) > 1 else ''} {', '.join(jobs[:limit])}{more}"
+    return f"{noun}{'s' if len(jobs) > 1 else ''} {', '.join(jobs[:limit])}{more}"
+
+
+def many_runs(path: Path) -> Optional[str]:
+    """``a sweep folder (jobs 0, 1)`` / ``a folder of runs (runs a, b)`` when ``path`` holds several runs, for a
+    tool that takes one; else None."""
+    kind = folder_kind(path)
+    if kind not in (SWEEP, RUNS):
+        return None
+    return f"{kind} ({jobs_in_words(path, noun='job' if kind == SWEEP else 'run')})"
 
 
 def first_job(sweep_dir: Path) -> str:

@@ -21,6 +21,7 @@ from training.checkpoint.best import BestCheckpoint, best_step_dir
 from training.checkpoint.plan import BEST_DIR, BEST_METRICS, RESUME_MODES, CheckpointPlan, default_directory, prepare
 from training.checkpoint.policy import (
     config_changes,
+    data_change,
     data_order_warnings,
     finished_summary,
     history_values,
@@ -88,6 +89,7 @@ __all__ = [
     "check_resume_settings",
     "complete_steps",
     "config_changes",
+    "data_change",
     "data_order_warnings",
     "default_directory",
     "finished_summary",

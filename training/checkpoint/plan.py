@@ -14,7 +14,7 @@ from typing import Optional
 from conf.schema import CheckpointConfig
 from core.errors import ConfigError
 from training.checkpoint.store import META, STATE, any_step_dirs, complete_steps, is_step_dir
-from training.folders import RUN, SWEEP, first_job, folder_kind, jobs_in_words, run_checkpoint_dir
+from training.folders import RUN, first_job, folder_kind, many_runs, run_checkpoint_dir
 
 RESUME_MODES = ("auto", "never")
 # what ``checkpoint.keep_best`` may name: the evaluation's metrics (the last two: the GPT's only)
@@ -123,13 +123,13 @@ def prepare(cfg: CheckpointConfig, run_dir: Path, process_count: int = 1) -> Che
                 f"checkpoint.resume={cfg.resume} does not exist; give a checkpoint folder (or one "
                 f"<step> folder in it), auto (the newest in checkpoint.dir) or never"
             )
-        kind = folder_kind(resume_path)
-        if kind == SWEEP:  # its job folders are named by numbers, as steps are
+        several = many_runs(resume_path)
+        if several:  # a sweep's job folders are named by numbers, as steps are
             raise ConfigError(
-                f"checkpoint.resume={cfg.resume} is a sweep folder ({jobs_in_words(resume_path)}), not a checkpoint "
-                f"folder; give one job's checkpoint folder, e.g. {first_job(resume_path)}/checkpoints"
+                f"checkpoint.resume={cfg.resume} is {several}, not a checkpoint folder; give one run's checkpoint "
+                f"folder, e.g. {first_job(resume_path)}/checkpoints"
             )
-        if kind == RUN:
+        if folder_kind(resume_path) == RUN:
             where = run_checkpoint_dir(resume_path)
             raise ConfigError(
                 f"checkpoint.resume={cfg.resume} is a run folder, not a checkpoint folder; give its checkpoint "

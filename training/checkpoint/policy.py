@@ -15,7 +15,8 @@ the step a run would resume, before anything is restored):
   resolved global batch (per-device batch x devices under weak scaling) equals the checkpoint's, so the same
   examples make each step; otherwise the keys are refused.
 - Refused unless ``checkpoint.allow_data_change=true``: other training data than the checkpoint's (``data_change``
-  of the fingerprints: a text file edited in place, another TFDS version), named with the file in the line.
+  of the fingerprints: a text file edited in place, another TFDS version), named with the file in the line. With
+  both fingerprints at hand, ``data.path`` may change (the file moved): its bytes decide.
 - Refused: every other difference (seed, data set and its sizes/augmentation, model, optimizer and its
   settings, clipping, schedule, precision and loss scaling, accumulation, gradient reduction dtype and
   compression): the run would continue another experiment's parameters. The one-line error names the keys
@@ -163,7 +164,11 @@ def gpt_table_changes(saved_model: dict, model_now: dict) -> tuple[list[str], se
 
 
 def resume_conflicts(
-    saved_cfg: dict, cfg_dict: dict, saved_global_batch: Optional[int], global_batch: int
+    saved_cfg: dict,
+    cfg_dict: dict,
+    saved_global_batch: Optional[int],
+    global_batch: int,
+    data_compared: bool = False,
 ) -> list[str]:
     """``key: saved -> now`` for every difference the rule above refuses (empty: the resume is allowed).
 
@@ -172,6 +177,8 @@ def resume_conflicts(
       cfg_dict: this run's resolved config (``conf.schema.as_dict``).
       saved_global_batch / global_batch: resolved global batches (examples per optimizer step); None when the
         checkpoint does not record it (then the batch keys are compared as written).
+      data_compared: both sides have a data fingerprint (``data_change`` judges the file by its bytes): another
+        ``data.path`` holding the same bytes (the file moved) is allowed.
 
     A GPT's vocabulary, context and position table are compared as resolved from its size preset (listed
     first, ``gpt_table_changes``), so the line names both table sizes even where a key was left null.
@@ -188,6 +195,8 @@ def resume_conflicts(
             continue  # a key of the union schema that this run's model / mode / optimizer lacks (so never used)
         if key in BATCH_KEYS and saved_global_batch is not None and saved_global_batch == global_batch:
             continue
+        if key == "data.path" and data_compared:
+            continue
         out.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}")
     if (
         saved_global_batch is not None
@@ -198,12 +207,20 @@ def resume_conflicts(
     return out
 
 
-def refusal(step_dir: Path, conflicts: list[str], limit: int = 4) -> str:
-    """The one-line error for refused changes."""
+def start_afresh(resume_path: Optional[Path]) -> str:
+    """How a run starts without the checkpoint it would resume: its own ``checkpoint.dir``, or, when the checkpoint
+    was named by ``checkpoint.resume=<path>`` (another folder of its own would resume it again), without that."""
+    if resume_path is None:
+        return "give this run its own checkpoint.dir"
+    return f"leave out checkpoint.resume={resume_path}, saving into a checkpoint.dir of this run's own"
+
+
+def refusal(step_dir: Path, conflicts: list[str], limit: int = 4, resume_path: Optional[Path] = None) -> str:
+    """The one-line error for refused changes (``resume_path``: the run's ``checkpoint.resume`` folder, if any)."""
     shown = "; ".join(conflicts[:limit]) + (f"; ... {len(conflicts) - limit} more" if len(conflicts) > limit else "")
     return (
         f"checkpoint {step_dir} was trained with other settings ({shown}); to resume it set them back, "
-        f"otherwise give this run its own checkpoint.dir (the checkpoint is kept as it is)"
+        f"otherwise {start_afresh(resume_path)} (the checkpoint is kept as it is)"
     )
 
 
@@ -240,11 +257,11 @@ def data_change(saved: Optional[dict], now: Optional[dict]) -> Optional[str]:
     return f"it was {describe_data(saved)}; this run reads {describe_data(now)}"
 
 
-def data_refusal(step_dir: Path, change: str) -> str:
-    """The one-line error for a resume on other data (``data_change``)."""
+def data_refusal(step_dir: Path, change: str, resume_path: Optional[Path] = None) -> str:
+    """The one-line error for a resume on other data (``data_change``; ``resume_path`` as for ``refusal``)."""
     return (
-        f"checkpoint {step_dir} was trained on other data ({change}); put back the data it was trained on, give "
-        f"this run its own checkpoint.dir, or set checkpoint.allow_data_change=true to continue it on this data"
+        f"checkpoint {step_dir} was trained on other data ({change}); put back the data it was trained on, "
+        f"{start_afresh(resume_path)}, or set checkpoint.allow_data_change=true to continue it on this data"
     )
 
 

@@ -76,13 +76,14 @@ def check_resume_settings(
         meta = read_metadata(step_dir)
     except (OSError, ValueError):
         return  # unreadable: checkpoint.resume reports it (one line) or skips to an older step
-    conflicts = resume_conflicts(meta.get("config", {}), cfg_dict, meta.get("global_batch"), global_batch)
-    if conflicts:
-        raise ConfigError(refusal(step_dir, conflicts))
     saved = meta.get("data_fingerprint")
+    compared = bool(saved) and bool(data_fingerprint)  # the file is judged by its bytes, wherever it lies
+    conflicts = resume_conflicts(meta.get("config", {}), cfg_dict, meta.get("global_batch"), global_batch, compared)
+    if conflicts:
+        raise ConfigError(refusal(step_dir, conflicts, resume_path=ckpt_plan.resume_path))
     change = data_change(saved, data_fingerprint)
     if change and not allow_data_change:
-        raise ConfigError(data_refusal(step_dir, change))
+        raise ConfigError(data_refusal(step_dir, change, ckpt_plan.resume_path))
     if change:
         warn(f"resuming {step_dir} on other data, as checkpoint.allow_data_change=true allows ({change})")
     elif saved is None and data_fingerprint is not None and data_fingerprint.get("kind") == "file":
