@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from training.folders import run_checkpoint_dir
+from tracking.folders import run_checkpoint_dir
 
 log = logging.getLogger("evaluate")
 
@@ -54,7 +54,7 @@ def find_steps(path: Path) -> tuple[list[Path], Optional[Path]]:
     """The step folders ``path`` stands for, newest first, and the checkpoint folder they were taken from: ``[path]``
     and None for one step folder (a folder named by its step: it may be damaged), else every finished step of the
     checkpoint folder (a run folder, with ``.hydra/`` or ``checkpoints/``, stands for its checkpoint folder,
-    ``training.folders.run_checkpoint_dir``). Nothing is read but folder names and small YAML files.
+    ``tracking.folders.run_checkpoint_dir``). Nothing is read but folder names and small YAML files.
 
     Raises:
       ConfigError: nothing there; a step folder that does not exist names the steps that do; a sweep folder
@@ -63,7 +63,7 @@ def find_steps(path: Path) -> tuple[list[Path], Optional[Path]]:
     """
     from core.errors import ConfigError
     from training import checkpoint
-    from training.folders import first_job, is_step_folder, many_runs, why_no_checkpoint
+    from tracking.folders import first_job, is_step_folder, many_runs, why_no_checkpoint
     from training.validate import check_path
 
     path = Path(path).expanduser().absolute()

@@ -184,7 +184,7 @@ STARTUP_PHASES = (
     "data",  # the dataset loaded (decoded-array cache or TFDS), the eval set placed, the first batch placed
     "build",  # model, optimizer, the placed train state
     "compile",  # the train step lowered and compiled (a persistent-cache hit or miss), its static measurements
-    "reporting",  # wandb.init sent (training/wandb_process.py), metrics.jsonl, the step-0 record, start-up line, hooks
+    "reporting",  # wandb.init sent (tracking/wandb_process.py), metrics.jsonl, the step-0 record, start-up line, hooks
     "first_step",  # the first training step dispatched
 )
 

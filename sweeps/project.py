@@ -54,7 +54,7 @@ from sweeps.projection import (
     overlay_projection,
     project,
 )
-from training.folders import CHECKPOINTS, STEP, folder_kind
+from tracking.folders import CHECKPOINTS, STEP, folder_kind
 
 SUMMARY_NAME = "summary.json"
 _COLLECTIVE_RE = re.compile(r"^(?P<kind>[a-z\-]+) (?P<dtype>\S+) (?P<bytes>\d+)B n=(?P<n>\d+)(?P<loop> loop)?$")

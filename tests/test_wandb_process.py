@@ -1,4 +1,4 @@
-"""W&B in its own process (training/wandb_process.py): the same offline run as in-process W&B, its lifetime
+"""W&B in its own process (tracking/wandb_process.py): the same offline run as in-process W&B, its lifetime
 (no run before ``init``, a crashed run when the training process dies, signals ignored), errors surfaced in the
 training process, and a training run that never imports wandb."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from training import wandb_process
+from tracking import wandb_process
 from training.report import Reporter
-from training.wandb_process import WandbProcess
+from tracking.wandb_process import WandbProcess
 from utils import modules_probe_cmd
 from wandb_reader import assert_history_matches_metrics, offline_runs, read_run, records
 

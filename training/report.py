@@ -110,10 +110,10 @@ def resolve_wandb_mode(mode: Optional[str]) -> str:
 
 
 def prestart_wandb(mode: Optional[str], process_priority: str = "normal") -> None:
-    """Starts the W&B process (``training.wandb_process.prestart``: it imports wandb and waits) when this process
+    """Starts the W&B process (``tracking.wandb_process.prestart``: it imports wandb and waits) when this process
     will report to W&B: process 0 (of a multi-process job: ``training.distributed.settings``) and a ``wandb.mode``
     that resolves to online or offline. Creates no W&B run; a bad ``WANDB_MODE`` is reported later, at start."""
-    from training import wandb_process
+    from tracking import wandb_process
     from training.distributed import settings
 
     s = settings()
@@ -134,7 +134,7 @@ class Reporter:
     def __init__(self, run_dir: Path, enabled: bool = True):
         self.run_dir = Path(run_dir)
         self.enabled = enabled
-        self.wandb_process = None  # training.wandb_process.WandbProcess: W&B in its own process
+        self.wandb_process = None  # tracking.wandb_process.WandbProcess: W&B in its own process
         self.wandb_error: Optional[str] = None  # W&B failed in its process; the run went on without it
         self._wandb_started: Optional[dict] = None  # the W&B process's ``started`` reply
         self._wandb_run_id: Optional[str] = None
@@ -157,7 +157,7 @@ class Reporter:
         process_priority: str = "normal",
     ) -> None:
         """Starts a new W&B run (a fresh id, never a resumed one) inside the run folder, in W&B's own process
-        (``training.wandb_process``): returns once ``wandb.init`` is sent, with the id chosen (``wandb_run_id``).
+        (``tracking.wandb_process``): returns once ``wandb.init`` is sent, with the id chosen (``wandb_run_id``).
 
         ``previous_run_id``: the W&B run of the checkpoint this run continues (None from step 0); named in the
         config (``resumed.*``), the tag ``resumed`` and the summary, never resumed (module docstring). Online
@@ -165,7 +165,7 @@ class Reporter:
         """
         if not self.enabled or mode == "disabled":
             return
-        from training import wandb_process
+        from tracking import wandb_process
 
         if previous_run_id is not None:
             tags = [*tags, "resumed"]
@@ -343,7 +343,7 @@ class Reporter:
         """Closes the files and finishes the W&B run (always, also after an error): waits until the W&B process
         has finished the run and exited, then logs the offline run's ``wandb sync`` line. A prestarted W&B process
         that no run took ends here. A W&B failure at finish is one warning line."""
-        from training import wandb_process
+        from tracking import wandb_process
 
         if self._jsonl is not None:
             self._jsonl.close()

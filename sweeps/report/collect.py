@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from training.folders import CHECKPOINTS, RUN, STEP, enclosing_sweep, folder_kind
+from tracking.folders import CHECKPOINTS, RUN, STEP, enclosing_sweep, folder_kind
 
 SUMMARY_NAME = "summary.json"
 OVERRIDES_PATH = Path(".hydra") / "overrides.yaml"
@@ -122,7 +122,7 @@ def load_summaries(folder, exclude: Iterable = ()) -> list[dict]:
     unreadable ``summary.json`` becomes ``{"status": "failed", "error": ...}``.
 
     Raises ``ReportError`` if ``folder`` is not a directory, is one run's folder (holds ``summary.json`` or
-    ``.hydra/``), or a checkpoint folder or step (``training.folders``).
+    ``.hydra/``), or a checkpoint folder or step (``tracking.folders``).
     """
     folder = Path(folder)
     if not folder.is_dir():

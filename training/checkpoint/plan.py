@@ -14,7 +14,7 @@ from typing import Optional
 from conf.schema import CheckpointConfig
 from core.errors import ConfigError
 from training.checkpoint.store import META, STATE, any_step_dirs, complete_steps, is_step_dir
-from training.folders import RUN, first_job, folder_kind, many_runs, run_checkpoint_dir
+from tracking.folders import RUN, first_job, folder_kind, many_runs, run_checkpoint_dir
 
 RESUME_MODES = ("auto", "never")
 # what ``checkpoint.keep_best`` may name: the evaluation's metrics (the last two: the GPT's only)
