@@ -1205,3 +1205,31 @@ def test_a_refused_resume_from_a_path_says_to_leave_the_path_out(tmp_path):
     followed = run_train(tmp_path / "b", *own)
     assert followed.returncode == 0, followed.stderr[-2000:]
     assert summary(tmp_path / "b")["status"] == "ok" and (tmp_path / "ckB" / "2").is_dir()
+
+
+@pytest.mark.unit
+def test_orbaxs_background_import_prints_nothing_when_it_fails_and_the_main_threads_import_raises(monkeypatch):
+    """A run that stops at bad input while orbax is still being imported on the ``orbax-import`` thread exits
+    under that import: its traceback followed the one-line error (now and then). The thread prints nothing; a
+    real import error is raised, with its traceback, by the main thread's own import."""
+    import threading
+
+    from training.checkpoint import store
+
+    def broken():
+        raise ImportError("cannot import name 'x' (the interpreter is shutting down)")
+
+    printed = []
+    monkeypatch.setattr(threading, "excepthook", printed.append)
+    monkeypatch.setattr(store, "_ocp", broken)
+    thread = threading.Thread(target=store._import_quietly, name="orbax-import")
+    thread.start()
+    thread.join()
+    assert printed == []
+    with pytest.raises(ImportError, match="shutting down"):
+        store._ocp()
+    monkeypatch.undo()
+    thread = threading.Thread(target=store._import_quietly, name="orbax-import")  # the real import: also quiet
+    thread.start()
+    thread.join()
+    assert "orbax.checkpoint" in sys.modules and printed == []

@@ -118,18 +118,8 @@ def preload_orbax() -> None:
     waits for an import still in progress (Python's import lock)."""
     global _preload
     if _preload is None and "orbax.checkpoint" not in sys.modules:
-        _preload = threading.Thread(target=_import_quietly, args=(_ocp,), name="orbax-import", daemon=True)
+        _preload = threading.Thread(target=_import_quietly, name="orbax-import", daemon=True)
         _preload.start()
-
-
-def _import_quietly(import_orbax) -> None:
-    """The orbax-import thread: an import that fails there (a broken installation, or the interpreter shutting down
-    under it after the run stopped at an error) prints no traceback of its own (``threading.excepthook``): the run's
-    own import of orbax, at its first checkpoint, raises it where the run reports it."""
-    try:
-        import_orbax()
-    except BaseException:
-        pass
 
 
 def wait_for_orbax() -> None:
@@ -138,6 +128,16 @@ def wait_for_orbax() -> None:
     and beside the steps of a dispatch-bound step loop it slows them. Imports nothing itself."""
     if _preload is not None:
         _preload.join()
+
+
+def _import_quietly() -> None:
+    """The background import. A process that stops meanwhile (bad input found while orbax loads) exits under it,
+    and the import, cut short, printed a traceback after the one-line error: nothing is printed here; an import
+    that really fails raises again, with its traceback, in the main thread's own ``_ocp``."""
+    try:
+        _ocp()
+    except BaseException:
+        pass
 
 
 def _ocp():
