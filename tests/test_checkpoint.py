@@ -785,6 +785,18 @@ def test_orbax_coroutines_end_before_their_event_loop_closes(monkeypatch):
     gc.collect()
     assert ended == [1, 2, 3] and unraisable == []
 
+    def ctrl_c():  # Python raises it where the main thread is: here in the event loop, between tasks
+        raise KeyboardInterrupt
+
+    async def restore_interrupted():  # a Ctrl-C while orbax reads: the reads still end (in a short wait)
+        asyncio.get_running_loop().call_later(0.01, ctrl_c)
+        await asyncio.gather(*(read(i) for i in (4, 5)))
+
+    with pytest.raises(KeyboardInterrupt):
+        asyncio_utils.run_sync(restore_interrupted())
+    gc.collect()
+    assert ended == [1, 2, 3, 4, 5] and unraisable == []
+
 
 @pytest.mark.unit
 def test_a_failed_orbax_import_in_its_background_thread_prints_nothing(monkeypatch):

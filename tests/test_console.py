@@ -147,3 +147,42 @@ def test_chdir_true_keeps_relative_checkpoint_dir_in_the_launch_folder(tmp_path)
     proc = train(2)
     assert proc.returncode == 0 and "already complete at step 3" in proc.stderr
     assert not (tmp_path / "run1" / "ck").exists() and not (tmp_path / "run2" / "ck").exists()
+
+
+@pytest.mark.unit
+def test_a_log_file_that_stops_taking_lines_is_one_warning_line(tmp_path, monkeypatch, capsys):
+    """train.log on a disk that fills: one ``warning:`` line for the first line it cannot take, none for the next
+    ones and none once the run's ``error:`` line is out (instead of logging's traceback per line); an error of a
+    message itself is still logging's own report."""
+    import errno
+
+    from training import console as console_module
+
+    monkeypatch.setattr(console_module, "_error_said", False)
+    monkeypatch.setattr(console_module, "_unwritable_logs", set())
+    root = logging.getLogger()
+    handler = logging.FileHandler(tmp_path / "train.log")
+    monkeypatch.setattr(root, "handlers", [handler])
+    logger = logging.getLogger("test_console.full_disk")
+    monkeypatch.setattr(logger, "level", logging.INFO)
+    console_module.quiet_log_write_errors()
+    console_module.quiet_log_write_errors()  # idempotent
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(handler, "flush", full)
+    logger.info("step 2/6 loss=2.3")
+    logger.info("step 4/6 loss=2.2")
+    assert capsys.readouterr().err == (
+        f"warning: cannot write the log {tmp_path / 'train.log'} (OSError: [Errno 28] No space left on device); lines "
+        "it cannot take are lost (free space on its disk)\n"
+    )
+    monkeypatch.setattr(console_module, "_unwritable_logs", set())
+    console_module.console("error: could not write the checkpoint of step 2")
+    logger.info("closing")
+    assert capsys.readouterr().err == "error: could not write the checkpoint of step 2\n"
+    monkeypatch.setattr(handler, "flush", lambda: None)
+    logger.info("%d steps", "two")  # a bug of the message: logging's own report
+    assert "--- Logging error ---" in capsys.readouterr().err
+    handler.close()

@@ -213,3 +213,43 @@ def test_a_failed_run_in_a_reused_folder_keeps_the_earlier_summary(tmp_path):
     assert bad.returncode != 0 and summary(run_dir)["status"] == "failed"
     (kept,) = run_dir.glob("summary.previous-*.json")
     assert json.loads(kept.read_text()) == first
+
+
+def test_a_run_whose_files_outgrow_the_disk_stops_with_one_line(tmp_path):
+    """A file of the run that the disk cannot take (here: a file-size limit, EFBIG, as a full disk gives ENOSPC):
+    metrics.jsonl stops the run with one ``error:`` line, exit 1 and a failed summary; nothing else on the console,
+    neither the OSError's traceback nor the "--- Logging error ---" tracebacks of W&B's process, whose debug.log
+    outgrew the limit first."""
+    import os
+    import subprocess
+
+    from utils import REPO, train_probe_cmd
+
+    run_dir = tmp_path / "run"
+    limit = (
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))"
+    )
+    cmd = train_probe_cmd(
+        limit,
+        "",
+        f"hydra.run.dir={run_dir}",
+        "data=synthetic",
+        "train.steps=300",
+        "train.log_every=1",
+        "checkpoint.enabled=false",
+        "runtime.compilation_cache_dir=null",
+        "wandb=offline",
+    )
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out and "Logging error" not in out, proc.stderr[-3000:]
+    assert proc.stderr.splitlines() == [
+        "error: a write failed (OSError: [Errno 27] File too large); raise the file-size limit (ulimit -f), then run "
+        "the same command"
+    ]
+    s = summary(run_dir)
+    assert s["status"] == "failed" and s["error"] == proc.stderr.splitlines()[0][len("error: ") :]
+    assert (run_dir / "metrics.jsonl").stat().st_size == 4096

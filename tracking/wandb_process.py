@@ -365,6 +365,9 @@ def lowest_cpu_priority() -> str:
 def _child() -> int:
     if "--priority=idle" in sys.argv[1:]:
         lowest_cpu_priority()
+    # W&B's own log files (debug.log) on a disk that fills: no "--- Logging error ---" traceback per line on the
+    # user's console (logging's documented switch for such errors); a failed W&B call is still reported (error())
+    logging.raiseExceptions = False
     for name in IGNORED_SIGNALS:
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)

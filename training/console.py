@@ -5,6 +5,7 @@ and the user's paths made absolute against the launch folder (``absolute_paths``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from conf.schema import Config
+from core.errors import error_text
 
 log = logging.getLogger(__name__)
 
@@ -23,11 +25,17 @@ def warn(line: str, logger: Optional[logging.Logger] = None) -> None:
     console(f"warning: {line}")
 
 
+_error_said = False  # console printed an "error:" line: the process is stopping for it
+
+
 def console(line: str) -> None:
     """One line on stderr (errors, warnings a user must see even with logging redirected). Processes other than 0
     log it instead, at the level the line starts with (``error``, ``warning``, else INFO): process 0 owns the
     console (``training.distributed.route_logging``)."""
     from training.distributed import settings
+
+    global _error_said
+    _error_said = _error_said or line.startswith("error")
 
     s = settings()
     if s is not None and s.process_id > 0:
@@ -41,6 +49,34 @@ def console(line: str) -> None:
         log.log(level, "%s", line)
         return
     print(line, file=sys.stderr, flush=True)
+
+
+_unwritable_logs: set[str] = set()  # log files a line could not be written to (reported once each)
+
+
+def quiet_log_write_errors() -> None:
+    """A log file of the root logger (Hydra's ``train.log``) that stops taking lines (a full disk) is one warning line,
+    once, instead of logging's traceback for every line it cannot write; none after the run's ``error:`` line (the
+    disk filling may be what stopped it). An error of the message itself (its format) is still logging's own report.
+    Idempotent."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler) and not isinstance(handler.handleError, functools.partial):
+            handler.handleError = functools.partial(_log_write_error, handler, handler.handleError)  # type: ignore[method-assign]
+
+
+def _log_write_error(handler: logging.FileHandler, fallback, record: logging.LogRecord) -> None:
+    error = sys.exc_info()[1]
+    if not isinstance(error, OSError):
+        fallback(record)
+        return
+    if handler.baseFilename not in _unwritable_logs and not _error_said:
+        print(
+            f"warning: cannot write the log {handler.baseFilename} ({error_text(error)}); lines it cannot take are "
+            "lost (free space on its disk)",
+            file=sys.stderr,
+            flush=True,
+        )
+    _unwritable_logs.add(handler.baseFilename)
 
 
 # (logger name, text in the message): messages that are expected and harmless on the machines this runs on.

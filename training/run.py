@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import errno
 import functools
 import json
 import logging
@@ -23,7 +24,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from conf.schema import Config, as_dict
-from core.errors import USER_ERRORS, ConfigError, error_text
+from core.errors import USER_ERRORS, ConfigError, TrainingError, error_text
 from data.load import TEXT_DATA, text_corpus, text_info
 from data.pipeline import DeviceSource, SyntheticSource, make_eval_set, train_batches
 from measure.compiled import (
@@ -53,7 +54,15 @@ from training.build import (
     total_steps,
     with_text_vocab,
 )
-from training.console import console, figure, startup_breakdown_line, startup_line, throughput_text, warn
+from training.console import (
+    console,
+    figure,
+    quiet_log_write_errors,
+    startup_breakdown_line,
+    startup_line,
+    throughput_text,
+    warn,
+)
 from training.distributed import Startup, check_device_counts, dump_batch_indices
 from training.hooks import (
     BestCheckpointHook,
@@ -82,18 +91,19 @@ def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None
     and propagates with its traceback, after the summary and W&B are closed."""
     jax.devices()  # the backend (started beside the imports by train.py): what is left of its start is `runtime`
     STARTUP.mark("runtime")
+    quiet_log_write_errors()  # train.log on a disk that fills: one warning line, not a traceback per line
     reporter = Reporter(run_dir, enabled=jax.process_index() == 0)
     try:
         if startup is not None:  # a bad multi-process setting or unequal device counts stop here
             startup.raise_error()
         if jax.process_count() > 1:
             check_device_counts()
-        summary = run(cfg, run_dir, reporter)
+        with disk_full_as_error(run_dir):
+            summary = run(cfg, run_dir, reporter)
     except USER_ERRORS as e:
         line = str(e).splitlines()[0] if str(e) else type(e).__name__
         console(f"error: {line}")
-        reporter.summary({**describe(cfg), "status": "failed", "error": line})
-        reporter.close(exit_code=1)
+        _close_after_error(reporter, {**describe(cfg), "status": "failed", "error": line})
         return False
     except BaseException as e:
         # a Ctrl-C (or an error it caused, e.g. in a C extension's import), or a bug
@@ -110,7 +120,13 @@ def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None
             reporter.summary(summary)
         reporter.close(exit_code=0)
         return True
-    reporter.summary(summary)
+    try:
+        with disk_full_as_error(run_dir):
+            reporter.summary(summary)
+    except TrainingError as e:  # the run trained, but its summary.json does not fit on the disk
+        console(f"error: {e}")
+        _close_after_error(reporter, {**summary, "status": "failed", "error": str(e)})
+        return False
     reporter.close(exit_code=0)
     log.info(
         "eval/accuracy=%.4f eval/loss=%.4f %s wall=%s startup=%s; outputs in %s",
@@ -122,6 +138,39 @@ def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None
         run_dir,
     )
     return True
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no space left, quota exceeded, file-size limit
+
+
+@contextlib.contextmanager
+def disk_full_as_error(run_dir: Path) -> Iterator[None]:
+    """Raises TrainingError (one line) for an ``OSError`` of a full disk in the block: a file of the run in ``run_dir``
+    (metrics.jsonl, ...) that the disk cannot take; its traceback would say nothing more. Other ``OSError``s go on."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in DISK_FULL:
+            raise
+        fix = (
+            "raise the file-size limit (ulimit -f)"
+            if e.errno == errno.EFBIG
+            else f"free space on the disk of {e.filename or run_dir}"
+        )
+        raise TrainingError(f"a write failed ({error_text(e)}); {fix}, then run the same command") from None
+
+
+def _close_after_error(reporter: Reporter, summary: dict) -> None:
+    """Writes a failed run's summary and closes its files and W&B run. A disk that cannot take them (the run's error
+    may be that disk filling up) adds nothing beside the error line: it is logged, without a traceback."""
+    try:
+        reporter.summary(summary)
+    except OSError as e:
+        log.info("summary.json could not be written: %s", error_text(e))
+    try:
+        reporter.close(exit_code=1)
+    except OSError as e:
+        log.info("the run's files could not be closed: %s", error_text(e))
 
 
 def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:

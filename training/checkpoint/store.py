@@ -154,6 +154,7 @@ def _ocp():
 
 
 SETTLE_TIMEOUT_S = 120.0  # how long a failed orbax call waits for its other reads and writes to end
+INTERRUPTED_SETTLE_S = 2.0  # the same after a Ctrl-C: a prompt stop first (a second Ctrl-C ends the wait)
 
 
 def _run_settled(coro):
@@ -164,21 +165,20 @@ def _run_settled(coro):
     raises at once while the other reads and writes go on; orbax closed the loop under them, and each printed a
     traceback when it ended (TensorStore's "Event loop is closed", Python's "Exception ignored in: <coroutine ...>"
     when the unfinished coroutine was collected): tens of tracebacks beside the one line that reports the error.
-    A Ctrl-C (a ``BaseException``) closes the loop at once, as orbax does."""
+    After a Ctrl-C (a ``BaseException``) the wait is short: ``INTERRUPTED_SETTLE_S``."""
     loop = asyncio.new_event_loop()
-    settle = True
+    timeout_s = SETTLE_TIMEOUT_S
     try:
         asyncio.set_event_loop(loop)
         return loop.run_until_complete(coro)
     except Exception:
         raise
     except BaseException:
-        settle = False
+        timeout_s = INTERRUPTED_SETTLE_S
         raise
     finally:
         try:
-            if settle:
-                _settle(loop)
+            _settle(loop, timeout_s)
         finally:
             asyncio.set_event_loop(None)
             loop.close()
