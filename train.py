@@ -6,7 +6,8 @@
 A config the schema refuses stops at start with one line on stderr (``error: ...``) and exit code 1: an unknown
 group option, a misspelt key, a key the chosen model or mode does not have, a value of the wrong type, outside
 its choices or out of its range (``conf/schema.py``, ``conf/errors.py``). A SIGTERM or Ctrl-C at any moment stops
-the run with one line and ``summary.json`` status ``stopped`` (``training/process.py``). The run itself:
+the run with one line and ``summary.json`` status ``stopped`` (``training/process.py``); a run folder another run
+is using is refused in one line before anything is written there (``training/run_folder.py``). The run itself:
 ``training/run.py``.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from training import process
+from training import process, run_folder
 
 if __name__ == "__main__":
     process.install_interrupt_hooks(process.stop_line)  # a stop outside the training steps: one line, no traceback
@@ -74,9 +75,9 @@ def main(cfg: DictConfig) -> None:
 
 
 def start_job(cfg: DictConfig, hc, run_dir: Path):
-    """The job up to its run: a held signal, the typed config, JAX's runtime, the imports of the run. Returns
-    ``(run_and_report, typed config, Startup)``, or None when the job ends here (a stopped sweep, a bad config in a
-    sweep); exits 1 for a bad config."""
+    """The job up to its run: a held signal, the typed config, JAX's runtime, the run folder settled, the imports of
+    the run. Returns ``(run_and_report, typed config, Startup)``, or None when the job ends here (a stopped sweep,
+    a bad config in a sweep); exits 1 for a bad config or a run folder another run holds."""
     _COMPOSING.release()  # a signal held during the imports and the composition: KeyboardInterrupt now
     STARTUP.mark("config")  # Hydra: arguments, composition, run folder, logging
     if os.environ.pop(_RAISE_MARK, None):
@@ -98,6 +99,10 @@ def start_job(cfg: DictConfig, hc, run_dir: Path):
         import jax  # noqa: F401  (importing JAX starts no backend: setup_runtime still sets the device count)
     STARTUP.mark("imports")
     startup = setup_runtime(typed)  # before anything touches devices: CPU devices, XLA flags, jax.distributed
+    try:  # one process holds its run folder alone, those of a multi-process run share it (training.run_folder)
+        run_folder.settle(multi=startup.settings is not None or startup.error is not None)
+    except run_folder.RunFolderError as e:  # another run took the folder meanwhile: nothing of it is touched
+        run_folder.refuse(e)
     prestart_wandb(typed.wandb.mode, typed.wandb.process_priority)  # W&B's process imports wandb meanwhile
     start_backend()  # the accelerator opens (seconds on a TPU) beside the imports below; the run waits for it
     STARTUP.mark("runtime")

@@ -508,7 +508,7 @@ def test_signal_during_the_start_up_stops_with_one_line(tmp_path, sig, before):
     assert "Traceback" not in res.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["status"], summary["error"]) == ("stopped", STOP_AT_START.format(sig=said))
-    assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "summary.json", "train.log"]
+    assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", ".lock", "summary.json", "train.log"]
 
 
 def test_sigterm_at_the_end_stops_and_the_same_command_finishes(tmp_path):

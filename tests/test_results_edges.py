@@ -212,7 +212,7 @@ def test_ctrl_c_outside_the_steps_is_one_line(tmp_path, module, name, full_error
     else:
         assert "Traceback" not in res.stderr and lines[-1] == f"error: {STOPPED_AT_START}"
     assert STOPPED_AT_START not in res.stdout
-    assert {p.name for p in run_dir.iterdir()} == {".hydra", "train.log", "summary.json"}
+    assert {p.name for p in run_dir.iterdir()} == {".hydra", ".lock", "train.log", "summary.json"}
     written = json.loads((run_dir / "summary.json").read_text())
     assert (written["status"], written["error"]) == ("stopped", STOPPED_AT_START)
 
@@ -258,7 +258,7 @@ def test_ctrl_c_during_hydras_composition_stops_the_run(tmp_path):
     assert json.loads(held.read_text()) is True  # SIGINT was held while Hydra composed
     assert res.returncode == -signal.SIGINT, res.stderr[-2000:]
     assert "Traceback" not in res.stderr and res.stderr.strip().splitlines()[-1] == f"error: {STOPPED_AT_START}"
-    assert {p.name for p in run_dir.iterdir()} == {".hydra", "train.log", "summary.json"}
+    assert {p.name for p in run_dir.iterdir()} == {".hydra", ".lock", "train.log", "summary.json"}
     written = json.loads((run_dir / "summary.json").read_text())
     assert (written["status"], written["error"]) == ("stopped", STOPPED_AT_START)
 
