@@ -20,9 +20,8 @@ from training import run_folder
 
 SMALL = ["data=synthetic", "optim=sgd", "train.global_batch=64", "wandb.mode=disabled"]
 IN_USE = (
-    "error: the run folder {folder} is in use by another run (process {pid} on host {host} since {since}); wait until "
-    "it ends (the same command then continues it from its checkpoint), or give this run another folder with "
-    "hydra.run.dir (hydra.sweep.dir with -m)"
+    "error: the run folder {folder} is in use by another run (process {pid} on host {host} since {since}); give this "
+    "run another folder with hydra.run.dir (hydra.sweep.dir with -m), or wait until that run ends"
 )
 
 
@@ -111,7 +110,11 @@ def folder(tmp_path):
 def hold(folder: Path, how: int) -> int:
     """Another holder (another open file description, as another process has): its descriptor."""
     fd = os.open(folder / run_folder.LOCK_NAME, os.O_RDWR | os.O_CREAT)
-    fcntl.flock(fd, how | fcntl.LOCK_NB)
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise
     os.pwrite(fd, b"process 4242 on host h since 2026-01-01 00:00:00\n", 0)
     return fd
 
@@ -202,6 +205,25 @@ def test_log_handler_says_one_line_for_a_folder_it_cannot_write(folder, monkeypa
         "hydra.run.dir (hydra.sweep.dir with -m) to a folder you can write\n"
     )
     assert not (folder / "train.log").exists()
+
+
+@pytest.mark.unit
+def test_another_users_lock_file_still_locks(folder, monkeypatch):
+    """A lock file this process may only read (another user's run made it): locked read-only, still exclusive."""
+    (folder / ".lock").write_text("process 1 on host h since 2026-01-01 00:00:00\n")
+    real_open = os.open
+
+    def no_write(path, flags, *args):
+        if flags & (os.O_RDWR | os.O_WRONLY):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(run_folder.os, "open", no_write)
+    run_folder.claim(folder)
+    monkeypatch.undo()
+    assert run_folder.held() == folder
+    with pytest.raises(BlockingIOError):
+        os.close(hold(folder, fcntl.LOCK_SH))
 
 
 def test_killed_holder_leaves_no_stuck_lock(tmp_path):

@@ -69,8 +69,8 @@ def _holder(fd: int) -> str:
 
 def _in_use_line(folder: Path, holder: str) -> str:
     return (
-        f"the run folder {folder} is in use by another run ({holder}); wait until it ends (the same command then "
-        f"continues it from its checkpoint), or give this run another folder with {FOLDER_KEYS}"
+        f"the run folder {folder} is in use by another run ({holder}); give this run another folder with "
+        f"{FOLDER_KEYS}, or wait until that run ends"
     )
 
 
@@ -92,10 +92,15 @@ def claim(folder: Path, shared: bool = False) -> None:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as e:
-        raise RunFolderError(
-            f"the run folder {folder} cannot be written ({e.strerror or type(e).__name__}: {path}); set "
-            f"{FOLDER_KEYS} to a folder you can write"
-        ) from None
+        try:  # another user's lock file in a folder this run can write: a lock needs no write access to it
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC) if isinstance(e, PermissionError) else -1
+        except OSError:
+            fd = -1
+        if fd < 0:
+            raise RunFolderError(
+                f"the run folder {folder} cannot be written ({e.strerror or type(e).__name__}: {path}); set "
+                f"{FOLDER_KEYS} to a folder you can write"
+            ) from None
     try:
         fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except OSError as e:
