@@ -1,7 +1,7 @@
 """The user-facing errors: each message is ONE line naming the offending values and the way out.
 
 ``training.run.run_and_report`` turns any of ``USER_ERRORS`` into ``error: <line>`` on stderr, a failed
-``summary.json`` and exit code 1 (no traceback).
+``summary.json`` (``stopped`` for ``Stopped``) and exit code 1 (no traceback).
 """
 
 from __future__ import annotations
@@ -17,6 +17,11 @@ class DataError(RuntimeError):
 
 class TrainingError(RuntimeError):
     """Training cannot go on (e.g. a non-finite loss); the message is one line."""
+
+
+class Stopped(TrainingError):
+    """The run stopped on a signal after saving a checkpoint (``summary.json`` status ``stopped``); the message is
+    one line saying where the checkpoint is."""
 
 
 USER_ERRORS = (ConfigError, DataError, TrainingError)

@@ -63,4 +63,4 @@ def test_train_py_stops_at_start(tmp_path):
         "status": "failed",
         "error": lines[0].removeprefix("error: "),
     }
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".hydra", "summary.json", "train.log"]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".hydra", ".lock", "summary.json", "train.log"]

@@ -371,7 +371,7 @@ def test_bad_gpt_input_from_the_cli_fails_in_one_line_writing_nothing(tmp_path, 
     assert r.returncode == 1
     assert [ln for ln in r.stderr.splitlines() if ln.startswith("error:")] == [line], r.stderr[-2000:]
     assert "Traceback" not in r.stderr
-    assert sorted(p.name for p in run.iterdir()) == [".hydra", "summary.json", "train.log"]
+    assert sorted(p.name for p in run.iterdir()) == [".hydra", ".lock", "summary.json", "train.log"]
     assert json.loads((run / "summary.json").read_text())["status"] == "failed"
 
 

@@ -137,7 +137,7 @@ def test_sigterm_to_launcher_stops_every_process_at_one_step(tmp_path, resume):
     assert "launch_local: SIGTERM received; forwarded as SIGTERM to the 2 processes" in out
     assert "launch_local: exit codes process 0: 1, process 1: 1" in out
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "failed" and summary["error"].startswith("stopped by SIGTERM")
+    assert summary["status"] == "stopped" and summary["error"].startswith("stopped by SIGTERM")
     # process 1's console: warnings and errors only, every line labelled (also JAX's C++ log)
     mine = [line for line in out.splitlines() if "[process 1]" in line]
     assert mine and not [line for line in mine if "][INFO] - " in line]
@@ -417,3 +417,165 @@ def test_launch_local_leaves_out_gloo_connection_lines(tmp_path):
     with open(src, "rb") as s, open(out, "wb") as d:
         launch.forward_filtered(s, d, counter)
     assert out.read_bytes() == b"start\ntrain: 50%\rtrain: 100%\nerror: real\n" and counter == [1]
+
+
+# ---- 7: SIGTERM or SIGINT outside the training steps (train.py, training/process.py) -------------------------
+# Each probe sends the signal at one moment of a run (tests.utils.train_probe_cmd runs it before train.py).
+_AT_COMPOSITION = """
+import os, signal
+from hydra._internal import config_loader_impl as m
+real, sent = m.ConfigLoaderImpl.load_configuration, []
+def composing(self, *args, **kwargs):
+    if not sent:  # Hydra's first composition
+        sent.append(1)
+        os.kill(os.getpid(), signal.{sig})
+    return real(self, *args, **kwargs)
+m.ConfigLoaderImpl.load_configuration = composing
+"""
+_AT_RUNTIME = """
+import os, signal, training.runtime as m
+real = m.setup_runtime
+def setup_runtime(*args, **kwargs):
+    os.kill(os.getpid(), signal.{sig})
+    return real(*args, **kwargs)
+m.setup_runtime = setup_runtime
+"""
+# from another thread while the main thread is inside XLA's compilation (C++, no Python frame to interrupt)
+_IN_COMPILATION = """
+import os, signal, threading
+from jax._src import stages
+real = stages.Lowered.compile
+def compile(self, *args, **kwargs):
+    sender = threading.Thread(target=os.kill, args=(os.getpid(), signal.{sig}))
+    sender.start()
+    try:
+        return real(self, *args, **kwargs)
+    finally:
+        sender.join()
+stages.Lowered.compile = compile
+"""
+_AT_THE_END = """
+import os, signal, measure.profiler as m
+real = m.explain_ratio
+def explain_ratio(*args, **kwargs):  # in training.run.finish, after the last step
+    os.kill(os.getpid(), signal.{sig})
+    return real(*args, **kwargs)
+m.explain_ratio = explain_ratio
+"""
+_SIGINT_IGNORED = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)  # as `cmd &` in a script starts it\n"
+STOP_AT_START = (
+    "stopped by {sig} during the start-up, before the first training step: nothing trained or saved; the same "
+    "command starts the run again (from its newest checkpoint, if any)"
+)
+STOP_AT_END = (
+    "stopped by {sig} after the training steps, while the run was ending; the same command finishes it from its "
+    "final checkpoint (or says it is complete)"
+)
+
+
+def run_probe(tmp: Path, probe: str, run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+    from utils import train_probe_cmd
+
+    cmd = train_probe_cmd(probe, "", *SMALL, "train.steps=20", f"hydra.run.dir={run_dir}", *extra)
+    env = {**env_for(tmp), "HYDRA_FULL_ERROR": ""}
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def error_lines(res: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in (res.stdout + res.stderr).splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.parametrize(
+    "sig, before",
+    [
+        (signal.SIGTERM, _AT_COMPOSITION),
+        (signal.SIGTERM, _AT_RUNTIME),
+        (signal.SIGTERM, _IN_COMPILATION),
+        (signal.SIGINT, _SIGINT_IGNORED + _IN_COMPILATION),
+    ],
+    ids=["composition", "runtime", "compilation", "compilation-sigint-ignored"],
+)
+def test_signal_during_the_start_up_stops_with_one_line(tmp_path, sig, before):
+    """SIGTERM (or SIGINT in a process started with it ignored, as a script's `cmd &` starts it) at a moment of
+    the start-up: the run stops there, before its first step (one that comes inside XLA's compilation as soon as it
+    returns), with one line, summary.json status stopped, no step, no checkpoint, and ends by that signal. Before:
+    SIGTERM killed the process in milliseconds with nothing written; the ignored SIGINT trained to the end (exit 0)."""
+    run_dir = tmp_path / "run"
+    res = run_probe(tmp_path, before.format(sig=sig.name), run_dir, "runtime.compilation_cache_dir=null")
+    assert res.returncode == -sig, (res.returncode, res.stderr[-3000:])
+    said = "SIGINT (Ctrl-C)" if sig == signal.SIGINT else sig.name
+    assert error_lines(res) == [f"error: {STOP_AT_START.format(sig=said)}"], res.stderr[-3000:]
+    assert "Traceback" not in res.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["error"]) == ("stopped", STOP_AT_START.format(sig=said))
+    assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", ".lock", "summary.json", "train.log"]
+
+
+def test_sigterm_at_the_end_stops_and_the_same_command_finishes(tmp_path):
+    """SIGTERM after the last step (while the summary is made): one line saying so, summary.json status stopped,
+    exit by SIGTERM; the final checkpoint is on disk and the same command finishes the run (exit 0, status ok)."""
+    run_dir = tmp_path / "run"
+    res = run_probe(tmp_path, _AT_THE_END.format(sig="SIGTERM"), run_dir)
+    assert res.returncode == -signal.SIGTERM, res.stderr[-3000:]
+    assert error_lines(res) == [f"error: {STOP_AT_END.format(sig='SIGTERM')}"] and "Traceback" not in res.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["error"]) == ("stopped", STOP_AT_END.format(sig="SIGTERM"))
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["20"]
+    again = run_probe(tmp_path, "", run_dir)
+    assert again.returncode == 0, again.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["train/steps"]) == ("ok", 20)
+
+
+_TWO_CTRL_C = """
+import os, signal, time, training.report as report, training.validate as validate
+real = validate.check_run_folder
+def check_run_folder(*args, **kwargs):  # in training.run.prepare: the first Ctrl-C
+    os.kill(os.getpid(), signal.SIGINT)
+    return real(*args, **kwargs)
+validate.check_run_folder = check_run_folder
+def close(self, *args, **kwargs):  # the stop closes the reporter: a second Ctrl-C while it would wait a minute
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(120)
+report.Reporter.close = close
+"""
+
+
+def test_a_second_ctrl_c_ends_at_once(tmp_path):
+    """A Ctrl-C at the start-up stops the run; a second one while the stop is still closing the run ends the
+    process at once (not after the minute the close would take), with the one line and the stopped summary."""
+    run_dir = tmp_path / "run"
+    t0 = time.monotonic()
+    res = run_probe(tmp_path, _TWO_CTRL_C, run_dir)
+    assert time.monotonic() - t0 < 60
+    assert res.returncode == -signal.SIGINT, res.stderr[-3000:]
+    assert error_lines(res) == [f"error: {STOP_AT_START.format(sig='SIGINT (Ctrl-C)')}"]
+    assert "Traceback" not in res.stderr
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "stopped"
+
+
+@pytest.mark.unit
+def test_held_signals_raise_when_released_and_a_second_one_at_once(monkeypatch):
+    """While held (jaxlib's initialisation, Hydra's composition), a SIGTERM that stop_handler handles is recorded
+    and raised as KeyboardInterrupt on release; a second signal while held raises at once; the handlers are
+    back afterwards. stop_text names the signal received first."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    monkeypatch.setattr(process, "_stop", None)  # this process's first signal is the test's
+    monkeypatch.setattr(process, "_phase", "start-up")  # (in-process runs of other tests set it)
+    try:
+        for sig in saved:
+            signal.signal(sig, process.stop_handler)
+        held = process.HeldSigint()
+        held.hold()
+        signal.raise_signal(signal.SIGTERM)  # recorded, nothing raised
+        assert held.received and process.stop_signal() == "SIGTERM"
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)  # the second: at once
+        assert {signal.getsignal(sig) for sig in saved} == {process.stop_handler}
+        assert process.stop_text().startswith("stopped by SIGTERM during the start-up")
+        with pytest.raises(KeyboardInterrupt):
+            with process.HeldSigint():
+                signal.raise_signal(signal.SIGTERM)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

@@ -193,19 +193,23 @@ m.{name} = interrupted
 """
 
 
+STOPPED_AT_START = (
+    "stopped by SIGINT (Ctrl-C) during the start-up, before the first training step: nothing trained or saved; the "
+    "same command starts the run again (from its newest checkpoint, if any)"
+)
+
+
 @pytest.mark.parametrize(
-    "module, name, summary",
-    [("training.report", "prestart_wandb", False), ("training.run", "run", True)],
+    "module, name",
+    [("training.report", "prestart_wandb"), ("training.run", "run")],
     ids=["before-the-run", "in-the-run"],
 )
 @pytest.mark.parametrize("full_error", [False, True], ids=["default", "HYDRA_FULL_ERROR"])
-def test_ctrl_c_outside_the_steps_is_one_line(tmp_path, module, name, summary, full_error):
+def test_ctrl_c_outside_the_steps_is_one_line(tmp_path, module, name, full_error):
     """Ctrl-C before the training steps (W&B's start, the run's start-up): one line instead of a traceback, exit by
-    SIGINT (status 130 in a shell), nothing written but Hydra's files and, once the run started, a failed
-    summary.json; with HYDRA_FULL_ERROR=1 set by the user the traceback is printed instead."""
+    SIGINT (status 130 in a shell), nothing written but Hydra's files and summary.json with status stopped; with
+    HYDRA_FULL_ERROR=1 set by the user the traceback is printed instead."""
     import signal
-
-    from training.process import INTERRUPTED_LINE
 
     run_dir = tmp_path / "run"
     env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "1" if full_error else ""}
@@ -216,13 +220,11 @@ def test_ctrl_c_outside_the_steps_is_one_line(tmp_path, module, name, summary, f
     if full_error:
         assert "Traceback" in res.stderr and lines[-1] == "KeyboardInterrupt"
     else:
-        assert "Traceback" not in res.stderr and lines[-1] == INTERRUPTED_LINE
-    assert INTERRUPTED_LINE not in res.stdout
-    expected = {".hydra", "train.log"} | ({"summary.json"} if summary else set())
-    assert {p.name for p in run_dir.iterdir()} == expected
-    if summary:
-        written = json.loads((run_dir / "summary.json").read_text())
-        assert (written["status"], written["error"]) == ("failed", "KeyboardInterrupt")
+        assert "Traceback" not in res.stderr and lines[-1] == f"error: {STOPPED_AT_START}"
+    assert STOPPED_AT_START not in res.stdout
+    assert {p.name for p in run_dir.iterdir()} == {".hydra", ".lock", "train.log", "summary.json"}
+    written = json.loads((run_dir / "summary.json").read_text())
+    assert (written["status"], written["error"]) == ("stopped", STOPPED_AT_START)
 
 
 def _raised_during_interrupt() -> ImportError:
@@ -243,7 +245,7 @@ from hydra._internal import config_loader_impl as m
 real = m.ConfigLoaderImpl.load_configuration
 def composing(self, *args, **kwargs):
     if not os.path.exists({out!r}):  # the first composition (Hydra's get_mode)
-        held = signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+        held = getattr(signal.getsignal(signal.SIGINT), "__name__", "") == "_record"  # a HeldSigint's
         open({out!r}, "w").write(json.dumps(held))
         os.kill(os.getpid(), signal.SIGINT)
     return real(self, *args, **kwargs)
@@ -254,10 +256,8 @@ m.ConfigLoaderImpl.load_configuration = composing
 def test_ctrl_c_during_hydras_composition_stops_the_run(tmp_path):
     """A Ctrl-C during Hydra's composition is held until the job starts (Hydra's get_mode catches every Exception,
     and OmegaConf's clean-up can turn the KeyboardInterrupt into one: the Ctrl-C was lost and the run went on),
-    then stops the run with the one line before anything but Hydra's files is written."""
+    then stops the run with the one line and summary.json with status stopped, before anything else is written."""
     import signal
-
-    from training.process import INTERRUPTED_LINE
 
     run_dir, held = tmp_path / "run", tmp_path / "held.json"
     env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": ""}
@@ -267,8 +267,10 @@ def test_ctrl_c_during_hydras_composition_stops_the_run(tmp_path):
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert json.loads(held.read_text()) is True  # SIGINT was held while Hydra composed
     assert res.returncode == -signal.SIGINT, res.stderr[-2000:]
-    assert "Traceback" not in res.stderr and res.stderr.strip().splitlines()[-1] == INTERRUPTED_LINE
-    assert not (run_dir / "summary.json").exists() and not (run_dir / "metrics.jsonl").exists()
+    assert "Traceback" not in res.stderr and res.stderr.strip().splitlines()[-1] == f"error: {STOPPED_AT_START}"
+    assert {p.name for p in run_dir.iterdir()} == {".hydra", ".lock", "train.log", "summary.json"}
+    written = json.loads((run_dir / "summary.json").read_text())
+    assert (written["status"], written["error"]) == ("stopped", STOPPED_AT_START)
 
 
 @pytest.mark.unit

@@ -24,7 +24,7 @@ def assert_failed_cleanly(proc, run_dir, *needles):
         assert needle in errors[0], errors[0]
     assert "Traceback" not in proc.stderr
     left = sorted(p.name for p in run_dir.iterdir())
-    assert left == [".hydra", "summary.json", "train.log"], left  # no W&B run, no metrics.jsonl, no checkpoint
+    assert left == [".hydra", ".lock", "summary.json", "train.log"], left  # no W&B run, no metrics.jsonl, no checkpoint
     s = summary(run_dir)
     assert s["status"] == "failed" and s["error"] == errors[0][len("error: ") :]
 

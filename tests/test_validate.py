@@ -64,7 +64,7 @@ def test_unwritable_checkpoint_dir_in_train_py_writes_only_the_failed_summary(tm
         "error: checkpoint.dir=/proc/x cannot be written (No such file or directory in /proc); choose a folder "
         "you can write to"
     ]
-    assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "summary.json", "train.log"]
+    assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", ".lock", "summary.json", "train.log"]
 
 
 # ---- W&B, XLA, TFDS and path settings are checked in plan(), before data and compilation -------------------------

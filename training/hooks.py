@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import jax
 
-from core.errors import TrainingError, error_text
+from core.errors import Stopped, TrainingError, error_text
 from measure.profiler import Profiler
 from measure.rates import perplexity, window_perf
 from measure.throughput import JobClock, TargetTracker, WindowStats
@@ -198,7 +198,7 @@ class CheckpointHook(Hook):
     def run(self, loop: LoopState, step: int) -> None:
         """Saves the state after ``step``; after a signal's save, stops the run once that save is on disk. Raises
         TrainingError for a non-finite state, too many undeletable steps, a checkpoint that could not be written,
-        or the stop after a signal (its line says where the checkpoint is)."""
+        or ``Stopped`` after a signal (its line says where the checkpoint is)."""
         reason = "final" if step == self.n_steps else ("signal" if self.stop.signal_name else "periodic")
         stopping = self.stop.signal_name is not None and step < self.n_steps
         stopped = f"stopped by {self.stop.signal_name} after step {step} of {self.n_steps}; "
@@ -215,7 +215,7 @@ class CheckpointHook(Hook):
                 if saved
                 else "no checkpoint written (checkpoint.enabled=false)"
             )
-            raise TrainingError(stopped + where)
+            raise Stopped(stopped + where)
 
     def close(self) -> None:
         """Waits for the last asynchronous save. Raises TrainingError when its background write failed."""

@@ -4,6 +4,8 @@ Standard library only at import: ``train.py`` installs its interrupt hooks befor
 ``scripts/launch_local.py`` checks the port without starting JAX.
 - A Ctrl-C outside the training steps is one line, not a traceback (``install_interrupt_hooks``); inside them
   ``StopOnSignal`` turns SIGTERM/SIGINT into a checkpoint and a stop; ``SweepStop`` does it for a sweep.
+- ``train.py`` stops on SIGTERM as on a Ctrl-C before and after the steps (``install_stop_handlers``): one line
+  (``stop_line``), ``summary.json`` with status ``stopped``, the process ends by that signal.
 - The cyclic garbage collector is off while ``train.py`` imports, then every object alive is frozen
   (``pause_gc``, ``resume_gc``; docs/internals.md, "The garbage collector during start-up").
 - A taken coordinator port crashes JAX's runtime after its timeout, so it is checked first (``port_in_use``)."""
@@ -11,6 +13,7 @@ Standard library only at import: ``train.py`` installs its interrupt hooks befor
 from __future__ import annotations
 
 import _thread
+import atexit
 import contextlib
 import errno
 import functools
@@ -21,7 +24,7 @@ import signal
 import socket
 import sys
 import threading
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional, Union
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +45,10 @@ _reported = False  # interrupt_hook printed a Ctrl-C and the process went on (nu
 def interrupted(exc: BaseException | None) -> bool:
     """Whether ``exc`` is a ``KeyboardInterrupt``, was raised while handling one (its cause/context chain holds one),
     or came after ``interrupt_hook`` reported a Ctrl-C: a Ctrl-C inside a C extension's import surfaces as an
-    ``ImportError`` (numpy's prints it through ``sys.excepthook`` first, which clears it from the chain)."""
-    if _reported:
+    ``ImportError`` (numpy's prints it through ``sys.excepthook`` first, which clears it from the chain), or
+    came after ``stop_handler`` (installed by ``install_stop_handlers``) received a signal (an interrupt that C++
+    code turned into another error)."""
+    if _reported or (_installed and _stop is not None):  # after a stop signal, what failed failed because of it
         return True
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
@@ -67,30 +72,44 @@ def interrupt_as_keyboard() -> Iterator[None]:
 
 
 class HeldSigint:
-    """A Ctrl-C (SIGINT) held back from ``hold()`` to ``release()``, which then raises ``KeyboardInterrupt``; as a
-    context manager, around a block (an error of the block itself goes on instead). For code that cannot be
-    interrupted safely: jaxlib's initialisation (aborts or crashes on a ``KeyboardInterrupt``) and Hydra's
-    composition (which catches every ``Exception``). Holds only on the main thread with Python's default handler."""
+    """A Ctrl-C (SIGINT), and a SIGTERM that ``stop_handler`` handles, held back from ``hold()`` to ``release()``,
+    which then raises ``KeyboardInterrupt``; as a context manager, around a block (an error of the block itself goes
+    on instead). For code that cannot be interrupted safely: jaxlib's initialisation (aborts or crashes on a
+    ``KeyboardInterrupt``), Hydra's composition (which catches every ``Exception``) and ``train.py``'s imports
+    before it (no run folder yet for the summary). A second signal while held raises at once (a second Ctrl-C
+    ends the process). Holds only on the main thread, a signal whose handler is Python's or ``stop_handler``."""
 
     def __init__(self) -> None:
         self.holding, self.received = False, False
+        self._previous: dict = {}
 
     def hold(self) -> None:
         if self.holding or threading.current_thread() is not threading.main_thread():
             return
-        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-            return
-        self.holding, self.received = True, False
-        signal.signal(signal.SIGINT, self._record)
+        self._previous = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            handler = signal.getsignal(sig)
+            if handler is stop_handler or (sig == signal.SIGINT and handler is signal.default_int_handler):
+                self._previous[sig] = handler
+                signal.signal(sig, self._record)
+        self.holding, self.received = bool(self._previous), False
 
     def _record(self, signum, frame) -> None:
+        if not self.holding:  # left installed by a handler that replaced it meanwhile (a sweep's, undone)
+            return stop_handler(signum, frame)
+        _note_stop(signum)
+        if self.received:  # a second signal: at once
+            self.release()
         self.received = True
 
     def release(self) -> None:
-        """Python's handler back; raises ``KeyboardInterrupt`` if a SIGINT came while held (once)."""
+        """The handlers held back again (unless another replaced them meanwhile: a sweep's ``SweepStop``); raises
+        ``KeyboardInterrupt`` if a signal came while held (once)."""
         if not self.holding:
             return
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig, handler in self._previous.items():
+            if signal.getsignal(sig) == self._record:
+                signal.signal(sig, handler)
         self.holding = False
         if self.received:
             self.received = False
@@ -106,19 +125,124 @@ class HeldSigint:
         self.release()
 
 
-def interrupt_hook(exc_type, exc, tb, fallback=sys.excepthook, line: str = INTERRUPTED_LINE) -> None:
-    """An uncaught ``KeyboardInterrupt``, or an exception a Ctrl-C caused (``interrupted``), prints ``line`` on
-    stderr and the process exits with status 130 (after a ``KeyboardInterrupt`` Python exits by SIGINT itself;
-    after another exception, ``os._exit(130)``); anything else, or any exception when the user set
+# ---- SIGTERM and SIGINT outside the training steps (train.py) ------------------------------------------------
+_stop: Optional[str] = None  # the first SIGTERM/SIGINT stop_handler (or a HeldSigint) received
+_phase = "start-up"  # where the run is: start-up, steps, end (training.run sets it)
+_exit_by: Optional[int] = None  # the signal this process ends with (interrupt_hook sets it for SIGTERM)
+_installed = False  # install_stop_handlers ran (train.py)
+PHASES = ("start-up", "steps", "end")
+
+
+def _note_stop(signum: int) -> None:
+    global _stop
+    if _stop is None:
+        _stop = signal.Signals(signum).name
+
+
+def stop_handler(signum, frame) -> None:
+    """``train.py``'s SIGTERM and SIGINT handler outside the training steps: records the first signal
+    (``stop_signal``) and raises ``KeyboardInterrupt`` where the main thread is, so the run stops there with one line
+    and a ``stopped`` summary. A signal that comes inside C++ (XLA's compilation, a data read) raises as soon as the
+    call returns to Python, before any training step; ``raise_if_stopped`` catches one that C++ swallowed."""
+    _note_stop(signum)
+    raise KeyboardInterrupt
+
+
+def install_stop_handlers() -> None:
+    """Makes ``stop_handler`` this process's SIGTERM and SIGINT handler (main thread only; call it first thing): a
+    SIGTERM no longer kills the run before it can say so (Python's default), and a SIGINT that a background shell
+    ignored (``cmd &``) stops the run as it does during the steps. A run stopped by SIGTERM ends by SIGTERM
+    (status 143) after Python's exit handlers; one stopped by SIGINT by SIGINT (130), as Python does."""
+    global _installed
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop_handler)
+    _installed = True
+    atexit.register(_exit_by_signal)  # before the libraries register theirs (W&B, orbax, JAX): it runs after them
+
+
+def _exit_by_signal() -> None:
+    if _exit_by is None:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(_exit_by, signal.SIG_DFL)
+    signal.pthread_kill(threading.get_ident(), _exit_by)  # to this thread: delivered before the call returns
+    os._exit(128 + _exit_by)  # still here: a process that ignores it (PID 1 of a container) exits with its status
+
+
+def stop_signal() -> Optional[str]:
+    """The name of the first SIGTERM/SIGINT that ``stop_handler`` received (``SIGTERM``, ``SIGINT``), or None."""
+    return _stop
+
+
+def set_phase(phase: str) -> None:
+    """Where the run is, for ``stop_line``: ``start-up`` (before the first step), ``steps``, ``end`` (after them)."""
+    global _phase
+    if phase not in PHASES:
+        raise ValueError(f"unknown phase {phase!r}; one of {', '.join(PHASES)}")
+    _phase = phase
+
+
+def raise_if_stopped() -> None:
+    """Raises ``KeyboardInterrupt`` when ``stop_handler`` (installed by ``install_stop_handlers``: ``train.py``, not a
+    run inside another program) received a signal whose interrupt was swallowed (C++ code that called back into
+    Python while it ran). ``training.run`` calls it after the compilation and before the steps."""
+    if _installed and _stop is not None:
+        raise KeyboardInterrupt
+
+
+def stop_text(signal_name: Optional[str] = None) -> str:
+    """What stopped the run and what to do, one line without ``error: `` (``summary.json``'s ``error``): says the
+    signal (``signal_name``, else the one received, else SIGINT: a ``KeyboardInterrupt`` raised another way) and
+    where the run was (``set_phase``)."""
+    name = signal_name or _stop or "SIGINT"
+    said = "SIGINT (Ctrl-C)" if name == "SIGINT" else name
+    if _phase == "start-up":
+        return (
+            f"stopped by {said} during the start-up, before the first training step: nothing trained or saved; the "
+            f"same command starts the run again (from its newest checkpoint, if any)"
+        )
+    if _phase == "steps":
+        return (
+            f"stopped at once by {said} during the training steps, without saving; the same command continues from "
+            f"the newest checkpoint (a single signal saves one first)"
+        )
+    return (
+        f"stopped by {said} after the training steps, while the run was ending; the same command finishes it "
+        f"from its final checkpoint (or says it is complete)"
+    )
+
+
+def stop_line() -> str:
+    """``error: `` + ``stop_text()``: the one line ``train.py`` prints when a signal stopped it."""
+    return f"error: {stop_text()}"
+
+
+# train.py's signals from its first line until its job starts (then its run folder holds the stop's summary.json)
+STARTING = HeldSigint()
+
+
+def interrupt_hook(
+    exc_type, exc, tb, fallback=sys.excepthook, line: Union[str, Callable[[], str]] = INTERRUPTED_LINE
+) -> None:
+    """An uncaught ``KeyboardInterrupt``, or an exception a Ctrl-C caused (``interrupted``), prints ``line`` (or what
+    ``line()`` returns) on stderr and the process exits with status 130 (after a ``KeyboardInterrupt`` Python exits
+    by SIGINT itself; after another exception, ``os._exit(130)``), 143 when ``stop_handler`` received a SIGTERM
+    (the process ends by SIGTERM after its exit handlers); anything else, or any exception when the user set
     ``HYDRA_FULL_ERROR=1``, goes to ``fallback`` (Python's own hook: the traceback)."""
-    global _reported
-    if interrupted(exc if exc is not None else exc_type()) and not _USER_FULL_ERROR:
+    global _reported, _exit_by
+    caused = interrupted(exc if exc is not None else exc_type())
+    if caused and _stop == "SIGTERM":
+        _exit_by = signal.SIGTERM
+    if caused and not _USER_FULL_ERROR:
         if not _reported:  # once: numpy's import prints the Ctrl-C through this hook, then fails on
-            print(line, file=sys.stderr, flush=True)
+            print(line() if callable(line) else line, file=sys.stderr, flush=True)
             _reported = True
         if not issubclass(exc_type, KeyboardInterrupt):  # e.g. an ImportError: exit as a Ctrl-C does
             sys.stdout.flush()
-            os._exit(130)
+            os._exit(143 if _exit_by == signal.SIGTERM else 130)
         return
     fallback(exc_type, exc, tb)
 
@@ -143,9 +267,9 @@ def unraisable_hook(unraisable, fallback=sys.unraisablehook) -> None:
     fallback(unraisable)
 
 
-def install_interrupt_hooks(line: str = INTERRUPTED_LINE) -> None:
-    """Makes ``interrupt_hook`` (with ``line``) and ``unraisable_hook`` this process's hooks (a script's
-    ``__main__``)."""
+def install_interrupt_hooks(line: Union[str, Callable[[], str]] = INTERRUPTED_LINE) -> None:
+    """Makes ``interrupt_hook`` (with ``line``: the line, or a function that says it when needed) and
+    ``unraisable_hook`` this process's hooks (a script's ``__main__``)."""
     sys.excepthook = functools.partial(interrupt_hook, fallback=sys.excepthook, line=line)
     sys.unraisablehook = functools.partial(unraisable_hook, fallback=sys.unraisablehook)
 

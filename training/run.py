@@ -24,7 +24,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from conf.schema import Config, as_dict
-from core.errors import USER_ERRORS, ConfigError, TrainingError, error_text
+from core.errors import USER_ERRORS, ConfigError, Stopped, TrainingError, error_text
 from data.load import TEXT_DATA, text_corpus, text_info
 from data.pipeline import DeviceSource, SyntheticSource, make_eval_set, train_batches
 from measure.compiled import (
@@ -77,6 +77,7 @@ from training.hooks import (
     evaluate,
     exploded_final,
 )
+from training import process
 from training.process import StopOnSignal, interrupted
 from training.report import Reporter, start_reporting
 from training.validate import check_run_folder
@@ -89,11 +90,14 @@ def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None
     """Runs ``cfg`` in ``run_dir`` (``startup``: what ``setup_runtime`` returned); returns True on success. Bad input
     (``USER_ERRORS``) prints one line ``error: ...`` and writes a failed ``summary.json``; anything else is a bug
     and propagates with its traceback, after the summary and W&B are closed."""
-    jax.devices()  # the backend (started beside the imports by train.py): what is left of its start is `runtime`
-    STARTUP.mark("runtime")
+    process.set_phase("start-up")  # for the line of a stop by a signal (training.process.stop_text)
     quiet_log_write_errors()  # train.log on a disk that fills: one warning line, not a traceback per line
-    reporter = Reporter(run_dir, enabled=jax.process_index() == 0)
+    settings = None if startup is None else startup.settings  # process 0 reports (known before the backend is up)
+    reporter = Reporter(run_dir, enabled=settings is None or settings.process_id == 0)
     try:
+        jax.devices()  # the backend (started beside the imports by train.py): what is left of its start is `runtime`
+        STARTUP.mark("runtime")
+        reporter.enabled = jax.process_index() == 0
         if startup is not None:  # a bad multi-process setting or unequal device counts stop here
             startup.raise_error()
         if jax.process_count() > 1:
@@ -103,12 +107,17 @@ def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None
     except USER_ERRORS as e:
         line = str(e).splitlines()[0] if str(e) else type(e).__name__
         console(f"error: {line}")
-        _close_after_error(reporter, {**describe(cfg), "status": "failed", "error": line})
+        status = "stopped" if isinstance(e, Stopped) else "failed"  # saved and stopped on a signal
+        _close_after_error(reporter, {**describe(cfg), "status": status, "error": line})
         return False
     except BaseException as e:
-        # a Ctrl-C (or an error it caused, e.g. in a C extension's import), or a bug
-        error = "KeyboardInterrupt" if interrupted(e) else (f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
-        reporter.summary({**describe(cfg), "status": "failed", "error": error.splitlines()[0]})
+        # a signal (a Ctrl-C, or SIGTERM: training.process.stop_handler; or an error it caused, e.g. in a C
+        # extension's import): train.py prints its line; or a bug
+        if interrupted(e):
+            values = {"status": "stopped", "error": process.stop_text()}
+        else:
+            values = {"status": "failed", "error": (f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)}
+        reporter.summary({**describe(cfg), **{k: v.splitlines()[0] for k, v in values.items()}})
         reporter.close(exit_code=1)
         raise
     if summary.get("checkpoint/already_complete"):
@@ -214,6 +223,8 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
         )
         hooks = make_hooks(prep, reporter, bar, stats, target)
         STARTUP.mark("reporting")  # the loop's first dispatch ends the start-up (perf/startup/*_s)
+        process.raise_if_stopped()  # a signal before the steps: no step runs (StopOnSignal has the next ones)
+        process.set_phase("steps")
         loop.clock.on_first_step = lambda: log.info(
             "%s", startup_breakdown_line(loop.clock.summary(), prep.info.get("perf/startup/compile_cache"))
         )
@@ -229,6 +240,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
             transfer_guard=cfg.train.transfer_guard,
             bar=bar,
         )
+    process.set_phase("end")
     if loop.final is None:  # resumed at the last step: no step ran, so its final evaluation runs now
         next(h for h in hooks if isinstance(h, FinalEvaluation)).run(loop, prep.n_steps)
     return finish(prep, loop, hooks, stats, target)
@@ -326,6 +338,7 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
     first = next(batches)
     STARTUP.mark("data")
     lowered, compiled, peak_flops = compile_step(cfg, p, exp, first, info)
+    process.raise_if_stopped()  # a signal during XLA's compilation (C++) that an interrupt did not end
     STARTUP.mark("compile")
     checkpoint.wait_for_orbax()  # no import beside the steps (it would take the interpreter lock from them)
     STARTUP.mark("checkpoint")

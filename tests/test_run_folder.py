@@ -1,0 +1,245 @@
+"""Who owns a run folder (training/run_folder.py): a second run started in a folder in use is refused in one line
+before it writes anything there; a run killed with SIGKILL leaves no stuck lock; a folder or log file that cannot
+be written is one line, not logging's traceback."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.utils import REPO
+from training import run_folder
+
+SMALL = ["data=synthetic", "optim=sgd", "train.global_batch=64", "wandb.mode=disabled"]
+IN_USE = (
+    "error: the run folder {folder} is in use by another run (process {pid} on host {host} since {since}); give this "
+    "run another folder with hydra.run.dir (hydra.sweep.dir with -m), or wait until that run ends"
+)
+
+
+def train(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": ""}
+    return subprocess.run(
+        [sys.executable, "train.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def complete_steps(ckpt: Path) -> list[int]:
+    if not ckpt.is_dir():
+        return []
+    return sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit() and (p / "meta").is_dir())
+
+
+def test_second_run_in_a_folder_in_use_is_refused_and_a_killed_run_resumes(tmp_path):
+    """Run A trains in a folder; run B started there (other settings) stops at once with one line naming A's
+    process, exit 1, and changes nothing of A (.hydra/, summary.json, metrics, checkpoints; A goes on). After
+    kill -9 of A, the same folder resumes from A's newest checkpoint (the kernel released A's lock)."""
+    run_dir = tmp_path / "run"
+    ckpt = run_dir / "checkpoints"
+    a_args = [*SMALL, "train.steps=100000", "train.log_every=10", "checkpoint.every=20", f"hydra.run.dir={run_dir}"]
+    log = tmp_path / "a.log"
+    a = subprocess.Popen(
+        [sys.executable, "train.py", *a_args],
+        cwd=REPO,
+        env={**os.environ, "WANDB_MODE": "disabled"},
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 150
+        while not complete_steps(ckpt) and a.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert complete_steps(ckpt) and a.poll() is None, log.read_text()[-3000:]
+        hydra_before = {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir()}
+        b = train(*SMALL, "train.steps=20", "train.seed=7", f"hydra.run.dir={run_dir}")
+        assert b.returncode == 1, b.stderr[-3000:]
+        lock_text = (run_dir / ".lock").read_text().strip()
+        host_since = lock_text.split(" on host ", 1)[1]
+        host, since = host_since.split(" since ")
+        line = IN_USE.format(folder=run_dir, pid=a.pid, host=host, since=since)
+        assert lock_text.startswith(f"process {a.pid} on host ")
+        assert b.stderr.splitlines() == [line] and b.stdout == ""
+        assert a.poll() is None  # A trains on
+        assert {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir()} == hydra_before
+        assert not (run_dir / "summary.json").exists()  # B wrote no failed summary over A's run
+        assert (run_dir / "train.log").read_text().count("] - start: ") == 1  # A's start line only
+    finally:
+        a.kill()
+        a.wait()
+    newest = complete_steps(ckpt)[-1]
+    # the same folder after kill -9: resumes (train.steps shortened so the test ends soon; allowed on resume)
+    c = train(*a_args, f"train.steps={newest + 20}")
+    assert c.returncode == 0, c.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    resumed = (summary["status"], summary["checkpoint/resumed_step"], summary["train/steps"])
+    assert resumed == ("ok", newest, newest + 20)
+
+
+@pytest.mark.parametrize("blocked", ["train.log", ".lock"])
+def test_run_folder_or_log_file_that_cannot_be_written_is_one_line(tmp_path, blocked):
+    """A log file (or the lock file) that cannot be opened, here a folder in its place: one line naming it and the
+    fix, exit 1, no traceback from logging's set-up, nothing else written in the folder."""
+    run_dir = tmp_path / "run"
+    (run_dir / blocked).mkdir(parents=True)
+    res = train(*SMALL, f"hydra.run.dir={run_dir}")
+    assert res.returncode == 1
+    if blocked == "train.log":
+        line = f"error: the log file {run_dir / 'train.log'} cannot be written (Is a directory); "
+    else:
+        line = f"error: the run folder {run_dir} cannot be written (Is a directory: {run_dir / '.lock'}); "
+    assert res.stderr.splitlines() == [line + "set hydra.run.dir (hydra.sweep.dir with -m) to a folder you can write"]
+    assert "Traceback" not in res.stdout + res.stderr
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted({".lock", blocked})
+
+
+# ---- in-process: the lock's rules ------------------------------------------------------------------------
+@pytest.fixture
+def folder(tmp_path):
+    yield tmp_path
+    run_folder.release()
+
+
+def hold(folder: Path, how: int) -> int:
+    """Another holder (another open file description, as another process has): its descriptor."""
+    fd = os.open(folder / run_folder.LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise
+    os.pwrite(fd, b"process 4242 on host h since 2026-01-01 00:00:00\n", 0)
+    return fd
+
+
+@pytest.mark.unit
+def test_claim_refuses_a_folder_held_by_another_run(folder):
+    other = hold(folder, fcntl.LOCK_EX)
+    try:
+        for shared in (False, True):
+            with pytest.raises(run_folder.RunFolderError) as e:
+                run_folder.claim(folder, shared=shared)
+            assert str(e.value).startswith(
+                f"the run folder {folder} is in use by another run (process 4242 on host h since 2026-01-01 00:00:00)"
+            )
+        assert run_folder.held() is None
+    finally:
+        os.close(other)  # the holder ends: its lock is gone
+    run_folder.claim(folder)
+    assert run_folder.held() == folder
+    assert (folder / ".lock").read_text().startswith(f"process {os.getpid()} on host ")
+
+
+@pytest.mark.unit
+def test_processes_of_one_run_share_the_folder_and_a_single_run_holds_it_alone(folder):
+    other = hold(folder, fcntl.LOCK_SH)  # a process of a multi-process run
+    try:
+        run_folder.claim(folder, shared=True)  # another process of it
+        run_folder.settle(multi=True)
+        assert run_folder.held() == folder
+        with pytest.raises(run_folder.RunFolderError, match="is in use by another run"):
+            run_folder.settle(multi=False)  # it turned out a single run: not while another shares the folder
+        assert run_folder.held() is None
+        with pytest.raises(run_folder.RunFolderError):
+            run_folder.claim(folder, shared=False)
+    finally:
+        os.close(other)
+    run_folder.claim(folder, shared=True)
+    run_folder.settle(multi=False)  # alone now
+    with pytest.raises(BlockingIOError):
+        os.close(hold(folder, fcntl.LOCK_SH))
+
+
+@pytest.mark.unit
+def test_a_new_folder_releases_the_previous_one(folder):
+    """A sweep's jobs in one process: each job's folder in turn, the previous one released."""
+    first, second = folder / "0", folder / "1"
+    first.mkdir()
+    second.mkdir()
+    run_folder.claim(first)
+    run_folder.claim(first)  # again: nothing changes
+    run_folder.claim(second)
+    os.close(hold(first, fcntl.LOCK_EX))  # free again
+    with pytest.raises(BlockingIOError):
+        hold(second, fcntl.LOCK_EX)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "distributed, environ, multi",
+    [
+        (None, {}, False),
+        ({"enabled": None, "coordinator": None, "num_processes": None, "process_id": None}, {}, False),
+        ({"enabled": None, "num_processes": 2}, {}, True),
+        ({"enabled": True}, {}, True),
+        ({"enabled": False, "process_id": 1}, {"SLURM_NTASKS": "8"}, False),
+        ({"enabled": None}, {"SLURM_NTASKS": "8"}, True),
+        ({"enabled": None}, {"SLURM_NTASKS": "1", "OMPI_COMM_WORLD_SIZE": "x"}, False),
+        ({"enabled": None}, {"OMPI_COMM_WORLD_SIZE": "4"}, True),
+        ({"enabled": None}, {"JOB_COMPLETION_INDEX": "0"}, True),
+    ],
+)
+def test_maybe_multi(distributed, environ, multi):
+    assert run_folder.maybe_multi(distributed, environ) is multi
+
+
+@pytest.mark.unit
+def test_log_handler_says_one_line_for_a_folder_it_cannot_write(folder, monkeypatch, capsys):
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(run_folder.os, "open", refused)
+    with pytest.raises(SystemExit) as e:
+        run_folder.RunLog(str(folder / "train.log"))
+    monkeypatch.undo()
+    assert e.value.code == 1
+    assert capsys.readouterr().err == (
+        f"error: the run folder {folder} cannot be written (Permission denied: {folder / '.lock'}); set "
+        "hydra.run.dir (hydra.sweep.dir with -m) to a folder you can write\n"
+    )
+    assert not (folder / "train.log").exists()
+
+
+@pytest.mark.unit
+def test_another_users_lock_file_still_locks(folder, monkeypatch):
+    """A lock file this process may only read (another user's run made it): locked read-only, still exclusive."""
+    (folder / ".lock").write_text("process 1 on host h since 2026-01-01 00:00:00\n")
+    real_open = os.open
+
+    def no_write(path, flags, *args):
+        if flags & (os.O_RDWR | os.O_WRONLY):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(run_folder.os, "open", no_write)
+    run_folder.claim(folder)
+    monkeypatch.undo()
+    assert run_folder.held() == folder
+    with pytest.raises(BlockingIOError):
+        os.close(hold(folder, fcntl.LOCK_SH))
+
+
+def test_killed_holder_leaves_no_stuck_lock(tmp_path):
+    """A process holding the lock killed with SIGKILL: the kernel releases it, the folder can be claimed."""
+    code = (
+        "import sys, time; sys.path.insert(0, '.'); from training import run_folder; "
+        f"run_folder.claim({str(tmp_path)!r}); print('held', flush=True); time.sleep(60)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(run_folder.RunFolderError, match=f"process {holder.pid} on host"):
+            run_folder.claim(tmp_path)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    run_folder.claim(tmp_path)
+    assert run_folder.held() == tmp_path
+    run_folder.release()

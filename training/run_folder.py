@@ -1,0 +1,203 @@
+"""Who owns a run folder: the run holding its lock, ``<run folder>/.lock`` (``fcntl.flock``, an advisory lock the
+kernel releases when the process ends, however it ends: a crash or ``kill -9`` leaves nothing stuck).
+
+The lock is taken when Hydra opens the job's log file (``RunLog``, the ``file`` handler of ``hydra.job_logging``
+in ``conf/config.yaml``): after Hydra made the folder and before it writes anything there (``.hydra/``, the log),
+so a second run started in a folder in use stops with one line, exit code 1, and changes nothing of the first
+run. A run folder or log file that cannot be written is one line too (not logging's traceback).
+
+A single run holds the lock alone (``LOCK_EX``). The processes of one multi-process run share the folder: when
+the config or the environment says the run may have several processes (``distributed.*`` set, or a SLURM,
+Open MPI, Kubernetes or TPU job of more than one task: ``maybe_multi``), each process takes it shared
+(``LOCK_SH``); ``settle`` then holds it alone once the run turns out to be a single process. Standard library
+only: Hydra imports this module while it configures logging.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import fcntl
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+LOCK_NAME = ".lock"
+FOLDER_KEYS = "hydra.run.dir (hydra.sweep.dir with -m)"
+# environment variables that say how many processes a cluster job has (those JAX's cluster detection reads)
+_TASK_COUNTS = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
+_MULTI_MARKERS = ("JOB_COMPLETION_INDEX", "TPU_WORKER_HOSTNAMES", "MEGASCALE_NUM_SLICES")
+
+_held: Optional[tuple[Path, int, bool]] = None  # (folder, file descriptor, shared) of the lock this process holds
+_unlockable_said: set[Path] = set()
+
+
+class RunFolderError(Exception):
+    """The run folder is in use by another run, or cannot be written; the message is one line with the fix."""
+
+
+def maybe_multi(distributed: Optional[Mapping[str, Any]], environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether this process may be one of several of a run (they then share the folder), from the ``distributed``
+    settings (``conf.schema.DistributedConfig`` as a dict) and the environment, before JAX is imported:
+    ``enabled=false`` never; ``enabled=true`` or any of ``coordinator``/``num_processes``/``process_id`` set always;
+    else a cluster job of more than one task (SLURM, Open MPI; a Kubernetes indexed job, a TPU slice)."""
+    d = dict(distributed or {})
+    if d.get("enabled") is False:
+        return False
+    if d.get("enabled") is True or any(d.get(k) is not None for k in ("coordinator", "num_processes", "process_id")):
+        return True
+    for name in _TASK_COUNTS:
+        try:
+            if int(environ.get(name, "1")) > 1:
+                return True
+        except ValueError:
+            continue
+    return any(environ.get(name) for name in _MULTI_MARKERS)
+
+
+def _holder(fd: int) -> str:
+    """What the lock file says of the run holding it (``process P on host H since T``), or ``another process``."""
+    try:
+        text = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+    except OSError:
+        text = ""
+    return text.splitlines()[0] if text else "another process"
+
+
+def _in_use_line(folder: Path, holder: str) -> str:
+    return (
+        f"the run folder {folder} is in use by another run ({holder}); give this run another folder with "
+        f"{FOLDER_KEYS}, or wait until that run ends"
+    )
+
+
+def claim(folder: Path, shared: bool = False) -> None:
+    """Takes the lock of run folder ``folder`` for this process (shared or alone), releasing the one it held for an
+    earlier folder (the previous job of a sweep run in this process); again for the same folder, nothing.
+
+    Raises:
+      RunFolderError: another run holds the lock (the line names it), or the lock file cannot be created (the folder
+        cannot be written). A file system without locks (some network ones) only warns, once per folder.
+    """
+    global _held
+    folder = Path(folder).absolute()
+    if _held is not None:
+        if _held[0] == folder:
+            return
+        release()
+    path = folder / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        try:  # another user's lock file in a folder this run can write: a lock needs no write access to it
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC) if isinstance(e, PermissionError) else -1
+        except OSError:
+            fd = -1
+        if fd < 0:
+            raise RunFolderError(
+                f"the run folder {folder} cannot be written ({e.strerror or type(e).__name__}: {path}); set "
+                f"{FOLDER_KEYS} to a folder you can write"
+            ) from None
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except OSError as e:
+        holder = _holder(fd) if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
+        os.close(fd)
+        if holder is not None:
+            raise RunFolderError(_in_use_line(folder, holder)) from None
+        if folder not in _unlockable_said:  # ENOLCK, EOPNOTSUPP ...: the file system has no locks
+            _unlockable_said.add(folder)
+            print(
+                f"warning: the run folder {folder} cannot be locked ({e.strerror or type(e).__name__}): a second run "
+                f"started in it would not be refused",
+                file=sys.stderr,
+                flush=True,
+            )
+        return
+    _held = (folder, fd, shared)
+    _write_holder(fd)
+
+
+def _write_holder(fd: int) -> None:
+    since = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"process {os.getpid()} on host {socket.gethostname()} since {since}\n".encode(), 0)
+    except OSError:  # only informs a refused run
+        pass
+
+
+def settle(multi: bool) -> None:
+    """Once the run knows whether it has several processes (after ``jax.distributed``): a single process holds the
+    lock alone; a process of a multi-process run holds it shared. Nothing when no lock is held.
+
+    Raises:
+      RunFolderError: a single process took the lock shared and another run shares it (the line names it).
+    """
+    global _held
+    if _held is None or _held[2] == multi:
+        return
+    folder, fd, _ = _held
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if multi else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return
+        holder = _holder(fd)
+        release()
+        raise RunFolderError(_in_use_line(folder, holder)) from None
+    _held = (folder, fd, multi)
+    if not multi:
+        _write_holder(fd)
+
+
+def release() -> None:
+    """Releases the lock this process holds (closing its file releases it); nothing when none is held."""
+    global _held
+    if _held is not None:
+        os.close(_held[1])
+        _held = None
+
+
+def held() -> Optional[Path]:
+    """The run folder whose lock this process holds, or None."""
+    return None if _held is None else _held[0]
+
+
+def refuse(error: RunFolderError) -> None:
+    """Prints ``error: <line>`` and exits with code 1 (``SystemExit``: it passes logging's and Hydra's handlers of
+    ``Exception``, which would print a traceback instead)."""
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    raise SystemExit(1)
+
+
+class RunLog(logging.FileHandler):
+    """Hydra's log file handler (``hydra.job_logging.handlers.file``): claims the run folder (``claim``: shared when
+    ``maybe_multi(distributed)``), then opens the file. A folder in use, or a folder or log file that cannot be
+    written, prints one ``error:`` line and exits 1 before Hydra writes anything there."""
+
+    def __init__(
+        self,
+        filename: str,
+        mode: str = "a",
+        encoding: Optional[str] = None,
+        delay: bool = False,
+        errors: Optional[str] = None,
+        distributed: Optional[Mapping[str, Any]] = None,
+    ):
+        try:
+            claim(Path(filename).parent, shared=maybe_multi(distributed))
+        except RunFolderError as e:
+            refuse(e)
+        try:
+            super().__init__(filename, mode, encoding, delay, errors)
+        except OSError as e:
+            refuse(
+                RunFolderError(
+                    f"the log file {filename} cannot be written ({e.strerror or type(e).__name__}); set "
+                    f"{FOLDER_KEYS} to a folder you can write"
+                )
+            )
