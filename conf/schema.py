@@ -51,8 +51,9 @@ class ParallelConfig:  # a node of one of PARALLEL_SCHEMAS (parallel=<name>)
         return 0
 
 
+_HERE = {"__module__": __name__}  # (pickled configs, e.g. a submitit job's, find the class here)
 JitShardingConfig, PmapConfig, ShardMapConfig = (  # the modes with no keys of their own
-    dataclasses.make_dataclass(cls, [("name", str, field(default=name))], bases=(ParallelConfig,))
+    dataclasses.make_dataclass(cls, [("name", str, field(default=name))], bases=(ParallelConfig,), namespace=_HERE)
     for cls, name in (("JitShardingConfig", "jit_sharding"), ("PmapConfig", "pmap"), ("ShardMapConfig", "shard_map"))
 )
 

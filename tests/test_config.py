@@ -64,3 +64,18 @@ def test_train_py_stops_at_start(tmp_path):
         "error": lines[0].removeprefix("error: "),
     }
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".hydra", ".lock", "summary.json", "train.log"]
+
+
+@pytest.mark.unit
+def test_every_option_schema_pickles_by_reference():
+    """A submitit job unpickles its config in a fresh process: every option's schema class must be found by name in
+    ``conf.schema`` (a class made with ``dataclasses.make_dataclass`` lives in ``types`` unless told otherwise, and
+    such a job's config lost the mode's keys)."""
+    import pickle
+
+    from conf import schema
+
+    for schemas, _ in schema.OPTION_SCHEMAS.values():
+        for cls in schemas.values():
+            assert cls.__module__ == "conf.schema" and getattr(schema, cls.__qualname__) is cls
+            assert pickle.loads(pickle.dumps(cls())) == cls()
