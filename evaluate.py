@@ -387,11 +387,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 if __name__ == "__main__":
     from training import process
 
-    process.install_interrupt_hooks(
-        "error: interrupted by SIGINT (Ctrl-C) and stopped (HYDRA_FULL_ERROR=1 prints where)"
-    )
-    with process.interrupt_as_keyboard():  # a Ctrl-C in numpy's or jaxlib's import surfaces as an ImportError
-        with process.HeldSigint():  # a Ctrl-C inside jaxlib's initialisation can abort the process
-            import jax  # noqa: F401
-        code = main()
-    sys.exit(code)
+    process.run_tool(main)

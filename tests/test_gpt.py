@@ -788,3 +788,27 @@ def test_sample_cli_greedy_is_deterministic_and_bad_folders_are_one_line(tmp_pat
     wrong = sample(str(run))
     assert wrong.returncode == 1 and wrong.stderr.count("\n") == 1
     assert "vocabulary has 256 rows in its arrays but 300" in wrong.stderr
+
+
+@pytest.mark.parametrize("sig, status, said", [("SIGINT", 130, "SIGINT (Ctrl-C)"), ("SIGTERM", 143, "SIGTERM")])
+def test_a_signal_stops_sample_with_one_line(tmp_path, sig, status, said):
+    """Ctrl-C during ``python -m sample``'s generation printed a KeyboardInterrupt traceback, and SIGTERM ended it
+    with no line at all: now one line and the signal's exit status (``training.process.run_tool``)."""
+    import signal
+    import subprocess
+    import sys
+
+    from utils import REPO, save_steps
+
+    ckpt = tmp_path / "ckpt"
+    save_steps(ckpt, gpt_cfg(), {2: 1.0})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sample", str(ckpt), "--tokens", "1000000"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    started = proc.stderr.readline()  # "sample: <step>, ..." before it generates
+    assert started.startswith("sample: "), started
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode in (status, -getattr(signal, sig)), err[-3000:]
+    assert err.splitlines() == [f"error: interrupted by {said} and stopped (HYDRA_FULL_ERROR=1 prints where)"]

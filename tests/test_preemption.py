@@ -492,8 +492,9 @@ def error_lines(res: subprocess.CompletedProcess) -> list[str]:
         (signal.SIGTERM, _AT_RUNTIME),
         (signal.SIGTERM, _IN_COMPILATION),
         (signal.SIGINT, _SIGINT_IGNORED + _IN_COMPILATION),
+        (signal.SIGHUP, _AT_RUNTIME),  # the terminal closed: it ended the run with no line and no summary
     ],
-    ids=["composition", "runtime", "compilation", "compilation-sigint-ignored"],
+    ids=["composition", "runtime", "compilation", "compilation-sigint-ignored", "runtime-sighup"],
 )
 def test_signal_during_the_start_up_stops_with_one_line(tmp_path, sig, before):
     """SIGTERM (or SIGINT in a process started with it ignored, as a script's `cmd &` starts it) at a moment of
@@ -511,15 +512,17 @@ def test_signal_during_the_start_up_stops_with_one_line(tmp_path, sig, before):
     assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", ".lock", "summary.json", "train.log"]
 
 
-def test_sigterm_at_the_end_stops_and_the_same_command_finishes(tmp_path):
-    """SIGTERM after the last step (while the summary is made): one line saying so, summary.json status stopped,
-    exit by SIGTERM; the final checkpoint is on disk and the same command finishes the run (exit 0, status ok)."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_at_the_end_stops_and_the_same_command_finishes(tmp_path, sig):
+    """SIGTERM (or SIGHUP: the terminal closed) after the last step (while the summary is made): one line saying
+    so, summary.json status stopped, exit by that signal; the final checkpoint is on disk and the same command
+    finishes the run (exit 0, status ok)."""
     run_dir = tmp_path / "run"
-    res = run_probe(tmp_path, _AT_THE_END.format(sig="SIGTERM"), run_dir)
-    assert res.returncode == -signal.SIGTERM, res.stderr[-3000:]
-    assert error_lines(res) == [f"error: {STOP_AT_END.format(sig='SIGTERM')}"] and "Traceback" not in res.stderr
+    res = run_probe(tmp_path, _AT_THE_END.format(sig=sig.name), run_dir)
+    assert res.returncode == -sig, res.stderr[-3000:]
+    assert error_lines(res) == [f"error: {STOP_AT_END.format(sig=sig.name)}"] and "Traceback" not in res.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert (summary["status"], summary["error"]) == ("stopped", STOP_AT_END.format(sig="SIGTERM"))
+    assert (summary["status"], summary["error"]) == ("stopped", STOP_AT_END.format(sig=sig.name))
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["20"]
     again = run_probe(tmp_path, "", run_dir)
     assert again.returncode == 0, again.stderr[-3000:]

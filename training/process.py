@@ -126,9 +126,10 @@ class HeldSigint:
 
 
 # ---- SIGTERM and SIGINT outside the training steps (train.py) ------------------------------------------------
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # SIGHUP: the terminal closed; stops as SIGTERM does
 _stop: Optional[str] = None  # the first SIGTERM/SIGINT stop_handler (or a HeldSigint) received
 _phase = "start-up"  # where the run is: start-up, steps, end (training.run sets it)
-_exit_by: Optional[int] = None  # the signal this process ends with (interrupt_hook sets it for SIGTERM)
+_exit_by: Optional[int] = None  # the signal this process ends with (interrupt_hook: SIGTERM, SIGHUP)
 _installed = False  # install_stop_handlers ran (train.py)
 PHASES = ("start-up", "steps", "end")
 
@@ -156,7 +157,7 @@ def install_stop_handlers() -> None:
     global _installed
     if threading.current_thread() is not threading.main_thread():
         return
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, stop_handler)
     _installed = True
     atexit.register(_exit_by_signal)  # before the libraries register theirs (W&B, orbax, JAX): it runs after them
@@ -215,6 +216,26 @@ def stop_text(signal_name: Optional[str] = None) -> str:
     )
 
 
+def tool_line() -> str:
+    """The one line ``python -m evaluate`` / ``python -m sample`` print when a signal stopped them (``run_tool``)."""
+    name = _stop or "SIGINT"
+    said = "SIGINT (Ctrl-C)" if name == "SIGINT" else name
+    return f"error: interrupted by {said} and stopped (HYDRA_FULL_ERROR=1 prints where)"
+
+
+def run_tool(main: Callable[[], int]) -> None:
+    """A tool's ``__main__``: SIGTERM and SIGINT stop it with ``tool_line`` and exit status 143 / 130, never a
+    traceback (``install_stop_handlers``, ``install_interrupt_hooks``); JAX is imported with a Ctrl-C held (jaxlib's
+    initialisation can abort when interrupted); then exits with ``main()``'s status."""
+    install_stop_handlers()
+    install_interrupt_hooks(tool_line)
+    with interrupt_as_keyboard():  # a Ctrl-C in numpy's or jaxlib's import surfaces as an ImportError
+        with HeldSigint():
+            import jax  # noqa: F401
+        code = main()
+    sys.exit(code)
+
+
 def stop_line() -> str:
     """``error: `` + ``stop_text()``: the one line ``train.py`` prints when a signal stopped it."""
     return f"error: {stop_text()}"
@@ -234,15 +255,15 @@ def interrupt_hook(
     ``HYDRA_FULL_ERROR=1``, goes to ``fallback`` (Python's own hook: the traceback)."""
     global _reported, _exit_by
     caused = interrupted(exc if exc is not None else exc_type())
-    if caused and _stop == "SIGTERM":
-        _exit_by = signal.SIGTERM
+    if caused and _stop in ("SIGTERM", "SIGHUP"):
+        _exit_by = signal.Signals[_stop]
     if caused and not _USER_FULL_ERROR:
         if not _reported:  # once: numpy's import prints the Ctrl-C through this hook, then fails on
             print(line() if callable(line) else line, file=sys.stderr, flush=True)
             _reported = True
         if not issubclass(exc_type, KeyboardInterrupt):  # e.g. an ImportError: exit as a Ctrl-C does
             sys.stdout.flush()
-            os._exit(143 if _exit_by == signal.SIGTERM else 130)
+            os._exit(128 + _exit_by if _exit_by is not None else 130)
         return
     fallback(exc_type, exc, tb)
 
@@ -320,7 +341,7 @@ class StopOnSignal:
 
     def install(self) -> "StopOnSignal":
         if not self._multi and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
