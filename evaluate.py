@@ -137,9 +137,9 @@ def find_best_step_dir(path: Path) -> Path:
 
     Raises:
       ConfigError: ``path`` is one step folder, or no best checkpoint was kept there (the run was trained without
-        ``checkpoint.keep_best``).
+        ``checkpoint.keep_best``), or the one kept is damaged.
     """
-    from core.errors import ConfigError
+    from core.errors import ConfigError, first_line
     from training import checkpoint
     from training.validate import check_path
 
@@ -153,6 +153,17 @@ def find_best_step_dir(path: Path) -> Path:
         )
     folder = path if path.name == checkpoint.BEST_DIR else (run_checkpoint_dir(path) or path) / checkpoint.BEST_DIR
     found = checkpoint.best_step_dir(folder)
+    if found is None and checkpoint.complete_steps(folder):  # kept, but damaged: say so, do not guess a cause
+        damaged = folder / str(checkpoint.complete_steps(folder)[-1])
+        try:
+            checkpoint.read_metadata(damaged)
+            why = "its metadata does not read"
+        except (OSError, ValueError) as e:
+            why = first_line(e)
+        raise ConfigError(
+            f"the best checkpoint {damaged} is incomplete or corrupt ({why}); leave out --best for the newest "
+            f"checkpoint, or train again with checkpoint.keep_best to keep a new best one"
+        )
     if found is None:
         raise ConfigError(
             f"no best checkpoint in {folder}: the run was trained without checkpoint.keep_best (train with "

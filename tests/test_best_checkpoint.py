@@ -199,3 +199,22 @@ def test_the_best_folder_keeps_the_best_value_not_the_newest_step(tmp_path, monk
     moved = [p for p in ckpt.iterdir() if p.name.startswith("best.previous-")]
     assert len(moved) == 1 and checkpoint.complete_steps(moved[0]) == [6]
     assert f"moved to {moved[0]}" in capsys.readouterr().err
+
+
+def test_a_damaged_best_checkpoint_is_named_not_guessed(tmp_path):
+    """A best checkpoint whose metadata was lost was reported as "trained without checkpoint.keep_best" (a false
+    cause); now the line names the damaged step and what to do."""
+    import evaluate
+    from core.errors import ConfigError
+    from utils import make_cfg, save_steps
+
+    ckpt = tmp_path / "ckpt"
+    save_steps(ckpt / "best", make_cfg({"data": {"name": "synthetic"}}), {4: 1.0})
+    assert evaluate.find_best_step_dir(ckpt) == ckpt / "best" / "4"
+    (ckpt / "best" / "4" / "meta" / "metadata").unlink()
+    with pytest.raises(ConfigError) as e:
+        evaluate.find_best_step_dir(ckpt)
+    assert str(e.value).startswith(f"the best checkpoint {ckpt / 'best' / '4'} is incomplete or corrupt (")
+    assert str(e.value).endswith(
+        "); leave out --best for the newest checkpoint, or train again with checkpoint.keep_best to keep a new best one"
+    )
