@@ -696,6 +696,13 @@ def test_resume_over_a_damaged_step_is_one_warning_line(tmp_path):
     final = checkpoint.read_arrays(ckpt / "6")
     damage_step(ckpt / "6")
 
+    # another run resuming from this run's folder (checkpoint.resume=<folder>) reads it and moves nothing there
+    other = run_train(tmp_path / "other", *command, f"checkpoint.resume={ckpt}")
+    assert other.returncode == 0, other.stderr[-3000:]
+    (line,) = [ln for ln in other.stderr.splitlines() if "window" not in ln]
+    assert line.endswith(f"); resuming from the newest complete one, {ckpt / '4'}") and "moved aside" not in line
+    assert sorted(p.name for p in ckpt.iterdir()) == ["2", "4", "6"]
+
     again = run_train(run, *command)
     assert again.returncode == 0, again.stderr[-3000:]
     out = again.stdout + again.stderr

@@ -146,12 +146,13 @@ def _warn_unfinished(directory: Path) -> None:
         warn(f"ignoring {tmp}: a checkpoint save that never finished (the process stopped while writing it)")
 
 
-def _newest_readable(directory: Path, mode, placed_state, nothing_left: str) -> Restored:
-    """The newest step of ``directory`` that restores (``read_newest``); damaged newer ones are moved aside."""
+def _newest_readable(directory: Path, mode, placed_state, nothing_left: str, own: bool = True) -> Restored:
+    """The newest step of ``directory`` that restores (``read_newest``); damaged newer ones are moved aside when
+    ``directory`` is this run's own (its ``checkpoint.dir``: it would save over them), never in another run's."""
     _warn_unfinished(directory)
     steps = [Path(directory) / str(s) for s in reversed(complete_steps(directory))]
     restored, _ = read_newest(
-        steps, lambda d: restore_step(d, mode, placed_state), "resuming from", nothing_left, move_damaged=True
+        steps, lambda d: restore_step(d, mode, placed_state), "resuming from", nothing_left, move_damaged=own
     )
     return restored
 
@@ -161,7 +162,7 @@ def resume(plan: CheckpointPlan, mode, placed_state) -> Optional[Restored]:
 
     ``auto``: the newest readable step in ``plan.directory`` (unfinished or unreadable ones are skipped with
     a warning naming them, and moved aside); ``never``: None; a path: that step folder, or the newest readable
-    step of that folder.
+    step of that folder (another run's: nothing in it is moved).
 
     Raises:
       ConfigError: the path's checkpoint is unreadable or does not fit this run; or, resuming from a path,
@@ -196,7 +197,11 @@ def resume(plan: CheckpointPlan, mode, placed_state) -> Optional[Restored]:
                 ) from None
         else:
             restored = _newest_readable(
-                path, mode, placed_state, f"checkpoint.resume={path} holds no complete checkpoint: give another folder"
+                path,
+                mode,
+                placed_state,
+                f"checkpoint.resume={path} holds no complete checkpoint: give another folder",
+                own=Path(path).resolve() == Path(plan.directory).resolve(),
             )
         later = [s for s in complete_steps(plan.directory) if s > restored.step]
         if later and plan.directory != restored.path.parent:
