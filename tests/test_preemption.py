@@ -582,3 +582,22 @@ def test_held_signals_raise_when_released_and_a_second_one_at_once(monkeypatch):
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+@pytest.mark.unit
+def test_a_stop_during_the_steps_names_the_checkpoint_folder(monkeypatch):
+    """A second Ctrl-C during the steps said "the same command continues from the newest checkpoint", false for a
+    run whose folder is new on each launch, and "without saving" though earlier checkpoints exist: the line names
+    the checkpoint folder to pass, or says nothing was saved."""
+    from training import process
+
+    monkeypatch.setattr(process, "_phase", "steps")
+    monkeypatch.setattr(process, "_resume_hint", process._resume_hint)
+    process.set_resume_hint("/r/checkpoints")
+    assert process.stop_text("SIGINT") == (
+        "stopped at once by SIGINT (Ctrl-C) during the training steps (a second signal: no checkpoint of this stop); "
+        "continue with the same command and checkpoint.dir=/r/checkpoints (its newest checkpoint)"
+    )
+    process.set_resume_hint(None)
+    assert process.stop_text("SIGTERM").endswith("; nothing was saved (checkpoint.enabled=false): the same command "
+                                                  "starts over")  # fmt: skip

@@ -207,8 +207,8 @@ def stop_text(signal_name: Optional[str] = None) -> str:
         )
     if _phase == "steps":
         return (
-            f"stopped at once by {said} during the training steps, without saving; the same command continues from "
-            f"the newest checkpoint (a single signal saves one first)"
+            f"stopped at once by {said} during the training steps (a second signal: no checkpoint of this stop); "
+            f"{_resume_hint}"
         )
     return (
         f"stopped by {said} after the training steps, while the run was ending; the same command finishes it "
@@ -234,6 +234,20 @@ def run_tool(main: Callable[[], int]) -> None:
             import jax  # noqa: F401
         code = main()
     sys.exit(code)
+
+
+_resume_hint = "the same command continues from the newest checkpoint"  # set_resume_hint: with its checkpoint.dir
+
+
+def set_resume_hint(checkpoint_dir: Optional[str]) -> None:
+    """Names the run's checkpoint folder in the line of a stop during the steps (a run folder is new on each launch,
+    so "the same command" alone would start over); None: the run saves no checkpoints."""
+    global _resume_hint
+    _resume_hint = (
+        f"continue with the same command and checkpoint.dir={checkpoint_dir} (its newest checkpoint)"
+        if checkpoint_dir
+        else "nothing was saved (checkpoint.enabled=false): the same command starts over"
+    )
 
 
 def stop_line() -> str:

@@ -290,6 +290,7 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
     check_run_folder(run_dir, cfg.checkpoint)
     STARTUP.mark("config")  # perf/startup/*_s (measure.throughput.StartupPhases)
     ckpt_plan = checkpoint.prepare(cfg.checkpoint, run_dir, jax.process_count())  # the resume path exists
+    process.set_resume_hint(None if ckpt_plan.directory is None else str(ckpt_plan.directory))
     checkpoint.check_keep_best(cfg, ckpt_plan)
     if ckpt_plan.directory is not None:  # orbax's import overlaps data, build and compile
         checkpoint.preload_orbax()
