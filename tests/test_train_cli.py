@@ -253,3 +253,25 @@ def test_a_run_whose_files_outgrow_the_disk_stops_with_one_line(tmp_path):
     s = summary(run_dir)
     assert s["status"] == "failed" and s["error"] == proc.stderr.splitlines()[0][len("error: ") :]
     assert (run_dir / "metrics.jsonl").stat().st_size == 4096
+
+
+@pytest.mark.unit
+def test_a_run_folder_that_stops_taking_writes_is_one_line(tmp_path):
+    """A finished run's folder made read-only, then resumed with more steps: the metrics' rewrite raised a
+    PermissionError with two tracebacks; it is one line naming the folder to make writable (as a full disk is)."""
+    import errno
+
+    from core.errors import TrainingError
+    from training.run import disk_full_as_error
+
+    target = tmp_path / "run" / "metrics.jsonl.tmp"
+    with pytest.raises(TrainingError) as e:
+        with disk_full_as_error(tmp_path / "run"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(target))
+    assert str(e.value) == (
+        f"a write failed (PermissionError: [Errno 13] Permission denied: '{target}'); make {target.parent} "
+        f"writable, then run the same command"
+    )
+    with pytest.raises(FileNotFoundError):  # other errors go on
+        with disk_full_as_error(tmp_path):
+            raise FileNotFoundError(errno.ENOENT, "No such file", "x")

@@ -150,22 +150,25 @@ def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None
 
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no space left, quota exceeded, file-size limit
+NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)  # a folder made read-only (or immutable) under the run
 
 
 @contextlib.contextmanager
 def disk_full_as_error(run_dir: Path) -> Iterator[None]:
-    """Raises TrainingError (one line) for an ``OSError`` of a full disk in the block: a file of the run in ``run_dir``
-    (metrics.jsonl, ...) that the disk cannot take; its traceback would say nothing more. Other ``OSError``s go on."""
+    """Raises TrainingError (one line) for an ``OSError`` of a full disk, or of a run folder that stopped taking
+    writes, in the block: a file of the run in ``run_dir`` (metrics.jsonl, ...) that cannot be written; its traceback
+    would say nothing more. Other ``OSError``s go on."""
     try:
         yield
     except OSError as e:
-        if e.errno not in DISK_FULL:
+        if e.errno not in DISK_FULL + NOT_WRITABLE:
             raise
-        fix = (
-            "raise the file-size limit (ulimit -f)"
-            if e.errno == errno.EFBIG
-            else f"free space on the disk of {e.filename or run_dir}"
-        )
+        if e.errno in NOT_WRITABLE:
+            fix = f"make {Path(e.filename).parent if e.filename else run_dir} writable"
+        elif e.errno == errno.EFBIG:
+            fix = "raise the file-size limit (ulimit -f)"
+        else:
+            fix = f"free space on the disk of {e.filename or run_dir}"
         raise TrainingError(f"a write failed ({error_text(e)}); {fix}, then run the same command") from None
 
 
