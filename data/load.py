@@ -81,7 +81,8 @@ def text_data(d, *, context: int, vocab_size: int, global_batch: int, seed: int,
             if len(tokens) <= t:
                 raise ConfigError(
                     f"the {split} split of data.path={d.path or d.name} has {len(tokens)} {unit}, not more than "
-                    f"one window of model.context={t}; give a longer text or lower model.context"
+                    f"one window of model.context={t}; give a longer text or lower model.context (at most "
+                    f"{max(1, min(len(train), len(test)) - 1)} for this text)"
                 )
         token_bytes = tokenizer.token_bytes()
     else:

@@ -123,7 +123,7 @@ def unreadable(tfds_name: str, split: str, data_dir: Optional[str], version: Opt
     where = ", ".join(map(str, files[:2])) + (f" (+{len(files) - 2} more)" if len(files) > 2 else "") or str(folder)
     return DataError(
         f"dataset {tfds_name!r} ({split}) cannot be read from {where} ({error_text(error)}); prepare it again (move "
-        f"{folder} away and run with data.download=true), or point TFDS_DATA_DIR at a good copy"
+        f"{folder} away and run with data.download=true), or point data.data_dir (unset: TFDS_DATA_DIR) at a good copy"
     )
 
 

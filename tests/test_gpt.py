@@ -358,7 +358,7 @@ def test_bad_gpt_input_from_the_cli_fails_in_one_line_writing_nothing(tmp_path, 
         "short": (
             ["data=text", f"data.path={tmp_path / 'short.txt'}"],
             f"error: the train split of data.path={tmp_path / 'short.txt'} has 10 bytes, not more than one window "
-            "of model.context=128; give a longer text or lower model.context",
+            "of model.context=128; give a longer text or lower model.context (at most 1 for this text)",
         ),
         "empty": (
             ["data=text", f"data.path={tmp_path / 'empty.txt'}"],
