@@ -7,7 +7,7 @@ A config the schema refuses stops at start with one line on stderr (``error: ...
 group option, a misspelt key, a key the chosen model or mode does not have, a value of the wrong type, outside
 its choices or out of its range (``conf/schema.py``, ``conf/errors.py``). A SIGTERM or Ctrl-C at any moment stops
 the run with one line and ``summary.json`` status ``stopped`` (``training/process.py``); a run folder another run
-is using is refused in one line before anything is written there (``training/run_folder.py``). The run itself:
+is using is refused in one line before anything is written there (``tracking/run_folder.py``). The run itself:
 ``training/run.py``.
 """
 
@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import sys
 
-from training import process, run_folder
+from tracking import run_folder
+from training import process
 
 if __name__ == "__main__":
     process.install_interrupt_hooks(process.stop_line)  # a stop outside the training steps: one line, no traceback
@@ -99,7 +100,7 @@ def start_job(cfg: DictConfig, hc, run_dir: Path):
         import jax  # noqa: F401  (importing JAX starts no backend: setup_runtime still sets the device count)
     STARTUP.mark("imports")
     startup = setup_runtime(typed)  # before anything touches devices: CPU devices, XLA flags, jax.distributed
-    try:  # one process holds its run folder alone, those of a multi-process run share it (training.run_folder)
+    try:  # one process holds its run folder alone, those of a multi-process run share it (tracking.run_folder)
         run_folder.settle(multi=startup.settings is not None or startup.error is not None)
     except run_folder.RunFolderError as e:  # another run took the folder meanwhile: nothing of it is touched
         run_folder.refuse(e)

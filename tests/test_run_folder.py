@@ -1,4 +1,4 @@
-"""Who owns a run folder (training/run_folder.py): a second run started in a folder in use is refused in one line
+"""Who owns a run folder (tracking/run_folder.py): a second run started in a folder in use is refused in one line
 before it writes anything there; a run killed with SIGKILL leaves no stuck lock; a folder or log file that cannot
 be written is one line, not logging's traceback."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.utils import REPO
-from training import run_folder
+from tracking import run_folder
 
 SMALL = ["data=synthetic", "optim=sgd", "train.global_batch=64", "wandb.mode=disabled"]
 IN_USE = (
@@ -229,7 +229,7 @@ def test_another_users_lock_file_still_locks(folder, monkeypatch):
 def test_killed_holder_leaves_no_stuck_lock(tmp_path):
     """A process holding the lock killed with SIGKILL: the kernel releases it, the folder can be claimed."""
     code = (
-        "import sys, time; sys.path.insert(0, '.'); from training import run_folder; "
+        "import sys, time; sys.path.insert(0, '.'); from tracking import run_folder; "
         f"run_folder.claim({str(tmp_path)!r}); print('held', flush=True); time.sleep(60)"
     )
     holder = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
