@@ -604,7 +604,7 @@ def resolve_auto(context: int) -> str:
 
 
 def part_init(args, workloads: dict, out: str) -> None:
-    """The product's state creation (``ParallelMode.init_state``), trace + compile + run: on the host's CPU backend
+    """The product's state creation (``ParallelMode.init_state``), trace + compile + run: op by op on the device
     then placed (the default for a replicated state off the CPU), and as one program on the device."""
     import jax
 
@@ -615,19 +615,19 @@ def part_init(args, workloads: dict, out: str) -> None:
     print(f"== init: {kind}", flush=True)
     for name in args.workloads:
         model, batch, _, _ = workloads[name]
-        for on_host in (True, False):
+        for eager in (True, False):
             p = plan(product_cfg(model, batch, {}))
             mode = mode_class("jit_sharding")(make_mesh(p.devices, p.mesh_shape), global_batch=batch, accum_steps=1)
             tx, _ = _optimizer(p.cfg, p.peak_lr)
             _, init_fn = state_init_fn(p.cfg, tx, p.graphdef)
             jax.clear_caches()
             t0 = time.perf_counter()
-            state = mode.init_state(init_fn, on_host=on_host)
+            state = mode.init_state(init_fn, eager=eager)
             jax.block_until_ready(state)
             total = time.perf_counter() - t0
-            where = "host CPU, then placed" if on_host else "one program on the device"
+            where = "the device op by op, then placed" if eager else "the device as one program"
             print(f"{name} init_state on {where}: {total:.2f} s (trace, compile and run)", flush=True)
-            record(out, "init", workload=name, where="host" if on_host else "device", seconds=total, device_kind=kind)
+            record(out, "init", workload=name, where="eager" if eager else "jit", seconds=total, device_kind=kind)
             del state
 
 

@@ -164,7 +164,7 @@ class ParallelMode:
         )
 
     # ---- the state -------------------------------------------------------------------------------
-    def init_state(self, init_fn: Callable[[], TrainState], on_host: Optional[bool] = None) -> TrainState:
+    def init_state(self, init_fn: Callable[[], TrainState], eager: Optional[bool] = None) -> TrainState:
         """The placed initial state: ``init_fn`` (pure, no arguments, returns the canonical ``TrainState``) run
         under ``jax.jit`` with this mode's ``state_shardings`` as ``out_shardings``, so each device creates only
         its own shards and no device ever holds an array it does not keep (under fsdp: never the whole model).
@@ -172,22 +172,26 @@ class ParallelMode:
         only on the key and the element's index), so every mode and device count starts from the same state.
         The mode adds the state it owns (``mode_state``: the zero error-feedback residual under int8).
 
-        ``on_host`` (None: when the state is replicated and the mesh is not the CPU's): ``init_fn`` runs on the
-        host's CPU backend and the state is then placed. A replicated state is whole on every device anyway, and
-        XLA:CPU compiles the random draws of a GPT's initialisation in a second or two where a TPU's compiler
-        takes many (``benchmarks/accelerator.py --part init``); the values are those of a CPU run.
+        ``eager`` (None: when the state is replicated and the mesh is not the CPU's): ``init_fn`` runs op by op on
+        the mesh's first device, as a plain JAX script creates its parameters, and the state is then placed. A
+        replicated state is whole on every device anyway, and each op's small program compiles in well under a
+        second and comes from the persistent compilation cache on the next start, where one program of the whole
+        initialisation takes a TPU's compiler many seconds (``benchmarks/accelerator.py --part init``). The
+        values are the same draws; XLA folds constants differently in one program than op by op, so they may
+        differ from the jitted program's in the last bit of a float32 (``tests/test_gpt.py``).
         A sharded state is created on the devices, its large parameters drawn in their shape so that each
         device draws only its own shards (``core.draws.partitioned_draws``)."""
         shardings = self.state_shardings(jax.eval_shape(init_fn))
         sharded = any(s.spec != P() for s in jax.tree.leaves(shardings, is_leaf=lambda s: hasattr(s, "spec")))
-        if on_host is None:
-            on_host = not sharded and self.mesh.devices.flat[0].platform != "cpu" and _host_cpu() is not None
-        if on_host:
-            cpu = _host_cpu()
-            if cpu is None:
-                raise ValueError("on_host=True needs JAX's CPU backend (JAX_PLATFORMS without cpu)")
-            host = jax.jit(init_fn, out_shardings=jax.sharding.SingleDeviceSharding(cpu))()
-            state = jax.device_put(jax.device_get(host), shardings)
+        first = self.mesh.devices.flat[0]
+        if eager is None:
+            eager = not sharded and first.platform != "cpu"
+        if eager:
+            with jax.default_device(first if first.process_index == jax.process_index() else jax.local_devices()[0]):
+                state = init_fn()
+            if jax.process_count() > 1:  # a global array from each process's identical host copy
+                state = jax.device_get(state)
+            state = jax.device_put(state, shardings)
         else:
             with partitioned_draws() if sharded else contextlib.nullcontext():
                 state = jax.jit(init_fn, out_shardings=shardings)()
@@ -318,11 +322,3 @@ def check_mesh_shape(mode: type[ParallelMode], mesh_shape: tuple[int, int]) -> N
             f"parallel={mode.name} needs an fsdp axis of 1 but mesh.shape={list(mesh_shape)}; "
             f"use mesh.shape=[-1,1] or parallel=fsdp"
         )
-
-
-def _host_cpu() -> Optional[jax.Device]:
-    """This process's first CPU device, or None when JAX's CPU backend is off (``JAX_PLATFORMS`` without cpu)."""
-    try:
-        return jax.local_devices(backend="cpu")[0]
-    except RuntimeError:
-        return None

@@ -536,10 +536,11 @@ def test_compiled_peak_memory_is_arguments_plus_temporaries():
 
 @pytest.mark.unit
 @pytest.mark.parametrize("model", ["gpt", "cnn"])
-def test_state_created_on_the_host_equals_the_state_created_on_the_devices(model):
-    """A replicated state is created on the host's CPU backend and then placed when the mesh is an accelerator's
-    (``ParallelMode.init_state``): bitwise the state created by the jitted program on the mesh, whose
-    parameters are really drawn (not zeros)."""
+def test_state_created_op_by_op_equals_the_jitted_state_to_the_last_bits(model):
+    """A replicated state is created op by op on the mesh's first device and then placed when the mesh is an
+    accelerator's (``ParallelMode.init_state``): the same draws as the jitted program on the mesh, whose constant
+    folding may move a float32 by at most 2 units in the last place (measured: GPT 2, CNN 0); parameters are really
+    drawn (not zeros) and integer leaves are equal."""
     from training.build import _optimizer, state_init_fn
 
     extra = {"context": CONTEXT} if model == "gpt" else {}
@@ -547,12 +548,17 @@ def test_state_created_on_the_host_equals_the_state_created_on_the_devices(model
     tx, _ = _optimizer(p.cfg, p.peak_lr)
     _, init_fn = state_init_fn(p.cfg, tx, p.graphdef)
     exp = build(p)
-    on_host = exp.mode.init_state(init_fn, on_host=True)
-    assert jax.tree.leaves(on_host.params)[0].sharding == jax.tree.leaves(exp.state.params)[0].sharding
-    on_host, on_devices = jax.device_get(on_host), jax.device_get(exp.mode.init_state(init_fn, on_host=False))
-    for a, b in zip(jax.tree.leaves(on_host), jax.tree.leaves(on_devices)):
-        np.testing.assert_array_equal(a, b)
-    assert max_abs_diff(on_host.params, jax.tree.map(np.zeros_like, on_host.params)) > 0.01
+    eager = exp.mode.init_state(init_fn, eager=True)
+    assert jax.tree.leaves(eager.params)[0].sharding == jax.tree.leaves(exp.state.params)[0].sharding
+    eager, jitted = jax.device_get(eager), jax.device_get(exp.mode.init_state(init_fn, eager=False))
+    assert jax.tree.structure(eager) == jax.tree.structure(jitted)
+    for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        if a.dtype == np.float32:
+            np.testing.assert_array_max_ulp(a, b, maxulp=2)
+        else:
+            np.testing.assert_array_equal(a, b)
+    assert max_abs_diff(eager.params, jax.tree.map(np.zeros_like, eager.params)) > 0.01
 
 
 # ---- communication and memory ----------------------------------------------------------------------------------
