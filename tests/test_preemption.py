@@ -530,6 +530,61 @@ def test_sigterm_at_the_end_stops_and_the_same_command_finishes(tmp_path, sig):
     assert (summary["status"], summary["train/steps"]) == ("ok", 20)
 
 
+# the evaluation number {n} (1: step 10's, train.eval_every=10; 2: the final one at step 20) takes 0.5 s a batch
+# (10 batches of the synthetic test split) and gets SIGTERM as it asks for its second batch; at the exit the
+# number of batches asked for after that one
+_SLOW_EVALUATION = """
+import dataclasses, os, signal, time, data.pipeline as m
+real, counts = m.make_eval_set, {{"evaluations": 0, "after": None}}
+class Slow(list):
+    def __iter__(self):
+        counts["evaluations"] += 1
+        for i, batch in enumerate(list.__iter__(self)):
+            if counts["evaluations"] == {n}:
+                time.sleep(0.5)
+                if i == 1:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    counts["after"] = 0
+                elif counts["after"] is not None:
+                    counts["after"] += 1
+            yield batch
+def make_eval_set(*args, **kwargs):
+    eval_set = real(*args, **kwargs)
+    return dataclasses.replace(eval_set, batches=Slow(eval_set.batches))
+m.make_eval_set = make_eval_set
+"""
+
+
+@pytest.mark.parametrize("final", [False, True], ids=["periodic", "final"])
+def test_sigterm_during_an_evaluation_stops_after_the_current_batch(tmp_path, final):
+    """SIGTERM during an evaluation (every train.eval_every steps, or the final one) ends it after the current batch
+    (it waited for the whole evaluation: 8 more batches here), saves the step's checkpoint and stops with one line
+    and a stopped summary; after the final evaluation's stop the same command evaluates and finishes the run."""
+    from utils import train_probe_cmd
+
+    run_dir, step = tmp_path / "run", 20 if final else 10
+    overrides = [*SMALL, "train.steps=20", "train.eval_every=10", f"hydra.run.dir={run_dir}"]
+    cmd = train_probe_cmd(_SLOW_EVALUATION.format(n=2 if final else 1), "print('after:', counts['after'])", *overrides)
+    res = subprocess.run(cmd, cwd=REPO, env=env_for(tmp_path), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "after: 0" in res.stdout.splitlines()  # no batch evaluated after the signal's
+    ckpts = run_dir / "checkpoints"
+    line = (
+        f"stopped by SIGTERM after step {step} of 20{' (before its final evaluation)' if final else ''}; checkpoint "
+        f"saved in {ckpts / str(step)}; continue with the same command and checkpoint.dir={ckpts} (or "
+        f"checkpoint.resume={ckpts / str(step)})"
+    )
+    assert error_lines(res) == [f"error: {line}"] and "Traceback" not in res.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["error"]) == ("stopped", line)
+    assert sorted(p.name for p in ckpts.iterdir()) == [str(step)]
+    if final:
+        again = run_probe(tmp_path, "", run_dir, "train.eval_every=10")
+        assert again.returncode == 0, again.stderr[-3000:]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert (summary["status"], summary["train/steps"]) == ("ok", 20) and 0 <= summary["eval/accuracy"] <= 1
+
+
 _TWO_CTRL_C = """
 import os, signal, time, training.report as report, training.validate as validate
 real = validate.check_run_folder
