@@ -287,6 +287,68 @@ def test_sweep_stops_on_signal_and_resumes(tmp_path, sig):
     assert (second["status"], second["train/steps"]) == ("ok", steps) and "checkpoint/resumed_step" not in second
 
 
+_AT_FIRST_WINDOW = """
+import os, signal, training.hooks as m
+real = m.WindowLog.run
+def run(self, loop, step):  # the first logged window of the sweep's first job
+    if step == 10:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real(self, loop, step)
+m.WindowLog.run = run
+"""
+
+
+def test_a_sweep_jobs_stop_line_says_to_resume_the_sweep(tmp_path):
+    """A job of a sweep stopped by SIGTERM: its line says to resume the sweep in its folder (it said "continue with
+    the same command and checkpoint.dir=<the job's checkpoints>", which for the sweep's command would put every job
+    on that one folder); the sweep's own report follows."""
+    from utils import train_probe_cmd
+
+    sweep_dir = tmp_path / "sweep"
+    args = ["-m", *SMALL, "train.steps=20", "checkpoint.every=0", "train.seed=1,2", f"hydra.sweep.dir={sweep_dir}"]
+    cmd = train_probe_cmd(_AT_FIRST_WINDOW, "", *args)
+    res = subprocess.run(cmd, cwd=REPO, env=env_for(tmp_path), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1, res.stderr[-3000:]
+    saved = sweep_dir / "0" / "checkpoints" / "10"
+    line = (
+        f"stopped by SIGTERM after step 10 of 20; checkpoint saved in {saved}; resume the sweep with the same command "
+        f"and hydra.sweep.dir={sweep_dir} (this job continues from it)"
+    )
+    assert error_lines(res) == [f"error: {line}"] and "checkpoint.dir=" not in res.stdout + res.stderr
+    assert json.loads((sweep_dir / "0" / "summary.json").read_text())["error"] == line
+    assert "sweep stopped by SIGTERM: 0 finished, 1 stopped, 1 never started (of 2 jobs)" in res.stderr
+
+
+@pytest.mark.unit
+def test_stop_lines_of_a_sweep_job_resume_the_sweep(monkeypatch):
+    """Every stop line of a job inside a sweep (start-up, a second signal during the steps, the end) says to resume
+    the sweep in its folder; a single run's lines are unchanged."""
+    for name in ("_phase", "_resume_hint", "_sweep_dir"):
+        monkeypatch.setattr(process, name, getattr(process, name))
+    process.set_sweep_dir("/s")
+    process.set_resume_hint("/s/0/checkpoints")
+    again = "resume the sweep with the same command and hydra.sweep.dir=/s"
+    process.set_phase("start-up")
+    assert process.stop_text("SIGTERM").endswith(f"nothing trained or saved; {again}")
+    process.set_phase("steps")
+    assert process.stop_text("SIGTERM").endswith(
+        f"(a second signal: no checkpoint of this stop); {again} (this job continues from its newest checkpoint)"
+    )
+    process.set_phase("end")
+    assert process.stop_text("SIGTERM").endswith(f"while the run was ending; {again} (this job finishes from its "
+                                                 "final checkpoint)")  # fmt: skip
+    assert process.saved_stop_text("/s/0/checkpoints/4", "/s/0/checkpoints") == (
+        f"checkpoint saved in /s/0/checkpoints/4; {again} (this job continues from it)"
+    )
+    process.set_sweep_dir(None)
+    process.set_resume_hint("/r/checkpoints")
+    assert process.saved_stop_text("/r/checkpoints/4", "/r/checkpoints") == (
+        "checkpoint saved in /r/checkpoints/4; continue with the same command and checkpoint.dir=/r/checkpoints (or "
+        "checkpoint.resume=/r/checkpoints/4)"
+    )
+    assert process.stop_text("SIGTERM") == STOP_AT_END.format(sig="SIGTERM")
+
+
 # ---- 5: process i > 0 keeps its lines' levels ----------------------------------------------------------------
 @pytest.mark.unit
 def test_console_of_process_1_keeps_the_level(monkeypatch, caplog):

@@ -27,7 +27,7 @@ from training import checkpoint
 from training.build import Experiment, in_flight_bound
 from training.console import warn, window_line
 from training.checkpoint.policy import NEW_RUN
-from training.process import StopOnSignal
+from training.process import StopOnSignal, saved_stop_text
 
 log = logging.getLogger(__name__)
 
@@ -217,13 +217,7 @@ class CheckpointHook(Hook):
         except (checkpoint.NonFiniteError, checkpoint.UndeletableError, checkpoint.CheckpointWriteError) as e:
             raise TrainingError((stopped if stopping else "") + str(e)) from None
         if stopping:
-            where = (
-                f"checkpoint saved in {saved}; continue with the same command and "
-                f"checkpoint.dir={self.directory} (or checkpoint.resume={saved})"
-                if saved
-                else "no checkpoint written (checkpoint.enabled=false)"
-            )
-            raise Stopped(stopped + where)
+            raise Stopped(stopped + saved_stop_text(saved, self.directory))
 
     def close(self) -> None:
         """Waits for the last asynchronous save. Raises TrainingError when its background write failed."""
