@@ -702,6 +702,32 @@ def test_held_signals_raise_when_released_and_a_second_one_at_once(monkeypatch):
 
 
 @pytest.mark.unit
+def test_a_second_ctrl_c_during_a_save_silences_orbaxs_log(monkeypatch, capsys):
+    """A second Ctrl-C during the steps (e.g. while a checkpoint's save is awaited) ends the run at once; orbax's
+    "[absl][ERROR] ... Save Finalize thread ... failed." (logged as its wait is cut short, also from a background
+    thread) no longer shows beside the stop's line: absl's logger says nothing more. A first signal keeps it."""
+    import logging
+
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.NOTSET)
+    monkeypatch.setattr(process, "_USER_FULL_ERROR", False)
+    handler = logging.StreamHandler()  # stderr, as Hydra's console handler
+    absl.addHandler(handler)
+    try:
+        stop = process.StopOnSignal()
+        stop._handle(signal.SIGINT, None)  # the first: save, then stop
+        assert absl.isEnabledFor(logging.ERROR)
+        with pytest.raises(KeyboardInterrupt):
+            stop._handle(signal.SIGINT, None)  # the second: at once
+        absl.error("[wait_until_finished] Save Finalize thread (save_finalize) failed.")
+    finally:
+        absl.removeHandler(handler)
+        absl.setLevel(level)  # (setLevel: the loggers' cached levels are cleared too)
+    assert "Save Finalize" not in capsys.readouterr().err
+
+
+@pytest.mark.unit
 def test_a_stop_during_the_steps_names_the_checkpoint_folder(monkeypatch):
     """A second Ctrl-C during the steps said "the same command continues from the newest checkpoint", false for a
     run whose folder is new on each launch, and "without saving" though earlier checkpoints exist: the line names

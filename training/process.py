@@ -146,6 +146,7 @@ def stop_handler(signum, frame) -> None:
     and a ``stopped`` summary. A signal that comes inside C++ (XLA's compilation, a data read) raises as soon as the
     call returns to Python, before any training step; ``raise_if_stopped`` catches one that C++ swallowed."""
     _note_stop(signum)
+    quiet_background_logs()  # the run stops here: orbax's reads and writes cut short are not reported
     raise KeyboardInterrupt
 
 
@@ -341,14 +342,19 @@ def install_interrupt_hooks(line: Union[str, Callable[[], str]] = INTERRUPTED_LI
 
 
 class NoInterruptTraceback(logging.Filter):
-    """Keeps a log record but drops its traceback when the exception logged is a Ctrl-C (orbax logs "Save
-    Finalize thread (save_finalize) failed." with the ``KeyboardInterrupt`` of a Ctrl-C during the final save's
-    wait)."""
+    """Drops a log record whose exception is a Ctrl-C or another stop signal's (orbax logs "Save Finalize thread
+    (save_finalize) failed." with the ``KeyboardInterrupt`` of a signal during a save's wait): the stop's own line
+    says what happened. ``HYDRA_FULL_ERROR=1`` keeps it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and interrupted(record.exc_info[1]) and not _USER_FULL_ERROR:
-            record.exc_info, record.exc_text = None, None
-        return True
+        return not (record.exc_info and interrupted(record.exc_info[1]) and not _USER_FULL_ERROR)
+
+
+def quiet_background_logs() -> None:
+    """The process ends at once on a second signal: absl's logger (orbax's background reads and writes, cut short)
+    shows nothing more beside the stop's line (``HYDRA_FULL_ERROR=1``: it does)."""
+    if not _USER_FULL_ERROR:
+        logging.getLogger("absl").setLevel(logging.CRITICAL + 1)
 
 
 # ---- stop on a signal: a run, a sweep ------------------------------------------------------------------------
@@ -378,6 +384,7 @@ class StopOnSignal:
     def _handle(self, signum, frame):
         name = signal.Signals(signum).name
         if self.signal_name is not None and signum == signal.SIGINT:
+            quiet_background_logs()
             raise KeyboardInterrupt
         self.signal_name = name
         if _sweep is not None and _sweep.signal_name is None:
@@ -416,6 +423,7 @@ class SweepStop:
         name = signal.Signals(signum).name
         if self.signal_name is not None:
             if signum == signal.SIGINT:
+                quiet_background_logs()
                 raise KeyboardInterrupt
             return
         self.signal_name = name
