@@ -40,7 +40,6 @@ from measure.profiler import Profiler, check_window, explain_ratio
 from measure.rates import comm_time_model_s, perplexity, token_rates
 from measure.throughput import STARTUP, JobClock, TargetTracker, WindowStats, in_multirun
 from parallel.state import host_abstract, state_to_host
-from tracking import run_folder
 from training import checkpoint
 from training.build import (
     Experiment,
@@ -295,11 +294,7 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
     STARTUP.mark("config")  # perf/startup/*_s (measure.throughput.StartupPhases)
     ckpt_plan = checkpoint.prepare(cfg.checkpoint, run_dir, jax.process_count())  # the resume path exists
     process.set_resume_hint(None if ckpt_plan.directory is None else str(ckpt_plan.directory))
-    if ckpt_plan.directory is not None:  # before anything is written there: a folder another run writes is refused
-        try:
-            run_folder.claim_checkpoints(ckpt_plan.directory, run_dir, shared=jax.process_count() > 1)
-        except run_folder.RunFolderError as e:
-            raise ConfigError(str(e)) from None
+    checkpoint.claim(ckpt_plan, run_dir, jax.process_count())  # before it is written: one another run writes, refused
     checkpoint.check_keep_best(cfg, ckpt_plan)
     if ckpt_plan.directory is not None:  # orbax's import overlaps data, build and compile
         checkpoint.preload_orbax()
