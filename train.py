@@ -79,6 +79,7 @@ def start_job(cfg: DictConfig, hc, run_dir: Path):
     """The job up to its run: a held signal, the typed config, JAX's runtime, the run folder settled, the imports of
     the run. Returns ``(run_and_report, typed config, Startup)``, or None when the job ends here (a stopped sweep,
     a bad config in a sweep); exits 1 for a bad config or a run folder another run holds."""
+    process.set_sweep_dir(str(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None)  # a stop's line: resume it
     _COMPOSING.release()  # a signal held during the imports and the composition: KeyboardInterrupt now
     STARTUP.mark("config")  # Hydra: arguments, composition, run folder, logging
     if os.environ.pop(_RAISE_MARK, None):

@@ -208,38 +208,59 @@ def read_text_file(path: Path, what: str) -> tuple[str, dict]:
         raise DataError(not_utf8(path, what, e.start, e.reason)) from None
 
 
-def _utf8_copy(path: Path) -> Path:
-    return path.with_name(path.stem + ".utf8.txt")  # where the advised conversion writes its UTF-8 copy
+def _member(path: Path, corpus: Optional[str]) -> bool:
+    """Whether ``path`` is one file of a folder or glob ``corpus`` (``data.path``), not the file it names itself."""
+    return corpus is not None and Path(corpus).expanduser().absolute() != Path(path).absolute()
 
 
-def not_utf8(path: Path, what: str, byte: int, reason: str) -> str:
-    """The one-line error for a file that is not UTF-8 at ``byte``, with the conversion that fixes it."""
-    out = _utf8_copy(path)
+def _named(path: Path, what: str, corpus: Optional[str]) -> str:
+    """How an error names the file: ``data.path=<file>``, or ``<file> in data.path=<folder or glob>``."""
+    return f"{path} in {what}={corpus}" if _member(path, corpus) else f"{what}={path}"
+
+
+def _convert(path: Path, source: str, what: str, corpus: Optional[str]) -> str:
+    """The command that converts ``path`` from encoding ``source`` to UTF-8, and what to run then. A file given
+    itself: a UTF-8 copy beside it, to pass instead. A file of a folder or glob (``corpus``): converted in place
+    through a hidden file beside it (the corpus skips names starting with ``.``; ``mv`` on one disk replaces the file
+    whole), so the same ``data.path`` reads it, never a copy too."""
+    if _member(path, corpus):
+        tmp = path.with_name(f".{path.name}.utf8")
+        return (
+            f"iconv -f {source} -t UTF-8 {_shell(path)} > {_shell(tmp)} && mv {_shell(tmp)} {_shell(path)}, then run "
+            f"the same command ({what}={corpus})"
+        )
+    out = path.with_name(path.stem + ".utf8.txt")
+    return f"iconv -f {source} -t UTF-8 {_shell(path)} > {_shell(out)}, then pass {what}={out}"
+
+
+def not_utf8(path: Path, what: str, byte: int, reason: str, corpus: Optional[str] = None) -> str:
+    """The one-line error for a file that is not UTF-8 at ``byte``, with the conversion that fixes it (``corpus``: the
+    folder or glob ``data.path`` it is one file of)."""
     return (
-        f"{what}={path} is not UTF-8 (byte {byte}: {reason}); convert it from its encoding, e.g. latin1: "
-        f"iconv -f latin1 -t UTF-8 {_shell(path)} > {_shell(out)}, then pass {what}={out}"
+        f"{_named(path, what, corpus)} is not UTF-8 (byte {byte}: {reason}); convert it from its encoding, e.g. "
+        f"latin1: {_convert(path, 'latin1', what, corpus)}"
     )
 
 
-def check_text_bytes(raw: bytes, path: Path, what: str) -> None:
+def check_text_bytes(raw: bytes, path: Path, what: str, corpus: Optional[str] = None) -> None:
     """Raises DataError (one line) when ``raw`` (a file's bytes, or its first chunk) is UTF-16/UTF-32 text (a
     byte-order mark, or NUL bytes between ASCII letters: read as UTF-8 it would train on NUL bytes) or holds
-    other NUL bytes, with the ``iconv`` command that writes a UTF-8 copy to pass instead."""
-    out = _utf8_copy(path)
+    other NUL bytes, with the ``iconv`` command that converts it (``_convert``: a UTF-8 copy to pass instead, or, for
+    one file of a folder or glob ``corpus``, the file converted in place)."""
+    named = _named(path, what, corpus)
     wide = wide_encoding(raw)
     if wide is not None:
         # with a byte-order mark iconv's UTF-16 / UTF-32 read it (and drop it); without one, name the byte order
         source = wide[:6] if raw.startswith(tuple(bom for bom, _ in BOMS)) else wide
         raise DataError(
-            f"{what}={path} is {wide} text, not UTF-8 (read as UTF-8 it would train on NUL bytes); convert it: "
-            f"iconv -f {source} -t UTF-8 {_shell(path)} > {_shell(out)}, then pass {what}={out}"
+            f"{named} is {wide} text, not UTF-8 (read as UTF-8 it would train on NUL bytes); convert it: "
+            f"{_convert(path, source, what, corpus)}"
         )
     nul = raw.count(0)
     if nul * 100 >= len(raw):  # UTF-16 of other scripts without a mark, or no text: say what is known, not a guess
         raise DataError(
-            f"{what}={path} holds {nul} NUL bytes, which UTF-8 text never does: convert it to UTF-8 from its "
-            f"encoding (e.g. UTF-16LE: iconv -f UTF-16LE -t UTF-8 {_shell(path)} > {_shell(out)}, then pass "
-            f"{what}={out}); an archive or other binary file is not text"
+            f"{named} holds {nul} NUL bytes, which UTF-8 text never does: convert it to UTF-8 from its encoding "
+            f"(e.g. UTF-16LE: {_convert(path, 'UTF-16LE', what, corpus)}); an archive or other binary file is not text"
         )
 
 
@@ -322,7 +343,7 @@ def load_text_splits(
         file = tiny_shakespeare_path(path and os.path.expanduser(path), cache_dir, download)
         train, validation, _ = tfds_splits(read_utf8(file, "data.path"))
     else:
-        text = "".join(_text_chunks(corpus_files(path)))
+        text = "".join(_text_chunks(corpus_files(path), corpus=path))
         if not text:
             raise DataError(f"data.path={path} is empty; give a UTF-8 text file with at least one window of text")
         train, validation = split_90_10(text)
@@ -364,9 +385,10 @@ def corpus_files(path: Optional[str]) -> list[Path]:
     return [p]
 
 
-def _text_chunks(files: list[Path], chunk_bytes: int = CHUNK_BYTES) -> Iterator[str]:
+def _text_chunks(files: list[Path], chunk_bytes: int = CHUNK_BYTES, corpus: Optional[str] = None) -> Iterator[str]:
     """The files' texts, in order, in decoded chunks of about ``chunk_bytes`` bytes. Raises DataError (one line):
-    a file that cannot be read or is not UTF-8 (naming the file and the byte)."""
+    a file that cannot be read or is not UTF-8 (naming the file and the byte; ``corpus``: ``data.path``, for the
+    advice to a file of a folder or glob)."""
     for f in files:
         decoder = codecs.getincrementaldecoder("utf-8")("strict")
         offset = 0
@@ -375,12 +397,13 @@ def _text_chunks(files: list[Path], chunk_bytes: int = CHUNK_BYTES) -> Iterator[
                 while True:
                     raw = fh.read(chunk_bytes)
                     if offset == 0 and raw:
-                        check_text_bytes(raw, f, "data.path")
+                        check_text_bytes(raw, f, "data.path", corpus)
                     pending = len(decoder.getstate()[0])  # bytes of a character the last chunk cut short
                     try:
                         text = decoder.decode(raw, final=not raw)
                     except UnicodeDecodeError as e:
-                        raise DataError(not_utf8(f, "data.path", offset - pending + e.start, e.reason)) from None
+                        at = offset - pending + e.start
+                        raise DataError(not_utf8(f, "data.path", at, e.reason, corpus)) from None
                     if text:
                         yield text
                     if not raw:
@@ -403,7 +426,7 @@ def corpus_fingerprint(files: list[Path], path: Optional[str] = None) -> tuple[s
     for f in files:
         digest = hashlib.sha256()
         size = 0
-        for text in _text_chunks([f]):
+        for text in _text_chunks([f], corpus=path):
             raw = text.encode("utf-8")
             digest.update(raw)
             whole.update(raw)

@@ -143,6 +143,10 @@ class ParallelMode:
         shapes): replicated (``P()``); fsdp shards them."""
         return jax.tree.map(lambda _: P(), params)
 
+    def setting_warnings(self, abstract_state: TrainState) -> list[str]:
+        """One-line warnings on this mode's settings for the model's state (fsdp: a rule matching no array)."""
+        return []
+
     def state_shardings(self, abstract_state: TrainState):
         """``NamedSharding`` of every state leaf: ``param_specs`` of each array (the optimizer state by the same
         rule), the mode-owned state's own (int8 residual: one row per device, its leading axis split over every

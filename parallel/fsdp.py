@@ -128,6 +128,19 @@ def rule_dim(path: str, shape, itemsize: int, fsdp_size: int, min_shard_bytes: i
     return None
 
 
+def unmatched_rules(rules, paths: Sequence[str], shown: int = 4) -> list[str]:
+    """One line per rule of ``rules`` whose regex is found in none of ``paths`` (the state's leaves): such a rule does
+    nothing, most likely a typo; the line names it and the first ``shown`` parameter paths its regex is searched in."""
+    params = [p for p in paths if p.startswith("params/")] or list(paths)
+    more = f" ... ({len(params)} in all)" if len(params) > shown else ""
+    return [
+        f"parallel.fsdp_rules[{i}]=[{regex!r}, {dim}] matches no array of this model, so it does nothing; its regex "
+        f"is searched in paths such as {', '.join(params[:shown])}{more}"
+        for i, (regex, dim) in enumerate(rules)
+        if not any(re.search(regex, p) for p in paths)
+    ]
+
+
 def out_of_range(i: int, regex: str, dim: int, path: str, shape) -> str:
     """The one-line error of rule ``i`` whose ``dim`` does not exist in the array at ``path`` it matches."""
     n = len(shape)
@@ -314,6 +327,10 @@ class Fsdp(ParallelMode):
     def __init__(self, mesh, *, fsdp_rules=(), **kwargs):
         super().__init__(mesh, **kwargs)
         self.rules = check_rules(fsdp_rules)  # tried before DEFAULT_RULES
+
+    def setting_warnings(self, abstract_state):
+        leaves = jax.tree_util.tree_flatten_with_path(abstract_state.replace(mode_state=None))[0]
+        return unmatched_rules(self.rules, [path_name(path) for path, _ in leaves])
 
     def _dim(self, path, x):
         shape, itemsize = np.shape(x), np.dtype(x.dtype).itemsize

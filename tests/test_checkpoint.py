@@ -1040,7 +1040,7 @@ def test_special_characters_in_checkpoint_dir_work_end_to_end(tmp_path):
     ]
     proc = run_train(run_dir, *common)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(p.name for p in ckpt.iterdir()) == ["2", "4"]
+    assert sorted(p.name for p in ckpt.iterdir()) == [".lock", "2", "4"]  # .lock: which run writes there
     assert (ckpt / "4" / "state" / "manifest.ocdbt").exists()  # the OCDBT merge ran: the step is whole
     out = subprocess.run(
         [sys.executable, "-m", "evaluate", str(ckpt), "--json"], cwd=REPO, capture_output=True, text=True, timeout=600
@@ -1052,7 +1052,7 @@ def test_special_characters_in_checkpoint_dir_work_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = summary(tmp_path / "run2")
     assert s["checkpoint/resumed_step"] == 4 and s["checkpoint/last_step"] == 6
-    assert "corrupt" not in proc.stderr and sorted(p.name for p in ckpt.iterdir()) == ["2", "4", "6"]
+    assert "corrupt" not in proc.stderr and sorted(p.name for p in ckpt.iterdir()) == [".lock", "2", "4", "6"]
 
 
 # ---- the data a checkpoint was trained on ------------------------------------------------------------------

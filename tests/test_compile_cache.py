@@ -128,7 +128,7 @@ def test_a_second_process_loads_the_train_step(tmp_path):
 # ---- a compilation cache folder that cannot be written ---------------------------------------------------
 @pytest.mark.unit
 @pytest.mark.parametrize("where", ["file", "inside_file", "proc"])
-def test_unwritable_compilation_cache_is_turned_off_with_one_warning(tmp_path, caplog, where):
+def test_unwritable_compilation_cache_is_turned_off_with_one_warning(tmp_path, caplog, capsys, where):
     import jax
 
     from training.runtime import configure_compilation_cache
@@ -145,6 +145,7 @@ def test_unwritable_compilation_cache_is_turned_off_with_one_warning(tmp_path, c
         assert message.startswith(f"runtime.compilation_cache_dir={folder} ")
         assert message.endswith("the compilation cache is off for this run (or set runtime.compilation_cache_dir=null)")
         assert "\n" not in message
+        assert capsys.readouterr().err.splitlines() == [f"warning: {message}"]  # on stderr too (it was the log only)
     finally:
         from jax.experimental.compilation_cache import compilation_cache
 

@@ -310,6 +310,43 @@ def test_a_file_in_another_encoding_is_told_how_to_convert_it(tmp_path, encoding
     _follow_the_conversion(str(e.value), text)
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "latin-1"])
+def test_a_file_of_a_folder_in_another_encoding_is_converted_in_place(tmp_path, encoding):
+    """A file of a folder corpus in another encoding: the line names the file in the folder and converts it in place
+    (it said to write a UTF-8 copy, into the folder, and to pass data.path=<that copy>: the folder would then hold
+    the text twice, or the run would train on that one file); followed, the same data.path loads both files."""
+    import shlex
+    import shutil
+    import subprocess
+
+    folder = tmp_path / "my corpus"
+    folder.mkdir()
+    good, bad = "Good text, first file.\n" * 100, "To be, or not to be. Caf\u00e9.\n" * 100
+    (folder / "a.txt").write_text(good, encoding="utf-8")
+    (folder / "b.txt").write_bytes(bad.encode(encoding))
+    cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "text", "path": str(folder)}})
+    with pytest.raises(DataError) as e:
+        load_data(cfg, plan(cfg))
+    b, tmp = shlex.quote(str(folder / "b.txt")), shlex.quote(str(folder / ".b.txt.utf8"))
+    source = {"utf-16": "UTF-16", "latin-1": "latin1"}[encoding]
+    command = f"iconv -f {source} -t UTF-8 {b} > {tmp} && mv {tmp} {b}"
+    why = {
+        "utf-16": "is UTF-16LE text, not UTF-8 (read as UTF-8 it would train on NUL bytes); convert it: ",
+        "latin-1": "is not UTF-8 (byte 24: invalid continuation byte); convert it from its encoding, e.g. latin1: ",
+    }[encoding]
+    assert str(e.value) == (
+        f"{folder / 'b.txt'} in data.path={folder} {why}{command}, then run the same command (data.path={folder})"
+    )
+    if shutil.which("iconv"):
+        subprocess.run(command, shell=True, check=True)
+    else:  # the same conversion (iconv's UTF-16 reads and drops the byte-order mark, as Python's codec)
+        (folder / "b.txt").write_text((folder / "b.txt").read_bytes().decode(encoding), encoding="utf-8")
+    assert sorted(p.name for p in folder.iterdir()) == ["a.txt", "b.txt"]
+    train = load_data(cfg, plan(cfg))[0]
+    text = good + bad
+    assert bytes(train.tokens.astype(np.uint8)).decode() == text[: int(len(text) * 0.9)]
+
+
 @pytest.mark.unit
 def test_a_text_path_with_a_tilde_is_expanded(tmp_path, monkeypatch):
     """``data.path="~/corpus.txt"`` (quoted for Hydra, as its parse error of the bare form says) reads the file in

@@ -287,6 +287,68 @@ def test_sweep_stops_on_signal_and_resumes(tmp_path, sig):
     assert (second["status"], second["train/steps"]) == ("ok", steps) and "checkpoint/resumed_step" not in second
 
 
+_AT_FIRST_WINDOW = """
+import os, signal, training.hooks as m
+real = m.WindowLog.run
+def run(self, loop, step):  # the first logged window of the sweep's first job
+    if step == 10:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real(self, loop, step)
+m.WindowLog.run = run
+"""
+
+
+def test_a_sweep_jobs_stop_line_says_to_resume_the_sweep(tmp_path):
+    """A job of a sweep stopped by SIGTERM: its line says to resume the sweep in its folder (it said "continue with
+    the same command and checkpoint.dir=<the job's checkpoints>", which for the sweep's command would put every job
+    on that one folder); the sweep's own report follows."""
+    from utils import train_probe_cmd
+
+    sweep_dir = tmp_path / "sweep"
+    args = ["-m", *SMALL, "train.steps=20", "checkpoint.every=0", "train.seed=1,2", f"hydra.sweep.dir={sweep_dir}"]
+    cmd = train_probe_cmd(_AT_FIRST_WINDOW, "", *args)
+    res = subprocess.run(cmd, cwd=REPO, env=env_for(tmp_path), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1, res.stderr[-3000:]
+    saved = sweep_dir / "0" / "checkpoints" / "10"
+    line = (
+        f"stopped by SIGTERM after step 10 of 20; checkpoint saved in {saved}; resume the sweep with the same command "
+        f"and hydra.sweep.dir={sweep_dir} (this job continues from it)"
+    )
+    assert error_lines(res) == [f"error: {line}"] and "checkpoint.dir=" not in res.stdout + res.stderr
+    assert json.loads((sweep_dir / "0" / "summary.json").read_text())["error"] == line
+    assert "sweep stopped by SIGTERM: 0 finished, 1 stopped, 1 never started (of 2 jobs)" in res.stderr
+
+
+@pytest.mark.unit
+def test_stop_lines_of_a_sweep_job_resume_the_sweep(monkeypatch):
+    """Every stop line of a job inside a sweep (start-up, a second signal during the steps, the end) says to resume
+    the sweep in its folder; a single run's lines are unchanged."""
+    for name in ("_phase", "_resume_hint", "_sweep_dir"):
+        monkeypatch.setattr(process, name, getattr(process, name))
+    process.set_sweep_dir("/s")
+    process.set_resume_hint("/s/0/checkpoints")
+    again = "resume the sweep with the same command and hydra.sweep.dir=/s"
+    process.set_phase("start-up")
+    assert process.stop_text("SIGTERM").endswith(f"nothing trained or saved; {again}")
+    process.set_phase("steps")
+    assert process.stop_text("SIGTERM").endswith(
+        f"(a second signal: no checkpoint of this stop); {again} (this job continues from its newest checkpoint)"
+    )
+    process.set_phase("end")
+    assert process.stop_text("SIGTERM").endswith(f"while the run was ending; {again} (this job finishes from its "
+                                                 "final checkpoint)")  # fmt: skip
+    assert process.saved_stop_text("/s/0/checkpoints/4", "/s/0/checkpoints") == (
+        f"checkpoint saved in /s/0/checkpoints/4; {again} (this job continues from it)"
+    )
+    process.set_sweep_dir(None)
+    process.set_resume_hint("/r/checkpoints")
+    assert process.saved_stop_text("/r/checkpoints/4", "/r/checkpoints") == (
+        "checkpoint saved in /r/checkpoints/4; continue with the same command and checkpoint.dir=/r/checkpoints (or "
+        "checkpoint.resume=/r/checkpoints/4)"
+    )
+    assert process.stop_text("SIGTERM") == STOP_AT_END.format(sig="SIGTERM")
+
+
 # ---- 5: process i > 0 keeps its lines' levels ----------------------------------------------------------------
 @pytest.mark.unit
 def test_console_of_process_1_keeps_the_level(monkeypatch, caplog):
@@ -530,6 +592,61 @@ def test_sigterm_at_the_end_stops_and_the_same_command_finishes(tmp_path, sig):
     assert (summary["status"], summary["train/steps"]) == ("ok", 20)
 
 
+# the evaluation number {n} (1: step 10's, train.eval_every=10; 2: the final one at step 20) takes 0.5 s a batch
+# (10 batches of the synthetic test split) and gets SIGTERM as it asks for its second batch; at the exit the
+# number of batches asked for after that one
+_SLOW_EVALUATION = """
+import dataclasses, os, signal, time, data.pipeline as m
+real, counts = m.make_eval_set, {{"evaluations": 0, "after": None}}
+class Slow(list):
+    def __iter__(self):
+        counts["evaluations"] += 1
+        for i, batch in enumerate(list.__iter__(self)):
+            if counts["evaluations"] == {n}:
+                time.sleep(0.5)
+                if i == 1:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    counts["after"] = 0
+                elif counts["after"] is not None:
+                    counts["after"] += 1
+            yield batch
+def make_eval_set(*args, **kwargs):
+    eval_set = real(*args, **kwargs)
+    return dataclasses.replace(eval_set, batches=Slow(eval_set.batches))
+m.make_eval_set = make_eval_set
+"""
+
+
+@pytest.mark.parametrize("final", [False, True], ids=["periodic", "final"])
+def test_sigterm_during_an_evaluation_stops_after_the_current_batch(tmp_path, final):
+    """SIGTERM during an evaluation (every train.eval_every steps, or the final one) ends it after the current batch
+    (it waited for the whole evaluation: 8 more batches here), saves the step's checkpoint and stops with one line
+    and a stopped summary; after the final evaluation's stop the same command evaluates and finishes the run."""
+    from utils import train_probe_cmd
+
+    run_dir, step = tmp_path / "run", 20 if final else 10
+    overrides = [*SMALL, "train.steps=20", "train.eval_every=10", f"hydra.run.dir={run_dir}"]
+    cmd = train_probe_cmd(_SLOW_EVALUATION.format(n=2 if final else 1), "print('after:', counts['after'])", *overrides)
+    res = subprocess.run(cmd, cwd=REPO, env=env_for(tmp_path), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "after: 0" in res.stdout.splitlines()  # no batch evaluated after the signal's
+    ckpts = run_dir / "checkpoints"
+    line = (
+        f"stopped by SIGTERM after step {step} of 20{' (before its final evaluation)' if final else ''}; checkpoint "
+        f"saved in {ckpts / str(step)}; continue with the same command and checkpoint.dir={ckpts} (or "
+        f"checkpoint.resume={ckpts / str(step)})"
+    )
+    assert error_lines(res) == [f"error: {line}"] and "Traceback" not in res.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["error"]) == ("stopped", line)
+    assert sorted(p.name for p in ckpts.iterdir()) == [str(step)]
+    if final:
+        again = run_probe(tmp_path, "", run_dir, "train.eval_every=10")
+        assert again.returncode == 0, again.stderr[-3000:]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert (summary["status"], summary["train/steps"]) == ("ok", 20) and 0 <= summary["eval/accuracy"] <= 1
+
+
 _TWO_CTRL_C = """
 import os, signal, time, training.report as report, training.validate as validate
 real = validate.check_run_folder
@@ -582,6 +699,32 @@ def test_held_signals_raise_when_released_and_a_second_one_at_once(monkeypatch):
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+@pytest.mark.unit
+def test_a_second_ctrl_c_during_a_save_silences_orbaxs_log(monkeypatch, capsys):
+    """A second Ctrl-C during the steps (e.g. while a checkpoint's save is awaited) ends the run at once; orbax's
+    "[absl][ERROR] ... Save Finalize thread ... failed." (logged as its wait is cut short, also from a background
+    thread) no longer shows beside the stop's line: absl's logger says nothing more. A first signal keeps it."""
+    import logging
+
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.NOTSET)
+    monkeypatch.setattr(process, "_USER_FULL_ERROR", False)
+    handler = logging.StreamHandler()  # stderr, as Hydra's console handler
+    absl.addHandler(handler)
+    try:
+        stop = process.StopOnSignal()
+        stop._handle(signal.SIGINT, None)  # the first: save, then stop
+        assert absl.isEnabledFor(logging.ERROR)
+        with pytest.raises(KeyboardInterrupt):
+            stop._handle(signal.SIGINT, None)  # the second: at once
+        absl.error("[wait_until_finished] Save Finalize thread (save_finalize) failed.")
+    finally:
+        absl.removeHandler(handler)
+        absl.setLevel(level)  # (setLevel: the loggers' cached levels are cleared too)
+    assert "Save Finalize" not in capsys.readouterr().err
 
 
 @pytest.mark.unit

@@ -243,3 +243,101 @@ def test_killed_holder_leaves_no_stuck_lock(tmp_path):
     run_folder.claim(tmp_path)
     assert run_folder.held() == tmp_path
     run_folder.release()
+
+
+# ---- the checkpoint folder: checkpoint.dir outside the run folder ----------------------------------------------
+CKPT_IN_USE = (
+    "checkpoint.dir={directory} is in use by another run (process 4242 on host h since 2026-01-01 00:00:00); give "
+    "this run another checkpoint.dir, or wait until that run ends"
+)
+
+
+def test_second_run_saving_into_a_checkpoint_folder_in_use_is_refused(tmp_path):
+    """Run A trained into checkpoint.dir (outside its run folder: .lock there is no step to orbax) and holds it (the
+    test holds its lock as A's process would); run B with another run folder and the same checkpoint.dir stops
+    before it writes there: one line naming A's process and run folder and the fix, exit 1, B's summary failed with
+    that line, no metrics; nothing of A's checkpoints changes. Before: both wrote, both failed with "Directory not
+    empty" and A's summary said failed."""
+    shared, a_dir, b_dir = tmp_path / "ckpts", tmp_path / "a", tmp_path / "b"
+    args = [*SMALL, "train.steps=20", "checkpoint.every=10", "checkpoint.keep=1", f"checkpoint.dir={shared}"]
+    a = train(*args, f"hydra.run.dir={a_dir}")
+    assert a.returncode == 0, a.stderr[-3000:]
+    assert sorted(p.name for p in shared.iterdir()) == [".lock", "20"]  # orbax pruned step 10 beside the lock file
+    assert f"run folder {a_dir}" in (shared / ".lock").read_text()
+    before = {p: p.read_bytes() for p in shared.rglob("*") if p.is_file()}
+    run_folder.claim_checkpoints(shared, a_dir)  # A runs again (or still runs)
+    try:
+        holder = (shared / ".lock").read_text().strip()
+        assert holder.startswith(f"process {os.getpid()} on host ") and holder.endswith(f", run folder {a_dir}")
+        b = train(*args, "train.steps=40", f"hydra.run.dir={b_dir}")
+    finally:
+        run_folder.release_checkpoints()
+    line = (
+        f"checkpoint.dir={shared} is in use by another run ({holder}); give this run another checkpoint.dir, or wait "
+        "until that run ends"
+    )
+    assert b.returncode == 1 and b.stderr.splitlines() == [f"error: {line}"], b.stderr[-3000:]
+    assert {p: p.read_bytes() for p in shared.rglob("*") if p.is_file() and p.name != ".lock"} == {
+        p: v for p, v in before.items() if p.name != ".lock"
+    }
+    summary = json.loads((b_dir / "summary.json").read_text())
+    assert (summary["status"], summary["error"]) == ("failed", line)
+    assert not (b_dir / "metrics.jsonl").exists() and json.loads((a_dir / "summary.json").read_text())["status"] == "ok"
+
+
+@pytest.fixture
+def checkpoints(tmp_path):
+    yield tmp_path
+    run_folder.release_checkpoints()
+
+
+@pytest.mark.unit
+def test_claim_checkpoints_refuses_a_folder_held_by_another_run(checkpoints):
+    """<checkpoint.dir>/.lock held by another run: refused alone or shared, naming it; free again: claimed."""
+    directory, run_dir = checkpoints / "ckpts", checkpoints / "run"
+    directory.mkdir()
+    other = hold(directory, fcntl.LOCK_EX)
+    try:
+        for shared in (False, True):
+            with pytest.raises(run_folder.RunFolderError) as e:
+                run_folder.claim_checkpoints(directory, run_dir, shared=shared)
+            assert str(e.value) == CKPT_IN_USE.format(directory=directory)
+    finally:
+        os.close(other)
+    run_folder.claim_checkpoints(directory, run_dir)
+    with pytest.raises(BlockingIOError):
+        os.close(hold(directory, fcntl.LOCK_SH))
+
+
+@pytest.mark.unit
+def test_checkpoints_in_another_run_folder_take_that_run_folders_lock(checkpoints):
+    """checkpoint.dir=<old run>/checkpoints (the README's resume after a crash) while that run still runs: refused
+    by its run folder's lock; in this run's own folder no lock of its own (the run folder's covers it)."""
+    old, run_dir = checkpoints / "old", checkpoints / "run"
+    (old / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra").mkdir(parents=True)
+    other = hold(old, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(run_folder.RunFolderError) as e:
+            run_folder.claim_checkpoints(old / "checkpoints", run_dir)
+        assert str(e.value) == CKPT_IN_USE.format(directory=old / "checkpoints")
+    finally:
+        os.close(other)
+    assert not (old / "checkpoints").exists()
+    run_folder.claim_checkpoints(run_dir / "checkpoints", run_dir)
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / ".lock").exists()
+
+
+@pytest.mark.unit
+def test_processes_of_one_run_share_a_checkpoint_folder_and_an_unused_one_is_removed(checkpoints):
+    """A process of a multi-process run shares the lock with the others; a folder the claim made and nobody saved
+    into is removed with its lock file when released (a run refused later for bad input leaves nothing there)."""
+    directory = checkpoints / "new" / "ckpts"
+    run_folder.claim_checkpoints(directory, checkpoints / "run", shared=True)
+    os.close(hold(directory, fcntl.LOCK_SH))  # another process of the run
+    run_folder.release_checkpoints()
+    assert not directory.exists() and (checkpoints / "new").is_dir()
+    run_folder.claim_checkpoints(directory, checkpoints / "run")
+    (directory / "10").mkdir()  # a step saved
+    run_folder.release_checkpoints()
+    assert sorted(p.name for p in directory.iterdir()) == [".lock", "10"]

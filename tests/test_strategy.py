@@ -156,6 +156,22 @@ def test_a_rule_whose_dim_an_array_it_matches_lacks_is_an_error():
     assert str(e.value) == message
 
 
+@pytest.mark.unit
+def test_a_rule_that_matches_no_array_is_one_warning(capsys):
+    """A rule whose regex is found in no path of the state (``hiden/``: a typo) did nothing, silently: the build
+    says so in one ``warning:`` line naming the rule and the paths its regex is searched in; a matching rule is
+    not named."""
+    rules = [["hidden/kernel$", 1], ["hiden/bias$", None]]
+    build(plan(make_cfg({"parallel": {"name": "fsdp", "fsdp_rules": rules}})))
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: parallel.fsdp_rules[1]=['hiden/bias$', None] matches no array of this model, so it does nothing; "
+        "its regex is searched in paths such as params/hidden/bias, params/hidden/kernel, params/out/bias, "
+        "params/out/kernel"
+    ]
+    build(plan(make_cfg({"parallel": {"name": "fsdp", "fsdp_rules": rules[:1]}})))
+    assert capsys.readouterr().err == ""
+
+
 def test_fsdp_rules_from_the_config_shard_params_and_optimizer_state():
     """``parallel.fsdp_rules``: hidden/kernel split on its output dimension, the output kernel replicated; the
     optimizer state follows its parameter; the gradients still equal one device's."""

@@ -94,7 +94,7 @@ def test_sweep_sharing_a_checkpoint_dir_refuses_the_second_seed(tmp_path):
     )
     assert f"error: {line}" in proc.stderr.splitlines()
     assert "1 of 2 jobs failed" in proc.stderr.splitlines()
-    assert sorted(p.name for p in ckpt.iterdir()) == ["3"]  # the healthy checkpoint is neither moved nor renamed
+    assert sorted(p.name for p in ckpt.iterdir()) == [".lock", "3"]  # the healthy checkpoint neither moved nor renamed
     assert "corrupt" not in proc.stderr
 
 

@@ -143,7 +143,7 @@ def test_sigint_and_sigterm_do_not_stop_the_w_and_b_process(tmp_path, wandb_env)
     assert [r["x"] for r in read_run(run_dir)["history"]] == [1.0, 2.0] and exit_code(run_dir) == 2
 
 
-def test_a_failed_init_is_one_warning_and_the_run_goes_on_without_w_and_b(tmp_path, wandb_env, caplog):
+def test_a_failed_init_is_one_warning_and_the_run_goes_on_without_w_and_b(tmp_path, wandb_env, caplog, capsys):
     """``wandb.init`` failing in the W&B process (here a setting W&B refuses; train.py refuses such a tag at start,
     a library user of Reporter meets W&B's error): one warning with W&B's message, no W&B run, every record in
     metrics.jsonl, ``wandb/error`` in the summary."""
@@ -160,6 +160,7 @@ def test_a_failed_init_is_one_warning_and_the_run_goes_on_without_w_and_b(tmp_pa
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and warnings[0].startswith("W&B failed (W&B init: ValidationError: ")
     assert warnings[0].endswith("the run goes on without W&B: metrics.jsonl and summary.json keep every record")
+    assert capsys.readouterr().err.splitlines() == [f"warning: {warnings[0]}"]  # on stderr too (it was the log only)
     assert offline_runs(tmp_path) == [] and not (tmp_path / "wandb").exists()
     assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0, 1]
     s = json.loads((tmp_path / "summary.json").read_text())

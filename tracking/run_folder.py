@@ -11,10 +11,14 @@ the config or the environment says the run may have several processes (``distrib
 Open MPI, Kubernetes or TPU job of more than one task: ``maybe_multi``), each process takes it shared
 (``LOCK_SH``); ``settle`` then holds it alone once the run turns out to be a single process. Standard library
 only: Hydra imports this module while it configures logging.
+
+A ``checkpoint.dir`` outside the run folder is claimed the same way before the run writes there
+(``claim_checkpoints``): two runs saving into one checkpoint folder would replace each other's steps.
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import errno
 import fcntl
@@ -88,6 +92,23 @@ def claim(folder: Path, shared: bool = False) -> None:
         if _held[0] == folder:
             return
         release()
+    fd = _lock(
+        folder,
+        shared,
+        in_use=lambda holder: _in_use_line(folder, holder),
+        unwritable=lambda why: (
+            f"the run folder {folder} cannot be written ({why}); set {FOLDER_KEYS} to a folder you can write"
+        ),
+    )
+    if fd is not None:
+        _held = (folder, fd, shared)
+        _write_holder(fd)
+
+
+def _lock(folder: Path, shared: bool, in_use, unwritable) -> Optional[int]:
+    """Locks ``<folder>/.lock`` (created when missing) shared or alone; returns its file descriptor, or None on a
+    file system without locks (one warning per folder). Raises RunFolderError with ``in_use(holder)`` when another
+    process holds it, ``unwritable(why)`` when the lock file cannot be created."""
     path = folder / LOCK_NAME
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -97,37 +118,110 @@ def claim(folder: Path, shared: bool = False) -> None:
         except OSError:
             fd = -1
         if fd < 0:
-            raise RunFolderError(
-                f"the run folder {folder} cannot be written ({e.strerror or type(e).__name__}: {path}); set "
-                f"{FOLDER_KEYS} to a folder you can write"
-            ) from None
+            raise RunFolderError(unwritable(f"{e.strerror or type(e).__name__}: {path}")) from None
     try:
         fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except OSError as e:
         holder = _holder(fd) if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
         os.close(fd)
         if holder is not None:
-            raise RunFolderError(_in_use_line(folder, holder)) from None
+            raise RunFolderError(in_use(holder)) from None
         if folder not in _unlockable_said:  # ENOLCK, EOPNOTSUPP ...: the file system has no locks
             _unlockable_said.add(folder)
             print(
-                f"warning: the run folder {folder} cannot be locked ({e.strerror or type(e).__name__}): a second run "
-                f"started in it would not be refused",
+                f"warning: {folder} cannot be locked ({e.strerror or type(e).__name__}): a second run started "
+                f"with it would not be refused",
                 file=sys.stderr,
                 flush=True,
             )
-        return
-    _held = (folder, fd, shared)
-    _write_holder(fd)
+        return None
+    return fd
 
 
-def _write_holder(fd: int) -> None:
+def _write_holder(fd: int, run_dir: Optional[Path] = None) -> None:
     since = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    of = "" if run_dir is None else f", run folder {run_dir}"
     try:
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"process {os.getpid()} on host {socket.gethostname()} since {since}\n".encode(), 0)
+        os.pwrite(fd, f"process {os.getpid()} on host {socket.gethostname()} since {since}{of}\n".encode(), 0)
     except OSError:  # only informs a refused run
         pass
+
+
+# ---- the checkpoint folder -------------------------------------------------------------------------------------
+_checkpoints: Optional[tuple[Path, int, bool]] = None  # (locked folder, file descriptor, made by this process)
+
+
+def enclosing_run(directory: Path, levels: int = 3) -> Optional[Path]:
+    """The run folder (it holds Hydra's ``.hydra/``) that is ``directory`` or holds it within ``levels`` levels."""
+    for folder in (directory, *list(directory.parents)[:levels]):
+        if (folder / ".hydra").is_dir():
+            return folder
+    return None
+
+
+def claim_checkpoints(directory: Path, run_dir: Path, shared: bool = False) -> None:
+    """Takes, for this process, the lock that says which run writes checkpoint folder ``directory``: nothing when it
+    lies in run folder ``run_dir`` (whose lock covers it); the lock of another run folder holding it (a resume with
+    ``checkpoint.dir=<old run>/checkpoints``); else ``<directory>/.lock`` (the folder is made when missing). The
+    processes of one multi-process run share it (``shared``). Releases the one held for an earlier job's folder.
+    Readers take none (``python -m evaluate``, ``python -m sample``, ``checkpoint.resume=``).
+
+    Raises:
+      RunFolderError: another run holds it (the line names the process and its run folder), or the folder cannot be
+        made.
+    """
+    global _checkpoints
+    directory, run_dir = Path(directory).absolute(), Path(run_dir).absolute()
+    owner = enclosing_run(directory)
+    if owner == run_dir or run_dir in directory.parents or directory == run_dir:
+        return
+    folder = owner or directory
+    if _checkpoints is not None:
+        if _checkpoints[0] == folder:
+            return
+        release_checkpoints()
+    key = f"checkpoint.dir={directory}"
+    made = not folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = _lock(
+            folder,
+            shared,
+            in_use=lambda holder: (
+                f"{key} is in use by another run ({holder}); give this run another checkpoint.dir, "
+                f"or wait until that run ends"
+            ),
+            unwritable=lambda why: f"{key} cannot be written ({why}); choose a folder you can write to",
+        )
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+        raise RunFolderError(f"{key} cannot be written ({why}); choose a folder you can write to") from None
+    if fd is not None:
+        if not _release_at_exit:
+            _release_at_exit.append(atexit.register(release_checkpoints))  # an unused folder it made goes
+        _checkpoints = (folder, fd, made)
+        _write_holder(fd, run_dir)
+
+
+_release_at_exit: list = []  # release_checkpoints, once registered
+
+
+def release_checkpoints() -> None:
+    """Releases the checkpoint folder's lock this process holds; a folder it made that holds nothing else (the run
+    saved no checkpoint) is removed with its lock file. Nothing when none is held."""
+    global _checkpoints
+    if _checkpoints is None:
+        return
+    folder, fd, made = _checkpoints
+    _checkpoints = None
+    try:
+        if made and os.listdir(folder) == [LOCK_NAME]:
+            os.unlink(folder / LOCK_NAME)
+            os.rmdir(folder)
+    except OSError:
+        pass
+    os.close(fd)
 
 
 def settle(multi: bool) -> None:

@@ -27,6 +27,7 @@ from parallel.base import StepFns, check_mesh_shape, reduce_dtype
 from parallel.compress import COMPRESSIONS
 from parallel.fsdp import check_rules
 from parallel.state import host_abstract
+from training.console import warn
 from training.report import resolve_wandb_mode
 from training.validate import check_library_settings
 
@@ -255,8 +256,11 @@ def build(p: Plan, feed_for: Optional[Callable[[BatchLayout], Any]] = None) -> E
         grad_norm_every=cfg.train.grad_norm_every or 0,
     )
     state = mode.init_state(init_fn)  # created directly in the mode's layout (fsdp: sharded)
+    abstract = host_abstract(state)
+    for line in mode.setting_warnings(abstract):  # e.g. an fsdp rule that matches no array (a typo)
+        warn(line)
     feed = feed_for(mode.batch_layout()) if feed_for is not None and mode.fuses_feed else None
-    steps = mode.build(local, updater, host_abstract(state), feed=feed)
+    steps = mode.build(local, updater, abstract, feed=feed)
     return Experiment(
         plan=p, mode=mode, local=local, updater=updater, state=state, steps=steps, graphdef=graphdef, feed=feed
     )

@@ -120,7 +120,7 @@ def tool_logging() -> None:
 
 def quiet_known_noise() -> None:
     """Drops the ``KNOWN_NOISE`` messages (only those exact messages: every other warning stays), and the traceback
-    of a Ctrl-C that orbax logs (``training.process.NoInterruptTraceback``; its message stays). Idempotent."""
+    of a Ctrl-C that orbax logs (``training.process.NoInterruptTraceback``: the stop's line says it). Idempotent."""
     try:  # absl must create its own logger class first (else orbax's filter in training.checkpoint sees the
         import absl.logging  # noqa: F401  wrong caller and its INFO chatter comes through)
     except ImportError:

@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
 
@@ -27,7 +27,7 @@ from training import checkpoint
 from training.build import Experiment, in_flight_bound
 from training.console import warn, window_line
 from training.checkpoint.policy import NEW_RUN
-from training.process import StopOnSignal
+from training.process import StopOnSignal, saved_stop_text
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,10 @@ class Evaluation(Hook):
         return bool(self.every) and step % self.every == 0 and step != self.n_steps
 
     def run(self, loop: LoopState, step: int) -> None:
-        loop.extra.update(self.evaluate(loop.state.params))
+        try:
+            loop.extra.update(self.evaluate(loop.state.params))
+        except EvaluationStopped:  # a signal: the checkpoint hook saves this step and stops the run
+            return
         loop.evaluation = (step, {k: v for k, v in loop.extra.items() if k.startswith("eval/")})
         self.target.observe(step, loop.extra["eval/accuracy"], loop.clock.since_first_step_s())
 
@@ -164,7 +167,10 @@ class FinalEvaluation(Hook):
         return step == self.n_steps
 
     def run(self, loop: LoopState, step: int) -> None:
-        final = self.evaluate(loop.state.params)
+        try:
+            final = self.evaluate(loop.state.params)
+        except EvaluationStopped:  # a signal: the final checkpoint is saved, the run stops (loop.final stays None)
+            return
         self.target.observe(step, final["eval/accuracy"], loop.clock.since_first_step_s())
         loop.final = final
         loop.evaluation = (step, final)
@@ -200,8 +206,10 @@ class CheckpointHook(Hook):
         TrainingError for a non-finite state, too many undeletable steps, a checkpoint that could not be written,
         or ``Stopped`` after a signal (its line says where the checkpoint is)."""
         reason = "final" if step == self.n_steps else ("signal" if self.stop.signal_name else "periodic")
-        stopping = self.stop.signal_name is not None and step < self.n_steps
-        stopped = f"stopped by {self.stop.signal_name} after step {step} of {self.n_steps}; "
+        unevaluated = step == self.n_steps and loop.final is None  # a signal ended the final evaluation
+        stopping = self.stop.signal_name is not None and (step < self.n_steps or unevaluated)
+        stopped = f"stopped by {self.stop.signal_name} after step {step} of {self.n_steps}"
+        stopped += " (before its final evaluation); " if unevaluated else "; "
         try:
             saved = self.ckpts.save(loop.state, step, self.wandb_run_id(), reason)
             if stopping:
@@ -209,13 +217,7 @@ class CheckpointHook(Hook):
         except (checkpoint.NonFiniteError, checkpoint.UndeletableError, checkpoint.CheckpointWriteError) as e:
             raise TrainingError((stopped if stopping else "") + str(e)) from None
         if stopping:
-            where = (
-                f"checkpoint saved in {saved}; continue with the same command and "
-                f"checkpoint.dir={self.directory} (or checkpoint.resume={saved})"
-                if saved
-                else "no checkpoint written (checkpoint.enabled=false)"
-            )
-            raise Stopped(stopped + where)
+            raise Stopped(stopped + saved_stop_text(saved, self.directory))
 
     def close(self) -> None:
         """Waits for the last asynchronous save. Raises TrainingError when its background write failed."""
@@ -350,17 +352,30 @@ def flush_window(updater, window_records, perf: dict, extra: dict) -> list[dict]
 
 
 # ---- the evaluation and whether the final numbers are usable ------------------------------------------------
-def evaluate(exp: Experiment, params, eval_set, bytes_per_token: Optional[float] = None) -> dict[str, float]:
+class EvaluationStopped(Exception):
+    """A stop signal came during an evaluation, which ended between two batches (``evaluate``'s ``stopped``)."""
+
+
+def evaluate(
+    exp: Experiment,
+    params,
+    eval_set,
+    bytes_per_token: Optional[float] = None,
+    stopped: Optional[Callable[[], bool]] = None,
+) -> dict[str, float]:
     """Loss and accuracy over the whole test split (padded, masked: the denominator is exact); for a language
     model on text also ``eval/bpb``, bits per byte: the loss (nats per token) / ln 2 / ``bytes_per_token`` (of the
     evaluated target tokens, ``data.text.TextEvalSet``), comparable across tokenizers.
 
     Dispatches under the training loop's in-flight bound (``train.max_in_flight`` with more than one device):
-    an unbounded queue of simulated-device collectives aborts the process on the CPU backend."""
+    an unbounded queue of simulated-device collectives aborts the process on the CPU backend. ``stopped`` is asked
+    before each batch (a stop signal: ``StopOnSignal``); when it says True, raises ``EvaluationStopped``."""
     totals = None
     bound = in_flight_bound(exp.mode.num_devices, exp.plan.cfg.train.max_in_flight)
     in_flight: collections.deque = collections.deque()
     for batch in eval_set.batches:
+        if stopped is not None and stopped():
+            raise EvaluationStopped
         sums = exp.steps.eval(params, batch)
         totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
         if bound is not None:

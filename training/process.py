@@ -146,6 +146,7 @@ def stop_handler(signum, frame) -> None:
     and a ``stopped`` summary. A signal that comes inside C++ (XLA's compilation, a data read) raises as soon as the
     call returns to Python, before any training step; ``raise_if_stopped`` catches one that C++ swallowed."""
     _note_stop(signum)
+    quiet_background_logs()  # the run stops here: orbax's reads and writes cut short are not reported
     raise KeyboardInterrupt
 
 
@@ -196,24 +197,24 @@ def raise_if_stopped() -> None:
 
 def stop_text(signal_name: Optional[str] = None) -> str:
     """What stopped the run and what to do, one line without ``error: `` (``summary.json``'s ``error``): says the
-    signal (``signal_name``, else the one received, else SIGINT: a ``KeyboardInterrupt`` raised another way) and
-    where the run was (``set_phase``)."""
+    signal (``signal_name``, else the one received, else SIGINT: a ``KeyboardInterrupt`` raised another
+    way) and where the run was (``set_phase``); a job of a sweep says to resume the sweep (``set_sweep_dir``)."""
     name = signal_name or _stop or "SIGINT"
     said = "SIGINT (Ctrl-C)" if name == "SIGINT" else name
     if _phase == "start-up":
+        again = _sweep_again() or "the same command starts the run again (from its newest checkpoint, if any)"
         return (
-            f"stopped by {said} during the start-up, before the first training step: nothing trained or saved; the "
-            f"same command starts the run again (from its newest checkpoint, if any)"
+            f"stopped by {said} during the start-up, before the first training step: nothing trained or saved; {again}"
         )
     if _phase == "steps":
         return (
             f"stopped at once by {said} during the training steps (a second signal: no checkpoint of this stop); "
             f"{_resume_hint}"
         )
-    return (
-        f"stopped by {said} after the training steps, while the run was ending; the same command finishes it "
-        f"from its final checkpoint (or says it is complete)"
+    again = _sweep_again(" (this job finishes from its final checkpoint)") or (
+        "the same command finishes it from its final checkpoint (or says it is complete)"
     )
+    return f"stopped by {said} after the training steps, while the run was ending; {again}"
 
 
 def tool_line() -> str:
@@ -237,16 +238,47 @@ def run_tool(main: Callable[[], int]) -> None:
 
 
 _resume_hint = "the same command continues from the newest checkpoint"  # set_resume_hint: with its checkpoint.dir
+_sweep_dir: Optional[str] = None  # the sweep of this job (set_sweep_dir), None: a single run
+
+
+def set_sweep_dir(sweep_dir: Optional[str]) -> None:
+    """The ``hydra.sweep.dir`` of the sweep this job belongs to (None: a single run): the lines of a stop say to
+    resume the sweep (the same ``-m`` command in that folder), not to rerun this job's own command."""
+    global _sweep_dir
+    _sweep_dir = sweep_dir
+
+
+def _sweep_again(then: str = "") -> str:
+    """How a stopped job of a sweep is continued (with ``then`` after it), or "" for a single run."""
+    if _sweep_dir is None:
+        return ""
+    return f"resume the sweep with the same command and hydra.sweep.dir={_sweep_dir}{then}"
 
 
 def set_resume_hint(checkpoint_dir: Optional[str]) -> None:
     """Names the run's checkpoint folder in the line of a stop during the steps (a run folder is new on each launch,
-    so "the same command" alone would start over); None: the run saves no checkpoints."""
+    so "the same command" alone would start over); None: the run saves no checkpoints. A job of a sweep is told to
+    resume the sweep instead (its own command with ``checkpoint.dir`` would be wrong for the sweep's other jobs)."""
     global _resume_hint
-    _resume_hint = (
-        f"continue with the same command and checkpoint.dir={checkpoint_dir} (its newest checkpoint)"
-        if checkpoint_dir
-        else "nothing was saved (checkpoint.enabled=false): the same command starts over"
+    if _sweep_dir is not None:
+        then = " (this job continues from its newest checkpoint)" if checkpoint_dir else " (this job starts over)"
+        _resume_hint = _sweep_again(then)
+    elif checkpoint_dir:
+        _resume_hint = f"continue with the same command and checkpoint.dir={checkpoint_dir} (its newest checkpoint)"
+    else:
+        _resume_hint = "nothing was saved (checkpoint.enabled=false): the same command starts over"
+
+
+def saved_stop_text(saved: Optional[str], checkpoint_dir) -> str:
+    """What follows ``stopped by <signal> after step S of N; `` in the line of a stop that saved checkpoint ``saved``
+    (None: ``checkpoint.enabled=false``) in folder ``checkpoint_dir``: how to continue (a sweep: resume the sweep)."""
+    if not saved:
+        return "no checkpoint written (checkpoint.enabled=false)"
+    if _sweep_dir is not None:
+        return f"checkpoint saved in {saved}; " + _sweep_again(" (this job continues from it)")
+    return (
+        f"checkpoint saved in {saved}; continue with the same command and checkpoint.dir={checkpoint_dir} (or "
+        f"checkpoint.resume={saved})"
     )
 
 
@@ -310,14 +342,19 @@ def install_interrupt_hooks(line: Union[str, Callable[[], str]] = INTERRUPTED_LI
 
 
 class NoInterruptTraceback(logging.Filter):
-    """Keeps a log record but drops its traceback when the exception logged is a Ctrl-C (orbax logs "Save
-    Finalize thread (save_finalize) failed." with the ``KeyboardInterrupt`` of a Ctrl-C during the final save's
-    wait)."""
+    """Drops a log record whose exception is a Ctrl-C or another stop signal's (orbax logs "Save Finalize thread
+    (save_finalize) failed." with the ``KeyboardInterrupt`` of a signal during a save's wait): the stop's own line
+    says what happened. ``HYDRA_FULL_ERROR=1`` keeps it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and interrupted(record.exc_info[1]) and not _USER_FULL_ERROR:
-            record.exc_info, record.exc_text = None, None
-        return True
+        return not (record.exc_info and interrupted(record.exc_info[1]) and not _USER_FULL_ERROR)
+
+
+def quiet_background_logs() -> None:
+    """The process ends at once on a second signal: absl's logger (orbax's background reads and writes, cut short)
+    shows nothing more beside the stop's line (``HYDRA_FULL_ERROR=1``: it does)."""
+    if not _USER_FULL_ERROR:
+        logging.getLogger("absl").setLevel(logging.CRITICAL + 1)
 
 
 # ---- stop on a signal: a run, a sweep ------------------------------------------------------------------------
@@ -347,6 +384,7 @@ class StopOnSignal:
     def _handle(self, signum, frame):
         name = signal.Signals(signum).name
         if self.signal_name is not None and signum == signal.SIGINT:
+            quiet_background_logs()
             raise KeyboardInterrupt
         self.signal_name = name
         if _sweep is not None and _sweep.signal_name is None:
@@ -385,6 +423,7 @@ class SweepStop:
         name = signal.Signals(signum).name
         if self.signal_name is not None:
             if signum == signal.SIGINT:
+                quiet_background_logs()
                 raise KeyboardInterrupt
             return
         self.signal_name = name

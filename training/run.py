@@ -294,6 +294,7 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
     STARTUP.mark("config")  # perf/startup/*_s (measure.throughput.StartupPhases)
     ckpt_plan = checkpoint.prepare(cfg.checkpoint, run_dir, jax.process_count())  # the resume path exists
     process.set_resume_hint(None if ckpt_plan.directory is None else str(ckpt_plan.directory))
+    checkpoint.claim(ckpt_plan, run_dir, jax.process_count())  # before it is written: one another run writes, refused
     checkpoint.check_keep_best(cfg, ckpt_plan)
     if ckpt_plan.directory is not None:  # orbax's import overlaps data, build and compile
         checkpoint.preload_orbax()
@@ -453,7 +454,9 @@ def make_hooks(prep: Prepared, reporter: Reporter, bar, stats: WindowStats, targ
     """The hooks of a run, in the order they act at a step (``training.hooks``); each says when it is due."""
     cfg, exp, n_steps, p = prep.cfg, prep.exp, prep.n_steps, prep.plan
     bytes_per_token = prep.info.get("data/eval_bytes_per_token")  # text: eval/bpb
-    evaluate_params = lambda params: evaluate(exp, params, prep.eval_set, bytes_per_token)  # noqa: E731
+    stop = StopOnSignal()  # a signal: the step (or evaluation) ends, a checkpoint is saved, the run stops
+    stopped = lambda: stop.signal_name is not None  # noqa: E731
+    evaluate_params = lambda params: evaluate(exp, params, prep.eval_set, bytes_per_token, stopped)  # noqa: E731
     profiler = Profiler(
         cfg.profile.enabled,
         cfg.profile.start_step,
@@ -476,7 +479,7 @@ def make_hooks(prep: Prepared, reporter: Reporter, bar, stats: WindowStats, targ
         data_fingerprint=prep.source.fingerprint,
     )
     saving = CheckpointHook(
-        ckpts, StopOnSignal().install(), n_steps, prep.ckpt_plan.directory, wandb_run_id=lambda: reporter.wandb_run_id
+        ckpts, stop.install(), n_steps, prep.ckpt_plan.directory, wandb_run_id=lambda: reporter.wandb_run_id
     )
     window = WindowLog(
         exp.mode,
@@ -582,13 +585,17 @@ def train_loop(
 
 
 def run_hooks(hooks: Sequence[Hook], loop: LoopState, step: int) -> None:
-    """Asks every hook (every step, in order) whether it is due; pauses the timer once around the due ones."""
-    due = [hook for hook in hooks if hook.due(step)]
+    """Asks every hook (every step, in order) whether it is due, each after the earlier ones ran (a signal during an
+    evaluation makes this step's save due); pauses the timer once around the due ones."""
     loop.logged_this_step = False
-    if due:
-        loop.timer.pause(loop.metrics)
-        for hook in due:
+    paused = False
+    for hook in hooks:
+        if hook.due(step):
+            if not paused:
+                loop.timer.pause(loop.metrics)
+                paused = True
             hook.run(loop, step)
+    if paused:
         loop.timer.resume()
     if loop.extra and not loop.logged_this_step:
         # eval / sync values are attached to the next logged record of this step

@@ -187,6 +187,8 @@ def _writable_or_none(cache_dir: str) -> Optional[str]:
     try:
         check_writable_folder("runtime.compilation_cache_dir", os.path.expanduser(str(cache_dir)))
     except ConfigError as e:
-        log.warning("%s: the compilation cache is off for this run (or set runtime.compilation_cache_dir=null)", e)
+        from training.console import warn
+
+        warn(f"{e}: the compilation cache is off for this run (or set runtime.compilation_cache_dir=null)", log)
         return None
     return cache_dir

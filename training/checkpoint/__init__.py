@@ -18,7 +18,15 @@ The names below are the package's interface (``from training import checkpoint``
 """
 
 from training.checkpoint.best import BestCheckpoint, best_step_dir
-from training.checkpoint.plan import BEST_DIR, BEST_METRICS, RESUME_MODES, CheckpointPlan, default_directory, prepare
+from training.checkpoint.plan import (
+    BEST_DIR,
+    BEST_METRICS,
+    RESUME_MODES,
+    CheckpointPlan,
+    claim,
+    default_directory,
+    prepare,
+)
 from training.checkpoint.policy import (
     config_changes,
     data_change,
@@ -87,6 +95,7 @@ __all__ = [
     "Saver",
     "candidate_step_dir",
     "check_resume_settings",
+    "claim",
     "complete_steps",
     "config_changes",
     "data_change",

@@ -14,6 +14,7 @@ from typing import Optional
 from conf.schema import CheckpointConfig
 from core.errors import ConfigError
 from training.checkpoint.store import META, STATE, any_step_dirs, complete_steps, is_step_dir
+from tracking import run_folder
 from tracking.folders import RUN, first_job, folder_kind, many_runs, run_checkpoint_dir
 
 RESUME_MODES = ("auto", "never")
@@ -159,3 +160,18 @@ def prepare(cfg: CheckpointConfig, run_dir: Path, process_count: int = 1) -> Che
     return CheckpointPlan(
         directory=directory.absolute(), every=cfg.every, keep=cfg.keep, resume=resume, resume_path=resume_path, **best
     )
+
+
+def claim(plan: CheckpointPlan, run_dir: Path, process_count: int = 1) -> None:
+    """Claims ``plan``'s checkpoint folder for this run before anything is written there
+    (``tracking.run_folder.claim_checkpoints``; shared by the processes of one run); none: nothing.
+
+    Raises:
+      ConfigError (one line): another run writes there (named), or the folder cannot be made.
+    """
+    if plan.directory is None:
+        return
+    try:
+        run_folder.claim_checkpoints(plan.directory, run_dir, shared=process_count > 1)
+    except run_folder.RunFolderError as e:
+        raise ConfigError(str(e)) from None
