@@ -1,7 +1,7 @@
 """train.py against a bare JAX script of the same GPT on whatever accelerator is present, and the GPT's limits there.
 
     python benchmarks/accelerator.py                     # every part (on a TPU: more than one device call)
-    python benchmarks/accelerator.py --part steps        # one part; parts: steps, levers, init, memory, profile
+    python benchmarks/accelerator.py --part steps        # one part: steps, startup, levers, init, memory, profile
     python benchmarks/accelerator.py --quick             # tiny sizes on the CPU, in under a minute (CI runs it)
     python benchmarks/accelerator.py --report A.jsonl B.jsonl   # the parts' records as one table
 
@@ -18,11 +18,15 @@ Parts:
   vocabulary's padding rows) x tokens/s / the chip's peak. Start-up: the first round runs with empty compilation
   caches (cold), the rest warm; train.py's time to its first step (``perf/startup_s``) and its phases, against the
   bare script's.
+- ``startup``: each step of a start-up in a fresh process, cold (empty compilation cache) then warm: JAX's import,
+  the backend's start, the product's imports, the plan, the state's creation on the host's CPU backend (lower,
+  compile, run, placing) and op by op on the device, the product's build, the train step's lowering, compilation
+  (a cache load when warm), compiled-program metrics and first run, and the bare script's op-by-op creation.
 - ``levers``: in one process, the bare script's step and the product's step (``training.build``) on the same
   device-resident batch, with each speed lever on or off (attention kernel, fused chunked loss, padded
   vocabulary, per-example vs per-step dropout keys): step time, tokens/s, MFU, compile time, compiled memory.
-- ``init``: the product's state creation (``ParallelMode.init_state``): trace, compile and run time, on the host's
-  CPU backend then placed (the default for a replicated state on an accelerator), and as one program on the
+- ``init``: the product's state creation (``ParallelMode.init_state``): trace, compile and run time, op by op on
+  the device then placed (the default for a replicated state on an accelerator), and as one program on the
   device.
 - ``profile``: the two compiled steps side by side under ``jax.profiler``: device time per step by kind of op
   (matmuls, Pallas kernels, other fusions, collectives, copies; ``hlo_categories``) and the top ops of each.
@@ -631,6 +635,93 @@ def part_init(args, workloads: dict, out: str) -> None:
             del state
 
 
+def startup_child(name: str, cache: str, quick: bool) -> None:
+    """One process's start-up, step by step (``--part startup``): seconds of each step as one JSON line. The state's
+    creation three ways: on the host's CPU backend then placed, op by op on the device (``init_state``'s default for
+    a replicated state off the CPU; ``eager_init_s``) and the bare script's op-by-op creation."""
+    t0 = T0 = time.perf_counter()
+    times: dict = {}
+
+    def mark(key: str) -> None:
+        nonlocal t0
+        times[key] = round(time.perf_counter() - t0, 3)
+        t0 = time.perf_counter()
+
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    mark("import_jax_s")
+    jax.devices()
+    mark("backend_s")
+    import numpy as np
+    import optax
+
+    from measure.compiled import compiled_step_metrics
+    from training.build import _optimizer, build, plan, state_init_fn
+
+    mark("import_product_s")
+    model, batch, _, _ = (QUICK if quick else WORKLOADS)[name]
+    p = plan(product_cfg(model, batch, {}))
+    tx, _ = _optimizer(p.cfg, p.peak_lr)
+    _, init_fn = state_init_fn(p.cfg, tx, p.graphdef)
+    mark("plan_s")
+    cpu, dev = jax.local_devices(backend="cpu")[0], jax.devices()[0]
+    lowered = jax.jit(init_fn, out_shardings=jax.sharding.SingleDeviceSharding(cpu)).lower()
+    mark("host_init_lower_s")
+    compiled = lowered.compile()
+    mark("host_init_compile_s")
+    host = jax.device_get(compiled())
+    mark("host_init_run_s")
+    jax.block_until_ready(jax.device_put(host, dev))
+    mark("host_state_put_s")
+    with jax.default_device(dev):
+        jax.block_until_ready(init_fn())
+    mark("eager_init_s")
+    exp = build(p)
+    jax.block_until_ready(exp.state)
+    mark("build_s")
+    t = dims_of(model)["context"]
+    zeros = np.zeros((batch, t), np.int32)
+    placed = exp.mode.batch_layout().place({"image": zeros, "label": zeros, "index": np.arange(batch)}, batch)
+    lowered = exp.steps.train.lower(exp.state, placed)
+    mark("step_lower_s")
+    compiled = lowered.compile()
+    mark("step_compile_s")
+    compiled_step_metrics(lowered, compiled, 1)
+    mark("step_metrics_s")
+    jax.block_until_ready(compiled(exp.state, placed))
+    mark("first_step_s")
+    del exp
+    d = dims_of(model)
+    params = bare_module().init_params(jax.random.key(0), d["depth"], d["width"], d["vocab"], d["context"])
+    jax.block_until_ready(optax.adam(1e-3).init(params))
+    mark("bare_eager_init_s")
+    times["state_bytes"] = int(sum(x.nbytes for x in jax.tree.leaves(host)))
+    times["total_s"] = round(time.perf_counter() - T0, 3)
+    print("STARTUP " + json.dumps(times), flush=True)
+
+
+def part_startup(args, workloads: dict, out: str) -> None:
+    """Start-up step by step (``startup_child``) in fresh processes: the first with an empty compilation cache
+    (cold), the second warm."""
+    print("== startup: seconds of each step in a fresh process", flush=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for name in args.workloads:
+        cache = tempfile.mkdtemp(prefix="accelerator_startup_")
+        for cold in (True, False):
+            cmd = [sys.executable, __file__, "--startup-child", name, cache] + (["--quick"] if args.quick else [])
+            r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+            lines = [ln for ln in r.stdout.splitlines() if ln.startswith("STARTUP ")]
+            if r.returncode or not lines:
+                raise SystemExit(f"error: --startup-child {name} failed: {r.stderr[-2000:]}")
+            times = json.loads(lines[-1][len("STARTUP ") :])
+            print(f"{name} {'cold' if cold else 'warm'}: {times}", flush=True)
+            record(out, "startup", workload=name, cold=cold, **times)
+        shutil.rmtree(cache, ignore_errors=True)
+
+
 def part_memory(args, workloads: dict, out: str) -> None:
     """GPT-2 small/medium: remat policy x global batch -> fits?, tokens/s, MFU, compiled peak."""
     import jax
@@ -740,6 +831,9 @@ def report(paths: list[str]) -> None:
                 )
             else:
                 print(f"  {what}: {r.get('error', '')[:120]}")
+    for r in (r for r in recs if r["part"] == "startup"):
+        steps = {k: v for k, v in r.items() if k.endswith("_s") and k != "total_s"}
+        print(f"startup {r['workload']} {'cold' if r['cold'] else 'warm'}: {steps}")
     for r in (r for r in recs if r["part"] == "init"):
         print(f"init {r['workload']} on the {r.get('where', r.get('draws'))}: {r['seconds']:.2f} s")
 
@@ -748,8 +842,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--part",
-        default="steps,levers,init,memory,profile",
-        help="comma-separated: steps, levers, init, memory, profile",
+        default="steps,startup,levers,init,memory,profile",
+        help="comma-separated: steps, startup, levers, init, memory, profile",
     )
     ap.add_argument("--quick", action="store_true", help="tiny sizes on the CPU (under a minute)")
     ap.add_argument("--workloads", default="char,gpt2_small")
@@ -765,7 +859,13 @@ def main() -> None:
     )
     ap.add_argument("--record", default=None, help="JSON-lines file the parts append to")
     ap.add_argument("--report", nargs="*", default=None, help="print the records of these files as one table")
+    ap.add_argument("--startup-child", nargs=2, default=None, help=argparse.SUPPRESS)  # WORKLOAD CACHE (startup)
     args = ap.parse_args()
+    if args.startup_child:
+        if args.quick:
+            os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        startup_child(*args.startup_child, quick=args.quick)
+        return
     if args.report is not None:
         report(args.report)
         return
@@ -791,6 +891,7 @@ def main() -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     parts = {
         "steps": part_steps,
+        "startup": part_startup,
         "levers": part_levers,
         "init": part_init,
         "memory": part_memory,
@@ -800,8 +901,8 @@ def main() -> None:
     for name in chosen:
         if name not in parts:
             raise SystemExit(f"error: --part {name} is unknown; choose from {', '.join(parts)}")
-    # steps first: its subprocesses need the accelerator, which the other parts hold once they have opened it
-    for name in sorted(chosen, key=lambda n: n != "steps"):
+    # steps and startup first: their subprocesses need the accelerator, which the other parts hold once opened
+    for name in sorted(chosen, key=lambda n: n not in ("steps", "startup")):
         t0 = time.perf_counter()
         parts[name](args, workloads, out)
         print(f"-- part {name}: {time.perf_counter() - t0:.0f} s", flush=True)

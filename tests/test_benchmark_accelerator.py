@@ -1,7 +1,7 @@
 """``benchmarks/accelerator.py --quick``: every part runs on the CPU in one command and records what the TPU run
-records (train.py against the bare script, the levers, the state's creation, the remat x batch table, the two
-steps' profiles), and
-``--report`` turns the records into one table. The figures themselves come from a TPU (docs/performance.md)."""
+records (train.py against the bare script, the start-up step by step, the levers, the state's creation, the remat
+x batch table, the two steps' profiles), and ``--report`` turns the records into one table. The figures
+themselves come from a TPU (docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ def test_quick_runs_every_part_and_reports(tmp_path):
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     recs = [json.loads(line) for line in out.read_text().splitlines()]
-    parts = {p: [x for x in recs if x["part"] == p] for p in ("steps", "levers", "init", "memory", "profile")}
+    parts = {
+        p: [x for x in recs if x["part"] == p] for p in ("steps", "startup", "levers", "init", "memory", "profile")
+    }
     (steps,) = parts["steps"]
     assert steps["workload"] == "char" and steps["dropout"] == 0.2 and steps["attention"] == "xla"
     assert len(steps["ratio"]) == 1 and steps["ratio"][0] > 0
@@ -36,7 +38,11 @@ def test_quick_runs_every_part_and_reports(tmp_path):
     assert ("product", '{"attention": "auto", "dropout": 0.2}', None) in who
     assert ("bare", '{"attention": "xla", "dropout": 0.2}', "per_step") in who
     assert all(x["tokens_per_s"] > 0 and x["compiled_peak_bytes"] > 0 for x in parts["levers"])
-    assert {x["where"] for x in parts["init"]} == {"host", "device"}
+    assert {x["where"] for x in parts["init"]} == {"eager", "jit"}
+    assert [x["cold"] for x in parts["startup"]] == [True, False]  # one process with an empty cache, one warm
+    for x in parts["startup"]:
+        assert x["workload"] == "char" and x["state_bytes"] > 0 and x["total_s"] > 0
+        assert all(x[k] >= 0 for k in ("backend_s", "host_init_compile_s", "eager_init_s", "build_s", "step_compile_s"))
     assert [(x["remat"], x["batch"], x["loss_chunk"], x["fits"]) for x in parts["memory"]] == [
         ("none", 4, 0, True),
         ("full", 8, 64, True),
