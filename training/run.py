@@ -109,6 +109,7 @@ def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None
         console(f"error: {line}")
         status = "stopped" if isinstance(e, Stopped) else "failed"  # saved and stopped on a signal
         _close_after_error(reporter, {**describe(cfg), "status": status, "error": line})
+        checkpoint.release_claim()  # a checkpoint folder this run made and never wrote goes now (a sweep's next job)
         return False
     except BaseException as e:
         # a signal (a Ctrl-C, or SIGTERM: training.process.stop_handler; or an error it caused, e.g. in a C
@@ -294,8 +295,8 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
     STARTUP.mark("config")  # perf/startup/*_s (measure.throughput.StartupPhases)
     ckpt_plan = checkpoint.prepare(cfg.checkpoint, run_dir, jax.process_count())  # the resume path exists
     process.set_resume_hint(None if ckpt_plan.directory is None else str(ckpt_plan.directory))
-    checkpoint.claim(ckpt_plan, run_dir, jax.process_count())  # before it is written: one another run writes, refused
     checkpoint.check_keep_best(cfg, ckpt_plan)
+    checkpoint.claim(ckpt_plan, run_dir, jax.process_count())  # before it is written: one another run writes, refused
     if ckpt_plan.directory is not None:  # orbax's import overlaps data, build and compile
         checkpoint.preload_orbax()
     STARTUP.mark("checkpoint")

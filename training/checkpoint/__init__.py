@@ -24,6 +24,7 @@ from training.checkpoint.plan import (
     RESUME_MODES,
     CheckpointPlan,
     claim,
+    release_claim,
     default_directory,
     prepare,
 )
@@ -96,6 +97,7 @@ __all__ = [
     "candidate_step_dir",
     "check_resume_settings",
     "claim",
+    "release_claim",
     "complete_steps",
     "config_changes",
     "data_change",

@@ -175,3 +175,9 @@ def claim(plan: CheckpointPlan, run_dir: Path, process_count: int = 1) -> None:
         run_folder.claim_checkpoints(plan.directory, run_dir, shared=process_count > 1)
     except run_folder.RunFolderError as e:
         raise ConfigError(str(e)) from None
+
+
+def release_claim() -> None:
+    """Releases the checkpoint folder ``claim`` took (``tracking.run_folder.release_checkpoints``): a folder the run
+    made and never wrote into is removed. Nothing when none is held."""
+    run_folder.release_checkpoints()
