@@ -131,6 +131,7 @@ def bare_args(model: dict, batch: int, steps: int, window: int, extra: dict) -> 
         "loss_chunk": "--loss-chunk",
         "vocab_multiple": "--vocab-multiple",
         "dropout": "--dropout",
+        "attention_dropout": "--attention-dropout",
         "remat": "--remat",
     }
     args = [
