@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime
+import json
 import os
 import re
 import signal
@@ -271,9 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for r in readers:
         r.start()
+    died: list[tuple[int, int]] = []  # (process, exit code) of the first failure that stopped the others
     try:
         stop_deadline = None
-        while any(p.poll() is None for p in procs):
+        while [p.poll() for p in procs].count(None):  # polls every process (any() would stop at the first)
             if received:
                 stop_deadline = stop_deadline or time.monotonic() + args.stop_grace_s
                 if any(p.returncode is not None and p.returncode < 0 for p in procs):
@@ -284,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                     forward(procs, signal.SIGKILL)
                     break
             elif any(p.returncode not in (None, 0) for p in procs):
+                died = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode not in (None, 0)]
                 stop(procs, args.grace_s)
                 break
             time.sleep(0.1)
@@ -311,6 +314,17 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
+        killed = [(i, c) for i, c in died if c < 0]  # ended by a signal: it could not say why itself
+        if killed and not received:
+            i, c = killed[0]
+            line = (
+                f"process {i} of the job ended by {signal.Signals(-c).name} (killed from outside, e.g. out of "
+                f"memory); the other processes were stopped; the same command continues from the newest checkpoint"
+            )
+            print(f"error: {line}", file=sys.stderr, flush=True)
+            if codes[0] is not None and codes[0] < 0:  # process 0 was killed too: its summary says why
+                summary = Path(run_dir) / "summary.json"
+                summary.write_text(json.dumps({"status": "failed", "error": line}, indent=2) + "\n")
         code = failed[0][1]
         return code if 0 < code < 256 else 1
     return 0

@@ -85,10 +85,11 @@ def assert_none_left(pids: list[int]) -> None:
     wait_for(lambda: not [p for p in pids if alive(p)], 10.0, f"the end of processes {pids}")
 
 
-def start_launcher(tmp: Path, run_dir: Path, steps: int, log: Path) -> subprocess.Popen:
+def start_launcher(tmp: Path, run_dir: Path, steps: int, log: Path, *launcher_args: str) -> subprocess.Popen:
     cmd = [
         sys.executable,
         str(REPO / "scripts" / "launch_local.py"),
+        *launcher_args,
         "-n",
         "2",
         "--cpu-devices",
@@ -163,6 +164,29 @@ def test_killed_launcher_takes_its_processes_with_it(tmp_path):
     proc.kill()
     proc.wait(timeout=10)
     assert_none_left(children)  # PR_SET_PDEATHSIG: killed with their launcher, not hanging on their peers
+
+
+def test_a_process_killed_from_outside_stops_the_job_in_one_line(tmp_path):
+    """kill -9 of process 1 (an out-of-memory kill): the launcher notices it (it polls every process), stops process
+    0 after ``--grace-s`` instead of JAX's heartbeat timeout, and says which process died and how."""
+    run_dir, log = tmp_path / "run", tmp_path / "launch.log"
+    proc = start_launcher(tmp_path, run_dir, 100_000, log, "--grace-s", "5")
+    wait_for(lambda: logged_step(run_dir) >= 10 or proc.poll() is not None, 150, "step 10", log)
+    children = train_children(proc)
+    (one,) = [p for p in children if b"distributed.process_id=1" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    os.kill(one, signal.SIGKILL)
+    t0 = time.monotonic()
+    code = ended(proc, 60, log)
+    out = log.read_text()
+    assert code != 0 and time.monotonic() - t0 < 25, out[-3000:]  # --grace-s 5, SIGTERM, SIGKILL: no heartbeat wait
+    errors = [line for line in out.splitlines() if line.startswith("error: process")]
+    assert errors == [
+        "error: process 1 of the job ended by SIGKILL (killed from outside, e.g. out of memory); the other "
+        "processes were stopped; the same command continues from the newest checkpoint"
+    ], out[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())  # process 0 stopped mid-collective: killed too
+    assert summary["status"] == "failed" and summary["error"] == errors[0].removeprefix("error: ")
+    assert_none_left(children)
 
 
 # ---- 3: the coordinator port is taken ----------------------------------------------------------------------
