@@ -388,4 +388,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from training import process
+
+    process.run_tool(main, imports_jax=False)  # a signal: one line, no traceback

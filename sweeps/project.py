@@ -659,4 +659,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from training import process
+
+    process.run_tool(main, imports_jax=False)  # a signal: one line, no traceback

@@ -825,3 +825,34 @@ def test_a_jobs_folder_or_checkpoints_name_the_sweep_to_pass(tmp_path, capsys):
         load_summaries(tmp_path / "lone" / "0" / "checkpoints")
     assert str(e.value).endswith("not a sweep; pass a sweep folder that holds jobs (e.g. multirun/<date>/<time>)")
     assert len(load_summaries(sweep)) == 2  # the folder the line names is the one to pass
+
+
+@pytest.mark.parametrize("tool", ["sweeps.report", "sweeps/project.py"])
+@pytest.mark.parametrize("sig, status, said", [("SIGINT", 130, "SIGINT (Ctrl-C)"), ("SIGTERM", 143, "SIGTERM")])
+def test_a_signal_stops_the_tools_with_one_line(tool, sig, status, said):
+    """SIGTERM ended ``python -m sweeps.report`` with no line and Ctrl-C printed a 49-line traceback (85 for
+    ``sweeps.project``): both run under ``training.process.run_tool``. The tool is held inside its argument parsing
+    (patched to wait) so the signal lands in its work, whatever the machine's speed."""
+    import signal
+
+    hold = (
+        "import argparse, runpy, sys, time\n"
+        "def held(self, *a, **k):\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(60)\n"
+        "argparse.ArgumentParser.parse_args = held\n"
+        f"sys.argv = [{tool!r}]\n"
+        + (
+            f"runpy.run_module({tool!r}, run_name='__main__')"
+            if "/" not in tool
+            else f"runpy.run_path({tool!r}, run_name='__main__')"
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", hold], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode in (status, -getattr(signal, sig)), err[-3000:]
+    assert err.splitlines() == [f"error: interrupted by {said} and stopped (HYDRA_FULL_ERROR=1 prints where)"]

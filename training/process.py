@@ -218,21 +218,23 @@ def stop_text(signal_name: Optional[str] = None) -> str:
 
 
 def tool_line() -> str:
-    """The one line ``python -m evaluate`` / ``python -m sample`` print when a signal stopped them (``run_tool``)."""
+    """The one line a tool (``python -m evaluate``, ``sample``, ``sweeps.report``, ``sweeps.project``) prints when a
+    signal stopped it (``run_tool``)."""
     name = _stop or "SIGINT"
     said = "SIGINT (Ctrl-C)" if name == "SIGINT" else name
     return f"error: interrupted by {said} and stopped (HYDRA_FULL_ERROR=1 prints where)"
 
 
-def run_tool(main: Callable[[], int]) -> None:
+def run_tool(main: Callable[[], int], imports_jax: bool = True) -> None:
     """A tool's ``__main__``: SIGTERM and SIGINT stop it with ``tool_line`` and exit status 143 / 130, never a
-    traceback (``install_stop_handlers``, ``install_interrupt_hooks``); JAX is imported with a Ctrl-C held (jaxlib's
-    initialisation can abort when interrupted); then exits with ``main()``'s status."""
+    traceback (``install_stop_handlers``, ``install_interrupt_hooks``); with ``imports_jax``, JAX is imported with a
+    Ctrl-C held (jaxlib's initialisation can abort when interrupted); then exits with ``main()``'s status."""
     install_stop_handlers()
     install_interrupt_hooks(tool_line)
     with interrupt_as_keyboard():  # a Ctrl-C in numpy's or jaxlib's import surfaces as an ImportError
-        with HeldSigint():
-            import jax  # noqa: F401
+        if imports_jax:
+            with HeldSigint():
+                import jax  # noqa: F401
         code = main()
     sys.exit(code)
 

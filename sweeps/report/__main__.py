@@ -1,7 +1,12 @@
-"""``python -m sweeps.report``."""
+"""``python -m sweeps.report``: a signal stops it with one line (``training.process.run_tool``)."""
 
-import sys
+from training import process
 
-from sweeps.report.cli import main
 
-sys.exit(main())
+def main() -> int:
+    from sweeps.report.cli import main as report  # imported under the stop handlers: a Ctrl-C in it is one line
+
+    return report()
+
+
+process.run_tool(main, imports_jax=False)
