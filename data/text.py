@@ -511,15 +511,20 @@ def text_token_files(
     ).hexdigest()[:20]
     folder = Path(cache_dir) / "text" / key
     meta_path = folder / "meta.json"
-    if not meta_path.is_file():
+    meta = _complete_meta(folder) if meta_path.is_file() else None
+    if meta is None:
         try:
+            if folder.exists():  # damaged (cut, emptied): derived data, moved aside and written again
+                aside = folder.with_name(f"{folder.name}.damaged-{socket.gethostname()}-{os.getpid()}")
+                os.replace(folder, aside)
+                shutil.rmtree(aside, ignore_errors=True)  # a run that mapped the old files keeps reading them
             _write_token_files(folder, files, split, tokenizer, fingerprint)
         except OSError as e:
             raise DataError(
                 f"the token files of data.path cannot be written in data.cache_dir={cache_dir} ({type(e).__name__}: "
                 f"{e.strerror or e}); set data.cache_dir to a folder you can write"
             ) from None
-    meta = json.loads(meta_path.read_text())
+        meta = json.loads(meta_path.read_text())
     return TextSplits(
         train=_memmap(folder / "train.bin", meta["dtype"], meta["train_tokens"]),
         validation=_memmap(folder / "validation.bin", meta["dtype"], meta["validation_tokens"]),
@@ -530,10 +535,55 @@ def text_token_files(
     )
 
 
+def _complete_meta(folder: Path) -> Optional[dict]:
+    """``folder``'s ``meta.json`` when it and both token files are whole (each file exactly its tokens' bytes), else
+    None after one warning naming what is damaged (the caller writes them again)."""
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+        size = np.dtype(meta["dtype"]).itemsize
+        for name in ("train", "validation"):
+            have, want = (folder / f"{name}.bin").stat().st_size, meta[f"{name}_tokens"] * size
+            if have != want:
+                raise ValueError(f"{name}.bin has {have} bytes, not {want}")
+        return meta
+    except (OSError, ValueError, KeyError, TypeError) as e:  # (json's decode error is a ValueError)
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+        log.warning("the token files in %s are damaged (%s); writing them again", folder, why)
+        return None
+
+
+def _remove_abandoned(folder: Path) -> None:
+    """Removes the temporary folders of ``folder``'s key that a process of this host left when it was stopped while
+    writing (its process no longer runs)."""
+    prefix = f"{folder.name}.tmp-{socket.gethostname()}-"
+    for tmp in folder.parent.glob(f"{folder.name}.tmp-*"):
+        pid = tmp.name[len(prefix) :] if tmp.name.startswith(prefix) else ""
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:  # another user's live process
+            pass
+
+
 def _write_token_files(folder: Path, files: list[Path], split: int, tokenizer: Tokenizer, fingerprint: str) -> None:
     tmp = folder.with_name(f"{folder.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+    if folder.parent.is_dir():
+        _remove_abandoned(folder)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    try:
+        _write_token_splits(tmp, folder, files, split, tokenizer, fingerprint)
+    except BaseException:  # a stop (a signal) or a failure while writing: no half-written folder is left
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _write_token_splits(
+    tmp: Path, folder: Path, files: list[Path], split: int, tokenizer: Tokenizer, fingerprint: str
+) -> None:
     dtype = token_dtype(tokenizer.vocab_size)
     stream = _SplitStream(_text_chunks(files), split)
     counts = {}

@@ -150,6 +150,61 @@ def test_the_token_file_holds_the_in_memory_tokens_and_gives_the_same_batches(co
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("damage", ["cut train.bin", "empty meta.json", "no validation.bin"])
+def test_damaged_token_files_are_written_again_with_one_warning(corpus, tmp_path, caplog, damage):
+    """The token files are derived data: a cut ``train.bin`` (a traceback from ``np.memmap`` before), an emptied
+    ``meta.json`` (a JSONDecodeError) or a missing file is named in one warning and written again; the run gets
+    the same tokens."""
+    cache = tmp_path / "cache"
+    first = load_text("text", str(corpus), str(cache), False)
+    tokens, folder = np.asarray(first.train).copy(), first.token_dir
+    del first
+    if damage == "cut train.bin":
+        with open(folder / "train.bin", "r+b") as f:
+            f.truncate(1000)
+    elif damage == "empty meta.json":
+        (folder / "meta.json").write_text("")
+    else:
+        (folder / "validation.bin").unlink()
+    again = load_text("text", str(corpus), str(cache), False)
+    np.testing.assert_array_equal(np.asarray(again.train), tokens)
+    warned = [r.getMessage() for r in caplog.records if r.name == "data.text" and r.levelname == "WARNING"]
+    assert len(warned) == 1 and warned[0].startswith(f"the token files in {folder} are damaged ("), warned
+    assert warned[0].endswith("); writing them again")
+    assert [p.name for p in (cache / "text").iterdir()] == [folder.name]  # nothing moved aside is left
+
+
+@pytest.mark.unit
+def test_a_stopped_writer_leaves_no_temporary_folder(corpus, tmp_path, monkeypatch):
+    """A signal while the token files are written (a KeyboardInterrupt in the tokenizer's loop) removes this
+    process's temporary folder; one left by a process that no longer runs (kill -9) goes at the next write, one of
+    a live process stays."""
+    import os
+    import socket
+
+    cache = tmp_path / "cache"
+
+    def stopped(self, pieces):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ByteTokenizer, "encode_pieces", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        load_text("text", str(corpus), str(cache), False)
+    assert list((cache / "text").iterdir()) == []
+    monkeypatch.undo()
+    dead = next(p for p in range(4_194_303, 0, -1) if not Path(f"/proc/{p}").exists())  # no such process
+    host = socket.gethostname()
+    first = load_text("text", str(corpus), str(cache), False)
+    name = first.token_dir.name
+    del first
+    for pid in (dead, os.getppid()):
+        (cache / "text" / f"{name}.tmp-{host}-{pid}").mkdir()
+    (cache / "text" / name / "meta.json").write_text("")  # damaged: the next load writes again
+    load_text("text", str(corpus), str(cache), False)
+    assert sorted(p.name for p in (cache / "text").iterdir()) == [name, f"{name}.tmp-{host}-{os.getppid()}"]
+
+
+@pytest.mark.unit
 def test_model_vocabulary_follows_the_tokenizer_and_bpb(corpus, tmp_path):
     """``model.vocab_size`` null follows a BPE (set larger: kept; smaller: refused in one line); the evaluation
     set's bytes per token are the UTF-8 bytes of its target tokens (byte tokens: 1), the factor of eval/bpb."""
