@@ -638,18 +638,28 @@ def choose_tokenizer(
     saved: Optional[Path] = None,
 ) -> Tokenizer:
     """The tokenizer of a run: the one saved with its checkpoint (``saved``: a resumed run, evaluation) when the
-    data are not bytes; else ``data.tokenizer_file``; else for ``bpe`` the BPE of ``vocab_size`` tokens cached for
-    the training split (``train_fingerprint()``), trained on ``train_pieces()`` when not cached; else bytes.
+    data are not bytes (a ``data.tokenizer_file`` that differs from it is refused); else ``data.tokenizer_file``;
+    else for ``bpe`` the BPE of ``vocab_size`` tokens cached for the training split (``train_fingerprint()``), trained
+    on ``train_pieces()`` when not cached; else bytes.
 
     Raises:
-      DataError (one line): an unknown kind, a tokenizer file that cannot be read, a bad ``vocab_size``.
+      DataError (one line): an unknown kind, a tokenizer file that cannot be read or is not the saved one, a bad
+        ``vocab_size``.
     """
     if kind not in ("bytes", "bpe"):
         raise DataError(f"data.tokenizer={kind!r} is unknown; choose bytes or bpe")
     if kind == "bytes" and not tokenizer_file:
         return ByteTokenizer()
     if saved is not None and saved.is_file():
-        return load_tokenizer_file(saved, "the run's saved tokenizer")
+        kept = load_tokenizer_file(saved, "the run's saved tokenizer")
+        given = load_tokenizer_file(Path(tokenizer_file).expanduser()) if tokenizer_file else None
+        if given is not None and given.fingerprint != kept.fingerprint:  # a resume keeps its tokens' meaning
+            raise DataError(
+                f"data.tokenizer_file={tokenizer_file} is not the tokenizer the checkpoint was trained with "
+                f"(saved as {saved}); leave data.tokenizer_file out to continue with the saved one, or start "
+                f"afresh with another checkpoint.dir"
+            )
+        return kept
     if tokenizer_file:
         return load_tokenizer_file(Path(tokenizer_file).expanduser())
     return cached_bpe(cache_dir, train_fingerprint(), vocab_size, train_pieces)

@@ -205,6 +205,30 @@ def test_a_stopped_writer_leaves_no_temporary_folder(corpus, tmp_path, monkeypat
 
 
 @pytest.mark.unit
+def test_a_tokenizer_file_other_than_the_checkpoints_is_refused(tmp_path):
+    """A resume uses the tokenizer saved with its checkpoint; a ``data.tokenizer_file`` that differs from it was
+    ignored without a word (the run continued on the saved one): one line naming both; the same file is fine."""
+    from data.text import choose_tokenizer
+
+    pieces = text_pieces([TEXT * 20])
+    saved, other = tmp_path / "saved.json", tmp_path / "other.json"
+    saved.write_text(train_bpe(pieces, 300).to_json())
+    other.write_text(train_bpe(pieces, 280).to_json())
+    choose = lambda given: choose_tokenizer(  # noqa: E731
+        "bpe", 4096, given, str(tmp_path / "cache"), lambda: "x", lambda: pieces, saved=saved
+    )
+    with pytest.raises(DataError) as e:
+        choose(str(other))
+    assert str(e.value) == (
+        f"data.tokenizer_file={other} is not the tokenizer the checkpoint was trained with (saved as {saved}); "
+        f"leave data.tokenizer_file out to continue with the saved one, or start afresh with another checkpoint.dir"
+    )
+    same = tmp_path / "same.json"
+    same.write_text(saved.read_text())
+    assert choose(str(same)).fingerprint == choose(None).fingerprint == load_tokenizer_file(saved).fingerprint
+
+
+@pytest.mark.unit
 def test_model_vocabulary_follows_the_tokenizer_and_bpb(corpus, tmp_path):
     """``model.vocab_size`` null follows a BPE (set larger: kept; smaller: refused in one line); the evaluation
     set's bytes per token are the UTF-8 bytes of its target tokens (byte tokens: 1), the factor of eval/bpb."""
