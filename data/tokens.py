@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import socket
+import threading
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence
 
@@ -216,7 +217,22 @@ def train_bpe(pieces: Iterable[str], vocab_size: int) -> HFTokenizer:
         special_tokens=[],
         show_progress=False,
     )
-    tokenizer.train_from_iterator(pieces, trainer)
+    failed: list[BaseException] = []
+
+    def train() -> None:
+        try:
+            tokenizer.train_from_iterator(pieces, trainer)
+        except BaseException as e:  # noqa: BLE001 - raised again by the caller's thread
+            failed.append(e)
+
+    # the trainer runs on a thread of its own and releases the interpreter lock: the caller's thread stays free to
+    # take a stop signal at once (in the caller's thread, the trainer's Rust loop held it for seconds)
+    worker = threading.Thread(target=train, name="bpe-train", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.1)
+    if failed:
+        raise failed[0]
     return HFTokenizer(tokenizer)
 
 
