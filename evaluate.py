@@ -363,7 +363,7 @@ def evaluate_checkpoint(path: Path, overrides: Sequence[str] = (), best: bool = 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m evaluate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", help="a checkpoint folder or one <step> folder in it")
+    parser.add_argument("checkpoint", help="a run folder, its checkpoint folder or one <step> folder in it")
     parser.add_argument(
         "overrides", nargs="*", help="config overrides as for train.py, e.g. mesh.devices=1 parallel=pmap"
     )
