@@ -137,6 +137,18 @@ def test_max_mode_and_the_real_losses_of_a_gpt(tmp_path):
         ),
         ({"keep_best": "eval/bpb"}, "mlp", r"^checkpoint\.keep_best=eval/bpb is a language model's metric"),
         ({"keep_best": "eval/loss", "enabled": False}, "mlp", r"^checkpoint\.keep_best=eval/loss keeps a checkpoint"),
+        (  # it kept the worst accuracy, deleting the better checkpoint
+            {"keep_best": "eval/accuracy", "best_mode": "min"},
+            "mlp",
+            r"^checkpoint\.best_mode=min keeps the lowest eval/accuracy, the worst one; use checkpoint\.best_mode=auto "
+            r"\(max for eval/accuracy\)$",
+        ),
+        (
+            {"keep_best": "eval/perplexity", "best_mode": "max"},
+            "gpt",
+            r"^checkpoint\.best_mode=max keeps the highest eval/perplexity, the worst one; use "
+            r"checkpoint\.best_mode=auto \(min for eval/perplexity\)$",
+        ),
     ],
 )
 def test_bad_keep_best_is_one_line(tmp_path, capsys, keys, model, message):

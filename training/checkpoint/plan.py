@@ -110,6 +110,12 @@ def prepare(cfg: CheckpointConfig, run_dir: Path, process_count: int = 1) -> Che
         )
     if cfg.best_mode not in BEST_MODES:
         raise ConfigError(f"checkpoint.best_mode={cfg.best_mode} is unknown; choose one of {', '.join(BEST_MODES)}")
+    right = best_direction(cfg.keep_best or "", "auto")  # a loss is best at its minimum, an accuracy at its maximum
+    if cfg.keep_best is not None and cfg.best_mode not in ("auto", right):
+        raise ConfigError(
+            f"checkpoint.best_mode={cfg.best_mode} keeps the {'lowest' if right == 'max' else 'highest'} "
+            f"{cfg.keep_best}, the worst one; use checkpoint.best_mode=auto ({right} for {cfg.keep_best})"
+        )
     if cfg.keep_best is not None and not cfg.enabled:
         raise ConfigError(
             f"checkpoint.keep_best={cfg.keep_best} keeps a checkpoint, but checkpoint.enabled=false; enable "
