@@ -137,7 +137,7 @@ def find_best_step_dir(path: Path) -> Path:
 
     Raises:
       ConfigError: ``path`` is one step folder, or no best checkpoint was kept there (the run was trained without
-        ``checkpoint.keep_best``), or the one kept is damaged.
+        ``checkpoint.keep_best``, or its summary.json names a best folder since moved), or the one kept is damaged.
     """
     from core.errors import ConfigError, first_line
     from training import checkpoint
@@ -151,6 +151,9 @@ def find_best_step_dir(path: Path) -> Path:
         raise ConfigError(
             f"--best takes a run folder or a checkpoint folder, not the step folder {path}; give {path.parent}"
         )
+    moved = None if path.name == checkpoint.BEST_DIR else _kept_best(path)
+    if moved is not None:  # a best folder moved under another name
+        return moved
     folder = path if path.name == checkpoint.BEST_DIR else (run_checkpoint_dir(path) or path) / checkpoint.BEST_DIR
     found = checkpoint.best_step_dir(folder)
     if found is None and checkpoint.complete_steps(folder):  # kept, but damaged: say so, do not guess a cause
@@ -164,12 +167,51 @@ def find_best_step_dir(path: Path) -> Path:
             f"the best checkpoint {damaged} is incomplete or corrupt ({why}); leave out --best for the newest "
             f"checkpoint, or train again with checkpoint.keep_best to keep a new best one"
         )
+    summary, kept = (None, {}) if found is not None else _run_summary(path, folder)
+    if kept.get("checkpoint/best_path"):
+        raise ConfigError(
+            f"no best checkpoint in {folder}, but {summary} says the run kept one in {kept['checkpoint/best_path']}: "
+            f"the best folder was moved or deleted; give the folder it was moved to with --best, or leave out --best "
+            f"for the newest"
+        )
+    if kept.get("checkpoint/best_metric"):
+        raise ConfigError(
+            f"no best checkpoint in {folder}: {summary} says checkpoint.keep_best={kept['checkpoint/best_metric']} "
+            f"saved none (no evaluation finished with a finite value); leave out --best for the newest"
+        )
     if found is None:
         raise ConfigError(
             f"no best checkpoint in {folder}: the run was trained without checkpoint.keep_best (train with "
             f"checkpoint.keep_best=eval/loss and train.eval_every=N to keep one), or leave out --best for the newest"
         )
     return found
+
+
+def _kept_best(folder: Path) -> Optional[Path]:
+    """The newest step of ``folder`` when it is a best checkpoint's folder (its metadata has ``best``), else None."""
+    from training import checkpoint
+
+    found = checkpoint.best_step_dir(folder)
+    return found if found is not None and "best" in checkpoint.read_metadata(found) else None
+
+
+def _run_summary(path: Path, folder: Path) -> tuple[Optional[Path], dict]:
+    """(summary.json, its values) of the run whose best folder ``folder`` is missing, when it records
+    ``checkpoint.keep_best`` (``path``: the run or checkpoint folder given), else (None, {})."""
+    from training import checkpoint
+
+    places = [path, folder.parent.parent]
+    newest = checkpoint.best_step_dir(folder.parent)  # the run folder its newest checkpoint names
+    if newest is not None and checkpoint.read_metadata(newest).get("run_dir"):
+        places.append(Path(checkpoint.read_metadata(newest)["run_dir"]))
+    for summary in (place / "summary.json" for place in places):
+        try:
+            values = json.loads(summary.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(values, dict) and values.get("checkpoint/best_metric"):
+            return summary, values
+    return None, {}
 
 
 def load_test_split(cfg, p, step_dir: Optional[Path] = None):
