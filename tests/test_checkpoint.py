@@ -374,11 +374,11 @@ def test_nan_params_are_never_saved(tmp_path, capsys, monkeypatch):
     )
     original = checkpoint.RunCheckpoints.save
 
-    def inject(self, state, done, wandb_run_id, reason):
+    def inject(self, state, done, wandb_run_id, reason, **kwargs):
         if done == 20:
             bad = jax.tree.map(lambda x: x.at[(0,) * x.ndim].set(np.nan), state.params)
             state = state.replace(params=bad)
-        return original(self, state, done, wandb_run_id, reason)
+        return original(self, state, done, wandb_run_id, reason, **kwargs)
 
     monkeypatch.setattr(checkpoint.RunCheckpoints, "save", inject)
     assert run_and_report(cfg, run_dir) is False
