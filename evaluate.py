@@ -59,7 +59,8 @@ def find_steps(path: Path) -> tuple[list[Path], Optional[Path]]:
     Raises:
       ConfigError: nothing there; a step folder that does not exist names the steps that do; a sweep folder
         (named as one, with a job folder to pass instead); a run folder without a checkpoint (with what its files
-        say about why).
+        say about why); only entries named like steps that are not folders (named; beside complete steps: a
+        warning).
     """
     from core.errors import ConfigError
     from training import checkpoint
@@ -88,12 +89,17 @@ def find_steps(path: Path) -> tuple[list[Path], Optional[Path]]:
     ):
         return [path], None
     if run_ckpt is not None:
-        if not run_ckpt.is_dir() or not checkpoint.complete_steps(run_ckpt):
+        empty = not run_ckpt.is_dir() or not checkpoint.complete_steps(run_ckpt)
+        if empty and not checkpoint.odd_entries(run_ckpt):
             raise ConfigError(f"run folder {path} has no checkpoint in {run_ckpt}: {why_no_checkpoint(path)}")
         path = run_ckpt
-    steps = checkpoint.complete_steps(path)
+    steps, odd = checkpoint.complete_steps(path), checkpoint.odd_entries(path)
     if not steps and is_step_folder(path.parent):  # e.g. its state/ folder
         raise ConfigError(f"{path} is inside the checkpoint step folder {path.parent}: pass {path.parent}")
+    if odd and not steps:
+        raise ConfigError(f"{path} holds no complete checkpoint: {odd}; give another checkpoint folder")
+    if odd:  # skipped: a file or a broken symbolic link named like a step
+        checkpoint.warn(f"{odd}: ignored; the newest complete step is {path / str(steps[-1])}")
     if not steps:
         raise ConfigError(
             f"{path} holds no checkpoint (no <step> folder with state/ and meta/); give a run folder, its checkpoint "

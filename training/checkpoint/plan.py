@@ -13,7 +13,7 @@ from typing import Optional
 
 from conf.schema import CheckpointConfig
 from core.errors import ConfigError
-from training.checkpoint.store import META, STATE, any_step_dirs, complete_steps, is_step_dir
+from training.checkpoint.store import META, STATE, any_step_dirs, complete_steps, is_step_dir, odd_entries
 from tracking import run_folder
 from tracking.folders import RUN, first_job, folder_kind, many_runs, run_checkpoint_dir
 
@@ -157,6 +157,11 @@ def prepare(cfg: CheckpointConfig, run_dir: Path, process_count: int = 1) -> Che
     directory = Path(cfg.dir).expanduser() if cfg.dir else default_directory(run_dir, process_count)
     if directory.exists() and not directory.is_dir():
         raise ConfigError(f"checkpoint.dir={directory} is a file; give a folder")
+    for folder in [directory.absolute()] + ([directory.absolute() / BEST_DIR] if cfg.keep_best else []):
+        odd = odd_entries(folder)  # a save of that step would fail on it, after training: refused now
+        if odd:
+            them = "them" if odd.endswith("folders") else "it"
+            raise ConfigError(f"{odd}; move {them} out of {folder}, then run the same command again")
     if resume == "never" and complete_steps(directory):
         raise ConfigError(
             f"checkpoint.resume=never but checkpoint.dir={directory} already holds checkpoints "
