@@ -59,7 +59,8 @@ def find_steps(path: Path) -> tuple[list[Path], Optional[Path]]:
     Raises:
       ConfigError: nothing there; a step folder that does not exist names the steps that do; a sweep folder
         (named as one, with a job folder to pass instead); a run folder without a checkpoint (with what its files
-        say about why).
+        say about why); only entries named like steps that are not folders (named; beside complete steps: a
+        warning).
     """
     from core.errors import ConfigError
     from training import checkpoint
@@ -88,12 +89,17 @@ def find_steps(path: Path) -> tuple[list[Path], Optional[Path]]:
     ):
         return [path], None
     if run_ckpt is not None:
-        if not run_ckpt.is_dir() or not checkpoint.complete_steps(run_ckpt):
+        empty = not run_ckpt.is_dir() or not checkpoint.complete_steps(run_ckpt)
+        if empty and not checkpoint.odd_entries(run_ckpt):
             raise ConfigError(f"run folder {path} has no checkpoint in {run_ckpt}: {why_no_checkpoint(path)}")
         path = run_ckpt
-    steps = checkpoint.complete_steps(path)
+    steps, odd = checkpoint.complete_steps(path), checkpoint.odd_entries(path)
     if not steps and is_step_folder(path.parent):  # e.g. its state/ folder
         raise ConfigError(f"{path} is inside the checkpoint step folder {path.parent}: pass {path.parent}")
+    if odd and not steps:
+        raise ConfigError(f"{path} holds no complete checkpoint: {odd}; give another checkpoint folder")
+    if odd:  # skipped: a file or a broken symbolic link named like a step
+        checkpoint.warn(f"{odd}: ignored; the newest complete step is {path / str(steps[-1])}")
     if not steps:
         raise ConfigError(
             f"{path} holds no checkpoint (no <step> folder with state/ and meta/); give a run folder, its checkpoint "
@@ -137,7 +143,7 @@ def find_best_step_dir(path: Path) -> Path:
 
     Raises:
       ConfigError: ``path`` is one step folder, or no best checkpoint was kept there (the run was trained without
-        ``checkpoint.keep_best``), or the one kept is damaged.
+        ``checkpoint.keep_best``, or its summary.json names a best folder since moved), or the one kept is damaged.
     """
     from core.errors import ConfigError, first_line
     from training import checkpoint
@@ -151,6 +157,9 @@ def find_best_step_dir(path: Path) -> Path:
         raise ConfigError(
             f"--best takes a run folder or a checkpoint folder, not the step folder {path}; give {path.parent}"
         )
+    moved = None if path.name == checkpoint.BEST_DIR else _kept_best(path)
+    if moved is not None:  # a best folder moved under another name
+        return moved
     folder = path if path.name == checkpoint.BEST_DIR else (run_checkpoint_dir(path) or path) / checkpoint.BEST_DIR
     found = checkpoint.best_step_dir(folder)
     if found is None and checkpoint.complete_steps(folder):  # kept, but damaged: say so, do not guess a cause
@@ -164,12 +173,51 @@ def find_best_step_dir(path: Path) -> Path:
             f"the best checkpoint {damaged} is incomplete or corrupt ({why}); leave out --best for the newest "
             f"checkpoint, or train again with checkpoint.keep_best to keep a new best one"
         )
+    summary, kept = (None, {}) if found is not None else _run_summary(path, folder)
+    if kept.get("checkpoint/best_path"):
+        raise ConfigError(
+            f"no best checkpoint in {folder}, but {summary} says the run kept one in {kept['checkpoint/best_path']}: "
+            f"the best folder was moved or deleted; give the folder it was moved to with --best, or leave out --best "
+            f"for the newest"
+        )
+    if kept.get("checkpoint/best_metric"):
+        raise ConfigError(
+            f"no best checkpoint in {folder}: {summary} says checkpoint.keep_best={kept['checkpoint/best_metric']} "
+            f"saved none (no evaluation finished with a finite value); leave out --best for the newest"
+        )
     if found is None:
         raise ConfigError(
             f"no best checkpoint in {folder}: the run was trained without checkpoint.keep_best (train with "
             f"checkpoint.keep_best=eval/loss and train.eval_every=N to keep one), or leave out --best for the newest"
         )
     return found
+
+
+def _kept_best(folder: Path) -> Optional[Path]:
+    """The newest step of ``folder`` when it is a best checkpoint's folder (its metadata has ``best``), else None."""
+    from training import checkpoint
+
+    found = checkpoint.best_step_dir(folder)
+    return found if found is not None and "best" in checkpoint.read_metadata(found) else None
+
+
+def _run_summary(path: Path, folder: Path) -> tuple[Optional[Path], dict]:
+    """(summary.json, its values) of the run whose best folder ``folder`` is missing, when it records
+    ``checkpoint.keep_best`` (``path``: the run or checkpoint folder given), else (None, {})."""
+    from training import checkpoint
+
+    places = [path, folder.parent.parent]
+    newest = checkpoint.best_step_dir(folder.parent)  # the run folder its newest checkpoint names
+    if newest is not None and checkpoint.read_metadata(newest).get("run_dir"):
+        places.append(Path(checkpoint.read_metadata(newest)["run_dir"]))
+    for summary in (place / "summary.json" for place in places):
+        try:
+            values = json.loads(summary.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(values, dict) and values.get("checkpoint/best_metric"):
+            return summary, values
+    return None, {}
 
 
 def load_test_split(cfg, p, step_dir: Optional[Path] = None):

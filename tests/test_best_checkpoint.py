@@ -137,6 +137,18 @@ def test_max_mode_and_the_real_losses_of_a_gpt(tmp_path):
         ),
         ({"keep_best": "eval/bpb"}, "mlp", r"^checkpoint\.keep_best=eval/bpb is a language model's metric"),
         ({"keep_best": "eval/loss", "enabled": False}, "mlp", r"^checkpoint\.keep_best=eval/loss keeps a checkpoint"),
+        (  # it kept the worst accuracy, deleting the better checkpoint
+            {"keep_best": "eval/accuracy", "best_mode": "min"},
+            "mlp",
+            r"^checkpoint\.best_mode=min keeps the lowest eval/accuracy, the worst one; use checkpoint\.best_mode=auto "
+            r"\(max for eval/accuracy\)$",
+        ),
+        (
+            {"keep_best": "eval/perplexity", "best_mode": "max"},
+            "gpt",
+            r"^checkpoint\.best_mode=max keeps the highest eval/perplexity, the worst one; use "
+            r"checkpoint\.best_mode=auto \(min for eval/perplexity\)$",
+        ),
     ],
 )
 def test_bad_keep_best_is_one_line(tmp_path, capsys, keys, model, message):
@@ -218,3 +230,33 @@ def test_a_damaged_best_checkpoint_is_named_not_guessed(tmp_path):
     assert str(e.value).endswith(
         "); leave out --best for the newest checkpoint, or train again with checkpoint.keep_best to keep a new best one"
     )
+
+
+def test_a_moved_best_folder_is_named_not_a_run_without_keep_best(tmp_path):
+    """A run whose summary.json records checkpoint.keep_best but whose best/ folder is gone was said to be "trained
+    without checkpoint.keep_best" (false); now the line names the summary's best_path and the fixes, and the folder
+    it was moved to (under any name) is read with --best."""
+    import evaluate
+    from core.errors import ConfigError
+    from utils import make_cfg, save_steps
+
+    run, cfg = tmp_path / "run", make_cfg({"data": {"name": "synthetic"}})
+    save_steps(run / "checkpoints", cfg, {8: 1.0})
+    save_steps(run / "checkpoints" / "best", cfg, {4: 1.0})
+    meta = run / "checkpoints" / "best" / "4" / "meta" / "metadata"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "best": {"metric": "eval/loss", "value": 1.0}}))
+    best_path = run / "checkpoints" / "best" / "4"
+    summary = {"status": "ok", "checkpoint/best_metric": "eval/loss", "checkpoint/best_path": str(best_path)}
+    (run / "summary.json").write_text(json.dumps(summary))
+    moved = tmp_path / "kept_best"
+    (run / "checkpoints" / "best").rename(moved)
+    for given in (run, run / "checkpoints"):
+        with pytest.raises(ConfigError) as e:
+            evaluate.find_best_step_dir(given)
+        assert str(e.value) == (
+            f"no best checkpoint in {run / 'checkpoints' / 'best'}, but {run / 'summary.json'} says the run kept one "
+            f"in {best_path}: the best folder was moved or deleted; give the folder it was moved to with --best, or "
+            f"leave out --best for the newest"
+        )
+    assert evaluate.find_best_step_dir(moved) == moved / "4"  # the fix: the folder it was moved to
+    assert evaluate.find_step_dir(run) == run / "checkpoints" / "8"  # the other fix: without --best

@@ -374,11 +374,11 @@ def test_nan_params_are_never_saved(tmp_path, capsys, monkeypatch):
     )
     original = checkpoint.RunCheckpoints.save
 
-    def inject(self, state, done, wandb_run_id, reason):
+    def inject(self, state, done, wandb_run_id, reason, **kwargs):
         if done == 20:
             bad = jax.tree.map(lambda x: x.at[(0,) * x.ndim].set(np.nan), state.params)
             state = state.replace(params=bad)
-        return original(self, state, done, wandb_run_id, reason)
+        return original(self, state, done, wandb_run_id, reason, **kwargs)
 
     monkeypatch.setattr(checkpoint.RunCheckpoints, "save", inject)
     assert run_and_report(cfg, run_dir) is False
@@ -1252,3 +1252,41 @@ def test_orbaxs_background_import_prints_nothing_when_it_fails_and_the_main_thre
     thread.start()
     thread.join()
     assert "orbax.checkpoint" in sys.modules and printed == []
+
+
+@pytest.mark.unit
+def test_an_entry_named_like_a_step_that_is_not_a_folder_is_refused_before_training(tmp_path, capsys):
+    """A broken symbolic link ``20`` in checkpoint.dir: a resume trained to step 20, failed at its save with
+    "free space or make the folder writable" (wrong) and left ``20.orbax-checkpoint-tmp``. Now the run is refused
+    before training in one line naming the entry, nothing in the folder changes, and the fix works."""
+    from training.run import run_and_report
+
+    ckpt = tmp_path / "ckpt"
+
+    def cfg(steps):
+        return make_cfg(
+            {
+                "data": {"name": "synthetic", "eval_size": 500},
+                "mesh": {"devices": 2},
+                "wandb": {"mode": "disabled"},
+                "checkpoint": {"dir": str(ckpt), "every": 10},
+                "train": {"steps": steps, "log_every": 5, "eval_batch": 500},
+            }
+        )
+
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+    assert run_and_report(cfg(10), tmp_path / "a")
+    (ckpt / "20").symlink_to(tmp_path / "moved" / "20")
+    before = sorted(p.name for p in ckpt.iterdir())
+    capsys.readouterr()
+    assert run_and_report(cfg(20), tmp_path / "b") is False
+    assert [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")] == [
+        f"error: {ckpt / '20'} (a broken symbolic link) is not a checkpoint step folder; move it out of {ckpt}, then "
+        "run the same command again"
+    ]
+    assert sorted(p.name for p in ckpt.iterdir()) == before and (ckpt / "20").is_symlink()
+    assert summary(tmp_path / "b")["status"] == "failed"
+    (ckpt / "20").unlink()  # the fix, followed
+    assert run_and_report(cfg(20), tmp_path / "b")
+    assert checkpoint.complete_steps(ckpt) == [10, 20] and not checkpoint.unfinished_saves(ckpt)

@@ -4,6 +4,7 @@ and another model than the checkpoint's refused in one line."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -203,3 +204,33 @@ def test_evaluate_a_damaged_newest_step_evaluates_the_newest_complete_one(tmp_pa
     )
     assert line.endswith(f"); no complete checkpoint is left in {ckpt}: give another checkpoint folder")
     assert sorted(p.name for p in ckpt.iterdir()) == ["2", "4"]  # a reader moves nothing
+
+
+@pytest.mark.unit
+def test_an_entry_named_like_a_step_that_is_not_a_folder_is_named(tmp_path, capsys):
+    """A broken symbolic link ``30`` and a file ``20`` beside the complete step 10: evaluate and sample ignored them
+    silently (or, with no complete step, blamed the run's summary); now one warning names both and the newest
+    complete step is used, and with none complete one error line names them."""
+    import evaluate
+    import sample
+    from core.errors import ConfigError
+    from utils import make_cfg, save_steps
+
+    run = tmp_path / "run"
+    ckpt = run / "checkpoints"
+    save_steps(ckpt, make_cfg({"data": {"name": "synthetic"}}), {10: 1.0})
+    (ckpt / "20").write_text("not a step")
+    (ckpt / "30").symlink_to(tmp_path / "gone")
+    (run / "summary.json").write_text('{"status": "ok"}')
+    odd = f"{ckpt / '20'} (a file), {ckpt / '30'} (a broken symbolic link) are not checkpoint step folders"
+    for find in (evaluate.find_step_dir, sample.find_checkpoint):
+        capsys.readouterr()
+        assert find(run) == ckpt / "10"
+        assert capsys.readouterr().err.splitlines() == [
+            f"warning: {odd}: ignored; the newest complete step is {ckpt / '10'}"
+        ]
+    shutil.rmtree(ckpt / "10")
+    for given in (run, ckpt):
+        with pytest.raises(ConfigError) as e:
+            evaluate.find_step_dir(given)
+        assert str(e.value) == f"{ckpt} holds no complete checkpoint: {odd}; give another checkpoint folder"

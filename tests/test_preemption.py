@@ -671,6 +671,38 @@ def test_sigterm_during_an_evaluation_stops_after_the_current_batch(tmp_path, fi
         assert (summary["status"], summary["train/steps"]) == ("ok", 20) and 0 <= summary["eval/accuracy"] <= 1
 
 
+def test_a_periodic_evaluation_a_signal_ended_runs_first_when_resumed(tmp_path):
+    """SIGTERM during step 10's periodic evaluation: the checkpoint of step 10 records the evaluation as pending,
+    and the same command evaluates step 10 before its first step (the record at step 10, the best-checkpoint
+    comparison), so metrics.jsonl holds eval records at the uninterrupted run's steps 10 and 20, once each.
+    Before: the resumed run started at step 11 and step 10 was never evaluated nor compared."""
+    from utils import train_probe_cmd
+
+    run_dir = tmp_path / "run"
+    overrides = [
+        *SMALL,
+        "train.steps=20",
+        "train.eval_every=10",
+        "checkpoint.keep_best=eval/loss",
+        f"hydra.run.dir={run_dir}",
+    ]
+    cmd = train_probe_cmd(_SLOW_EVALUATION.format(n=1), "", *overrides)
+    res = subprocess.run(cmd, cwd=REPO, env=env_for(tmp_path), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1 and error_lines(res)[0].startswith("error: stopped by SIGTERM after step 10 of 20")
+    meta = json.loads((run_dir / "checkpoints" / "10" / "meta" / "metadata").read_text())
+    assert meta["pending_evaluation"] is True
+    again = run_probe(tmp_path, "", run_dir, "train.eval_every=10", "checkpoint.keep_best=eval/loss")
+    assert again.returncode == 0, again.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [(r["step"], r["eval/loss"]) for r in records if "eval/loss" in r]
+    assert [step for step, _ in evals] == [10, 20]
+    assert re.search(rf"best eval/loss={evals[0][1]:.6g} at step 10 ->", (run_dir / "train.log").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    best = min(evals, key=lambda e: e[1])
+    assert (summary["status"], summary["checkpoint/best_step"]) == ("ok", best[0])
+    assert summary["checkpoint/best_value"] == pytest.approx(best[1], rel=1e-6)
+
+
 _TWO_CTRL_C = """
 import os, signal, time, training.report as report, training.validate as validate
 real = validate.check_run_folder

@@ -42,10 +42,10 @@ def test_killed_during_a_save_then_restarted_keeps_one_wandb_history(tmp_path, w
     )
     original = checkpoint.RunCheckpoints.save
 
-    def dies_in_the_step_30_save(self, state, done, wandb_run_id, reason):
+    def dies_in_the_step_30_save(self, state, done, wandb_run_id, reason, **kwargs):
         if done == 30:
             raise Killed()
-        return original(self, state, done, wandb_run_id, reason)
+        return original(self, state, done, wandb_run_id, reason, **kwargs)
 
     monkeypatch.setattr(checkpoint.RunCheckpoints, "save", dies_in_the_step_30_save)
     with pytest.raises(Killed):

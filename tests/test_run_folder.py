@@ -341,3 +341,50 @@ def test_processes_of_one_run_share_a_checkpoint_folder_and_an_unused_one_is_rem
     (directory / "10").mkdir()  # a step saved
     run_folder.release_checkpoints()
     assert sorted(p.name for p in directory.iterdir()) == [".lock", "10"]
+
+
+@pytest.mark.unit
+def test_a_resume_into_another_run_folders_checkpoints_leaves_its_lock_file_as_it_was(checkpoints):
+    """checkpoint.dir=<old run>/checkpoints (the README's resume after a crash) takes the old run folder's lock:
+    it rewrote that run's .lock text (also when the resume was then refused); now the old run's .lock bytes stay as
+    they were, and a run refused while the resume holds it names no process of the old run that has ended."""
+    import socket
+
+    from training.run import run_and_report
+    from utils import make_cfg
+
+    old, new = checkpoints / "old", checkpoints / "new"
+    (old / ".hydra").mkdir(parents=True)
+    new.mkdir()
+
+    def cfg(steps, seed=0, directory=None):
+        return make_cfg(
+            {
+                "data": {"name": "synthetic", "eval_size": 500},
+                "mesh": {"devices": 2},
+                "wandb": {"mode": "disabled"},
+                "checkpoint": {"dir": None if directory is None else str(directory), "every": 10},
+                "train": {"steps": steps, "seed": seed, "log_every": 5, "eval_batch": 500},
+            }
+        )
+
+    assert run_and_report(cfg(10), old)  # its own checkpoints/ (its run folder's lock covers them)
+    text = f"process 4194305 on host {socket.gethostname()} since 2026-01-01 00:00:00\n".encode()  # ended
+    (old / ".lock").write_bytes(text)
+    assert run_and_report(cfg(20, directory=old / "checkpoints"), new)
+    assert (old / ".lock").read_bytes() == text and (old / "checkpoints" / "20").is_dir()
+    assert not run_and_report(cfg(30, seed=1, directory=old / "checkpoints"), new)  # refused: train.seed changed
+    assert (old / ".lock").read_bytes() == text
+    run_folder.release_checkpoints()
+    other = os.open(old / ".lock", os.O_RDONLY)  # the resumed run holds it (another process)
+    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        with pytest.raises(run_folder.RunFolderError) as e:
+            run_folder.claim_checkpoints(old / "checkpoints", checkpoints / "third")
+        assert str(e.value) == (
+            f"checkpoint.dir={old / 'checkpoints'} is in use by another run (another process); give this run another "
+            "checkpoint.dir, or wait until that run ends"
+        )
+    finally:
+        os.close(other)
+    assert (old / ".lock").read_bytes() == text

@@ -63,12 +63,28 @@ def maybe_multi(distributed: Optional[Mapping[str, Any]], environ: Mapping[str, 
 
 
 def _holder(fd: int) -> str:
-    """What the lock file says of the run holding it (``process P on host H since T``), or ``another process``."""
+    """What the lock file says of the run holding it (``process P on host H since T``), or ``another process`` (also
+    when it names a process of this host that has ended: the text of a run folder another run's checkpoints lock,
+    ``claim_checkpoints``)."""
     try:
         text = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
     except OSError:
         text = ""
+    words = text.split()
+    if len(words) > 4 and words[1].isdigit() and words[4] == socket.gethostname() and not _alive(int(words[1])):
+        return "another process"
     return text.splitlines()[0] if text else "another process"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        pass
+    return True
 
 
 def _in_use_line(folder: Path, holder: str) -> str:
@@ -163,9 +179,10 @@ def enclosing_run(directory: Path, levels: int = 3) -> Optional[Path]:
 def claim_checkpoints(directory: Path, run_dir: Path, shared: bool = False) -> None:
     """Takes, for this process, the lock that says which run writes checkpoint folder ``directory``: nothing when it
     lies in run folder ``run_dir`` (whose lock covers it); the lock of another run folder holding it (a resume with
-    ``checkpoint.dir=<old run>/checkpoints``); else ``<directory>/.lock`` (the folder is made when missing). The
-    processes of one multi-process run share it (``shared``). Releases the one held for an earlier job's folder.
-    Readers take none (``python -m evaluate``, ``python -m sample``, ``checkpoint.resume=``).
+    ``checkpoint.dir=<old run>/checkpoints``; its ``.lock`` text is left as it is); else ``<directory>/.lock`` (the
+    folder is made when missing). The processes of one multi-process run share it (``shared``). Releases the one
+    held for an earlier job's folder. Readers take none (``python -m evaluate``, ``python -m sample``,
+    ``checkpoint.resume=``).
 
     Raises:
       RunFolderError: another run holds it (the line names the process and its run folder), or the folder cannot be
@@ -201,7 +218,8 @@ def claim_checkpoints(directory: Path, run_dir: Path, shared: bool = False) -> N
         if not _release_at_exit:
             _release_at_exit.append(atexit.register(release_checkpoints))  # an unused folder it made goes
         _checkpoints = (folder, fd, made)
-        _write_holder(fd, run_dir)
+        if owner is None:  # another run's folder keeps its own .lock text: nothing of that run changes
+            _write_holder(fd, run_dir)
 
 
 _release_at_exit: list = []  # release_checkpoints, once registered

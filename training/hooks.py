@@ -68,6 +68,7 @@ class LoopState:
     final: Optional[dict] = None
     logged_this_step: bool = False
     evaluation: Optional[tuple[int, dict]] = None  # (step, metrics) of the newest evaluation (periodic or final)
+    unevaluated: Optional[int] = None  # a step whose periodic evaluation a signal ended (its checkpoint says so)
 
 
 class Hook:
@@ -137,7 +138,8 @@ class Evaluation(Hook):
     def run(self, loop: LoopState, step: int) -> None:
         try:
             loop.extra.update(self.evaluate(loop.state.params))
-        except EvaluationStopped:  # a signal: the checkpoint hook saves this step and stops the run
+        except EvaluationStopped:  # a signal: the checkpoint hook saves this step (evaluation pending) and stops
+            loop.unevaluated = step
             return
         loop.evaluation = (step, {k: v for k, v in loop.extra.items() if k.startswith("eval/")})
         self.target.observe(step, loop.extra["eval/accuracy"], loop.clock.since_first_step_s())
@@ -210,8 +212,9 @@ class CheckpointHook(Hook):
         stopping = self.stop.signal_name is not None and (step < self.n_steps or unevaluated)
         stopped = f"stopped by {self.stop.signal_name} after step {step} of {self.n_steps}"
         stopped += " (before its final evaluation); " if unevaluated else "; "
+        pending = {PENDING_EVALUATION: True} if loop.unevaluated == step else None  # resumed: evaluated first
         try:
-            saved = self.ckpts.save(loop.state, step, self.wandb_run_id(), reason)
+            saved = self.ckpts.save(loop.state, step, self.wandb_run_id(), reason, extra=pending)
             if stopping:
                 self.ckpts.wait()  # the line below names the checkpoint as saved: it must be on disk
         except (checkpoint.NonFiniteError, checkpoint.UndeletableError, checkpoint.CheckpointWriteError) as e:
@@ -229,6 +232,28 @@ class CheckpointHook(Hook):
 
     def summary(self) -> dict[str, Any]:
         return self.ckpts.summary()
+
+
+# in a checkpoint's metadata: a signal ended its step's periodic evaluation, which the resumed run runs first
+PENDING_EVALUATION = "pending_evaluation"
+
+
+def evaluate_pending(hooks: list[Hook], loop: LoopState, restored, n_steps: int, reporter) -> None:
+    """Before a resumed run's first step: the periodic evaluation of the restored step when a signal ended it
+    (``restored.metadata[PENDING_EVALUATION]``), with its record at that step and the best-checkpoint comparison,
+    as the stopped run would have done. Raises ``Stopped`` when a signal ends it again (the checkpoint stays
+    pending)."""
+    step = None if restored is None else restored.step
+    if step is None or step >= n_steps or not restored.metadata.get(PENDING_EVALUATION):
+        return  # nothing pending (at the last step the final evaluation runs anyway)
+    for hook in hooks:
+        if isinstance(hook, (Evaluation, BestCheckpointHook)) or (
+            isinstance(hook, CheckpointHook) and loop.unevaluated == step
+        ):
+            hook.run(loop, step)  # the checkpoint hook, after a signal: raises Stopped
+    reporter.log([{"step": step, **loop.evaluation[1]}])
+    loop.extra = {}
+    loop.timer.resume()  # the evaluation's time is not a step's
 
 
 class BestCheckpointHook(Hook):

@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import jax
 import numpy as np
@@ -75,6 +75,7 @@ from training.hooks import (
     SyncCheck,
     WindowLog,
     evaluate,
+    evaluate_pending,
     exploded_final,
 )
 from training import process
@@ -243,6 +244,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
             bound=in_flight_bound(n_devices, cfg.train.max_in_flight),
             transfer_guard=cfg.train.transfer_guard,
             bar=bar,
+            first=lambda: evaluate_pending(hooks, loop, prep.restored, prep.n_steps, reporter),
         )
     process.set_phase("end")
     if loop.final is None:  # resumed at the last step: no step ran, so its final evaluation runs now
@@ -542,6 +544,7 @@ def train_loop(
     bound: Optional[int],
     transfer_guard: str,
     bar=None,
+    first: Optional[Callable[[], None]] = None,
 ) -> LoopState:
     """Runs steps ``start + 1 .. n_steps`` from ``loop.state``; returns ``loop`` with the final state. Marks the
     first dispatch on ``loop.clock``; closes every hook when it ends (also on errors).
@@ -550,7 +553,8 @@ def train_loop(
     split's device arrays, ``Experiment.feed``); ``first_batch`` the placed batch of step ``start``, ``batches`` the
     following ones. ``bound``: with more than one device, after dispatching step t wait for step t - ``bound``
     (the CPU backend aborts with too many simulated-device collectives in flight); None: never wait.
-    ``transfer_guard``: ``jax.transfer_guard`` level around the dispatch (``allow``, JAX's default, sets none)."""
+    ``transfer_guard``: ``jax.transfer_guard`` level around the dispatch (``allow``, JAX's default, sets none).
+    ``first``: called before the first step (a resumed run's pending evaluation, ``hooks.evaluate_pending``)."""
     in_flight: collections.deque = collections.deque()
     batch = first_batch
     # "allow" is JAX's default: no guard context per step (it costs host time in every step)
@@ -559,6 +563,8 @@ def train_loop(
     )
     error: Optional[BaseException] = None
     try:
+        if first is not None:
+            first()
         for step in range(start, n_steps):
             with guard():
                 if step > start:

@@ -13,7 +13,7 @@ from typing import Optional
 
 from conf.schema import CheckpointConfig
 from core.errors import ConfigError
-from training.checkpoint.store import META, STATE, any_step_dirs, complete_steps, is_step_dir
+from training.checkpoint.store import META, STATE, any_step_dirs, complete_steps, is_step_dir, odd_entries
 from tracking import run_folder
 from tracking.folders import RUN, first_job, folder_kind, many_runs, run_checkpoint_dir
 
@@ -110,6 +110,12 @@ def prepare(cfg: CheckpointConfig, run_dir: Path, process_count: int = 1) -> Che
         )
     if cfg.best_mode not in BEST_MODES:
         raise ConfigError(f"checkpoint.best_mode={cfg.best_mode} is unknown; choose one of {', '.join(BEST_MODES)}")
+    right = best_direction(cfg.keep_best or "", "auto")  # a loss is best at its minimum, an accuracy at its maximum
+    if cfg.keep_best is not None and cfg.best_mode not in ("auto", right):
+        raise ConfigError(
+            f"checkpoint.best_mode={cfg.best_mode} keeps the {'lowest' if right == 'max' else 'highest'} "
+            f"{cfg.keep_best}, the worst one; use checkpoint.best_mode=auto ({right} for {cfg.keep_best})"
+        )
     if cfg.keep_best is not None and not cfg.enabled:
         raise ConfigError(
             f"checkpoint.keep_best={cfg.keep_best} keeps a checkpoint, but checkpoint.enabled=false; enable "
@@ -151,6 +157,11 @@ def prepare(cfg: CheckpointConfig, run_dir: Path, process_count: int = 1) -> Che
     directory = Path(cfg.dir).expanduser() if cfg.dir else default_directory(run_dir, process_count)
     if directory.exists() and not directory.is_dir():
         raise ConfigError(f"checkpoint.dir={directory} is a file; give a folder")
+    for folder in [directory.absolute()] + ([directory.absolute() / BEST_DIR] if cfg.keep_best else []):
+        odd = odd_entries(folder)  # a save of that step would fail on it, after training: refused now
+        if odd:
+            them = "them" if odd.endswith("folders") else "it"
+            raise ConfigError(f"{odd}; move {them} out of {folder}, then run the same command again")
     if resume == "never" and complete_steps(directory):
         raise ConfigError(
             f"checkpoint.resume=never but checkpoint.dir={directory} already holds checkpoints "

@@ -22,6 +22,7 @@ from training.checkpoint.store import (
     complete_steps,
     is_step_dir,
     move_aside,
+    odd_entries,
     read_metadata,
     restore_step,
     storage_error_text,
@@ -142,6 +143,8 @@ def read_newest(
 
 
 def _warn_unfinished(directory: Path) -> None:
+    if odd_entries(directory):  # another run's folder (a run's own refuses such entries: checkpoint.prepare)
+        warn(f"{odd_entries(directory)}: ignored")
     for tmp in unfinished_saves(directory):
         warn(f"ignoring {tmp}: a checkpoint save that never finished (the process stopped while writing it)")
 

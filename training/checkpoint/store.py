@@ -243,6 +243,19 @@ def complete_steps(directory: Path) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
 
 
+def odd_entries(directory: Path) -> Optional[str]:
+    """``<dir>/30 (a file) is not a checkpoint step folder`` naming every entry of ``directory`` named like a step
+    that is not a folder (a file, a broken symbolic link: readers skip it, a save of that step fails on it), or
+    None when there is none."""
+    directory = Path(directory)
+    odd = sorted(p for p in directory.iterdir() if p.name.isdigit() and not p.is_dir()) if directory.is_dir() else []
+    if not odd:
+        return None
+    kind = lambda p: "a broken symbolic link" if p.is_symlink() and not p.exists() else "a file"  # noqa: E731
+    names = ", ".join(f"{p} ({kind(p)})" for p in odd)
+    return f"{names} {'is not a checkpoint step folder' if len(odd) == 1 else 'are not checkpoint step folders'}"
+
+
 def unfinished_saves(directory: Path) -> list[Path]:
     """Folders of saves that never finished (the process died while orbax was writing them)."""
     directory = Path(directory)
