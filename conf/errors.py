@@ -20,7 +20,7 @@ from typing import Mapping, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from core.errors import ConfigError
+from core.errors import NEEDS_QUOTES, ConfigError
 
 Options = Mapping[str, tuple[Mapping[str, type], str]]
 
@@ -163,17 +163,12 @@ def _first_line(text: str) -> str:
     return next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
 
 
-# Characters Hydra's override grammar reads as syntax (or cannot lex) in an unquoted value: a path holding one
-# must be quoted inside the shell's quotes ('key="a b"'; a quoted '~/x' is expanded by the run, as the shell would).
-_NEEDS_QUOTES = re.compile(r"[\s()\[\]{}=,'\"#%:$\\~]|[^\x00-\x7f]")
-
-
 def _quote_hint(override: str) -> str:
     """``; quote the value: 'key="value"'`` for an unquoted override value Hydra cannot parse because of a
     space, a bracket or another character of its grammar (also any non-ASCII letter); else ``""`` (also for
     a value that starts as a list or dict: a typo there is not a quoting matter)."""
     key, sep, value = str(override).partition("=")
-    if not sep or not value or value[0] in "'\"[{" or '"' in value or not _NEEDS_QUOTES.search(value):
+    if not sep or not value or value[0] in "'\"[{" or '"' in value or not NEEDS_QUOTES.search(value):
         return ""
     return f"; quote the value for Hydra inside the shell's quotes: '{key}=\"{value}\"'"
 

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class ConfigError(ValueError):
     """Bad user input; the message is one line naming the offending values and the fix."""
@@ -38,3 +40,16 @@ def error_text(error: BaseException, limit: int = 300) -> str:
     one-line message quotes an error it reports, e.g. ``PermissionError: [Errno 1] Operation not permitted: 'x'``."""
     name = type(error).__name__
     return f"{name}: {first_line(error, limit)}" if str(error).strip() else name
+
+
+# Characters Hydra's override grammar reads as syntax (or cannot lex) in an unquoted value: a path holding one
+# must be quoted inside the shell's quotes ('key="a b"'; a quoted '~/x' is expanded by the run, as the shell would).
+NEEDS_QUOTES = re.compile(r"[\s()\[\]{}=,'\"#%:$\\~]|[^\x00-\x7f]")
+
+
+def override(key: str, value: object) -> str:
+    """``key=value`` as a command line takes it, for advice a user pastes: a value holding a space or another
+    character of Hydra's override grammar (a non-ASCII letter too) quoted for Hydra inside the shell's quotes,
+    ``'key="value"'`` (Hydra's override grammar: hydra.cc/docs/advanced/override_grammar/basic)."""
+    text = str(value)
+    return f"'{key}=\"{text}\"'" if NEEDS_QUOTES.search(text) and '"' not in text else f"{key}={text}"

@@ -27,6 +27,7 @@ from typing import Any, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from core.errors import override
 from training.process import SweepStop, release_gc
 
 # summary.json "error" of a job that never started because its sweep received a signal (then the signal's name)
@@ -106,7 +107,7 @@ def stop_report(
     lines = [f"sweep stopped by {signal_name}: {head} (of {total} jobs)"]
     lines += [f"  {job}: {state}" for state, jobs in groups.items() for job in jobs]
     lines.append(
-        f"resume with the same command and hydra.sweep.dir={sweep_dir} (finished jobs are not run again, "
+        f"resume with the same command and {override('hydra.sweep.dir', sweep_dir)} (finished jobs are not run again, "
         f"stopped ones continue from their checkpoint)"
     )
     return lines

@@ -61,3 +61,22 @@ def test_multirun_flag_moves_before_the_overrides():
     assert multirun_flag_first(["data=synthetic", "-m", "accum=1,2"]) == ["-m", "data=synthetic", "accum=1,2"]
     assert multirun_flag_first(["a=1", "--multirun"]) == ["--multirun", "a=1"]
     assert multirun_flag_first(["a=1", "b=2"]) == ["a=1", "b=2"]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("path", ["/tmp/f/a b/rün 2/checkpoints", "/tmp/plain/ckpt", "runs/a [b]", "~/ck,1"])
+def test_advised_overrides_parse_back_to_the_path(path):
+    """An error or stop line's advice (``core.errors.override``) pasted into a shell reaches Hydra as the path: a
+    path with spaces or non-ASCII letters was printed bare and failed to parse when followed."""
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from core.errors import override
+    from training import process
+
+    text = override("checkpoint.dir", path)
+    (parsed,) = OverridesParser.create().parse_overrides(shlex.split(text))
+    assert (parsed.key_or_group, parsed.value()) == ("checkpoint.dir", path)
+    line = process.saved_stop_text(f"{path}/12", path)
+    assert f"continue with the same command and {text} (or {override('checkpoint.resume', path + '/12')})" in line

@@ -26,6 +26,8 @@ import sys
 import threading
 from typing import Callable, Iterator, Optional, Union
 
+from core.errors import override
+
 log = logging.getLogger(__name__)
 
 
@@ -254,7 +256,7 @@ def _sweep_again(then: str = "") -> str:
     """How a stopped job of a sweep is continued (with ``then`` after it), or "" for a single run."""
     if _sweep_dir is None:
         return ""
-    return f"resume the sweep with the same command and hydra.sweep.dir={_sweep_dir}{then}"
+    return f"resume the sweep with the same command and {override('hydra.sweep.dir', _sweep_dir)}{then}"
 
 
 def set_resume_hint(checkpoint_dir: Optional[str]) -> None:
@@ -266,7 +268,9 @@ def set_resume_hint(checkpoint_dir: Optional[str]) -> None:
         then = " (this job continues from its newest checkpoint)" if checkpoint_dir else " (this job starts over)"
         _resume_hint = _sweep_again(then)
     elif checkpoint_dir:
-        _resume_hint = f"continue with the same command and checkpoint.dir={checkpoint_dir} (its newest checkpoint)"
+        _resume_hint = (
+            f"continue with the same command and {override('checkpoint.dir', checkpoint_dir)} (its newest checkpoint)"
+        )
     else:
         _resume_hint = "nothing was saved (checkpoint.enabled=false): the same command starts over"
 
@@ -279,8 +283,8 @@ def saved_stop_text(saved: Optional[str], checkpoint_dir) -> str:
     if _sweep_dir is not None:
         return f"checkpoint saved in {saved}; " + _sweep_again(" (this job continues from it)")
     return (
-        f"checkpoint saved in {saved}; continue with the same command and checkpoint.dir={checkpoint_dir} (or "
-        f"checkpoint.resume={saved})"
+        f"checkpoint saved in {saved}; continue with the same command and {override('checkpoint.dir', checkpoint_dir)} "
+        f"(or {override('checkpoint.resume', saved)})"
     )
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from conf.schema import CheckpointConfig
-from core.errors import ConfigError
+from core.errors import ConfigError, override
 from training.checkpoint.store import META, STATE, any_step_dirs, complete_steps, is_step_dir, odd_entries
 from tracking import run_folder
 from tracking.folders import RUN, first_job, folder_kind, many_runs, run_checkpoint_dir
@@ -140,7 +140,7 @@ def prepare(cfg: CheckpointConfig, run_dir: Path, process_count: int = 1) -> Che
             where = run_checkpoint_dir(resume_path)
             raise ConfigError(
                 f"checkpoint.resume={cfg.resume} is a run folder, not a checkpoint folder; give its checkpoint "
-                f"folder, checkpoint.resume={where} (or one <step> folder in it)"
+                f"folder, {override('checkpoint.resume', where)} (or one <step> folder in it)"
             )
         if not is_step_dir(resume_path) and not complete_steps(resume_path) and not any_step_dirs(resume_path):
             raise ConfigError(
