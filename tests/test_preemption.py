@@ -356,7 +356,7 @@ def test_stop_lines_of_a_sweep_job_resume_the_sweep(monkeypatch):
     assert process.stop_text("SIGTERM").endswith(f"nothing trained or saved; {again}")
     process.set_phase("steps")
     assert process.stop_text("SIGTERM").endswith(
-        f"(a second signal: no checkpoint of this stop); {again} (this job continues from its newest checkpoint)"
+        f"(a second signal: it did not wait for a checkpoint); {again} (this job continues from its newest checkpoint)"
     )
     process.set_phase("end")
     assert process.stop_text("SIGTERM").endswith(f"while the run was ending; {again} (this job finishes from its "
@@ -794,9 +794,30 @@ def test_a_stop_during_the_steps_names_the_checkpoint_folder(monkeypatch):
     monkeypatch.setattr(process, "_resume_hint", process._resume_hint)
     process.set_resume_hint("/r/checkpoints")
     assert process.stop_text("SIGINT") == (
-        "stopped at once by SIGINT (Ctrl-C) during the training steps (a second signal: no checkpoint of this stop); "
-        "continue with the same command and checkpoint.dir=/r/checkpoints (its newest checkpoint)"
+        "stopped at once by SIGINT (Ctrl-C) during the training steps (a second signal: it did not wait for a "
+        "checkpoint); continue with the same command and checkpoint.dir=/r/checkpoints (its newest checkpoint)"
     )
     process.set_resume_hint(None)
     assert process.stop_text("SIGTERM").endswith("; nothing was saved (checkpoint.enabled=false): the same command "
                                                   "starts over")  # fmt: skip
+
+
+@pytest.mark.unit
+def test_a_burst_of_signals_names_the_first_in_the_line_and_the_summary(monkeypatch):
+    """SIGTERM then SIGINT during the steps stops at once; a third signal while the run ends made the summary and
+    the stderr line name different signals (the summary the default SIGINT, the line the third): both now name
+    the first."""
+    import signal
+
+    from training import process
+
+    monkeypatch.setattr(process, "_stop", None)
+    monkeypatch.setattr(process, "_phase", "steps")
+    stop = process.StopOnSignal()
+    stop._multi = False
+    stop._handle(signal.SIGTERM, None)
+    with pytest.raises(KeyboardInterrupt):
+        stop._handle(signal.SIGINT, None)
+    process._note_stop(signal.SIGHUP)  # a later signal, taken by the handler outside the steps
+    assert process.stop_signal() == "SIGTERM"
+    assert process.stop_text().startswith("stopped at once by SIGTERM during the training steps")

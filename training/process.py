@@ -210,7 +210,7 @@ def stop_text(signal_name: Optional[str] = None) -> str:
         )
     if _phase == "steps":
         return (
-            f"stopped at once by {said} during the training steps (a second signal: no checkpoint of this stop); "
+            f"stopped at once by {said} during the training steps (a second signal: it did not wait for a checkpoint); "
             f"{_resume_hint}"
         )
     again = _sweep_again(" (this job finishes from its final checkpoint)") or (
@@ -390,6 +390,8 @@ class StopOnSignal:
     def _handle(self, signum, frame):
         name = signal.Signals(signum).name
         if self.signal_name is not None and signum == signal.SIGINT:
+            first = self.signal_name.split()[0]  # the stop's line and summary name the first signal, whatever follows
+            _note_stop(signal.Signals[first] if first in signal.Signals.__members__ else signum)
             quiet_background_logs()
             raise KeyboardInterrupt
         self.signal_name = name
