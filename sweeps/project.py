@@ -274,6 +274,21 @@ def _explicit_flops(args, tokens: Optional[int]) -> Optional[float]:
     return args.flops_per_token * tokens
 
 
+def by_hand(summaries: list[dict[str, Any]], args) -> str:
+    """The command that projects the model of the first of ``summaries`` (1-device runs) from explicit inputs:
+    its parameters, per-device batch and FLOPs per example, with this command's hardware, devices and MFU (0.4 when
+    none was given)."""
+    s = summaries[0] if summaries else {}
+    params, batch = s.get("model/param_count"), s.get("train/per_device_batch")
+    flops = s.get("perf/flops_per_step_per_device")
+    per_example = f"{flops / batch:.6g}" if flops and batch else "F"
+    mfu = f"--step-time-s {args.step_time_s}" if args.step_time_s else f"--mfu {args.mfu or 0.4}"
+    return (
+        f"python -m sweeps.project --params {params or 'N'} --per-device-batch {batch or 'B'} "
+        f"--flops-per-example {per_example} {mfu} --hardware {args.hardware} --devices {args.devices}"
+    )
+
+
 def build_projection(args) -> tuple[list[dict[str, Any]], Hardware, dict[str, Any], list[dict[str, Any]]]:
     """Rows (one per configuration and device count, with a ``config`` column), the hardware, the profile
     and the summaries used (empty for explicit inputs)."""
@@ -304,7 +319,8 @@ def build_projection(args) -> tuple[list[dict[str, Any]], Hardware, dict[str, An
     if not sources:
         raise ProjectionError(
             f"no job below {args.folder} has a collective in its compiled step (only 1-device jobs?): "
-            "a projection needs a job with mesh.devices >= 2, or give --params"
+            "a projection needs a job with mesh.devices >= 2, or the model given by hand instead of the folder: "
+            + by_hand(summaries, args)
         )
     args.skipped = skipped
     for summary in sources:

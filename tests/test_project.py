@@ -681,3 +681,24 @@ def test_a_checkpoint_folder_names_the_run_folder_to_pass(tmp_path):
     assert str(e.value) == (
         f"no finished run (summary.json with status ok) below {run}: {run / 'summary.json'} (JSONDecodeError)"
     )
+
+
+@pytest.mark.unit
+def test_the_advice_for_one_device_jobs_is_a_command_that_works(tmp_path, capsys):
+    """Only 1-device jobs: the line said "or give --params", which alone is refused (three more errors before a
+    working command); it now gives the whole command with the run's parameters, batch and FLOPs, which runs."""
+    import shlex
+
+    root = _strong_sweep(tmp_path / "one", modes=("pmap",), devices=(1,))
+    summary = json.loads((root / "0" / "summary.json").read_text())
+    (root / "0" / "summary.json").write_text(json.dumps({**summary, "model/param_count": 21984}))
+    assert cli.main([str(root), "--hardware", "h100_sxm", "--devices", "8,64", "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    advised = err.strip().split("instead of the folder: ", 1)[1]
+    assert advised == (
+        "python -m sweeps.project --params 21984 --per-device-batch 256 --flops-per-example 3.90625e+06 --mfu 0.4 "
+        "--hardware h100_sxm --devices 8,64"
+    )
+    argv = shlex.split(advised)[3:] + ["--out", str(tmp_path / "b")]
+    assert cli.main(argv) == 0
+    assert len(_csv(tmp_path / "b" / "projection.csv")) == 2
