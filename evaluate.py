@@ -190,7 +190,27 @@ def find_best_step_dir(path: Path) -> Path:
             f"no best checkpoint in {folder}: the run was trained without checkpoint.keep_best (train with "
             f"checkpoint.keep_best=eval/loss and train.eval_every=N to keep one), or leave out --best for the newest"
         )
+    _warn_other_runs_best(path, found)
     return found
+
+
+def _warn_other_runs_best(path: Path, best: Path) -> None:
+    """One warning when the best checkpoint ``best`` was saved by another run than the one at ``path`` (a run or
+    checkpoint folder): its metadata's ``run_dir`` is not this run's (``.hydra/`` of ``path``, else the one the
+    newest step names), and its model config differs from this run's newest step's. It is still the one read."""
+    from training import checkpoint
+
+    saver = checkpoint.read_metadata(best).get("run_dir")
+    newest = checkpoint.best_step_dir(best.parent.parent)  # the newest step of the checkpoint folder
+    mine = checkpoint.read_metadata(newest) if newest is not None else {}
+    run = path if (path / ".hydra").is_dir() else mine.get("run_dir")
+    if not saver or not run or Path(saver).absolute() == Path(run).absolute():
+        return
+    model = checkpoint.read_metadata(best).get("config", {}).get("model")
+    if mine and mine.get("config", {}).get("model") == model:
+        return
+    other = ", with other model settings" if mine else ""
+    checkpoint.warn(f"the best checkpoint {best} was saved by another run, {saver}{other}; it is read as given")
 
 
 def _kept_best(folder: Path) -> Optional[Path]:
