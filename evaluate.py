@@ -190,7 +190,27 @@ def find_best_step_dir(path: Path) -> Path:
             f"no best checkpoint in {folder}: the run was trained without checkpoint.keep_best (train with "
             f"checkpoint.keep_best=eval/loss and train.eval_every=N to keep one), or leave out --best for the newest"
         )
+    _warn_other_runs_best(path, found)
     return found
+
+
+def _warn_other_runs_best(path: Path, best: Path) -> None:
+    """One warning when the best checkpoint ``best`` was saved by another run than the one at ``path`` (a run or
+    checkpoint folder): its metadata's ``run_dir`` is not this run's (``.hydra/`` of ``path``, else the one the
+    newest step names), and its model config differs from this run's newest step's. It is still the one read."""
+    from training import checkpoint
+
+    saver = checkpoint.read_metadata(best).get("run_dir")
+    newest = checkpoint.best_step_dir(best.parent.parent)  # the newest step of the checkpoint folder
+    mine = checkpoint.read_metadata(newest) if newest is not None else {}
+    run = path if (path / ".hydra").is_dir() else mine.get("run_dir")
+    if not saver or not run or Path(saver).absolute() == Path(run).absolute():
+        return
+    model = checkpoint.read_metadata(best).get("config", {}).get("model")
+    if mine and mine.get("config", {}).get("model") == model:
+        return
+    other = ", with other model settings" if mine else ""
+    checkpoint.warn(f"the best checkpoint {best} was saved by another run, {saver}{other}; it is read as given")
 
 
 def _kept_best(folder: Path) -> Optional[Path]:
@@ -354,16 +374,34 @@ def _has_metadata(step_dir: Path) -> bool:
         return False
 
 
+def _step_config(step_dir: Path, overrides: Sequence[str]):
+    """The typed config to evaluate ``step_dir`` with: its saved config, its null settings as it was trained (an
+    older checkpoint: its AdamW decayed every parameter, whose optimizer state has another structure), and
+    ``overrides``. Raises ConfigError when an override changes its model."""
+    from core.errors import ConfigError
+    from training import checkpoint
+
+    saved = checkpoint.read_metadata(step_dir).get("config", {})
+    cfg = checkpoint.with_inherited(compose_eval_config(saved, overrides), saved)
+    changed = model_changes(saved, cfg)
+    if changed:
+        raise ConfigError(
+            f"checkpoint {step_dir} holds a model trained with other settings ({'; '.join(changed)}); "
+            f"evaluate it with its own: leave out these overrides"
+        )
+    return cfg
+
+
 def evaluate_checkpoint(path: Path, overrides: Sequence[str] = (), best: bool = False) -> dict:
     """Restores the checkpoint at ``path`` (``best``: the run's best checkpoint, ``find_best_step_dir``; else the
-    newest complete step, a damaged newer one named in one warning line) onto this process's devices and
+    newest complete step, a damaged newer one, or one whose metadata no longer fits its arrays, named in one warning
+    line) onto this process's devices and
     evaluates it on the test split.
 
     Returns ``{"eval/accuracy", "eval/loss", "step", "examples", "checkpoint"}`` (and ``eval/perplexity`` for a
     GPT, evaluated on the validation windows its training evaluated on). Raises ConfigError/DataError
     (one line) on bad input.
     """
-    from core.errors import ConfigError
     from training import checkpoint
     from training.runtime import setup_runtime
 
@@ -376,28 +414,28 @@ def evaluate_checkpoint(path: Path, overrides: Sequence[str] = (), best: bool = 
     step_dir = next((d for d in step_dirs if _has_metadata(d)), None)
     if step_dir is None:  # every one is damaged: read_newest raises one line naming them
         step_dir = checkpoint.read_newest(step_dirs, checkpoint.read_metadata, "evaluating", advice)[1]
-    saved = checkpoint.read_metadata(step_dir)
-    # null settings as the checkpoint was trained (an older checkpoint: its AdamW decayed every parameter, whose
-    # optimizer state has another structure)
-    cfg = checkpoint.with_inherited(compose_eval_config(saved.get("config", {}), overrides), saved.get("config", {}))
-    changed = model_changes(saved.get("config", {}), cfg)
-    if changed:
-        raise ConfigError(
-            f"checkpoint {step_dir} holds a model trained with other settings ({'; '.join(changed)}); "
-            f"evaluate it with its own: leave out these overrides"
-        )
     # simulated CPU devices / XLA flags, before the backend starts; a bad jax.distributed setting: one line
-    setup_runtime(cfg).raise_error()
+    setup_runtime(_step_config(step_dir, overrides)).raise_error()
 
     from data.pipeline import make_eval_set
     from training.build import build, plan
     from training.hooks import evaluate
 
-    p = plan(cfg)
-    exp = build(p)
-    # the newest step that restores: a damaged one (a missing or truncated file) is named in one warning line
-    restored, step_dir = checkpoint.read_newest(
-        step_dirs, lambda d: checkpoint.restore_step(d, exp.mode, exp.state), "evaluating", advice
+    built: dict = {}  # each step is built from its own config; steps of one config share one build
+
+    def restore(step_dir: Path):
+        cfg = _step_config(step_dir, overrides)
+        key = json.dumps(checkpoint.read_metadata(step_dir).get("config", {}), sort_keys=True, default=str)
+        if key not in built:
+            p = plan(cfg)
+            built[key] = (cfg, p, build(p))
+        cfg, p, exp = built[key]
+        return checkpoint.restore_step(step_dir, exp.mode, exp.state), cfg, p, exp
+
+    # the newest step that restores: a damaged one (a missing or truncated file, or metadata that no longer fits
+    # its arrays) is named in one warning line
+    (restored, cfg, p, exp), step_dir = checkpoint.read_newest(
+        step_dirs, restore, "evaluating", advice, misfit_damaged=True
     )
     test, fingerprint = load_test_split(cfg, p, step_dir)
     change = checkpoint.data_change(checkpoint.read_metadata(step_dir).get("data_fingerprint"), fingerprint)

@@ -9,9 +9,9 @@ checkpoint's ``params`` (any device count or mode saved them: they are read as h
 (the default) is greedy decoding; > 0 samples from ``softmax(logits / temperature)`` with ``--seed``. The
 prompt is encoded with the run's tokenizer (byte tokens: its UTF-8 bytes; a BPE: the ``tokenizer.json`` saved
 beside the checkpoint) and the output decoded with it (a multi-byte character cut short becomes U+FFFD).
-Output: the prompt and its continuation on stdout. A damaged newest step (a missing or truncated file) is named in
-one warning line and the newest complete step is used. Errors (no complete checkpoint, not a GPT, arrays that do
-not fit the saved config, a bad argument): one line ``error: ...`` on stderr and exit code 1.
+Output: the prompt and its continuation on stdout. A damaged newest step (a missing or truncated file, arrays that
+no longer fit its saved config) is named in one warning line and the newest complete step is used. Errors (no
+complete checkpoint, not a GPT, a bad argument): one line ``error: ...`` on stderr and exit code 1.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def load_newest(path: Path, best: bool = False):
     from training import checkpoint
 
     step_dirs, folder = ([find_best_step_dir(Path(path))], None) if best else find_steps(Path(path))
-    return checkpoint.read_newest(step_dirs, load_model, "sampling", nothing_left(step_dirs, folder, "sample"))
+    advice = nothing_left(step_dirs, folder, "sample")
+    return checkpoint.read_newest(step_dirs, load_model, "sampling", advice, misfit_damaged=True)
 
 
 def load_model(step_dir: Path):
@@ -76,16 +77,20 @@ def load_model(step_dir: Path):
                 continue
             name = f"{key}.value" if f"{key}.value" in arrays else key
             if name not in arrays:
-                raise ConfigError(f"checkpoint {step_dir} has no array {key}; it does not hold this config's GPT")
+                raise checkpoint.Misfit(
+                    f"checkpoint {step_dir} has no array {key}; it does not hold this config's GPT",
+                    f"no array {key} for its config's GPT",
+                )
             have, want = tuple(arrays[name].shape), tuple(v.shape)
             if have != want:
                 if key in tables:
                     found = f"the GPT {tables[key]} has {have[0]} rows in its arrays but {want[0]}"
                 else:
                     found = f"array {key} has shape {have} but {want}"
-                raise ConfigError(
+                raise checkpoint.Misfit(
                     f"checkpoint {step_dir}: {found} in its saved config (model.vocab_size / model.context / "
-                    f"model.max_positions); sample it with the config it was trained with (its .hydra/config.yaml)"
+                    f"model.max_positions); sample it with the config it was trained with (its .hydra/config.yaml)",
+                    f"{found} by its config",
                 )
             tree[k] = jnp.asarray(arrays[name])
 

@@ -28,6 +28,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from core.errors import override
+from tracking.folders import not_own_folder
 from training.process import SweepStop, release_gc
 
 # summary.json "error" of a job that never started because its sweep received a signal (then the signal's name)
@@ -225,18 +226,31 @@ def sweep_refusal(sweep_dir: Path, changes: list[str], limit: int = 4) -> str:
     )
 
 
+def _refuse_foreign(folder: str, key: str) -> None:
+    """Exits 1 with one line when ``key=folder`` belongs to something else (``not_own_folder``)."""
+    line = not_own_folder(Path(str(folder)), key)
+    if line:
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        sys.exit(1)  # SystemExit passes Hydra's callback wrapper (it only catches Exception)
+
+
 class SweepSummary(Callback):
     """Prints ``k of n jobs failed`` with each failed job's folder and error, and exits with code 1 when k > 0.
 
-    Also stops the sweep on SIGTERM/SIGINT (``SweepStop``) and then prints ``stop_report`` and exits 1.
+    Also stops the sweep on SIGTERM/SIGINT (``SweepStop``) and then prints ``stop_report`` and exits 1. A run or sweep
+    given a folder of another kind (``tracking.folders.not_own_folder``) is refused before Hydra writes there.
     """
 
     def __init__(self) -> None:
         self.start_s: Optional[float] = None
         self.stop: Optional[SweepStop] = None
 
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _refuse_foreign(config.hydra.run.dir, "hydra.run.dir")  # another run's checkpoints, a sweep's folder
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         release_gc()  # a sweep's process keeps Python's garbage collector on (training.process)
+        _refuse_foreign(config.hydra.sweep.dir, "hydra.sweep.dir")  # a single run's folder, another's checkpoints
         # before the sweeper writes multirun.yaml and the jobs their folders: another sweep's jobs stay untouched
         jobs = planned_jobs(config)
         changes = sweep_changes(Path(config.hydra.sweep.dir), jobs) if jobs is not None else []

@@ -260,3 +260,32 @@ def test_a_moved_best_folder_is_named_not_a_run_without_keep_best(tmp_path):
         )
     assert evaluate.find_best_step_dir(moved) == moved / "4"  # the fix: the folder it was moved to
     assert evaluate.find_step_dir(run) == run / "checkpoints" / "8"  # the other fix: without --best
+
+
+@pytest.mark.unit
+def test_a_best_checkpoint_saved_by_another_run_is_named(tmp_path, capsys):
+    """best/ holding a step another run saved (its metadata's run_dir, another model.hidden) was reported silently
+    as this run's best; now one warning names the step and the run that saved it, and it is still the one read."""
+    import json
+
+    import evaluate
+    from utils import make_cfg, save_steps
+
+    run, other = tmp_path / "run", tmp_path / "other"
+    (run / ".hydra").mkdir(parents=True)
+    save_steps(run / "checkpoints", make_cfg({"data": {"name": "synthetic"}}), {8: 1.0})
+    save_steps(run / "checkpoints" / "best", make_cfg({"data": {"name": "synthetic"}, "model": {"hidden": 64}}), {4: 1})
+    for step, saver in ((run / "checkpoints" / "8", run), (run / "checkpoints" / "best" / "4", other)):
+        meta = step / "meta" / "metadata"
+        meta.write_text(json.dumps({**json.loads(meta.read_text()), "run_dir": str(saver)}))
+    capsys.readouterr()
+
+    assert evaluate.find_best_step_dir(run) == run / "checkpoints" / "best" / "4"
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: the best checkpoint {run / 'checkpoints' / 'best' / '4'} was saved by another run, {other}, with "
+        "other model settings; it is read as given"
+    ]
+    meta = run / "checkpoints" / "best" / "4" / "meta" / "metadata"  # the same run: no warning
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "run_dir": str(run)}))
+    assert evaluate.find_best_step_dir(run / "checkpoints") == run / "checkpoints" / "best" / "4"
+    assert capsys.readouterr().err == ""

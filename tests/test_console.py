@@ -143,7 +143,7 @@ def test_chdir_true_keeps_relative_checkpoint_dir_in_the_launch_folder(tmp_path)
         )
 
     assert train(1).returncode == 0
-    assert sorted(p.name for p in (tmp_path / "ck" / "x").iterdir()) == ["3"]
+    assert sorted(p.name for p in (tmp_path / "ck" / "x").iterdir()) == [".lock", "3"]  # (.lock: which run writes it)
     proc = train(2)
     assert proc.returncode == 0 and "already complete at step 3" in proc.stderr
     assert not (tmp_path / "run1" / "ck").exists() and not (tmp_path / "run2" / "ck").exists()

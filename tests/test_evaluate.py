@@ -234,3 +234,41 @@ def test_an_entry_named_like_a_step_that_is_not_a_folder_is_named(tmp_path, caps
         with pytest.raises(ConfigError) as e:
             evaluate.find_step_dir(given)
         assert str(e.value) == f"{ckpt} holds no complete checkpoint: {odd}; give another checkpoint folder"
+
+
+@pytest.mark.unit
+def test_a_step_whose_metadata_no_longer_fits_its_arrays_is_named_and_an_earlier_one_evaluated(tmp_path, capsys):
+    """model.hidden edited in the newest step's meta/metadata: evaluate said train.py's "does not fit this run ...
+    resume with the checkpoint's model ... checkpoint.resume=never" (no evaluate option; following it gave the same
+    error). Now the step is damaged: one warning naming it and the newest step that fits is evaluated; the step given
+    itself is one line whose advice (its folder) evaluates."""
+    import json
+
+    import evaluate as tool
+    from utils import make_cfg, save_steps
+
+    ckpt = tmp_path / "ckpt"
+    save_steps(
+        ckpt, make_cfg({"data": {"name": "synthetic", "eval_size": 256}, "mesh": {"devices": 2}}), {2: 1.0, 4: 3.0}
+    )
+    meta = ckpt / "4" / "meta" / "metadata"
+    edited = json.loads(meta.read_text())
+    edited["config"]["model"]["hidden"] = 64
+    meta.write_text(json.dumps(edited))
+    damaged = (
+        f"checkpoint {ckpt / '4'} is incomplete or corrupt (its metadata does not fit its arrays: "
+        "opt_state.0.mu.hidden.bias is ((256,), 'float32') in its arrays but ((64,), 'float32') by its config)"
+    )
+    capsys.readouterr()
+
+    assert tool.main([str(ckpt / "4")]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == [f"error: {damaged}; give its folder {ckpt} to evaluate the newest complete step"]
+
+    assert tool.main([str(ckpt), "--json"]) == 0  # the advice followed
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [f"warning: {damaged}; evaluating the newest complete one, {ckpt / '2'}"]
+    got = json.loads(out)
+    assert got["step"] == 2 and got["checkpoint"] == str(ckpt / "2")
+    assert json.loads(meta.read_text())["config"]["model"]["hidden"] == 64  # a reader changes nothing

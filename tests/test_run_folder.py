@@ -388,3 +388,34 @@ def test_a_resume_into_another_run_folders_checkpoints_leaves_its_lock_file_as_i
     finally:
         os.close(other)
     assert (old / ".lock").read_bytes() == text
+
+
+# ---- a folder of another kind as hydra.run.dir ------------------------------------------------------------------
+def _files(folder: Path) -> dict:
+    """``path -> (modification time, bytes)`` of every file below ``folder``."""
+    return {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_another_runs_checkpoint_folder_as_run_folder_is_refused_before_anything_is_written(tmp_path):
+    """hydra.run.dir=<finished run>/checkpoints used to write a whole run (.hydra/, checkpoints/2/, ...) among the
+    old run's steps, and evaluating the old run then read the new one's step. Now one line names the old run, and
+    nothing in its folder changes; a folder of its own (the fix) trains."""
+    old = tmp_path / "r9"
+    assert train(*SMALL, "train.steps=2", f"hydra.run.dir={old}").returncode == 0
+    before = _files(old)
+
+    for given, says in [
+        (old / "checkpoints", f"is the checkpoint folder of run {old} (it holds checkpoint steps 2)"),
+        (old / "checkpoints" / "2", f"is checkpoint step 2 of run {old} (state/, meta/)"),
+    ]:
+        proc = train(*SMALL, "train.steps=2", f"hydra.run.dir={given}")
+        assert proc.returncode == 1
+        assert proc.stderr.splitlines() == [f"error: hydra.run.dir={given} {says}; give the run a folder of its own"], (
+            proc.stderr[-3000:]
+        )
+    assert _files(old) == before
+    assert sorted(p.name for p in (old / "checkpoints").iterdir()) == ["2"]  # no .hydra/, .lock, train.log
+
+    own = train(*SMALL, "train.steps=2", f"hydra.run.dir={tmp_path / 'own'}")
+    assert own.returncode == 0, own.stderr[-3000:]
+    assert complete_steps(tmp_path / "own" / "checkpoints") == [2]

@@ -4,6 +4,7 @@ status 1, and only the jobs this sweep ran counted; two jobs sharing a checkpoin
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -18,8 +19,6 @@ def summary(run_dir):
 
 def _sweep(tmp_path, *overrides):
     env = {"WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-    import os
-
     cmd = [
         sys.executable,
         "train.py",
@@ -179,3 +178,51 @@ def test_planned_jobs_are_the_basic_sweepers_own():
         ["precision=fp32", "parallel=pmap", "train.seed=0", "+sweep=precision", "train.steps=3"],
         ["precision=fp32", "parallel=pmap", "train.seed=1", "+sweep=precision", "train.steps=3"],
     ]
+
+
+# ---- a sweep folder as a run's folder, a run folder as a sweep's ------------------------------------------------
+def _run(run_dir, *overrides):
+    cmd = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", "data=synthetic", "train.steps=2", *overrides]
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_a_sweep_folder_as_a_single_runs_folder_is_refused_and_the_sweep_resumes(tmp_path):
+    """hydra.run.dir=<sweep folder> used to add a run beside jobs 0/ and 1/, and sweeps.report then took the sweep
+    for one run's folder. Now one line says it is a sweep's folder, nothing changes, and the advised -m resume runs."""
+    sweep = tmp_path / "sweep"
+    assert _sweep(tmp_path, "train.seed=0,1").returncode == 0
+    before = _files(sweep)
+
+    proc = _run(sweep, "wandb.mode=disabled")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        f"error: hydra.run.dir={sweep} is a sweep's folder (multirun.yaml, jobs 0, 1); give the run a folder of its "
+        f"own, or resume the sweep with -m and hydra.sweep.dir={sweep}"
+    ], proc.stderr[-3000:]
+    assert _files(sweep) == before
+    assert sorted(p.name for p in sweep.iterdir()) == ["0", "1", "multirun.yaml"]
+
+    resumed = _sweep(tmp_path, "train.seed=0,1")  # the advice: -m with hydra.sweep.dir=<sweep> (its own values)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stderr.count("already complete at step 2") == 2
+
+
+def test_a_run_folder_as_a_sweeps_folder_is_refused_before_anything_is_written(tmp_path):
+    """hydra.sweep.dir=<finished run> used to add multirun.yaml and jobs 0/, 1/ inside the run. Now one line says
+    it is one run's folder and nothing changes; a folder of its own (the fix) sweeps."""
+    run = tmp_path / "sweep"  # the folder _sweep passes as hydra.sweep.dir
+    assert _run(run, "wandb.mode=disabled").returncode == 0
+    before = _files(run)
+
+    proc = _sweep(tmp_path, "train.seed=0,1")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        f"error: hydra.sweep.dir={run} is one run's folder (summary.json, .hydra/); give the sweep a folder of its own"
+    ], proc.stderr[-3000:]
+    assert _files(run) == before
+    assert not (run / "multirun.yaml").exists() and not (run / "0").exists()
+
+    own = _sweep(tmp_path / "own", "train.seed=0,1")
+    assert own.returncode == 0, own.stderr[-3000:]
+    assert [summary(tmp_path / "own" / "sweep" / job)["status"] for job in ("0", "1")] == ["ok", "ok"]

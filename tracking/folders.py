@@ -133,3 +133,41 @@ def why_no_checkpoint(run_dir: Path) -> str:
         return f"its summary.json cannot be read ({type(e).__name__})"
     error = f": {summary['error']}" if summary.get("error") else ""
     return f"its summary.json says status {summary.get('status')}{error}"
+
+
+def _saved_by(checkpoints: Path) -> str:
+    """``run <folder>``: the run folder holding checkpoint folder ``checkpoints``, else the run folder its newest step
+    names (``meta/metadata`` ``run_dir``); ``another run`` when neither says."""
+    if folder_kind(checkpoints.parent) == RUN:
+        return f"run {checkpoints.parent}"
+    steps = sorted((p for p in checkpoints.iterdir() if is_step_folder(p)), key=lambda p: int(p.name))
+    try:
+        return f"run {json.loads((steps[-1] / 'meta' / 'metadata').read_text())['run_dir']}"
+    except (IndexError, OSError, ValueError, KeyError, TypeError):
+        return "another run"
+
+
+def not_own_folder(path: Path, key: str) -> Optional[str]:
+    """Why ``key=path`` (``hydra.run.dir``, or ``hydra.sweep.dir`` of a ``-m`` sweep) is a folder that belongs to
+    something else, in one line with the fix: a run's checkpoint folder or one step of it, a sweep's folder for a
+    single run, a single run's folder for a sweep; None when it may be used (new, empty, its own kind)."""
+    path = Path(path)
+    kind = folder_kind(path)
+    whose = "sweep" if key.startswith("hydra.sweep") else "run"
+    own = f"give the {whose} a folder of its own"
+    if kind == CHECKPOINTS:
+        steps = sorted(int(p.name) for p in path.iterdir() if is_step_folder(p))
+        return f"{key}={path} is the checkpoint folder of {_saved_by(path)} (it holds checkpoint steps " + (
+            f"{', '.join(map(str, steps[-3:]))}); {own}"
+        )
+    if kind == STEP:
+        return f"{key}={path} is checkpoint step {path.name} of {_saved_by(path.parent)} (state/, meta/); {own}"
+    if kind == SWEEP and whose == "run":
+        return (
+            f"{key}={path} is a sweep's folder (multirun.yaml, {jobs_in_words(path)}); {own}, or resume the sweep "
+            f"with -m and hydra.sweep.dir={path}"
+        )
+    if kind == RUN and whose == "sweep" and not (path / "multirun.yaml").is_file():
+        marks = [name for name in ("summary.json", ".hydra/") if (path / name.rstrip("/")).exists()]
+        return f"{key}={path} is one run's folder ({', '.join(marks)}); {own}"
+    return None

@@ -18,6 +18,7 @@ from core.errors import USER_ERRORS, ConfigError
 from training.checkpoint.plan import CheckpointPlan
 from training.checkpoint.policy import data_change, data_refusal, refusal, resume_conflicts
 from training.checkpoint.store import (
+    Misfit,
     Restored,
     complete_steps,
     is_step_dir,
@@ -106,7 +107,12 @@ def damaged_text(damaged: Sequence[tuple[Path, str]]) -> str:
 
 
 def read_newest(
-    step_dirs: Sequence[Path], read: Callable[[Path], T], doing: str, nothing_left: str, move_damaged: bool = False
+    step_dirs: Sequence[Path],
+    read: Callable[[Path], T],
+    doing: str,
+    nothing_left: str,
+    move_damaged: bool = False,
+    misfit_damaged: bool = False,
 ) -> tuple[T, Path]:
     """``read(step_dir)`` of the first of ``step_dirs`` (newest first) it succeeds on, and that folder: how resuming,
     ``python -m evaluate`` and ``python -m sample`` read a checkpoint folder whose newest steps may be damaged (a
@@ -119,12 +125,18 @@ def read_newest(
     Raises:
       ConfigError: every one is damaged: one line naming them and ``nothing_left`` (what to do); or ``read``'s own
         user error (``core.errors.USER_ERRORS``: a checkpoint that does not fit, which an older step would not
-        either).
+        either). With ``misfit_damaged`` (``read`` builds each step from its own config), a ``Misfit`` is damage:
+        the step's metadata no longer fits its arrays.
     """
     damaged: list[tuple[Path, str]] = []
     for step_dir in step_dirs:
         try:
             result = read(step_dir)
+        except Misfit as e:
+            if not misfit_damaged:
+                raise
+            damaged.append((Path(step_dir), f"its metadata does not fit its arrays: {e.detail}"))
+            continue
         except USER_ERRORS:
             raise
         except Exception as e:  # truncated / missing: TensorStore, orbax, JSON and OS errors all land here

@@ -70,6 +70,15 @@ class UndeletableError(RuntimeError):
     is kept."""
 
 
+class Misfit(ConfigError):
+    """A step's arrays do not fit the state built from a config (``detail``: the first array that differs). Readers
+    of one step's own config (``python -m evaluate``, ``python -m sample``) treat the step as damaged."""
+
+    def __init__(self, message: str, detail: str):
+        super().__init__(message)
+        self.detail = detail
+
+
 class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written (orbax raised ``OSError`` or ``ValueError`` while writing it, e.g. a full
     disk or a folder that stopped being writable); the message is one line that names the step, the folder, the
@@ -579,10 +588,11 @@ def restore_step(step_dir: Path, mode, placed_state) -> Restored:
             )
         if have != want:
             diff = sorted(set(have.items()) ^ set(want.items()))[0][0]
-            raise ConfigError(
+            raise Misfit(
                 f"checkpoint {step_dir} does not fit this run: {diff} is {have.get(diff, 'absent')} "
                 f"there but {want.get(diff, 'absent')} here; resume with the checkpoint's model and "
-                f"optimizer settings, or start afresh with checkpoint.resume=never and a checkpoint.dir of its own"
+                f"optimizer settings, or start afresh with checkpoint.resume=never and a checkpoint.dir of its own",
+                f"{diff} is {have.get(diff, 'absent')} in its arrays but {want.get(diff, 'absent')} by its config",
             )
         target = restore_target(mode, abstract, saved.tree)
         out = manager.restore(
