@@ -44,6 +44,7 @@ import shlex
 import shutil
 import socket
 import urllib.request
+import weakref
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional, Union
 
@@ -103,6 +104,7 @@ class WindowSource:
 
     def local_batch(self, step: int, rows: slice) -> Batch:
         # int32 whatever the tokens' dtype (a memory-mapped token file holds uint16 or uint32)
+        check_mapped_size(self.tokens)
         windows = np.asarray(self.tokens[self.global_starts(step)[rows, None] + self._offsets], np.int32)
         batch = {"image": windows[:, :-1], "label": windows[:, 1:]}
         if self.with_index:
@@ -485,7 +487,25 @@ class TextSplits:
 def _memmap(path: Path, dtype: str, n: int) -> np.ndarray:
     if n == 0:  # (numpy cannot map an empty file)
         return np.zeros(0, dtype)
-    return np.memmap(path, dtype=dtype, mode="r", shape=(n,))
+    tokens = np.memmap(path, dtype=dtype, mode="r", shape=(n,))
+    tokens.file_descriptor = os.open(path, os.O_RDONLY)  # the mapped file itself, for check_mapped_size
+    weakref.finalize(tokens, os.close, tokens.file_descriptor)
+    return tokens
+
+
+def check_mapped_size(tokens: np.ndarray) -> None:
+    """Raises DataError (one line) when the token file ``tokens`` maps (``_memmap``) is now shorter than the mapping:
+    reading past its end would end the process with SIGBUS, which Python cannot turn into an error. Checked before
+    each batch is read (another process can still cut it in the microseconds between). Nothing for other arrays."""
+    fd = getattr(tokens, "file_descriptor", None)
+    if fd is None:
+        return
+    size = os.fstat(fd).st_size
+    if size < tokens.nbytes:
+        raise DataError(
+            f"the token file {tokens.filename} was cut to {size} bytes (another process rewrote it?) while this run "
+            f"read its {tokens.nbytes}; run the same command again: the token files are written anew"
+        )
 
 
 def token_dtype(vocab_size: int) -> str:

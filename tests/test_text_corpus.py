@@ -202,6 +202,29 @@ def test_damaged_token_files_are_written_again_with_one_warning(corpus, tmp_path
 
 
 @pytest.mark.unit
+def test_a_token_file_cut_while_a_run_reads_it_is_one_line(corpus, tmp_path):
+    """Another process cutting a memory-mapped token file made the next read end the run with SIGBUS and no line:
+    each batch first checks the mapped file's size (``check_mapped_size``); a cut file is one DataError naming it,
+    and the same command then writes the token files anew."""
+    cache = tmp_path / "cache"
+    text = load_text("text", str(corpus), str(cache), False)
+    source = WindowSource(text.train, 32, 8, seed=0)
+    before = source.local_batch(0, slice(0, 8))
+    path = text.token_dir / "train.bin"
+    with open(path, "r+b") as f:  # as `truncate -s 1000 train.bin` from another shell
+        f.truncate(1000)
+    with pytest.raises(DataError) as e:
+        source.local_batch(1, slice(0, 8))
+    assert str(e.value) == (
+        f"the token file {path} was cut to 1000 bytes (another process rewrote it?) while this run read its "
+        f"{text.train.nbytes}; run the same command again: the token files are written anew"
+    )
+    again = load_text("text", str(corpus), str(cache), False)  # the same command: the files are written again
+    np.testing.assert_array_equal(WindowSource(again.train, 32, 8, seed=0).local_batch(0, slice(0, 8))["image"],
+                                  before["image"])  # fmt: skip
+
+
+@pytest.mark.unit
 def test_a_stopped_writer_leaves_no_temporary_folder(corpus, tmp_path, monkeypatch):
     """A signal while the token files are written (a KeyboardInterrupt in the tokenizer's loop) removes this
     process's temporary folder; one left by a process that no longer runs (kill -9) goes at the next write, one of
