@@ -41,7 +41,7 @@ from conf.errors import command_line_error, multirun_flag_first, quote_numeric_o
 from conf.schema import OPTION_SCHEMAS, Config, ConfigInputError, register, to_typed
 from measure.throughput import STARTUP
 from sweeps.callback import NOT_STARTED
-from training.console import absolute_paths, quiet_known_noise
+from training.console import absolute_paths, console, quiet_known_noise
 from training.process import interrupt_as_keyboard, sweep_stopped
 from training.report import prestart_wandb, write_json, write_summary
 from training.runtime import setup_runtime, start_backend, without_ipython_probe
@@ -91,7 +91,7 @@ def start_job(cfg: DictConfig, hc, run_dir: Path):
     try:
         typed = absolute_paths(to_typed(cfg), Path(hydra.utils.get_original_cwd()))  # hydra.job.chdir=true safe
     except ConfigInputError as e:  # e.g. +optim.learning_rate=0.5 or optim.lr=-1: stop at start with one line
-        print(f"error: {e}", file=sys.stderr)
+        console(f"error: {e}")  # once per job: every process of a multi-process job gets the same config
         write_summary(run_dir, {"status": "failed", "error": str(e)})  # an earlier run's summary is kept
         if hc.mode != RunMode.MULTIRUN:
             sys.exit(1)

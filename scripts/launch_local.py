@@ -11,9 +11,10 @@ outputs (``train.log``, ``.hydra/``, ``summary.json``, ``metrics.jsonl``, ``wand
 only ``train_process<i>.log`` (its ``.hydra/`` is switched off with ``hydra.output_subdir=null``). All
 processes print to this terminal (processes > 0 only warnings and errors, prefixed ``[process i]``).
 
-Exit code: 0 when every process succeeded, else the first failing process's code (process 0 first). When
-one process fails, the others get ``--grace-s`` seconds to finish on their own (they usually fail the same
-way) and are then terminated, so the launcher never waits for JAX's heartbeat timeout.
+Exit code: 0 when every process succeeded, else the first failing process's code (process 0 first). When one
+process dies, the others stop at once with one line naming it (``training.peers``); when one fails, the others get
+``--grace-s`` seconds to finish on their own and are then terminated, so the launcher never waits for JAX's
+heartbeat timeout.
 
 Signals (what SLURM, a cloud preemption or Ctrl-C send): SIGTERM or SIGINT to the launcher is forwarded to
 every process as SIGTERM. JAX's preemption service in each process catches it, the processes agree on one
@@ -28,8 +29,9 @@ none is left behind waiting for its peers.
 ``--port P`` that is already in use stops at once with one line naming it (JAX would crash process 0 after
 its timeout instead); without ``--port`` the OS picks a free one.
 
-Output: process 0's lines pass unchanged; every line of process i > 0 (Python logging, JAX's C++ log,
-tracebacks) starts with ``[process i]``, and keeps its level name.
+Output: process 0's lines pass unchanged; process i > 0 prints none of the product's lines (one voice per job: they
+are in its ``train_process<i>.log``), and whatever else it prints (JAX's C++ log, a traceback) starts with
+``[process i]``.
 
 With ``--cpu-devices K`` each process simulates K CPU devices (``runtime.cpu_devices=K``); on a GPU machine
 leave it out and give each process its GPUs yourself (e.g. CUDA_VISIBLE_DEVICES) or use SLURM.
@@ -53,6 +55,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from training.native_output import is_gloo_noise  # noqa: E402  (standard library only)
 from training.process import port_in_use, port_taken_line  # noqa: E402  (standard library only)
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -84,14 +87,6 @@ def commands(
     ]
 
 
-# gloo (JAX's CPU collectives across processes) prints one such line per rank and communicator when it connects;
-# they are expected and say nothing about the run, so they are counted, not shown.
-GLOO_CONNECTED = re.compile(
-    rb"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. Expected number of connected "
-    rb"peer ranks is : \d+"
-)
-
-
 def forward_filtered(src, dst, counter: list, label: bytes = b"") -> None:
     """Copies ``src`` (a child's stdout or stderr) to ``dst`` as it comes (``\r`` and ``\n`` end a piece, so
     progress bars stay live), leaving out gloo's per-rank connection lines; ``counter[0]`` counts them.
@@ -105,11 +100,9 @@ def forward_filtered(src, dst, counter: list, label: bytes = b"") -> None:
         pieces = re.split(rb"(?<=[\r\n])", pending)
         pending = pieces.pop()  # not yet ended
         for piece in pieces:
-            if GLOO_CONNECTED.search(piece):
+            if is_gloo_noise(piece):  # train.py leaves them out itself (training.native_output); a second net
                 counter[0] += 1
-                piece = GLOO_CONNECTED.sub(b"", piece)
-                if not piece.strip():
-                    continue
+                continue
             dst.write(_labelled(piece, label))
         dst.flush()
     if pending:
@@ -315,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         killed = [(i, c) for i, c in died if c < 0]  # ended by a signal: it could not say why itself
-        if killed and not received:
+        survivor_said = any(c is not None and c >= 0 for c in codes)  # training.peers: a survivor named it
+        if killed and not received and not survivor_said:
             i, c = killed[0]
             line = (
                 f"process {i} of the job ended by {signal.Signals(-c).name} (killed from outside, e.g. out of "

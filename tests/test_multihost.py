@@ -201,7 +201,7 @@ def test_route_logging_writes_own_prefixed_file(tmp_path):
         stream.close()
     assert shared.read_text() == ""  # the shared train.log gets nothing from process 3
     assert (tmp_path / "train_process3.log").read_text() == "[process 3] [x] hello\n[process 3] [x] careful\n"
-    assert (tmp_path / "console.txt").read_text() == "[process 3] careful\n"  # console: warnings only
+    assert (tmp_path / "console.txt").read_text() == ""  # console: nothing (one voice per job: process 0's)
 
 
 @pytest.mark.unit
@@ -262,14 +262,33 @@ def test_submitit_slurm_preset():
             return_hydra_config=True,
         )
     launcher = cfg.hydra.launcher
-    assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    assert launcher._target_ == "hydra_plugins.dp_scaling_launchers.slurm.ClusterSlurmLauncher"
     assert (
         launcher.nodes,
         launcher.tasks_per_node,
         launcher.gpus_per_node,
+        launcher.cpus_per_task,
         launcher.partition,
         launcher.timeout_min,
-    ) == (2, 4, 4, "gpu", 60)
+    ) == (2, 4, "auto", "auto", "gpu", 60)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "given, node, expected",
+    [
+        ({}, (4, 0), (1, None, 4)),  # CPU nodes: one task per node with all its CPUs, no GPU request
+        ({}, (64, 8), (8, 8, 8)),  # GPU nodes: one task per GPU, a GPU each
+        ({"tasks_per_node": 4}, (64, 8), (4, 4, 16)),
+        ({"tasks_per_node": 2, "cpus_per_task": 3}, (4, 0), (2, None, 3)),
+    ],
+)
+def test_submitit_slurm_auto_resources(given, node, expected):
+    from hydra_plugins.dp_scaling_launchers.slurm import resolve_resources
+
+    params = {"tasks_per_node": "auto", "gpus_per_node": "auto", "cpus_per_task": "auto", "partition": None, **given}
+    out = resolve_resources(params, resources=lambda partition: node)
+    assert (out["tasks_per_node"], out["gpus_per_node"], out["cpus_per_task"]) == expected
 
 
 # ---- processes ------------------------------------------------------------------------------------------
@@ -550,9 +569,9 @@ def test_slurm_environment_is_detected(tmp_path):
         )
     results = [finish(p, log, 400) for p, log in zip(procs, logs)]
     assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
-    for pid, (_, out) in enumerate(results):
-        assert (
-            f"distributed: coordinator=localhost:{port} process_id={pid} num_processes=2 timeout_s=60 (SlurmCluster)"
-        ) in out.splitlines()
+    line = "distributed: coordinator=localhost:{port} process_id={pid} num_processes=2 timeout_s=60 (SlurmCluster)"
+    assert line.format(port=port, pid=0) in results[0][1].splitlines()
+    assert results[1][1] == ""  # one voice per job: process 1's line is in its own log
+    assert line.format(port=port, pid=1) in (run_dir / "train_process1.log").read_text()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["status"], summary["process_count"], summary["mesh/devices"]) == ("ok", 2, 8)

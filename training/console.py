@@ -31,14 +31,13 @@ _error_said = False  # console printed an "error:" line: the process is stopping
 def console(line: str) -> None:
     """One line on stderr (errors, warnings a user must see even with logging redirected). Processes other than 0
     log it instead, at the level the line starts with (``error``, ``warning``, else INFO): process 0 owns the
-    console (``training.distributed.route_logging``)."""
-    from training.distributed import settings
+    console (``training.process.speaks``: one voice per job)."""
+    from training.process import speaks
 
     global _error_said
     _error_said = _error_said or line.startswith("error")
 
-    s = settings()
-    if s is not None and s.process_id > 0:
+    if not speaks():
         level = (
             logging.ERROR
             if line.startswith("error")

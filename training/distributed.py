@@ -10,10 +10,12 @@ devices. It decides whether this process is part of a multi-process job:
   same detection ``jax.distributed.initialize()`` does without arguments) finds an environment with more
   than one process.
 
-It then prints ONE line to stderr (``distributed: coordinator=HOST:PORT process_id=I num_processes=N
-timeout_s=T (source)``) and calls ``jax.distributed.initialize(coordinator, num_processes, process_id,
-initialization_timeout=timeout_s)``; CPU collectives across processes use gloo. When a peer never arrives,
-JAX's runtime aborts the process (SIGABRT, exit code 134) about ``timeout_s`` seconds later: it never hangs.
+It then prints ONE line to stderr on process 0 (``distributed: coordinator=HOST:PORT process_id=I
+num_processes=N timeout_s=T (source)``; process i > 0 logs it in its own file) and calls
+``jax.distributed.initialize(coordinator, num_processes, process_id, initialization_timeout=timeout_s)``; CPU
+collectives across processes use gloo. When a peer never arrives, JAX's runtime aborts the process (SIGABRT, exit
+code 134) about ``timeout_s`` seconds later: it never hangs. Once the job runs, a process that dies stops the others
+at once with one line (``training.peers``).
 A second call in the same process (Hydra's basic launcher runs a sweep's jobs in one process) is a no-op.
 
 Process 0 first checks that the coordinator's port is free on its machine (``training.process``): a taken port
@@ -24,8 +26,9 @@ Bad settings (a malformed coordinator, a process id out of range, nothing to det
 other bad input (``error: ...`` on stderr, ``summary.json`` with ``status: failed``, exit 1).
 
 After initialisation, processes other than 0 log only to their own file ``<job>_process<i>.log`` (Hydra's
-``train.log`` becomes ``train_process1.log``) with every line prefixed ``[process i]``; their console shows
-warnings and errors only, with the same prefix. Process 0 keeps the console, ``train.log``, W&B,
+``train.log`` becomes ``train_process1.log``) with every line prefixed ``[process i]``; their console shows none
+of the product's lines (one voice per job), and gloo's connection lines are left out of every process's output
+(``training.native_output``). Process 0 keeps the console, ``train.log``, W&B,
 ``metrics.jsonl`` and ``summary.json`` (``training.report.Reporter(enabled=...)``).
 """
 
@@ -43,7 +46,8 @@ from typing import Any, Iterator, Optional
 from conf.schema import DistributedConfig
 from core import compat
 from core.errors import ConfigError
-from training.process import port_in_use, port_taken_line
+from training.native_output import filter_native_output
+from training.process import port_in_use, port_taken_line, set_rank
 
 log = logging.getLogger(__name__)
 
@@ -226,9 +230,13 @@ def initialize(cfg: DistributedConfig) -> Startup:
             )
     except DistributedError as e:
         return Startup(error=str(e))
-    print(s.line(), file=sys.stderr, flush=True)
+    set_rank(s.process_id)
     if s.process_id > 0:
         route_logging(s.process_id)  # before JAX logs anything of this process into the shared train.log
+        log.info("%s", s.line())  # one voice per job: the line of process i > 0 is in its own log
+    else:
+        print(s.line(), file=sys.stderr, flush=True)
+    filter_native_output()  # gloo's connection lines, once per rank and communicator, say nothing to a user
     # Cross-process collectives on the CPU backend (JAX 0.10.2's default, set explicitly so an environment
     # variable cannot silently turn them off). Ignored by GPU/TPU backends.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -301,11 +309,12 @@ def process_layout() -> dict[str, Any]:
 
 # ---- logging of processes > 0 --------------------------------------------------------------------------
 def route_logging(process_id: int) -> None:
-    """Sends process ``process_id``'s log to its own file and only warnings to its console, all prefixed.
+    """Sends process ``process_id``'s log to its own file, prefixed, and nothing to its console.
 
     Every ``logging.FileHandler`` of the root logger (Hydra's ``<run dir>/train.log``) is replaced by one
-    writing ``<stem>_process<i><suffix>`` next to it; stream handlers keep WARNING and above. Records get the
-    prefix ``[process i] ``. Nothing is written to the shared file by this process.
+    writing ``<stem>_process<i><suffix>`` next to it; stream handlers print nothing (one voice per job: process 0
+    says every line once, ``training.process.speaks``). Records get the prefix ``[process i] ``. Nothing is written
+    to the shared file by this process.
     """
     root = logging.getLogger()
     prefix = f"[process {process_id}] "
@@ -323,8 +332,8 @@ def route_logging(process_id: int) -> None:
             mine.setFormatter(formatter)
             mine._process_routed = True
             root.addHandler(mine)
-        elif isinstance(handler, logging.StreamHandler):
-            handler.setLevel(max(handler.level, logging.WARNING))
+        elif isinstance(handler, logging.StreamHandler):  # one voice per job: process 0 says it
+            handler.setLevel(logging.CRITICAL + 1)
             handler.setFormatter(formatter)
             handler._process_routed = True
 

@@ -31,6 +31,35 @@ from core.errors import override
 log = logging.getLogger(__name__)
 
 
+# ---- one voice per job -------------------------------------------------------------------------------------
+def _cluster_rank() -> int:
+    """This process's rank in a cluster job of several tasks (SLURM, Open MPI), read from the environment before
+    JAX starts; 0 outside one."""
+    for count, rank in (("SLURM_NTASKS", "SLURM_PROCID"), ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")):
+        try:
+            if int(os.environ.get(count, "1")) > 1:
+                return int(os.environ.get(rank, "0"))
+        except ValueError:
+            continue
+    return 0
+
+
+_rank = _cluster_rank()  # set_rank: the process id it joined the job with
+
+
+def set_rank(rank: int) -> None:
+    """This process's index in its multi-process job (0: a single process), once it is known."""
+    global _rank
+    _rank = int(rank)
+
+
+def speaks() -> bool:
+    """Whether this process prints the job's lines (errors, warnings, a stop's line) on the console: process 0 of a
+    multi-process job, or a single process. The others log them to their own file only, so that a job says each
+    line once, not once per process (``training.peers`` speaks for a dead process 0)."""
+    return _rank == 0
+
+
 # ---- Ctrl-C outside the training steps ---------------------------------------------------------------------
 # read at import, i.e. as train.py starts: its cli() sets HYDRA_FULL_ERROR itself later, for Hydra's composition
 _USER_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"
@@ -164,6 +193,32 @@ def install_stop_handlers() -> None:
         signal.signal(sig, stop_handler)
     _installed = True
     atexit.register(_exit_by_signal)  # before the libraries register theirs (W&B, orbax, JAX): it runs after them
+    atexit.register(_requeue_if_armed)  # after theirs too (JAX's shutdown: every process has ended its run)
+
+
+_requeue_job: Optional[str] = None  # arm_requeue: the preempted SLURM job process 0 requeues at its exit
+
+
+def arm_requeue(job_id: str) -> None:
+    """Process 0 requeues SLURM job ``job_id`` as the last of its exit handlers (``training.slurm``)."""
+    global _requeue_job
+    if speaks():
+        _requeue_job = job_id
+
+
+def _requeue_if_armed() -> None:
+    if _requeue_job is None:
+        return
+    from training import slurm
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the requeue signals every task of the job, this one too
+    if not slurm.requeue(_requeue_job):
+        print(
+            f"warning: scontrol requeue {_requeue_job} failed: the job is not requeued; continue it by submitting "
+            "the same command",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _exit_by_signal() -> None:
@@ -252,6 +307,11 @@ def set_sweep_dir(sweep_dir: Optional[str]) -> None:
     _sweep_dir = sweep_dir
 
 
+def sweep_dir() -> Optional[str]:
+    """The ``hydra.sweep.dir`` of the sweep this job belongs to (``set_sweep_dir``), or None for a single run."""
+    return _sweep_dir
+
+
 def _sweep_again(then: str = "") -> str:
     """How a stopped job of a sweep is continued (with ``then`` after it), or "" for a single run."""
     if _sweep_dir is None:
@@ -275,11 +335,27 @@ def set_resume_hint(checkpoint_dir: Optional[str]) -> None:
         _resume_hint = "nothing was saved (checkpoint.enabled=false): the same command starts over"
 
 
+def resume_hint() -> str:
+    """How this run continues after a stop during its steps (``set_resume_hint``), e.g. ``continue with the same
+    command and checkpoint.dir=... (its newest checkpoint)``."""
+    return _resume_hint
+
+
 def saved_stop_text(saved: Optional[str], checkpoint_dir) -> str:
     """What follows ``stopped by <signal> after step S of N; `` in the line of a stop that saved checkpoint ``saved``
-    (None: ``checkpoint.enabled=false``) in folder ``checkpoint_dir``: how to continue (a sweep: resume the sweep)."""
+    (None: ``checkpoint.enabled=false``) in folder ``checkpoint_dir``: how to continue (a sweep: resume the sweep; a
+    SLURM batch job that was preempted: SLURM requeues it, ``arm_requeue``)."""
     if not saved:
         return "no checkpoint written (checkpoint.enabled=false)"
+    from training import slurm
+
+    job = slurm.preempted_job()
+    if job is not None:
+        arm_requeue(job)
+        return (
+            f"checkpoint saved in {saved}; SLURM preempted the job and requeues it (job {job}): it continues from "
+            f"this checkpoint by itself"
+        )
     if _sweep_dir is not None:
         return f"checkpoint saved in {saved}; " + _sweep_again(" (this job continues from it)")
     return (
@@ -311,7 +387,8 @@ def interrupt_hook(
         _exit_by = signal.Signals[_stop]
     if caused and not _USER_FULL_ERROR:
         if not _reported:  # once: numpy's import prints the Ctrl-C through this hook, then fails on
-            print(line() if callable(line) else line, file=sys.stderr, flush=True)
+            if speaks():  # one voice per job
+                print(line() if callable(line) else line, file=sys.stderr, flush=True)
             _reported = True
         if not issubclass(exc_type, KeyboardInterrupt):  # e.g. an ImportError: exit as a Ctrl-C does
             sys.stdout.flush()
@@ -326,6 +403,8 @@ def unraisable_hook(unraisable, fallback=sys.unraisablehook) -> None:
     thread ``PASS_ON_DELAY_S`` later (``_thread.interrupt_main``), so it stops the process as any other."""
     if interrupted(unraisable.exc_value) and not _USER_FULL_ERROR:
         if "atexit" in (unraisable.err_msg or ""):
+            if not speaks():  # one voice per job
+                return
             print(
                 "warning: a Ctrl-C (SIGINT) came during Python's exit handlers and was ignored there; the run had "
                 "ended",

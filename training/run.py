@@ -78,7 +78,7 @@ from training.hooks import (
     evaluate_pending,
     exploded_final,
 )
-from training import process
+from training import peers, process
 from training.process import StopOnSignal, interrupted
 from training.report import Reporter, start_reporting
 from training.validate import check_run_folder
@@ -103,12 +103,15 @@ def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None
             startup.raise_error()
         if jax.process_count() > 1:
             check_device_counts()
+            watch_peers(settings, run_dir, reporter, cfg)
         with disk_full_as_error(run_dir):
             summary = run(cfg, run_dir, reporter)
     except USER_ERRORS as e:
         line = str(e).splitlines()[0] if str(e) else type(e).__name__
-        console(f"error: {line}")
+        peers.await_peer_death(0.0)  # a dead peer's own line is the job's
         status = "stopped" if isinstance(e, Stopped) else "failed"  # saved and stopped on a signal
+        peers.finished(status, line)
+        console(f"error: {line}")
         _close_after_error(reporter, {**describe(cfg), "status": status, "error": line})
         checkpoint.release_claim()  # a checkpoint folder this run made and never wrote goes now (a sweep's next job)
         return False
@@ -118,7 +121,9 @@ def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None
         if interrupted(e):
             values = {"status": "stopped", "error": process.stop_text()}
         else:
+            peers.await_peer_death(PEER_ERROR_WAIT_S)  # a collective that failed because a peer died: its line
             values = {"status": "failed", "error": (f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)}
+        peers.finished(values["status"])
         reporter.summary({**describe(cfg), **{k: v.splitlines()[0] for k, v in values.items()}})
         reporter.close(exit_code=1)
         raise
@@ -130,15 +135,18 @@ def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None
         if not keeps_summary(run_dir / "summary.json"):
             reporter.summary(summary)
         reporter.close(exit_code=0)
+        peers.finished("ok")
         return True
     try:
         with disk_full_as_error(run_dir):
             reporter.summary(summary)
     except TrainingError as e:  # the run trained, but its summary.json does not fit on the disk
+        peers.finished("failed", str(e))
         console(f"error: {e}")
         _close_after_error(reporter, {**summary, "status": "failed", "error": str(e)})
         return False
     reporter.close(exit_code=0)
+    peers.finished("ok")
     log.info(
         "eval/accuracy=%.4f eval/loss=%.4f %s wall=%s startup=%s; outputs in %s",
         summary["eval/accuracy"],
@@ -149,6 +157,24 @@ def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None
         run_dir,
     )
     return True
+
+
+PEER_ERROR_WAIT_S = 5.0  # an unexpected error of a multi-process run: this long for the watch to see a dead peer
+
+
+def watch_peers(settings, run_dir: Path, reporter: Reporter, cfg: Config) -> None:
+    """The processes of the job watch each other from here on (``training.peers``): one that dies stops the others
+    at once, and process 0 (or the lowest survivor) says which, in one line and in ``summary.json``."""
+    if settings is None:
+        return
+    peers.start(
+        settings.process_id,
+        settings.num_processes,
+        settings.coordinator.rpartition(":")[0].strip("[]"),
+        run_dir,
+        process.resume_hint,
+    )
+    peers.on_death(lambda line: reporter.summary({**describe(cfg), "status": "failed", "error": line}))
 
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no space left, quota exceeded, file-size limit

@@ -132,13 +132,20 @@ class SerialLocalQueueConf(LocalQueueConf):
 
 
 SCHEMA_NAME = "submitit_local_schema"
+SLURM_SCHEMA_NAME = "submitit_slurm_schema"
 
 
 class RegisterSerialLocalSchema(SearchPathPlugin):
-    """Registers ``SerialLocalQueueConf`` as ``hydra/launcher/submitit_local_schema`` and removes the
-    submitit plugin's same-named ``submitit_local`` schema, which would shadow-validate our YAML."""
+    """Registers ``SerialLocalQueueConf`` as ``hydra/launcher/submitit_local_schema`` and ``SlurmClusterQueueConf``
+    (``slurm.py``) as ``hydra/launcher/submitit_slurm_schema``, and removes the submitit plugin's same-named
+    ``submitit_local`` and ``submitit_slurm`` schemas, which would shadow-validate our YAML files."""
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+        from hydra_plugins.dp_scaling_launchers.slurm import SlurmClusterQueueConf
+
         store = ConfigStore.instance()
-        store.repo.get("hydra", {}).get("launcher", {}).pop("submitit_local.yaml", None)  # no public removal API
+        launchers = store.repo.get("hydra", {}).get("launcher", {})
+        for name in ("submitit_local.yaml", "submitit_slurm.yaml"):
+            launchers.pop(name, None)  # no public removal API
         store.store(group="hydra/launcher", name=SCHEMA_NAME, node=SerialLocalQueueConf, provider="dp_scaling")
+        store.store(group="hydra/launcher", name=SLURM_SCHEMA_NAME, node=SlurmClusterQueueConf, provider="dp_scaling")
