@@ -286,7 +286,7 @@ def product_cfg(model: dict, batch: int, extra: dict):
     return from_dict(
         {
             "model": gpt,
-            "data": {"name": "tiny_shakespeare"},
+            "data": {"name": "tiny_shakespeare", "tfds_name": None},  # as conf/data/tiny_shakespeare.yaml
             "mesh": {"devices": 1},
             "precision": {"name": "bf16", "compute_dtype": "bfloat16", "loss_scale": "none"},
             "train": {"global_batch": batch},

@@ -13,6 +13,58 @@ import sys
 import pytest
 from utils import REPO
 
+# Imported at start by every Python process whose path holds its folder: tensorflow_datasets cannot be imported, as
+# on the device machine (benchmarks/device/prepare.sh does not carry it)
+NO_TFDS = """import sys
+
+
+class NoTensorflowDatasets:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "tensorflow_datasets":
+            raise ImportError(f"{name} is not installed here (tests/test_benchmark_accelerator.py)")
+        return None
+
+
+sys.meta_path.insert(0, NoTensorflowDatasets())
+"""
+
+
+def device_like_env(tmp_path) -> dict:
+    """The environment of a device machine's run: the CPU backend, no ``tensorflow_datasets`` (a ``sitecustomize``
+    on ``PYTHONPATH`` refuses it in this process and every one it starts), and a ``TFDS_DATA_DIR`` holding no
+    prepared data set (the carried copy of MNIST is not where a TFDS name resolves)."""
+    site = tmp_path / "no_tfds"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(NO_TFDS)
+    (tmp_path / "empty_tfds").mkdir()
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TFDS_DATA_DIR": str(tmp_path / "empty_tfds")}
+    env["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env.pop("JAX_NUM_CPU_DEVICES", None)
+    return env
+
+
+def test_startup_part_runs_without_tensorflow_datasets(tmp_path):
+    """``--part startup`` (its quick mode) where ``tensorflow_datasets`` cannot be imported and no TFDS data set is
+    prepared, as on the device machine: the GPT's start-up reads text, so nothing may need TFDS (the chip's run of
+    ``--part startup --workloads gpt2_small`` ended in its ImportError)."""
+    env = device_like_env(tmp_path)
+    blocked = subprocess.run(
+        [sys.executable, "-c", "import tensorflow_datasets"], env=env, capture_output=True, text=True
+    )  # fmt: skip
+    assert blocked.returncode == 1 and "is not installed here" in blocked.stderr  # the guard works
+    out = tmp_path / "records.jsonl"
+    r = subprocess.run(
+        [sys.executable, "benchmarks/accelerator.py", "--quick", "--part", "startup", f"--record={out}"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(x["part"], x["workload"], x["cold"]) for x in recs] == [
+        ("startup", "char", True),
+        ("startup", "char", False),
+    ]
+    assert all(x["step_compile_s"] >= 0 and x["state_bytes"] > 0 for x in recs)
+
 
 def test_quick_runs_every_part_and_reports(tmp_path):
     out = tmp_path / "records.jsonl"
