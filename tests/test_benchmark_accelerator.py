@@ -1,7 +1,8 @@
 """``benchmarks/accelerator.py --quick``: every part runs on the CPU in one command and records what the TPU run
 records (train.py against the bare script, the start-up step by step, the levers, the state's creation, the remat
-x batch table, the two steps' profiles), and ``--report`` turns the records into one table. The figures
-themselves come from a TPU (docs/performance.md)."""
+x batch table, the two steps' profiles; the image models' steps against their bare scripts), and ``--report`` turns
+the records into one table, as the device machine runs them (no ``tensorflow_datasets``). The figures themselves
+come from a TPU (docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -68,11 +69,9 @@ def test_startup_part_runs_without_tensorflow_datasets(tmp_path):
 
 def test_quick_runs_every_part_and_reports(tmp_path):
     out = tmp_path / "records.jsonl"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env.pop("JAX_NUM_CPU_DEVICES", None)
     r = subprocess.run(
         [sys.executable, "benchmarks/accelerator.py", "--quick", f"--record={out}"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        cwd=REPO, env=device_like_env(tmp_path), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     recs = [json.loads(line) for line in out.read_text().splitlines()]
@@ -109,6 +108,39 @@ def test_quick_runs_every_part_and_reports(tmp_path):
         [sys.executable, "benchmarks/accelerator.py", "--report", str(out)], cwd=REPO, capture_output=True, text=True
     )
     assert report.returncode == 0 and "| char | 0.2 | xla |" in report.stdout
+
+
+def test_quick_steps_of_the_image_models(tmp_path):
+    """``--part steps`` of the image workloads in quick mode (a ResNet-18 of width 8 and a ViT of 32 x 2, bf16, on
+    the CPU, as the device machine runs them: no ``tensorflow_datasets``): ``train.py model=resnet|vit
+    data=synthetic`` against ``bare_resnet.py`` / ``bare_vit.py``: examples/s of both, the counted FLOPs per example
+    of the MFU, the start-up, and the image table; an unknown workload is one line."""
+    from models.resnet import flops_per_example as resnet_flops
+    from models.vit import flops_per_example as vit_flops
+
+    out = tmp_path / "records.jsonl"
+    cmd = [sys.executable, "benchmarks/accelerator.py", "--quick", "--part", "steps", f"--record={out}"]
+    r = subprocess.run(
+        [*cmd, "--workloads", "resnet18_b256,vit_s_b256"],
+        cwd=REPO, env=device_like_env(tmp_path), capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    recs = {x["workload"]: x for x in map(json.loads, out.read_text().splitlines())}
+    assert set(recs) == {"resnet18_b256", "vit_s_b256"}
+    counted = {
+        "resnet18_b256": resnet_flops((32, 32, 3), 10, 8),
+        "vit_s_b256": vit_flops((32, 32, 3), 10, width=32, depth=2, patch=4, mlp_ratio=4),
+    }
+    for name, rec in recs.items():
+        assert rec["part"] == "steps" and rec["global_batch"] == 16 and rec["dropout"] == 0.0
+        assert rec["flops_per_example"] == counted[name]
+        assert rec["train_examples_per_s"][0] > 0 and rec["bare_examples_per_s"][0] > 0 and len(rec["ratio"]) == 1
+        assert rec["mfu_train"] is None  # no peak FLOP/s known for a CPU
+        (start,) = rec["startup"]
+        assert start["cold"] and start["train_first_step_s"] > 0 and start["bare_first_step_s"] > 0
+    assert "| resnet18_b256 | 16 |" in r.stdout and "| vit_s_b256 | 16 |" in r.stdout
+    unknown = subprocess.run([*cmd, "--workloads", "resnet50"], cwd=REPO, capture_output=True, text=True)
+    assert unknown.returncode == 1 and "--workloads resnet50 unknown" in unknown.stderr
 
 
 HLO = """HloModule jit_train_step, entry_computation_layout={()->f32[]}
