@@ -183,7 +183,8 @@ def test_bare_image_model_has_the_repository_parameters(name):
 def test_bare_image_steps_are_the_repository_steps(name):
     """From the repository's initial parameters, on the repository's synthetic batches (the bare script's own
     generator gives the same bytes), 3 Adam steps of the bare script give the repository's loss at each step
-    (measured: equal within 1e-7) and its parameters after them (within 4e-7), float32."""
+    (measured: within 1e-7, relative) and its parameters after them (measured: within 4e-7 for the ResNet, 5e-6 for
+    the ViT, the key bias aside), float32."""
     bare = bare_module(name)
     cfg, exp, source = experiment(name, {})
     layout = exp.mode.batch_layout()
