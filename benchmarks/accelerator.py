@@ -1,13 +1,19 @@
-"""train.py against a bare JAX script of the same GPT on whatever accelerator is present, and the GPT's limits there.
+"""train.py against a bare JAX script of the same model on whatever accelerator is present, and the GPT's limits
+there.
 
     python benchmarks/accelerator.py                     # every part (on a TPU: more than one device call)
     python benchmarks/accelerator.py --part steps        # one part: steps, startup, levers, init, memory, profile
     python benchmarks/accelerator.py --quick             # tiny sizes on the CPU, in under a minute (CI runs it)
+    python benchmarks/accelerator.py --part steps --workloads resnet18_b256,vit_s_b256 --pairs 1
     python benchmarks/accelerator.py --report A.jsonl B.jsonl   # the parts' records as one table
 
 Workloads (``WORKLOADS``): ``char``, nanoGPT's Shakespeare-char size (6 layers x 384, 6 heads, context 256, byte
 vocabulary, global batch 64), and ``gpt2_small`` (``model.size=gpt2_small``: 124M parameters, context 1024,
-vocabulary 50,257, global batch 16); bf16 on one device, W&B off, Tiny Shakespeare's bytes.
+vocabulary 50,257, global batch 16), on Tiny Shakespeare's bytes; the image models on ``data=synthetic`` of
+32x32x3 images, 10 classes (``--part steps`` only): ``resnet18_b256`` and ``resnet18_b1024`` (``model=resnet``,
+ResNet-18 width 64, 11.2M parameters, global batch 256 or 1,024), ``vit_s_b256`` and ``vit_s_b1024``
+(``model=vit``, 384 x 12, 6 heads, patch 4: 64 patches and the class token, 21.3M parameters). bf16 on one
+device, W&B off.
 
 Parts:
 - ``steps``: ``train.py`` and ``benchmarks/bare_gpt.py`` (the same model, optimizer, batches, dropout scheme and
@@ -17,7 +23,10 @@ Parts:
   min-max over rounds. MFU: ``(6 N + 12 L d T)`` FLOPs per token (``models.gpt.flops_per_token``; N without the
   vocabulary's padding rows) x tokens/s / the chip's peak. Start-up: the first round runs with empty compilation
   caches (cold), the rest warm; train.py's time to its first step (``perf/startup_s``) and its phases, against the
-  bare script's.
+  bare script's. An image workload runs against ``benchmarks/bare_resnet.py`` or ``bare_vit.py`` (no dropout, no
+  levers): examples/s, MFU from the counted FLOPs per example (``models.resnet.flops_per_example``,
+  ``models.vit.flops_per_example``: 6 x the multiply-adds of the convolutions and matmuls) and, beside it, from
+  XLA's count (train.py's ``perf/mfu``), and each side's peak device memory.
 - ``startup``: each step of a start-up in a fresh process, cold (empty compilation cache) then warm: JAX's import,
   the backend's start, the product's imports, the plan, the state's creation on the host's CPU backend (lower,
   compile, run, placing) and op by op on the device, the product's build, the train step's lowering, compilation
@@ -54,15 +63,89 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-# name -> (model dims for train.py's model.* and bare_gpt's flags, global batch, steps, window)
+# name -> (model dims for train.py's model.* and the bare script's flags, global batch, steps, window); an image
+# model's dict names it (model=resnet|vit, trained on data=synthetic of IMAGE_SHAPE), a GPT's has a size preset
+RESNET18 = {"name": "resnet", "width": 64}
+VIT_S = {"name": "vit", "width": 384, "depth": 12, "heads": 6, "patch": 4, "mlp_ratio": 4}
 WORKLOADS = {
     "char": ({"size": "tiny", "vocab": 256, "context": 256, "width": 384, "depth": 6, "heads": 6}, 64, 160, 20),
     "gpt2_small": ({"size": "gpt2_small"}, 16, 40, 5),
+    "resnet18_b256": (RESNET18, 256, 300, 50),
+    "resnet18_b1024": (RESNET18, 1024, 120, 20),
+    "vit_s_b256": (VIT_S, 256, 120, 20),
+    "vit_s_b1024": (VIT_S, 1024, 60, 10),
 }
+TINY_RESNET = {"name": "resnet", "width": 8}
+TINY_VIT = {"name": "vit", "width": 32, "depth": 2, "heads": 2, "patch": 4, "mlp_ratio": 4}
 QUICK = {
     "char": ({"size": "tiny", "vocab": 256, "context": 128, "width": 64, "depth": 2, "heads": 2}, 8, 12, 3),
     "gpt2_small": ({"size": "tiny", "vocab": 512, "context": 128, "width": 64, "depth": 2, "heads": 2}, 4, 12, 3),
+    "resnet18_b256": (TINY_RESNET, 16, 9, 3),
+    "resnet18_b1024": (TINY_RESNET, 32, 9, 3),
+    "vit_s_b256": (TINY_VIT, 16, 9, 3),
+    "vit_s_b1024": (TINY_VIT, 32, 9, 3),
 }
+IMAGE_SHAPE, CLASSES = (32, 32, 3), 10
+BARE_IMAGE = {"resnet": "benchmarks/bare_resnet.py", "vit": "benchmarks/bare_vit.py"}
+
+
+def is_image(model: dict) -> bool:
+    """Whether a workload's model is an image classifier (``model=resnet|vit``), not the GPT."""
+    return model.get("name", "gpt") != "gpt"
+
+
+def image_flops_per_example(model: dict) -> float:
+    """Counted training FLOPs per example of an image workload (``models.resnet.flops_per_example``,
+    ``models.vit.flops_per_example``: 6 x the multiply-adds of the convolutions and matmuls)."""
+    from models.resnet import flops_per_example as resnet_flops
+    from models.vit import flops_per_example as vit_flops
+
+    if model["name"] == "resnet":
+        return resnet_flops(IMAGE_SHAPE, CLASSES, model["width"])
+    dims = {k: model[k] for k in ("width", "depth", "patch", "mlp_ratio")}
+    return vit_flops(IMAGE_SHAPE, CLASSES, **dims)
+
+
+def image_train_args(model: dict, batch: int, steps: int, window: int) -> list[str]:
+    """train.py overrides of an image workload: ``model=<name> data=synthetic data.image_shape=[32,32,3]``, one
+    device, bf16, W&B off, no checkpoint."""
+    return [
+        f"model={model['name']}",
+        "data=synthetic",
+        f"data.image_shape=[{','.join(map(str, IMAGE_SHAPE))}]",
+        f"data.num_classes={CLASSES}",
+        "precision=bf16",
+        "mesh.devices=1",
+        *[f"model.{k}={v}" for k, v in model.items() if k != "name"],
+        f"train.global_batch={batch}",
+        f"train.steps={steps}",
+        f"train.log_every={window}",
+        "wandb.mode=disabled",
+        "checkpoint.enabled=false",
+    ]
+
+
+def image_bare_args(model: dict, batch: int, steps: int, window: int) -> list[str]:
+    """``benchmarks/bare_resnet.py`` / ``bare_vit.py`` and its flags for the same workload."""
+    return [
+        BARE_IMAGE[model["name"]],
+        "--devices=1",
+        "--precision=bf16",
+        f"--image-shape={','.join(map(str, IMAGE_SHAPE))}",
+        f"--classes={CLASSES}",
+        f"--batch={batch}",
+        f"--steps={steps}",
+        f"--window={window}",
+        *[f"--{k.replace('_', '-')}={v}" for k, v in model.items() if k != "name"],
+    ]
+
+
+def gpt_workloads(names: list[str], workloads: dict, part: str) -> list[str]:
+    """The GPT workloads of ``names`` (the parts other than ``steps`` measure the GPT); says which it leaves out."""
+    images = [n for n in names if is_image(workloads[n][0])]
+    if images:
+        print(f"{part}: {', '.join(images)} left out (this part measures the GPT workloads)", flush=True)
+    return [n for n in names if n not in images]
 
 
 def dims_of(model: dict) -> dict:
@@ -171,7 +254,8 @@ def run(cmd: list[str], env: dict, cwd: Path = REPO, timeout: float = 900) -> fl
 
 # ---- part: steps -----------------------------------------------------------------------------------------------
 def part_steps(args, workloads: dict, out: str) -> None:
-    """train.py against bare_gpt.py, interleaved; start-up cold (first round) and warm."""
+    """train.py against its bare script (bare_gpt.py, bare_resnet.py, bare_vit.py), interleaved; start-up cold
+    (first round) and warm."""
     # no jax device in this process: the accelerator is the subprocesses' (a TPU admits one process at a time)
     kind, peak = "?", None
     levers = dict(kv.split("=", 1) for kv in args.levers) if args.levers else {}
@@ -181,46 +265,69 @@ def part_steps(args, workloads: dict, out: str) -> None:
     try:
         for name in args.workloads:
             model, batch, steps, window = workloads[name]
-            fpt = flops_per_token(model)
-            t = dims_of(model)["context"]
-            for rate in args.dropouts:
-                extra = {**levers, **({"dropout": rate} if rate else {})}
-                tag = f"{name} dropout={rate}"
+            image = is_image(model)
+            # FLOPs per unit of work: an example of an image model, a token of the GPT
+            per_unit = image_flops_per_example(model) if image else flops_per_token(model)
+            tokens = 1 if image else dims_of(model)["context"]
+            unit = "examples" if image else "tokens"
+            rates = [0.0] if image else args.dropouts  # the bare image scripts have no dropout (ResNet-18 has none)
+            if image and (levers or args.dropouts != [0.0]):
+                print(f"{name}: dropout 0 and the defaults (--dropouts and --levers are the GPT's)", flush=True)
+            for rate in rates:
+                extra = {} if image else {**levers, **({"dropout": rate} if rate else {})}
+                tag = name if image else f"{name} dropout={rate}"
                 caches = work / f"{name}_dropout{rate:g}"
-                ratios, prod_tps, bare_tps, starts, kernel = [], [], [], [], None
+                ratios, prod_rate, bare_rate, starts, kernel, mems, xla_mfu = [], [], [], [], None, [], []
                 for i in range(args.pairs):
                     res: dict = {}
                     for who in ("train", "bare") if i % 2 == 0 else ("bare", "train"):
                         if who == "train":
                             rd = caches / f"run{i}"
+                            overrides = (
+                                image_train_args(model, batch, steps, window)
+                                if image
+                                else train_args(model, batch, steps, window, extra)
+                            )
                             cmd = [
                                 sys.executable,
                                 "train.py",
-                                *train_args(model, batch, steps, window, extra),
+                                *overrides,
                                 f"hydra.run.dir={rd}",
                                 f"runtime.compilation_cache_dir={caches / 'cache_train'}",
                             ]
                             wall = run(cmd, env)
                             s = json.loads((rd / "summary.json").read_text())
-                            res["train"] = (s["perf/examples_per_s"] * t, s.get("perf/startup_s"), wall, s)
+                            res["train"] = (s["perf/examples_per_s"] * tokens, s.get("perf/startup_s"), wall, s)
                         else:
                             tj = caches / f"bare{i}.json"
+                            script = (
+                                image_bare_args(model, batch, steps, window)
+                                if image
+                                else ["benchmarks/bare_gpt.py", *bare_args(model, batch, steps, window, extra)]
+                            )
                             cmd = [
                                 sys.executable,
-                                "benchmarks/bare_gpt.py",
-                                *bare_args(model, batch, steps, window, extra),
+                                *script,
                                 f"--timings={tj}",
                                 f"--compilation-cache={caches / 'cache_bare'}",
                             ]
                             wall = run(cmd, env)
                             b = json.loads(tj.read_text())
-                            res["bare"] = (b["window_tokens_per_s_median"], b["first_step"], wall, b)
+                            got = b["window_examples_per_s_median"] if image else b["window_tokens_per_s_median"]
+                            res["bare"] = (got, b["first_step"], wall, b)
                             kind, peak = b["device_kind"], peak_flops(b["device_kind"])
                             kernel = b.get("attention")
                     p, b = res["train"], res["bare"]
                     ratios.append(p[0] / b[0])
-                    prod_tps.append(p[0])
-                    bare_tps.append(b[0])
+                    prod_rate.append(p[0])
+                    bare_rate.append(b[0])
+                    xla_mfu.append(p[3].get("perf/mfu"))
+                    mems.append(
+                        {
+                            "train_peak_bytes": p[3].get("mem/peak_bytes_per_device"),
+                            "bare_peak_bytes": b[3].get("peak_bytes_in_use"),
+                        }
+                    )
                     phases = {
                         k.split("/")[-1][:-2]: round(v, 2)
                         for k, v in p[3].items()
@@ -238,10 +345,14 @@ def part_steps(args, workloads: dict, out: str) -> None:
                             "cache": p[3].get("perf/startup/compile_cache"),
                         }
                     )
-                    mfu = "" if not peak else f", MFU train.py {p[0] * fpt / peak:.1%} bare {b[0] * fpt / peak:.1%}"
+                    mfu = (
+                        ""
+                        if not peak
+                        else f", MFU train.py {p[0] * per_unit / peak:.1%} bare {b[0] * per_unit / peak:.1%}"
+                    )
                     print(
                         f"{tag} round {i} ({'cold' if i == 0 else 'warm'}): "
-                        f"tokens/s train.py {p[0]:,.0f} bare {b[0]:,.0f} "
+                        f"{unit}/s train.py {p[0]:,.0f} bare {b[0]:,.0f} "
                         f"ratio {p[0] / b[0]:.3f}{mfu}; first step train.py {p[1]:.1f} s bare {b[1]:.1f} s; "
                         f"train.py phases {phases}",
                         flush=True,
@@ -249,16 +360,24 @@ def part_steps(args, workloads: dict, out: str) -> None:
                 summary = {
                     "workload": name,
                     "dropout": rate,
-                    "levers": levers,
+                    "levers": levers if not image else {},
                     "device_kind": kind,
                     "attention": kernel,
                     "ratio": ratios,
-                    "train_tokens_per_s": prod_tps,
-                    "bare_tokens_per_s": bare_tps,
-                    "mfu_train": [x * fpt / peak for x in prod_tps] if peak else None,
-                    "mfu_bare": [x * fpt / peak for x in bare_tps] if peak else None,
+                    f"train_{unit}_per_s": prod_rate,
+                    f"bare_{unit}_per_s": bare_rate,
+                    "mfu_train": [x * per_unit / peak for x in prod_rate] if peak else None,
+                    "mfu_bare": [x * per_unit / peak for x in bare_rate] if peak else None,
                     "startup": starts,
                 }
+                if image:  # the counted FLOPs of the MFU, and XLA's (train.py's perf/mfu) beside them
+                    summary.update(
+                        model=model,
+                        global_batch=batch,
+                        flops_per_example=per_unit,
+                        mfu_train_xla=xla_mfu,
+                        memory=mems,
+                    )
                 record(out, "steps", **summary)
                 print(
                     f"{tag}: steady-state ratio train.py / bare {spread(ratios)} over {len(ratios)} rounds", flush=True
@@ -286,7 +405,7 @@ def product_cfg(model: dict, batch: int, extra: dict):
     return from_dict(
         {
             "model": gpt,
-            "data": {"name": "tiny_shakespeare"},
+            "data": {"name": "tiny_shakespeare", "tfds_name": None},  # as conf/data/tiny_shakespeare.yaml
             "mesh": {"devices": 1},
             "precision": {"name": "bf16", "compute_dtype": "bfloat16", "loss_scale": "none"},
             "train": {"global_batch": batch},
@@ -514,7 +633,7 @@ def part_levers(args, workloads: dict, out: str) -> None:
     tpu = jax.default_backend() == "tpu"
     fast = "splash" if tpu else "xla"
     print(f"== levers: {kind}", flush=True)
-    for name in args.workloads:
+    for name in gpt_workloads(args.workloads, workloads, "levers"):
         model, batch, _, window = workloads[name]
         steps = 4 * window if not args.quick else 2 * window
         tokens = batch * dims_of(model)["context"]
@@ -577,7 +696,7 @@ def part_profile(args, workloads: dict, out: str) -> None:
     print(f"== profile: {kind}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="accelerator_profile_"))
     try:
-        for name in args.workloads:
+        for name in gpt_workloads(args.workloads, workloads, "profile"):
             model, batch, _, window = workloads[name]
             steps = 2 * window
             extra = {"attention": "auto" if not args.quick else "xla"}
@@ -618,7 +737,7 @@ def part_init(args, workloads: dict, out: str) -> None:
 
     kind = jax.devices()[0].device_kind
     print(f"== init: {kind}", flush=True)
-    for name in args.workloads:
+    for name in gpt_workloads(args.workloads, workloads, "init"):
         model, batch, _, _ = workloads[name]
         for eager in (True, False):
             p = plan(product_cfg(model, batch, {}))
@@ -709,7 +828,7 @@ def part_startup(args, workloads: dict, out: str) -> None:
     (cold), the second warm."""
     print("== startup: seconds of each step in a fresh process", flush=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    for name in args.workloads:
+    for name in gpt_workloads(args.workloads, workloads, "startup"):
         cache = tempfile.mkdtemp(prefix="accelerator_startup_")
         for cold in (True, False):
             cmd = [sys.executable, __file__, "--startup-child", name, cache] + (["--quick"] if args.quick else [])
@@ -788,7 +907,32 @@ def part_memory(args, workloads: dict, out: str) -> None:
 def report(paths: list[str]) -> None:
     """Every record of ``paths`` as one table per part."""
     recs = [json.loads(line) for p in paths for line in Path(p).read_text().splitlines() if line.strip()]
-    steps = [r for r in recs if r["part"] == "steps"]
+    steps = [r for r in recs if r["part"] == "steps" and "train_tokens_per_s" in r]
+    images = [r for r in recs if r["part"] == "steps" and "train_examples_per_s" in r]
+    if images:
+        print(
+            "| workload | global batch | train.py examples/s | bare examples/s | ratio | MFU train.py (counted) "
+            "| MFU bare (counted) | MFU train.py (XLA's count) | GFLOPs per example "
+            "| first step cold train.py / bare (s) |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for r in images:
+            cold = [s for s in r["startup"] if s["cold"]]
+            first = (
+                f"{cold[0]['train_first_step_s']:.1f} / {cold[0]['bare_first_step_s']:.1f}"
+                if cold and cold[0]["train_first_step_s"] is not None
+                else "n/a"
+            )
+            xla = [x for x in r.get("mfu_train_xla") or [] if x is not None]
+            print(
+                f"| {r['workload']} | {r['global_batch']} | {statistics.median(r['train_examples_per_s']):,.0f} "
+                f"| {statistics.median(r['bare_examples_per_s']):,.0f} | {spread(r['ratio'])} "
+                f"| {spread(r['mfu_train']) if r.get('mfu_train') else 'n/a'} "
+                f"| {spread(r['mfu_bare']) if r.get('mfu_bare') else 'n/a'} | {spread(xla) if xla else 'n/a'} "
+                f"| {r['flops_per_example'] / 1e9:.3f} | {first} |"
+            )
+        if steps:
+            print()
     if steps:
         print(
             "| workload | dropout | attention | train.py tokens/s | bare tokens/s | ratio | MFU train.py "
@@ -877,9 +1021,12 @@ def main() -> None:
     args.batches = [int(b) for b in args.batches.split(",")]
     out = args.record or os.path.join(os.environ.get("OUT", "."), "accelerator_records.jsonl")
     workloads = QUICK if args.quick else WORKLOADS
-    if args.quick:  # one tiny workload, one round, the dropout path, two memory cells: under a minute on a CPU
+    unknown = [w for w in args.workloads if w not in workloads]
+    if unknown:
+        raise SystemExit(f"error: --workloads {','.join(unknown)} unknown; choose from {', '.join(workloads)}")
+    if args.quick:  # one tiny GPT, the image workloads named, one round, the dropout path, two memory cells
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
-        args.workloads = [w for w in args.workloads if w == "char"] or ["char"]
+        args.workloads = [w for w in args.workloads if w == "char" or is_image(QUICK[w][0])] or ["char"]
         args.pairs = 1
         args.dropouts = args.dropouts[-1:]
         args.cells = args.cells or ["none:4", "full:8:64"]

@@ -136,3 +136,32 @@ class ViT(nnx.Module):
         t_BxNxD = self.norm(t_BxNxD)
         pooled_BxD = t_BxNxD[:, 0] if self.cls_token is not None else jnp.mean(t_BxNxD, axis=1)
         return self.head(pooled_BxD)
+
+
+def flops_per_example(
+    image_shape: Sequence[int],
+    num_classes: int,
+    *,
+    width: int = 64,
+    depth: int = 4,
+    patch: int = 4,
+    mlp_ratio: int = 4,
+    pool: str = "cls",
+) -> float:
+    """Counted training FLOPs of one example, forward + backward, of ``ViT(image_shape, num_classes, ...)``:
+    ``6 x`` the multiply-adds of its matmuls over ``T`` tokens (the ``N`` patches, plus the CLS token with
+    ``pool='cls'``), width ``d``, ``L`` blocks: the patch embedding ``N p^2 C d``, per block the query, key, value
+    and output projections ``4 T d^2``, the MLP ``2 r T d^2`` and the attention scores and their use over the
+    tokens ``2 T^2 d``, the head ``d x classes``; norms, softmax and activations not counted.
+
+    Per token that is the transformer count of Chowdhery et al. 2022 ("PaLM", appendix B: ``6 N + 12 L d T``, a
+    multiply-add 2 FLOPs, the backward pass twice the forward; as ``models.gpt.flops_per_token``) with the patch
+    embedding and the head added. Width 384, 12 blocks, patch 4 on 32x32x3 (65 tokens), 10 classes: 8.52 GFLOPs.
+    """
+    h, w, c = image_shape
+    n = (h // patch) * (w // patch)
+    t = n + (1 if pool == "cls" else 0)
+    macs = n * patch * patch * c * width
+    macs += depth * ((4 + 2 * mlp_ratio) * t * width * width + 2 * t * t * width)
+    macs += width * num_classes
+    return 6.0 * macs

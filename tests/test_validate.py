@@ -132,3 +132,31 @@ def test_valid_library_settings_pass():
         )
     )
     check_path("checkpoint.dir", "/tmp/a b/c=d,e%f#g/é")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("data", ["synthetic", "tiny_shakespeare", "text"])
+def test_data_read_without_tfds_needs_no_tfds(data, monkeypatch, tmp_path):
+    """Synthetic and text data never read ``data.tfds_name`` (here left at the schema's default, ``mnist``, as a
+    config built from a dict has it), so checking the settings imports no ``tensorflow_datasets`` even where no TFDS
+    data set is prepared (the device machine has no TFDS)."""
+    import sys
+
+    from training.validate import check_library_settings
+    from utils import make_cfg
+
+    class NoTFDS:
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] == "tensorflow_datasets":
+                raise ImportError(f"{name} refused by the test")
+            return None
+
+    for name in [m for m in sys.modules if m.partition(".")[0] == "tensorflow_datasets"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [NoTFDS(), *sys.meta_path])
+    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path))
+    cfg = make_cfg(data__name=data)
+    assert cfg.data.tfds_name == "mnist"
+    check_library_settings(cfg)
+    with pytest.raises(ImportError, match="refused by the test"):  # where the TFDS name is read, TFDS is asked
+        check_library_settings(make_cfg(data__name="mnist"))

@@ -7,7 +7,8 @@ before any data is read, raising ``ConfigError`` with one line naming the key, t
   ``/ \\ # ? % :``; group at most 128; entity without ``/`` or spaces.
 - XLA: every flag ``--name`` or ``--name=value``, known to XLA (one probe in a subprocess: XLA's parser is the
   only complete list).
-- TFDS: ``data.tfds_name`` is ``name[/config][:version]`` of a builder TFDS knows.
+- TFDS: ``data.tfds_name`` is ``name[/config][:version]`` of a builder TFDS knows (not checked for synthetic or text
+  data, which never read it: TFDS need not be installed for them).
 - Paths: ``[ ] * ?`` are refused in checkpoint and data folders: orbax's OCDBT merge finds a checkpoint's files
   with a glob, so there they would leave a step folder reported saved but unreadable."""
 
@@ -30,6 +31,8 @@ WANDB_NAME_MAX_CHARS = 128
 WANDB_PROJECT_BAD_CHARS = "/\\#?%:"
 XLA_FLAG = re.compile(r"--[A-Za-z0-9_]+(=.*)?")
 TFDS_NAME = re.compile(r"[a-z0-9_]+(/[A-Za-z0-9_.\-]+)?(:[0-9]+\.[0-9]+\.[0-9]+)?")
+# data sets read without TFDS (generated, or text: ``data.load.TEXT_DATA``): their ``data.tfds_name`` is never used
+NO_TFDS_DATA = ("synthetic", "tiny_shakespeare", "text")
 
 
 def check_wandb(wandb_cfg, extra_tags: Sequence[str] = ()) -> None:
@@ -138,7 +141,7 @@ def check_library_settings(cfg, extra_tags: Sequence[str] = ()) -> None:
     check_path("data.data_dir", cfg.data.data_dir)
     if not cfg.data.data_dir:
         check_path("TFDS_DATA_DIR", os.environ.get("TFDS_DATA_DIR"))
-    if cfg.data.name != "synthetic" and cfg.data.tfds_name:
+    if cfg.data.name not in NO_TFDS_DATA and cfg.data.tfds_name:
         check_tfds_name(cfg.data.tfds_name, cfg.data.data_dir)
 
 
