@@ -34,6 +34,16 @@ def cloud_tpu_init() -> Optional[ModuleType]:
     return module
 
 
+def distributed_client():
+    """JAX's coordination service client of this process (``jax._src.distributed.global_state.client``: its
+    key-value store), or None (not initialised, or the private module moved)."""
+    try:
+        from jax._src.distributed import global_state
+    except ImportError:
+        return None
+    return global_state.client
+
+
 def backend_started() -> bool:
     """Whether a JAX backend has been initialised in this process (then device settings are fixed).
 

@@ -150,6 +150,7 @@ def test_private_jax_apis_resolve_on_the_pinned_jax():
     assert compat.cloud_tpu_init() is not None and compat.cloud_tpu_init().running_in_cloud_tpu_vm is False
     jax.devices()
     assert compat.backend_started() is True
+    assert compat.distributed_client() is None  # the module resolves; the tests' process joined no job
 
 
 def test_private_jax_imports_only_in_compat():

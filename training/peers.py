@@ -288,9 +288,11 @@ def start(
         return
     watch = _Watch(process_id, num_processes, run_dir, resume_hint)
     try:
-        from jax._src.distributed import global_state  # JAX's coordination service client (no public accessor)
+        from core import compat
 
-        client = global_state.client
+        client = compat.distributed_client()
+        if client is None:
+            raise RuntimeError("no coordination service client")
         if process_id == 0:
             listener = socket.create_server(("", 0), family=socket.AF_INET, backlog=max(16, num_processes))
             client.key_value_set(KEY, str(listener.getsockname()[1]))
