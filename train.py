@@ -92,10 +92,13 @@ def start_job(cfg: DictConfig, hc, run_dir: Path):
         typed = absolute_paths(to_typed(cfg), Path(hydra.utils.get_original_cwd()))  # hydra.job.chdir=true safe
     except ConfigInputError as e:  # e.g. +optim.learning_rate=0.5 or optim.lr=-1: stop at start with one line
         console(f"error: {e}")  # once per job: every process of a multi-process job gets the same config
-        write_summary(run_dir, {"status": "failed", "error": str(e)})  # an earlier run's summary is kept
+        if process.speaks():  # process 0 writes the job's summary (an earlier run's is kept)
+            write_summary(run_dir, {"status": "failed", "error": str(e)})
         if hc.mode != RunMode.MULTIRUN:
             sys.exit(1)
         return None  # in a sweep the failure is recorded and the sweep goes on (it exits 1 at the end)
+    if typed.distributed.process_id is not None:  # one voice per job from here on (training.process.speaks)
+        process.set_rank(typed.distributed.process_id)
     STARTUP.mark("config")
     with process.HeldSigint():  # a Ctrl-C inside jaxlib's initialisation can abort the process
         import jax  # noqa: F401  (importing JAX starts no backend: setup_runtime still sets the device count)
@@ -122,7 +125,7 @@ def stopped_summary(run_dir: Path):
     try:
         yield
     except (KeyboardInterrupt, Exception) as e:
-        if process.interrupted(e):
+        if process.interrupted(e) and process.speaks():  # process 0 writes the job's summary
             write_summary(run_dir, {"status": "stopped", "error": process.stop_text()})
         raise
 

@@ -359,6 +359,7 @@ def test_scontrol_requeue_continues_from_the_saved_step(cluster, reference, tmp_
     fields = wait_job(job)
     out = (tmp_path / f"slurm-{job}.out").read_text()
     step, saved, rest = stop_line(out)
+    assert rest == f"SLURM requeued the job (job {job}): it continues from this checkpoint by itself"
     assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "1"), out[-3000:]
     result = summary(run_dir)
     assert result["checkpoint/resumed_step"] == step

@@ -24,7 +24,11 @@ INTERLEAVED = (
 @pytest.mark.unit
 def test_gloo_lines_and_interleaved_ones_are_noise_and_nothing_else():
     assert native_output.is_gloo_noise(GLOO) and native_output.is_gloo_noise(INTERLEAVED)
+    assert native_output.is_gloo_noise(
+        b" is connected to 3 peer ranks. Expected number of connected peer ranks is : 3\n"
+    )
     assert not native_output.is_gloo_noise(b"[Gloo] Rank 0 lost its peer: connection reset\n")
+    assert not native_output.is_gloo_noise(b"3\n")  # only right after a gloo line (copy_filtered)
     assert not native_output.is_gloo_noise(b"error: step 10 failed\n")
 
 
@@ -46,8 +50,10 @@ def _filtered(chunks: list[bytes]) -> bytes:
 
 @pytest.mark.unit
 def test_the_filter_copies_everything_else_and_stops_after_quiet():
-    out = _filtered([b"start\n", GLOO[:20], GLOO[20:], INTERLEAVED, b"\n", b"train: 50%\rtrain: 100%\n", b"tail"])
-    assert out == b"start\ntrain: 50%\rtrain: 100%\ntail"
+    out = _filtered(
+        [b"start\n", GLOO[:20], GLOO[20:], INTERLEAVED, b"\n", b"3\n", b"train: 50%\rtrain: 100%\n", b"7\n"]
+    )
+    assert out == b"start\ntrain: 50%\rtrain: 100%\n7\n"
     out = _filtered([b"error: process 1 died\n", native_output.QUIET, b"F1207 client.h:80] Terminating process\n"])
     assert out == b"error: process 1 died\n"
 
@@ -70,16 +76,34 @@ def test_death_line_names_the_process_its_task_and_node(monkeypatch):
 @pytest.mark.parametrize(
     "env, fields, expected",
     [
-        ({"SLURM_JOB_ID": "7"}, {"PreemptTime": "2026-12-07T06:55:06", "Requeue": "1", "BatchFlag": "1"}, "7"),
-        ({"SLURM_JOB_ID": "7"}, {"PreemptTime": "None", "Requeue": "1", "BatchFlag": "1"}, None),  # scancel
+        (
+            {"SLURM_JOB_ID": "7"},
+            {"PreemptTime": "2026-12-07T06:55:06", "Requeue": "1", "BatchFlag": "1"},
+            ("7", "preempted"),
+        ),
+        (
+            {"SLURM_JOB_ID": "7"},
+            {"PreemptTime": "None", "Requeue": "1", "BatchFlag": "1", "Restarts": "1"},
+            ("7", "requeued"),
+        ),
+        (
+            {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1"},
+            {"PreemptTime": "None", "Requeue": "1", "BatchFlag": "1", "Restarts": "1"},
+            None,
+        ),
+        (
+            {"SLURM_JOB_ID": "7"},
+            {"PreemptTime": "None", "Requeue": "1", "BatchFlag": "1", "Restarts": "0"},
+            None,
+        ),  # scancel
         ({"SLURM_JOB_ID": "7"}, {"PreemptTime": "2026-12-07T06:55:06", "Requeue": "0", "BatchFlag": "1"}, None),
         ({"SLURM_JOB_ID": "7", "SUBMITIT_EXECUTOR": "slurm"}, {"PreemptTime": "2026", "Requeue": "1"}, None),
         ({}, {}, None),
     ],
 )
-def test_only_a_preempted_requeueable_batch_job_is_requeued(monkeypatch, env, fields, expected):
+def test_a_job_comes_back_only_when_slurm_requeues_it_or_it_was_preempted(monkeypatch, env, fields, expected):
     monkeypatch.setattr(slurm, "job_fields", lambda job: fields)
-    assert slurm.preempted_job(env) == expected
+    assert slurm.comes_back(env) == expected
 
 
 @pytest.mark.unit

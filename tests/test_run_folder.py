@@ -419,3 +419,25 @@ def test_another_runs_checkpoint_folder_as_run_folder_is_refused_before_anything
     own = train(*SMALL, "train.steps=2", f"hydra.run.dir={tmp_path / 'own'}")
     assert own.returncode == 0, own.stderr[-3000:]
     assert complete_steps(tmp_path / "own" / "checkpoints") == [2]
+
+
+@pytest.mark.unit
+def test_only_the_processes_of_one_job_share_a_run_folder(folder):
+    """Two multi-process jobs given one run folder (two sbatch jobs with the same RUN_DIR): the second is refused,
+    not mixed into the first one's files; a process of the first job shares it; the first process names its job."""
+    other = hold(folder, fcntl.LOCK_SH)
+    os.pwrite(other, b"process 4242 on host h since 2026-01-01 00:00:00\njob slurm job 1\n", 0)
+    try:
+        with pytest.raises(run_folder.RunFolderError) as e:
+            run_folder.claim(folder, shared=True, job="slurm job 2")
+        assert str(e.value).startswith(f"the run folder {folder} is in use by another run (process 4242 on host h")
+        assert run_folder.held() is None
+        run_folder.claim(folder, shared=True, job="slurm job 1")
+        assert run_folder.held() == folder
+    finally:
+        run_folder.release()
+        os.close(other)
+    run_folder.claim(folder, shared=True, job="slurm job 3")  # the first of its job: writes its name
+    assert (folder / ".lock").read_text().splitlines()[1] == "job slurm job 3"
+    assert run_folder.job_identity({"coordinator": "h:1"}, {}) == "coordinator h:1"
+    assert run_folder.job_identity({"coordinator": "h:1"}, {"SLURM_JOB_ID": "9"}) == "slurm job 9"

@@ -9,7 +9,9 @@ run. A run folder or log file that cannot be written is one line too (not loggin
 A single run holds the lock alone (``LOCK_EX``). The processes of one multi-process run share the folder: when
 the config or the environment says the run may have several processes (``distributed.*`` set, or a SLURM,
 Open MPI, Kubernetes or TPU job of more than one task: ``maybe_multi``), each process takes it shared
-(``LOCK_SH``); ``settle`` then holds it alone once the run turns out to be a single process. Standard library
+(``LOCK_SH``), and only with the processes of its own job (``job_identity``: the SLURM job, or the coordinator;
+the first process writes it into the lock file); ``settle`` then holds it alone once the run turns out to be a
+single process. Standard library
 only: Hydra imports this module while it configures logging.
 
 A ``checkpoint.dir`` outside the run folder is claimed the same way before the run writes there
@@ -26,6 +28,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -62,6 +65,58 @@ def maybe_multi(distributed: Optional[Mapping[str, Any]], environ: Mapping[str, 
     return any(environ.get(name) for name in _MULTI_MARKERS)
 
 
+def job_identity(distributed: Optional[Mapping[str, Any]], environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """What names the multi-process job this process belongs to, the same on all its processes and no other job's:
+    ``slurm job <id>`` (``SLURM_JOB_ID``; a requeued job keeps its id, and its earlier processes are gone), else
+    ``coordinator <host:port>`` (``distributed.coordinator``), else None (nothing tells: the folder is shared with
+    any process that takes it shared)."""
+    if environ.get("SLURM_JOB_ID"):
+        return f"slurm job {environ['SLURM_JOB_ID']}"
+    coordinator = dict(distributed or {}).get("coordinator")
+    return f"coordinator {coordinator}" if coordinator else None
+
+
+def _holder_job(fd: int) -> Optional[str]:
+    """The job the lock file names (its ``job ...`` line), or None."""
+    try:
+        text = os.pread(fd, 400, 0).decode("utf-8", "replace")
+    except OSError:
+        return None
+    jobs = [line[4:].strip() for line in text.splitlines() if line.startswith("job ")]
+    return jobs[0] if jobs else None
+
+
+SHARE_WAIT_S = 2.0  # a process of the same job may hold the lock alone for a moment (the first, writing its text)
+
+
+def _share(fd: int, job: Optional[str]) -> None:
+    """Takes the lock shared for a process of job ``job``: the first process (it gets the lock alone) writes the
+    job's name into the lock file first; a later one shares it only with the same job. Raises ``BlockingIOError``
+    when another run holds it alone (after ``SHARE_WAIT_S``) or another job shares it."""
+    if job is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass
+        else:  # the first: its job's name, then shared
+            _write_holder(fd, job=job)
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return
+    deadline = time.monotonic() + (SHARE_WAIT_S if job is not None else 0.0)
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    held_by = _holder_job(fd)
+    if job is not None and held_by is not None and held_by != job:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        raise BlockingIOError(errno.EWOULDBLOCK, f"held by {held_by}")
+
+
 def _holder(fd: int) -> str:
     """What the lock file says of the run holding it (``process P on host H since T``), or ``another process`` (also
     when it names a process of this host that has ended: the text of a run folder another run's checkpoints lock,
@@ -94,9 +149,10 @@ def _in_use_line(folder: Path, holder: str) -> str:
     )
 
 
-def claim(folder: Path, shared: bool = False) -> None:
-    """Takes the lock of run folder ``folder`` for this process (shared or alone), releasing the one it held for an
-    earlier folder (the previous job of a sweep run in this process); again for the same folder, nothing.
+def claim(folder: Path, shared: bool = False, job: Optional[str] = None) -> None:
+    """Takes the lock of run folder ``folder`` for this process (shared with the other processes of job ``job``, or
+    alone), releasing the one it held for an earlier folder (the previous job of a sweep run in this process); again
+    for the same folder, nothing.
 
     Raises:
       RunFolderError: another run holds the lock (the line names it), or the lock file cannot be created (the folder
@@ -115,16 +171,18 @@ def claim(folder: Path, shared: bool = False) -> None:
         unwritable=lambda why: (
             f"the run folder {folder} cannot be written ({why}); set {FOLDER_KEYS} to a folder you can write"
         ),
+        job=job if shared else None,
     )
     if fd is not None:
         _held = (folder, fd, shared)
-        _write_holder(fd)
+        _write_holder(fd, job=job if shared else None)
 
 
-def _lock(folder: Path, shared: bool, in_use, unwritable) -> Optional[int]:
-    """Locks ``<folder>/.lock`` (created when missing) shared or alone; returns its file descriptor, or None on a
-    file system without locks (one warning per folder). Raises RunFolderError with ``in_use(holder)`` when another
-    process holds it, ``unwritable(why)`` when the lock file cannot be created."""
+def _lock(folder: Path, shared: bool, in_use, unwritable, job: Optional[str] = None) -> Optional[int]:
+    """Locks ``<folder>/.lock`` (created when missing) shared (with the processes of job ``job``: ``_share``) or
+    alone; returns its file descriptor, or None on a file system without locks (one warning per folder). Raises
+    RunFolderError with ``in_use(holder)`` when another run holds it, ``unwritable(why)`` when the lock file cannot
+    be created."""
     path = folder / LOCK_NAME
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -136,7 +194,10 @@ def _lock(folder: Path, shared: bool, in_use, unwritable) -> Optional[int]:
         if fd < 0:
             raise RunFolderError(unwritable(f"{e.strerror or type(e).__name__}: {path}")) from None
     try:
-        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        if shared:
+            _share(fd, job)
+        else:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
         holder = _holder(fd) if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
         os.close(fd)
@@ -154,12 +215,13 @@ def _lock(folder: Path, shared: bool, in_use, unwritable) -> Optional[int]:
     return fd
 
 
-def _write_holder(fd: int, run_dir: Optional[Path] = None) -> None:
+def _write_holder(fd: int, run_dir: Optional[Path] = None, job: Optional[str] = None) -> None:
     since = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
     of = "" if run_dir is None else f", run folder {run_dir}"
+    text = f"process {os.getpid()} on host {socket.gethostname()} since {since}{of}\n" + (f"job {job}\n" if job else "")
     try:
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"process {os.getpid()} on host {socket.gethostname()} since {since}{of}\n".encode(), 0)
+        os.pwrite(fd, text.encode(), 0)
     except OSError:  # only informs a refused run
         pass
 
@@ -301,7 +363,7 @@ class RunLog(logging.FileHandler):
         distributed: Optional[Mapping[str, Any]] = None,
     ):
         try:
-            claim(Path(filename).parent, shared=maybe_multi(distributed))
+            claim(Path(filename).parent, shared=maybe_multi(distributed), job=job_identity(distributed))
         except RunFolderError as e:
             refuse(e)
         try:

@@ -47,7 +47,6 @@ import signal
 import string
 import subprocess
 import sys
-import threading
 import traceback
 from typing import Any, Callable, Iterator, Optional
 
@@ -72,24 +71,18 @@ IGNORED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")  # by the W&B process: the tra
 
 
 @contextlib.contextmanager
-def _signals_ignored() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP ignored in this process for the block (a few ms: the ``Popen`` of the W&B process,
-    which then inherits them ignored from its first instruction, before its own imports; ``_child`` ignores them
-    too). Only on the main thread, and only signals whose handler Python set (one set outside Python is left
-    alone); a signal that arrives inside the block is lost."""
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for name in IGNORED_SIGNALS:
-            sig = getattr(signal, name, None)
-            handler = signal.getsignal(sig) if sig is not None else None
-            if handler is not None:
-                previous[sig] = handler
-                signal.signal(sig, signal.SIG_IGN)
+def _signals_blocked() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP blocked on this thread for the block (a few ms: the ``Popen`` of the W&B process,
+    which inherits the mask: they stay pending there from its first instruction, before its own imports, and
+    ``_child`` then ignores them). The handlers are left as they are, one installed outside Python too (JAX's
+    preemption notifier in a multi-process run: changing the handler through Python would replace it); a signal
+    that arrives inside the block is delivered when it ends."""
+    signals = {getattr(signal, name) for name in IGNORED_SIGNALS if hasattr(signal, name)}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def new_run_id() -> str:
@@ -121,7 +114,7 @@ class WandbProcess:
         # environment says otherwise: with Go's default (one per core) it spends more CPU per record (most likely
         # waking and parking threads).
         env.setdefault("GOMAXPROCS", "1")
-        with _signals_ignored():  # inherited: a Ctrl-C during the child's own imports does not reach them
+        with _signals_blocked():  # inherited: a Ctrl-C during the child's own imports does not reach them
             self.proc = subprocess.Popen(
                 [sys.executable, os.path.abspath(__file__), f"--priority={priority}"],
                 stdin=subprocess.PIPE,
@@ -368,9 +361,9 @@ def _child() -> int:
     # W&B's own log files (debug.log) on a disk that fills: no "--- Logging error ---" traceback per line on the
     # user's console (logging's documented switch for such errors); a failed W&B call is still reported (error())
     logging.raiseExceptions = False
-    for name in IGNORED_SIGNALS:
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    for name in IGNORED_SIGNALS:  # and they stay blocked (the mask inherited from the training process): W&B's
+        if hasattr(signal, name):  # service (wandb-core, a Go program) inherits the mask, which Go honours, so a
+            signal.signal(getattr(signal, name), signal.SIG_IGN)  # job's SIGTERM to every process leaves it running
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # whatever W&B prints goes to stderr, never into the replies
 

@@ -27,15 +27,19 @@ QUIET = b"\x00dp-scaling: quiet\n"  # quiet_native_output: nothing after it is c
 _started = False
 
 
+GLOO_WORDS = (b"[Gloo] Rank", b"is connected to", b"peer ranks.", b"Expected number of connected")
+
+
 def is_gloo_noise(piece: bytes) -> bool:
-    """Whether ``piece`` (one line) is gloo's connection line, or two of them interleaved."""
-    return b"[Gloo] Rank" in piece and not GLOO_PIECES.sub(b"", piece)
+    """Whether ``piece`` (one line) is gloo's connection line, two of them interleaved, or a piece of one that two
+    threads' writes cut off (``is connected to 3 peer ranks. ...`` without its start)."""
+    return any(word in piece for word in GLOO_WORDS) and not GLOO_PIECES.sub(b"", piece)
 
 
 def copy_filtered(sources: dict[int, int]) -> None:
     """Copies each readable fd of ``sources`` to its fd (``{read fd: write fd}``) until every one ends, leaving out
-    gloo's connection lines and a blank line right after one (the second newline of two interleaved lines), and
-    everything after ``QUIET`` (``quiet_native_output``)."""
+    gloo's connection lines and, right after one, a line of nothing but digits and spaces (the end of two lines
+    interleaved: ``3`` or a newline), and everything after ``QUIET`` (``quiet_native_output``)."""
     sel = selectors.DefaultSelector()
     pending: dict[int, bytes] = {}
     dropped: dict[int, bool] = {}
@@ -62,7 +66,7 @@ def copy_filtered(sources: dict[int, int]) -> None:
             pending[src] = pieces.pop()  # not yet ended
             out = []
             for piece in pieces:
-                if is_gloo_noise(piece) or (dropped[src] and not piece.strip()):
+                if is_gloo_noise(piece) or (dropped[src] and not GLOO_PIECES.sub(b"", piece)):
                     dropped[src] = True
                     continue
                 dropped[src] = False
@@ -101,14 +105,12 @@ def filter_native_output() -> bool:
         sys.stderr.flush()
         pipes = [os.pipe(), os.pipe()]  # (read, write) for stdout, stderr
         originals = [os.dup(1), os.dup(2)]
-        child = subprocess.Popen(
-            [sys.executable, "-S", os.path.abspath(__file__), *(str(r) for r, _ in pipes), *map(str, originals)],
-            pass_fds=[r for r, _ in pipes] + originals,
-            stdin=subprocess.DEVNULL,
-            stdout=originals[0],
-            stderr=originals[1],
-            close_fds=True,
-        )
+        stops = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}  # pending in the filter until it ignores them
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+        try:
+            child = _start(pipes, originals)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
     except OSError:
         return False
     for (r, w), fd in zip(pipes, (1, 2)):
@@ -122,8 +124,20 @@ def filter_native_output() -> bool:
     return True
 
 
+def _start(pipes: list[tuple[int, int]], originals: list[int]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-S", os.path.abspath(__file__), *(str(r) for r, _ in pipes), *map(str, originals)],
+        pass_fds=[r for r, _ in pipes] + originals,
+        stdin=subprocess.DEVNULL,
+        stdout=originals[0],
+        stderr=originals[1],
+        close_fds=True,
+    )
+
+
 if __name__ == "__main__":
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a job's stop signal reaches every process
         signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
     read_out, read_err, write_out, write_err = map(int, sys.argv[1:5])
     copy_filtered({read_out: write_out, read_err: write_err})

@@ -349,12 +349,18 @@ def saved_stop_text(saved: Optional[str], checkpoint_dir) -> str:
         return "no checkpoint written (checkpoint.enabled=false)"
     from training import slurm
 
-    job = slurm.preempted_job()
-    if job is not None:
-        arm_requeue(job)
+    back = slurm.comes_back()
+    if back is not None:
+        job, how = back
+        if how == "preempted":
+            arm_requeue(job)
+            return (
+                f"checkpoint saved in {saved}; SLURM preempted the job and requeues it (job {job}): it continues from "
+                f"this checkpoint by itself"
+            )
         return (
-            f"checkpoint saved in {saved}; SLURM preempted the job and requeues it (job {job}): it continues from "
-            f"this checkpoint by itself"
+            f"checkpoint saved in {saved}; SLURM requeued the job (job {job}): it continues from this checkpoint by "
+            f"itself"
         )
     if _sweep_dir is not None:
         return f"checkpoint saved in {saved}; " + _sweep_again(" (this job continues from it)")

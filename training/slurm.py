@@ -1,4 +1,4 @@
-"""A SLURM batch job that was preempted goes back into the queue under its own id and continues by itself.
+"""A SLURM batch job that was preempted or requeued goes back into the queue under its own id and continues by itself.
 
 SLURM preempts a job (``PreemptMode=REQUEUE``, a partition of higher priority) by sending SIGTERM to its tasks and
 requeueing it after the partition's ``GraceTime``, but a job whose tasks save and exit within the grace time ends
@@ -29,15 +29,26 @@ def job_fields(job_id: str) -> dict[str, str]:
     return dict(field.split("=", 1) for field in line.split() if "=" in field)
 
 
-def preempted_job(environ=os.environ) -> Optional[str]:
-    """The id of this process's SLURM batch job when SLURM preempted it and it may be requeued, else None (not under
-    SLURM, a job of the submitit launcher, not preempted: a ``scancel``, a time limit)."""
+def comes_back(environ=os.environ) -> Optional[tuple[str, str]]:
+    """``(job id, how)`` when this process's SLURM batch job will run again by itself after this stop: ``requeued``
+    (``scontrol requeue``, or a requeue SLURM already made: its ``Restarts`` is past this run's
+    ``SLURM_RESTART_COUNT``) or ``preempted`` (``PreemptTime`` set and ``Requeue=1``: process 0 requeues it,
+    ``training.process.arm_requeue``); None otherwise (not under SLURM, a job of the submitit launcher, a
+    ``scancel``, a time limit)."""
     job = environ.get("SLURM_JOB_ID")
     if not job or environ.get("SUBMITIT_EXECUTOR"):
         return None
     fields = job_fields(job)
-    preempted = fields.get("PreemptTime", "None") not in ("None", "Unknown", "")
-    return job if preempted and fields.get("Requeue") == "1" and fields.get("BatchFlag") == "1" else None
+    if fields.get("BatchFlag") != "1" or fields.get("Requeue") != "1":
+        return None
+    try:
+        if int(fields.get("Restarts", "0")) > int(environ.get("SLURM_RESTART_COUNT", "0")):
+            return job, "requeued"
+    except ValueError:
+        pass
+    if fields.get("PreemptTime", "None") not in ("None", "Unknown", ""):
+        return job, "preempted"
+    return None
 
 
 def requeue(job_id: str) -> bool:

@@ -248,9 +248,16 @@ class ClusterSlurmLauncher(SlurmLauncher):
         except (UncompletedJobError, FailedJobError):
             folder = Path(str(self.config.hydra.sweep.dir)) / str(idx)
             state = job.watcher.get_state(job.job_id, mode="cache")
+            started = (folder / ".hydra").is_dir()
+            if not started:  # cancelled while pending: the sweep's end report counts it from this folder
+                not_started(folder, overrides, f"SLURM job {job.job_id} ended ({state}) before it started")
             print(
-                f"submitit_slurm: job #{idx} (SLURM job {job.job_id}, {state}) ended without a result; its "
-                f"summary.json and logs: {folder}, {job.paths.stderr.parent}",
+                f"submitit_slurm: job #{idx} (SLURM job {job.job_id}, {state}) ended without a result"
+                + (
+                    f"; its summary.json and logs: {folder}, {job.paths.stderr.parent}"
+                    if started
+                    else f" before it started; nothing of it ran ({folder}/summary.json says so)"
+                ),
                 file=sys.stderr,
                 flush=True,
             )
@@ -258,6 +265,16 @@ class ClusterSlurmLauncher(SlurmLauncher):
             return JobReturn(
                 overrides=list(overrides), working_dir=str(folder), task_name="train", status=JobStatus.COMPLETED
             )
+
+
+def not_started(folder: Path, overrides: Sequence[str], why: str) -> None:
+    """The folder of a job of the sweep that never ran: its ``.hydra/overrides.yaml`` (so a resumed sweep runs it
+    with these values) and a ``summary.json`` with status failed and ``why``."""
+    import json
+
+    (folder / ".hydra").mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.create(list(overrides)), folder / ".hydra" / "overrides.yaml")
+    (folder / "summary.json").write_text(json.dumps({"status": "failed", "error": why}, indent=2) + "\n")
 
 
 def signal_jobs(job_ids: List[str]) -> None:
