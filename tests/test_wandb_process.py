@@ -88,24 +88,28 @@ def test_end_of_input_without_finish_finishes_the_run_as_crashed(tmp_path, wandb
     assert exit_code(run_dir) == 1
 
 
-def test_the_w_and_b_process_is_started_with_sigint_and_sigterm_ignored(monkeypatch):
-    """The W&B process inherits SIGINT and SIGTERM ignored (a Ctrl-C during its own imports would print their
-    traceback): they are ignored while it is started, and the training process's handlers are back afterwards,
-    also when the start fails."""
+def test_the_w_and_b_process_is_started_with_sigint_and_sigterm_blocked(monkeypatch):
+    """The W&B process inherits SIGINT, SIGTERM and SIGHUP blocked (a Ctrl-C during its own imports would print their
+    traceback; it ignores them once it runs): blocked while it is started, the handlers never touched (one installed
+    outside Python, JAX's preemption notifier, would be lost), and the mask is back afterwards, also when the start
+    fails."""
     seen = {}
 
     def popen(*args, **kwargs):
-        seen.update({name: signal.getsignal(getattr(signal, name)) for name in ("SIGINT", "SIGTERM")})
+        seen["mask"] = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+        seen["handlers"] = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
         raise OSError("no process started")
 
     monkeypatch.setattr(wandb_process.subprocess, "Popen", popen)
     handler = lambda signum, frame: None  # noqa: E731
     previous = signal.signal(signal.SIGTERM, handler)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
     try:
         with pytest.raises(OSError, match="no process started"):
             WandbProcess()
-        assert seen == {"SIGINT": signal.SIG_IGN, "SIGTERM": signal.SIG_IGN}
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert {signal.SIGINT, signal.SIGTERM, signal.SIGHUP} <= seen["mask"]
+        assert seen["handlers"] == [signal.default_int_handler, handler]  # untouched
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
         assert signal.getsignal(signal.SIGTERM) is handler
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -74,9 +74,9 @@ IGNORED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")  # by the W&B process: the tra
 def _signals_blocked() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP blocked on this thread for the block (a few ms: the ``Popen`` of the W&B process,
     which inherits the mask: they stay pending there from its first instruction, before its own imports, and
-    ``_child`` then ignores them). The handlers are left as they are, one installed outside Python too (JAX's
-    preemption notifier in a multi-process run: changing the handler through Python would replace it); a signal
-    that arrives inside the block is delivered when it ends."""
+    ``_child`` then ignores them and unblocks them). The handlers are left as they are, one installed outside
+    Python too (JAX's preemption notifier in a multi-process run: changing the handler through Python would replace
+    it); a signal that arrives inside the block is delivered when it ends."""
     signals = {getattr(signal, name) for name in IGNORED_SIGNALS if hasattr(signal, name)}
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     try:
@@ -361,9 +361,10 @@ def _child() -> int:
     # W&B's own log files (debug.log) on a disk that fills: no "--- Logging error ---" traceback per line on the
     # user's console (logging's documented switch for such errors); a failed W&B call is still reported (error())
     logging.raiseExceptions = False
-    for name in IGNORED_SIGNALS:  # and they stay blocked (the mask inherited from the training process): W&B's
-        if hasattr(signal, name):  # service (wandb-core, a Go program) inherits the mask, which Go honours, so a
-            signal.signal(getattr(signal, name), signal.SIG_IGN)  # job's SIGTERM to every process leaves it running
+    for name in IGNORED_SIGNALS:
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {getattr(signal, n) for n in IGNORED_SIGNALS if hasattr(signal, n)})
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # whatever W&B prints goes to stderr, never into the replies
 
