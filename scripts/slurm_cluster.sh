@@ -2,9 +2,9 @@
 # A real SLURM cluster on this one machine, for trying and testing the cluster commands (README "Running on a
 # cluster"; docs/cluster.md): Debian's slurm-wlm and munge, one slurmctld and two slurmd acting as nodes n1 and n2.
 #
-#   sudo bash scripts/slurm_cluster.sh start     # install the packages if missing, write the config, start; idempotent
-#   sudo bash scripts/slurm_cluster.sh status    # the nodes and partitions (sinfo); exit 1 when it is not up
-#   sudo bash scripts/slurm_cluster.sh stop      # stop the daemons (the config and logs stay in $SLURM_CLUSTER_DIR)
+#   bash scripts/slurm_cluster.sh start     # (as root) install the packages if missing, write the config, start; idempotent
+#   bash scripts/slurm_cluster.sh status    # the nodes and partitions (sinfo); exit 1 when it is not up
+#   bash scripts/slurm_cluster.sh stop      # stop the daemons (the config and logs stay in $SLURM_CLUSTER_DIR)
 #
 # Partitions: `debug` (default; PreemptMode=REQUEUE with GraceTime) and `urgent` (higher PriorityTier: a job there
 # preempts debug's jobs; PreemptType=preempt/partition_prio). No accounting (no slurmdbd): sacct has nothing, as on
