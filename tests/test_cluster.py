@@ -399,8 +399,9 @@ def test_a_dead_task_stops_the_others_at_once_in_one_line(cluster, tmp_path, tas
 
 
 # ---- the submitit launcher -----------------------------------------------------------------------------------
-def submitit(tmp: Path, sweep_dir: Path, overrides: list[str], timeout_s: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run(
+def start_sweep(sweep_dir: Path, overrides: list[str]) -> subprocess.Popen:
+    """The README's submitit command (2 nodes) in ``sweep_dir``, started; its output together on ``stdout``."""
+    return subprocess.Popen(
         [
             sys.executable,
             "train.py",
@@ -413,10 +414,17 @@ def submitit(tmp: Path, sweep_dir: Path, overrides: list[str], timeout_s: float 
         ],
         cwd=REPO,
         env=job_env(),
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=timeout_s,
     )
+
+
+def submitit(sweep_dir: Path, overrides: list[str], timeout_s: float = 400) -> tuple[int, str]:
+    """The README's submitit command run to its end: ``(exit status, output)``."""
+    proc = start_sweep(sweep_dir, overrides)
+    out, _ = proc.communicate(timeout=timeout_s)
+    return proc.returncode, out
 
 
 def submitit_job(sweep_dir: Path) -> str:
@@ -437,9 +445,9 @@ def job_logs(sweep_dir: Path) -> list[str]:
 def test_submitit_runs_a_sweep_of_multi_process_jobs(cluster, reference, tmp_path):
     """The README's submitit command on a CPU-only cluster: auto resources (no GPU request), every job 2 tasks."""
     sweep_dir = tmp_path / "sweep"
-    r = submitit(tmp_path, sweep_dir, [*TASK, "train.seed=0,1"])
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    assert "1 task(s) per node, 0 GPU(s) per node, 4 CPU(s) per task" in r.stdout + r.stderr
+    code, out = submitit(sweep_dir, [*TASK, "train.seed=0,1"])
+    assert code == 0, out[-3000:]
+    assert "1 task(s) per node, 0 GPU(s) per node, 4 CPU(s) per task" in out
     assert_equals_reference(summary(sweep_dir / "0"), reference)
     other = summary(sweep_dir / "1")
     assert (other["status"], other["process_count"]) == ("ok", 2) and other["train/loss"] != reference["train/loss"]
@@ -449,23 +457,7 @@ def test_submitit_runs_a_sweep_of_multi_process_jobs(cluster, reference, tmp_pat
 
 def test_a_stopped_submitit_job_continues_when_the_sweep_is_resumed_as_said(cluster, reference, tmp_path):
     sweep_dir = tmp_path / "sweep"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "train.py",
-            "-m",
-            "hydra/launcher=submitit_slurm",
-            "hydra.launcher.nodes=2",
-            f"hydra.launcher.name={JOB_NAME}",
-            f"hydra.sweep.dir={sweep_dir}",
-            *TASK,
-        ],
-        cwd=REPO,
-        env=job_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = start_sweep(sweep_dir, TASK)
     wait_for(lambda: logged_step(sweep_dir / "0") >= 20, 120, "step 20")
     job = submitit_job(sweep_dir)
     subprocess.run(["scancel", "--signal=TERM", job], check=True, timeout=60)
@@ -480,8 +472,8 @@ def test_a_stopped_submitit_job_continues_when_the_sweep_is_resumed_as_said(clus
     )
     assert m, stops[0]
     step = int(m.group(1))
-    r = submitit(tmp_path, sweep_dir, TASK)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    code, out = submitit(sweep_dir, TASK)
+    assert code == 0, out[-3000:]
     result = summary(sweep_dir / "0")
     assert result["checkpoint/resumed_step"] == step
     assert_equals_reference(result, reference)
@@ -491,25 +483,7 @@ def test_submitit_job_whose_task_died_ends_the_sweep_in_bounded_time(cluster, tm
     """No accounting on this cluster (sacct fails): the launcher follows the job with squeue/scontrol and returns
     soon after SLURM stops listing it, with one line naming it; the job's summary says which task died."""
     sweep_dir = tmp_path / "sweep"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "train.py",
-            "-m",
-            "hydra/launcher=submitit_slurm",
-            "hydra.launcher.nodes=2",
-            f"hydra.launcher.name={JOB_NAME}",
-            f"hydra.sweep.dir={sweep_dir}",
-            *SMALL,
-            "runtime.cpu_devices=2",
-            "train.steps=100000",
-        ],
-        cwd=REPO,
-        env=job_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = start_sweep(sweep_dir, [*SMALL, "runtime.cpu_devices=2", "train.steps=100000"])
     run_dir = sweep_dir / "0"
     wait_for(lambda: logged_step(run_dir) >= 20, 120, "step 20")
     job = submitit_job(sweep_dir)
