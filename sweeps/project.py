@@ -38,6 +38,7 @@ import math
 import os
 import re
 import sys
+import textwrap
 from collections import Counter
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -359,18 +360,43 @@ def assumptions(args, hw: Hardware) -> str:
     return (
         f"{hw.name}: {hw.devices_per_node}/node, intra {hw.intra_node_bytes_per_s:.3g} B/s, "
         f"inter {hw.inter_node_bytes_per_s:.3g} B/s, latency {hw.latency_s:.3g} s; {compute}, "
-        f"overlap {args.overlap:g}, {args.algorithm} collectives, per-device batch fixed"
+        f"overlap {args.overlap:g}, {args.algorithm} collectives; weak scaling (per-device batch fixed)"
     )
+
+
+# Columns after the model's: what the projection assumed (the same in every row) and the floor flag.
+META_COLUMNS = ["per_device_batch", "scaling", "hardware", "assumed_mfu", "assumed_step_time_s", "below_step_floor"]
+# Columns derived from the compute time: meaningless for a step below ``STEP_FLOOR_S`` (left out of the .md and .png).
+FLOOR_COLUMNS = ("speedup", "efficiency", "comm_ratio", "mfu")
+
+
+def annotate(rows: list[dict[str, Any]], args, hw: Hardware) -> list[dict[str, Any]]:
+    """``rows`` with :data:`META_COLUMNS`: the per-device batch (``examples_per_s`` / N / step time), ``scaling``
+    ``weak``, the hardware profile, the assumed MFU or compute time, and ``below_step_floor`` (``below_floor``)."""
+    tiny = below_floor(rows)
+    return [
+        {
+            **r,
+            "per_device_batch": r["examples_per_s"] * r["step_time_s"] / r["devices"],
+            "scaling": "weak",
+            "hardware": hw.name,
+            "assumed_mfu": args.mfu,
+            "assumed_step_time_s": args.step_time_s,
+            "below_step_floor": r["config"] in tiny,
+        }
+        for r in rows
+    ]
 
 
 def _columns(rows: Sequence[dict[str, Any]]) -> list[str]:
     """``config`` [, ``run_devices``], :data:`COLUMNS`, with :data:`TOKEN_COLUMNS` after ``examples_per_s``
     when some row is a token model's."""
     lead = ["config"] + (["run_devices"] if any("run_devices" in r for r in rows) else [])
+    meta = [c for c in META_COLUMNS if any(c in r for r in rows)]
     if not any("tokens_per_s" in r for r in rows):
-        return lead + COLUMNS
+        return lead + COLUMNS + meta
     i = COLUMNS.index("examples_per_s") + 1
-    return lead + COLUMNS[:i] + TOKEN_COLUMNS + COLUMNS[i:]
+    return lead + COLUMNS[:i] + TOKEN_COLUMNS + COLUMNS[i:] + meta
 
 
 def _throughput(rows: Sequence[dict[str, Any]]) -> tuple[str, str]:
@@ -383,6 +409,8 @@ def _throughput(rows: Sequence[dict[str, Any]]) -> tuple[str, str]:
 def _fmt(value: Any) -> str:
     if value is None:
         return ""
+    if isinstance(value, bool):
+        return str(value).lower()
     if isinstance(value, float):
         return repr(value) if value == value else ""
     return str(value)
@@ -400,8 +428,10 @@ def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> Path:
 
 
 def write_markdown(rows: Sequence[dict[str, Any]], path: Path, header: str, source: str) -> Path:
-    """``projection.md``: a titled table (a projection, not a measurement) with the assumptions and sources."""
-    cols = _columns(rows)
+    """``projection.md``: a titled table (a projection, not a measurement) with the assumptions and sources. The
+    columns derived from the compute time (:data:`FLOOR_COLUMNS`) are blank for a configuration ``below_floor``,
+    and a line says why (``projection.csv`` keeps them, flagged ``below_step_floor``)."""
+    cols = [c for c in _columns(rows) if c not in META_COLUMNS]
     lines = [
         "# Projection (model, not a measurement)",
         "",
@@ -409,15 +439,21 @@ def write_markdown(rows: Sequence[dict[str, Any]], path: Path, header: str, sour
         "",
         f"Hardware sources: {source or 'n/a'}",
         "",
+        "comm_ratio = comm_s / step_time_s: the communication ratio modelled wholly for the target (its compute time "
+        "from the FLOPs and the assumed MFU or step time), not a measurement; efficiency = compute_s / step_time_s.",
+        "",
         "| " + " | ".join(cols) + " |",
         "|" + "---|" * len(cols),
     ]
+    tiny = below_floor(rows)
     for row in rows:
         cells = []
         for c in cols:
-            v = row.get(c)
+            v = None if c in FLOOR_COLUMNS and row["config"] in tiny else row.get(c)
             cells.append(f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v)))
         lines.append("| " + " | ".join(cells) + " |")
+    for config, compute_s in tiny.items():
+        lines += ["", floor_note(config, compute_s)]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -432,31 +468,42 @@ def write_plot(rows: Sequence[dict[str, Any]], path: Path, header: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(12, 5.2))
     configs = list(dict.fromkeys(r["config"] for r in rows))
+    tiny = below_floor(rows)
+    linear: list[float] = []
     for config in configs:
         sub = [r for r in rows if r["config"] == config]
         line = overlay_projection(ax_t, sub, key, label=config)
+        if config in tiny:  # its efficiencies only show the model's latency terms: left out (the CSV keeps them)
+            continue
         overlay_projection(ax_e, sub, "efficiency", label=config, color=line.get_color())
         # linear scaling of one device's throughput (per_device_batch / compute_s = examples_per_s / efficiency)
+        linear += [r[key] / r["efficiency"] for r in sub]
         ax_t.plot(
             [r["devices"] for r in sub],
             [r[key] / r["efficiency"] for r in sub],
             color=line.get_color(),
             linewidth=0.8,
             linestyle=":",
-            label="linear (no communication)" if config == configs[0] else None,
+            label="linear (no communication)" if len(linear) == len(sub) else None,
         )
     from sweeps.report.plots import devices_x_axis, log_y_axis
 
-    linear = [r[key] / r["efficiency"] for r in rows]
     log_y_axis(ax_t, [r[key] for r in rows] + linear)
-    log_y_axis(ax_e, [r["efficiency"] for r in rows], fmt=lambda v: f"{100 * v:g}%")
+    shown = [r["efficiency"] for r in rows if r["config"] not in tiny]
+    log_y_axis(ax_e, shown, fmt=lambda v: f"{100 * v:g}%")
     for ax, ylabel in ((ax_t, f"{unit} (projected)"), (ax_e, "efficiency = compute / step time")):
         devices_x_axis(ax, rows)
         ax.set_ylabel(ylabel)
+    if tiny:
+        text = (
+            f"left out: {len(tiny)} configuration(s) whose step computes below ~{format_seconds(STEP_FLOOR_S)}, "
+            "less than any real device takes (projection.csv keeps them, flagged)"
+        )
+        ax_e.set_title("\n".join(textwrap.wrap(text, 70)), fontsize=8)
     ax_t.legend(fontsize=8)
-    fig.suptitle(f"PROJECTION (model, not measured)\n{header}", fontsize=9)
+    fig.suptitle("Projection (a model, not a measurement)\n" + "\n".join(textwrap.wrap(header, 150)), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -505,6 +552,15 @@ def floor_warning(config: str, compute_s: float, floor_s: float = STEP_FLOOR_S) 
         f"warning: {config}: its step computes in {format_seconds(compute_s)}, below what a step takes on any real "
         f"device (~{format_seconds(floor_s)}), so its efficiencies are left out here (projection.csv keeps the "
         "model's); project a larger model or give --step-time-s measured on the target"
+    )
+
+
+def floor_note(config: str, compute_s: float, floor_s: float = STEP_FLOOR_S) -> str:
+    """The sentence of ``projection.md`` for a configuration whose efficiencies are left out."""
+    return (
+        f"{config}: its step computes in {format_seconds(compute_s)}, below what a step takes on any real device "
+        f"(~{format_seconds(floor_s)}): its {', '.join(FLOOR_COLUMNS)} are left out here and from projection.png "
+        "(projection.csv keeps the model's, with below_step_floor=true)"
     )
 
 
@@ -570,12 +626,14 @@ def log_to_wandb(rows, paths: dict[str, Path], summaries, args, header: str) -> 
         run.define_metric("projection/*", step_metric="projection/devices")
         for row in rows:
             name = re.sub(r"[^A-Za-z0-9_.=+-]+", "_", row["config"])
+            shown = not row.get("below_step_floor")  # a step below any device's floor: no efficiency
             run.log(
                 {
                     "projection/devices": row["devices"],
                     f"projection/examples_per_s/{name}": row["examples_per_s"],
                     **({f"projection/tokens_per_s/{name}": row["tokens_per_s"]} if row.get("tokens_per_s") else {}),
-                    f"projection/efficiency/{name}": row["efficiency"],
+                    **({f"projection/efficiency/{name}": row["efficiency"]} if shown else {}),
+                    **({f"projection/comm_ratio/{name}": row["comm_ratio"]} if shown else {}),
                 }
             )
         cols = _columns(rows)
@@ -652,6 +710,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         rows, hw, profile, summaries = build_projection(args)
+        rows = annotate(rows, args, hw)
         out = Path(args.out or args.folder or ".")
         out.mkdir(parents=True, exist_ok=True)
         header = assumptions(args, hw)
