@@ -34,21 +34,32 @@ def log_to_wandb(
     group: str | None = None,
     project: str | None = None,
     entity: str | None = None,
+    out_dir=None,
 ) -> dict[str, Any]:
     """Logs ``scaling_table`` (``wandb.Table`` of ``COLUMNS``, intervals included), the PNGs as
     ``plots/<name>`` and, per device count (x axis ``scaling/devices``), ``scaling/<metric>/<series>`` for
     examples/s (with ``_ci_low``/``_ci_high``; tokens/s too for a token model), speedup and efficiency.
-    WANDB_MODE (e.g. ``offline``), WANDB_DIR, WANDB_PROJECT and WANDB_ENTITY are honoured.
+    The mode is a run's (``training.report.resolve_wandb_mode``): WANDB_MODE, else online with an API key, else
+    offline. WANDB_DIR (default: ``out_dir``, else the current folder), WANDB_PROJECT and WANDB_ENTITY are honoured.
 
-    Returns ``{"wandb_run_id", "wandb_group", "wandb_sync_file", "wandb_url"}``.
+    Returns ``{"wandb_run_id", "wandb_group", "wandb_sync_file", "wandb_url", "offline", "wandb_run_dir"}``, or
+    ``{"disabled": True}`` (nothing logged) when WANDB_MODE is disabled.
     """
     import wandb
+
+    from training.report import resolve_wandb_mode
+
+    mode = resolve_wandb_mode(None)
+    if mode == "disabled":
+        return {"disabled": True}
 
     group = group or infer_group(summaries, folder)
     project = project or _most_common(summaries, "wandb/project") or os.environ.get("WANDB_PROJECT")
     entity = entity or _most_common(summaries, "wandb/entity") or os.environ.get("WANDB_ENTITY")
     platforms, kinds = platform_header(rows)
     run = wandb.init(
+        mode=mode,
+        dir=None if os.environ.get("WANDB_DIR") or out_dir is None else str(out_dir),
         project=project,
         entity=entity,
         group=group,
@@ -108,6 +119,8 @@ def log_to_wandb(
             "wandb_group": group,
             "wandb_sync_file": Path(run.settings.sync_file),
             "wandb_url": getattr(run, "url", None),
+            "offline": mode == "offline",
+            "wandb_run_dir": Path(run.settings.sync_file).parent,
         }
     finally:
         run.finish()
