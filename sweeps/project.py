@@ -594,17 +594,30 @@ def console_lines(rows: Sequence[dict[str, Any]], skipped: Sequence[str] = ()) -
 
 
 def log_to_wandb(rows, paths: dict[str, Path], summaries, args, header: str) -> str:
-    """Logs a ``job_type="projection"`` run into the sweep's W&B group; returns the group."""
+    """Logs a ``job_type="projection"`` run into the sweep's W&B group (the jobs' project and entity), in the mode a
+    run would take (``training.report.resolve_wandb_mode``: offline without an API key); returns the line to print:
+    the group, and the ``wandb sync`` command of an offline run."""
     import wandb
+
+    from sweeps.report.wandb_log import jobs_wandb_setting
+    from training.report import resolve_wandb_mode
 
     def common(key):
         values = [str(s[key]) for s in summaries if s.get(key) not in (None, "")]
         return Counter(values).most_common(1)[0][0] if values else None
 
+    try:
+        mode = resolve_wandb_mode(None)
+    except ValueError as exc:  # a WANDB_MODE W&B would refuse
+        raise ProjectionError(str(exc)) from None
+    if mode == "disabled":
+        return "W&B is disabled (WANDB_MODE=disabled): the projection was not logged to W&B"
     group = args.group or common("wandb/group") or (Path(args.folder).resolve().name if args.folder else "projection")
     run = wandb.init(
-        project=common("wandb/project") or os.environ.get("WANDB_PROJECT", "dp-scaling"),
-        entity=common("wandb/entity") or os.environ.get("WANDB_ENTITY"),
+        mode=mode,
+        dir=None if os.environ.get("WANDB_DIR") else str(paths["csv"].parent),
+        project=jobs_wandb_setting(summaries, "project") or os.environ.get("WANDB_PROJECT", "dp-scaling"),
+        entity=jobs_wandb_setting(summaries, "entity") or os.environ.get("WANDB_ENTITY"),
         group=group,
         job_type="projection",
         name=f"projection-{args.hardware}-{group}",
@@ -647,7 +660,10 @@ def log_to_wandb(rows, paths: dict[str, Path], summaries, args, header: str) -> 
         )
     finally:
         run.finish()
-    return group
+    line = f"logged the projection to W&B group {group!r}"
+    if mode == "offline":
+        line += f"; W&B is offline: upload it later with: wandb sync {Path(run.settings.sync_file).parent}"
+    return line
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -720,8 +736,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "png": write_plot(rows, out / "projection.png", header),
         }
         if args.wandb:
-            group = log_to_wandb(rows, paths, summaries, args, header)
-            print(f"logged the projection to W&B group {group!r}")
+            print(log_to_wandb(rows, paths, summaries, args, header))
     except (ProjectionError, HardwareError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import csv
 import argparse
+import csv
 import json
 import subprocess
 import sys
@@ -809,3 +809,29 @@ def test_the_advice_for_one_device_jobs_is_a_command_that_works(tmp_path, capsys
     argv = shlex.split(advised)[3:] + ["--out", str(tmp_path / "b")]
     assert cli.main(argv) == 0
     assert len(_csv(tmp_path / "b" / "projection.csv")) == 2
+
+
+def test_wandb_without_an_api_key_logs_offline_to_the_jobs_project(tmp_path):
+    """`sweeps.project --wandb` with no API key does what a run does: logs offline (into the output folder) and
+    prints the `wandb sync` line; the run goes to the jobs' W&B project (their .hydra/config.yaml)."""
+    import os
+
+    from wandb_reader import read_run
+
+    root = _strong_sweep(tmp_path / "sweep", modes=("jit_sharding",), devices=(1, 2))
+    for job in root.iterdir():
+        (job / ".hydra").mkdir()
+        (job / ".hydra" / "config.yaml").write_text("wandb:\n  project: proj-z\n  entity: null\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(tmp_path), NETRC=str(tmp_path / "netrc"), WANDB_SILENT="true", PYTHONPATH=str(REPO))
+    env.update({k: str(tmp_path / k.lower()) for k in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR")})
+    out = tmp_path / "out"
+    args = [str(root), *CUSTOM, "--step-time-s", "0.001", "--devices", "8,64", "--out", str(out), "--wandb"]
+    res = subprocess.run(
+        [sys.executable, "-m", "sweeps.project", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, res.stderr
+    (run_dir,) = (out / "wandb").glob("offline-run-*")
+    assert f"W&B is offline: upload it later with: wandb sync {run_dir}" in res.stdout
+    run = read_run(str(run_dir))
+    assert run["run"].project == "proj-z" and run["run"].job_type == "projection"

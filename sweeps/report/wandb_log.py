@@ -17,6 +17,26 @@ def _most_common(records: list[dict], key: str) -> str | None:
     return Counter(values).most_common(1)[0][0] if values else None
 
 
+def jobs_wandb_setting(summaries: list[dict], key: str) -> str | None:
+    """The jobs' ``wandb.<key>`` (``project``, ``entity``): their summaries' ``wandb/<key>``, else the most common
+    value in their ``.hydra/config.yaml`` (what ``train.py`` logged to), else None."""
+    found = _most_common(summaries, f"wandb/{key}")
+    if found:
+        return found
+    import yaml
+
+    values = []
+    for summary in summaries:
+        path = Path(str(summary.get("_job_dir", ""))) / ".hydra" / "config.yaml"
+        try:
+            value = ((yaml.safe_load(path.read_text()) or {}).get("wandb") or {}).get(key)
+        except (OSError, ValueError, AttributeError, yaml.YAMLError):
+            continue
+        if value not in (None, ""):
+            values.append(str(value))
+    return Counter(values).most_common(1)[0][0] if values else None
+
+
 def infer_group(summaries: list[dict], folder) -> str:
     """W&B group of the jobs: the summaries' ``wandb/group``, else the folder name."""
     return _most_common(summaries, "wandb/group") or Path(folder).resolve().name
@@ -54,8 +74,8 @@ def log_to_wandb(
         return {"disabled": True}
 
     group = group or infer_group(summaries, folder)
-    project = project or _most_common(summaries, "wandb/project") or os.environ.get("WANDB_PROJECT")
-    entity = entity or _most_common(summaries, "wandb/entity") or os.environ.get("WANDB_ENTITY")
+    project = project or jobs_wandb_setting(summaries, "project") or os.environ.get("WANDB_PROJECT")
+    entity = entity or jobs_wandb_setting(summaries, "entity") or os.environ.get("WANDB_ENTITY")
     platforms, kinds = platform_header(rows)
     run = wandb.init(
         mode=mode,
