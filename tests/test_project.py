@@ -185,14 +185,14 @@ def test_a_ratio_of_a_profiles_numbers_needs_the_device_it_describes():
     # the start-up line: why the ratios are absent, and the two ways to a ratio (measured, modelled for the target)
     assert ratio_line("h100_sxm", "h100_sxm", "cpu", False, 450e9, 989e12) == (
         "hardware=h100_sxm describes another device than the one that ran (cpu): comm/ratio_model and perf/mfu are "
-        "not computed (its numbers over times measured here would mix two machines); profile.enabled=true measures "
-        "comm/ratio_measured (not valid on simulated CPU devices), and python -m sweeps.project <run folder> "
-        "--hardware h100_sxm --mfu 0.4 models both wholly for h100_sxm"
+        "not computed (its numbers over times measured here would mix two machines); the profiler "
+        "(profile.enabled=true) measures comm/ratio_measured (not valid on simulated CPU devices), and "
+        "python -m sweeps.project <run folder> --hardware h100_sxm --mfu 0.4 models both wholly for h100_sxm"
     )
     assert ratio_line("auto", "cpu", "cpu", False, None, None) == (
         "no link bandwidth known for cpu: comm/time_model_s and comm/ratio_model are not computed; "
-        "profile.enabled=true measures comm/ratio_measured (on simulated CPU devices it is flagged not valid), and "
-        "python -m sweeps.project <run folder> --hardware h100_sxm --mfu 0.4 models a target machine"
+        "the profiler (profile.enabled=true) measures comm/ratio_measured (on simulated CPU devices it is flagged not "
+        "valid), and python -m sweeps.project <run folder> --hardware h100_sxm --mfu 0.4 models a target machine"
     )
     assert ratio_line("auto", "tpu_v5e", v5e, True, 2e11, 1.97e14) is None
 

@@ -465,7 +465,7 @@ def ratio_line(
 ) -> Optional[str]:
     """The start-up line saying why ``comm/ratio_model`` or ``perf/mfu`` is absent, and how to get a communication
     ratio instead (None when both are computed)."""
-    measured = "profile.enabled=true measures comm/ratio_measured"
+    measured = "the profiler (profile.enabled=true) measures comm/ratio_measured"
     target = (
         profile if profile and (link is not None or peak_flops is not None) else "h100_sxm"
     )  # a profile with numbers
