@@ -501,9 +501,22 @@ def write_plot(rows: Sequence[dict[str, Any]], path: Path, header: str) -> Path:
             f"left out: {len(tiny)} configuration(s) whose step computes below ~{format_seconds(STEP_FLOOR_S)}, "
             "less than any real device takes (projection.csv keeps them, flagged)"
         )
-        ax_e.set_title("\n".join(textwrap.wrap(text, 70)), fontsize=8)
+        if shown:
+            ax_e.set_title("\n".join(textwrap.wrap(text, 70)), fontsize=8)
+        else:  # nothing to draw: the panel is the sentence
+            ax_e.set_axis_off()
+            ax_e.text(
+                0.5,
+                0.5,
+                "Efficiency " + textwrap.fill(text, 50),
+                ha="center",
+                va="center",
+                fontsize=9,
+                transform=ax_e.transAxes,
+                gid="left-out",
+            )
     ax_t.legend(fontsize=8)
-    fig.suptitle("Projection (a model, not a measurement)\n" + "\n".join(textwrap.wrap(header, 150)), fontsize=9)
+    fig.suptitle("Projection (a model, not a measurement)\n" + "\n".join(textwrap.wrap(header, 120)), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -679,6 +679,13 @@ def test_efficiencies_left_out_stay_out_of_the_png_and_md_and_are_flagged_in_the
     assert [line.get_label() for line in ax_t.get_lines()] == ["big", "linear (no communication)", "tiny"]
     assert ax_e.get_title().replace("\n", " ").startswith("left out: 1 configuration(s) whose step computes below")
     assert captured["fig"]._suptitle.get_text().startswith("Projection (a model, not a measurement)")
+    cli.write_plot(rows[2:], tmp_path / "tiny.png", "header")  # only the tiny configuration: the panel is a sentence
+    _, ax_e = captured["fig"].axes
+    assert not ax_e.axison and not ax_e.get_lines()
+    assert [t.get_text().replace("\n", " ") for t in ax_e.texts] == [
+        "Efficiency left out: 1 configuration(s) whose step computes below ~5 µs, less than any real device takes "
+        "(projection.csv keeps them, flagged)"
+    ]
 
 
 # ---- a language model: tokens are the unit of work --------------------------------------------------------
