@@ -849,6 +849,10 @@ def test_token_model_sweep_reports_tokens_per_s(tmp_path):
     assert "| tokens/s [95% interval] | tokens/s per device | tokens/example | speedup [95% interval] |" in md
     assert "examples/s [95% interval]" not in md
     assert "| 420,200 [292,700, 603,300] | 52,530 | 128 |" in md  # fsdp, 8 devices: 4 significant digits
+    projection = [dict(p, tokens_per_s=p["examples_per_s"] * 128) for p in _projection_rows()]
+    md = write_report(root, tmp_path / "with_projection", projection_rows=projection)["md"].read_text()
+    assert "| configuration | devices | tokens/s (projected) | efficiency | comm ratio (projected) |" in md
+    assert "| fsdp fp32 mlp batch/device=32 | 8 | 1,024,000,000 | 0.9 | 0.1 |" in md  # 8e6 examples/s x 128
     assert "tokens/s = examples/s x tokens/example" in md
     fig = make_figures(rows_of(root))["throughput"]
     (ax,) = fig.axes

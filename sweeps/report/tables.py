@@ -200,7 +200,7 @@ def ratio_known_rows(rows: list[dict]) -> bool:
     return any(r["comm_ratio"] is not None for r in rows)
 
 
-def projection_lines(projection_rows: list[dict], source: str = "") -> list[str]:
+def projection_lines(projection_rows: list[dict], source: str = "", unit: str = "examples/s") -> list[str]:
     """``scaling.md``'s projection section: the projected throughput, efficiency and communication ratio per
     configuration and device count (blank where ``sweeps.project`` left them out: a step below any device's)."""
     from sweeps.report.plots import projection_title
@@ -211,7 +211,7 @@ def projection_lines(projection_rows: list[dict], source: str = "") -> list[str]
         _sentence(projection_title(projection_rows)) + (f", from `{source}`" if source else "") + ".",
         "comm ratio (projected) = modelled communication time / modelled step time on that hardware.",
         "",
-        "| configuration | devices | examples/s (projected) | efficiency | comm ratio (projected) |",
+        f"| configuration | devices | {unit} (projected) | efficiency | comm ratio (projected) |",
         "|---|---|---|---|---|",
     ]
     for p in projection_rows:
@@ -219,7 +219,7 @@ def projection_lines(projection_rows: list[dict], source: str = "") -> list[str]
         cells = [
             str(p["label"]),
             str(p["devices"]),
-            plain_4(p["examples_per_s"]),
+            plain_4(p["tokens_per_s"] if unit == "tokens/s" and p.get("tokens_per_s") else p["examples_per_s"]),
             "" if left_out or p.get("efficiency") is None else f"{p['efficiency']:.3g}",
             "" if left_out or p.get("comm_ratio") is None else f"{p['comm_ratio']:.3g}",
         ]
@@ -351,7 +351,7 @@ def write_markdown(
         lines += ["", NO_TARGET_SENTENCE]
     lines.append("")
     if projection_rows:
-        lines += projection_lines(projection_rows, projection_source)
+        lines += projection_lines(projection_rows, projection_source, unit)
     plots = list(plots)
     if plots:
         lines += ["## Figures", ""]
