@@ -150,13 +150,23 @@ def _log2_x(ax, rows: list[dict]) -> None:
     ax.grid(True, which="major", alpha=0.3)
 
 
-def _errorbar(ax, xs, ys, lows, highs, label, style):
-    """One error-bar container (asymmetric bars from the interval; none where it is unknown)."""
+SERIES_DODGE = 0.06  # octaves between neighbouring series' error bars at one device count (about 1.6% of the axis)
+
+
+def series_shift(i: int, n: int) -> float:
+    """The factor by which the i-th of ``n`` series' x positions are moved on a log-2 axis, so that error bars of
+    several series at one device count stand side by side, centred on it, instead of on top of each other."""
+    return 2.0 ** ((i - (n - 1) / 2) * SERIES_DODGE) if n > 1 else 1.0
+
+
+def _errorbar(ax, xs, ys, lows, highs, label, style, shift: float = 1.0):
+    """One error-bar container (asymmetric bars from the interval; none where it is unknown), its x positions
+    multiplied by ``shift`` (``series_shift``)."""
     yerr = [
         [y - lo if lo is not None else 0.0 for y, lo in zip(ys, lows)],
         [hi - y if hi is not None else 0.0 for y, hi in zip(ys, highs)],
     ]
-    return ax.errorbar(xs, ys, yerr=yerr, label=label, capsize=3, **style)
+    return ax.errorbar([x * shift for x in xs], ys, yerr=yerr, label=label, capsize=3, **style)
 
 
 def _message(ax, text: str) -> None:
@@ -175,7 +185,8 @@ def plot_throughput(ax, rows: list[dict], solid: bool = False) -> list:
     handles = []
     ideal_drawn = False
     values: list[float] = []
-    for label, style, members in _series(rows):
+    series = _series(rows)
+    for i, (label, style, members) in enumerate(series):
         pts = [r for r in members if r[key] is not None]
         if not pts:
             continue
@@ -190,6 +201,7 @@ def plot_throughput(ax, rows: list[dict], solid: bool = False) -> list:
                 [r[f"{key}_ci_high"] for r in pts],
                 label,
                 style,
+                series_shift(i, len(series)),
             )
         )
         values += [r[k] for r in pts for k in (key, f"{key}_ci_low", f"{key}_ci_high")]
@@ -271,7 +283,8 @@ def plot_speedup(ax, rows: list[dict]) -> list:
     every point and bar, with plain-decimal ticks (``0.5``, ``1``, ``2``)."""
     handles = []
     values: list[float] = []
-    for label, style, members in _series(rows):
+    series = _series(rows)
+    for i, (label, style, members) in enumerate(series):
         pts = [r for r in members if r["speedup"] is not None]
         if pts:
             values += [r[k] for r in pts for k in ("speedup", "speedup_ci_low", "speedup_ci_high")]
@@ -284,6 +297,7 @@ def plot_speedup(ax, rows: list[dict]) -> list:
                     [r["speedup_ci_high"] for r in pts],
                     label,
                     style,
+                    series_shift(i, len(series)),
                 )
             )
     devices = sorted({r["devices"] for r in rows if r["devices"]})
@@ -303,7 +317,8 @@ def plot_efficiency(ax, rows: list[dict]) -> list:
     reference: 1.0 by definition, without a bar."""
     handles = []
     top = 1.0
-    for label, style, members in _series(rows):
+    series = _series(rows)
+    for i, (label, style, members) in enumerate(series):
         pts = [r for r in members if r["efficiency"] is not None]
         if pts:
             top = max([top] + [r[k] for r in pts for k in ("efficiency", "efficiency_ci_high") if r[k] is not None])
@@ -316,6 +331,7 @@ def plot_efficiency(ax, rows: list[dict]) -> list:
                     [r["efficiency_ci_high"] for r in pts],
                     label,
                     style,
+                    series_shift(i, len(series)),
                 )
             )
     handles.append(ax.axhline(1.0, label="ideal (1.0)", **IDEAL_STYLE))
