@@ -424,9 +424,9 @@ def plot_comm(axes, rows: list[dict]) -> list:
     """Payload bytes per step, ring bytes per device per step (KiB/MiB axes) and, when ``axes`` has a third
     panel (``ratio_known``), the communication ratio: comm time / step time of the device that ran."""
     handles = _bytes_panel(axes[0], rows, "comm_payload_bytes", "payload / step")
-    _title(axes[0], "payload (sum of collective operands)")
+    _title(axes[0], "payload: the sum of collective operands")
     _bytes_panel(axes[1], rows, "comm_ring_bytes", "sent per device / step (ring model)")
-    _title(axes[1], "ring model, per device")
+    _title(axes[1], "ring model: sent by each device")
     if len(axes) > 2:
         _bytes_panel(axes[2], rows, "comm_ratio", "comm time / step time", in_bytes=False)
         _title(axes[2], ratio_label(rows))
