@@ -313,7 +313,7 @@ def build_projection(args) -> tuple[list[dict[str, Any]], Hardware, dict[str, An
             collectives, compute, args.per_device_batch, devices, hw, args.overlap, args.algorithm, flops
         )
         for row in with_tokens(projected, args.tokens_per_example, flops, args.per_device_batch):
-            rows.append({"config": args.parallel, **row})
+            rows.append({"config": args.parallel, **row, "per_device_batch": args.per_device_batch})
         return rows, hw, profile, []
     summaries = load_summaries(Path(args.folder))
     sources, skipped = configurations(summaries)
@@ -350,7 +350,7 @@ def build_projection(args) -> tuple[list[dict[str, Any]], Hardware, dict[str, An
         compute = _compute_s(args, flops, hw)
         projected = project(collectives, compute, batch, devices, hw, args.overlap, args.algorithm, flops)
         for row in with_tokens(projected, tokens, flops, batch):
-            rows.append({"config": _config_label(summary), "run_devices": n_run, **row})
+            rows.append({"config": _config_label(summary), "run_devices": n_run, **row, "per_device_batch": batch})
     return rows, hw, profile, summaries
 
 
@@ -371,13 +371,14 @@ FLOOR_COLUMNS = ("speedup", "efficiency", "comm_ratio", "mfu")
 
 
 def annotate(rows: list[dict[str, Any]], args, hw: Hardware) -> list[dict[str, Any]]:
-    """``rows`` with :data:`META_COLUMNS`: the per-device batch (``examples_per_s`` / N / step time), ``scaling``
-    ``weak``, the hardware profile, the assumed MFU or compute time, and ``below_step_floor`` (``below_floor``)."""
+    """``rows`` with :data:`META_COLUMNS`: the per-device batch (as given, else ``examples_per_s`` x step time / N),
+    ``scaling`` ``weak``, the hardware profile, the assumed MFU or compute time, and ``below_step_floor``
+    (``below_floor``)."""
     tiny = below_floor(rows)
     return [
         {
             **r,
-            "per_device_batch": r["examples_per_s"] * r["step_time_s"] / r["devices"],
+            "per_device_batch": r.get("per_device_batch") or r["examples_per_s"] * r["step_time_s"] / r["devices"],
             "scaling": "weak",
             "hardware": hw.name,
             "assumed_mfu": args.mfu,
