@@ -294,7 +294,6 @@ def aggregate(records: list[dict]) -> list[dict[str, Any]]:
                 "_unit": unit,
                 "_platform": _same([r["platform"] for r in recs]),
                 "_hardware_profile": _same([r["hardware_profile"] for r in recs]),
-                "_link_bytes_per_s": _same([r["link_bytes_per_s"] for r in recs]),
                 "_other_device_profile": _same(  # a profile of another device than the one that ran
                     [r["hardware_profile"] for r in recs if not r["profile_matches"] and r["hardware_profile"]]
                 ),
@@ -408,6 +407,37 @@ def overrides_text(rows: list[dict]) -> str:
     """The overrides every configuration shares (``data=synthetic train.steps=60``), as one string."""
     common = set.intersection(*(set(r["overrides"] or ()) for r in rows)) if rows else set()
     return " ".join(sorted(common))
+
+
+def projection_title(projection_rows: list[dict]) -> str:
+    """The projected panel's title: the hardware, the assumed MFU (or compute time) and the regime, e.g.
+    ``projected for h100_sxm at MFU 0.4 (a model): weak scaling, 64 examples per device``."""
+    first = projection_rows[0] if projection_rows else {}
+    target = f" for {first['hardware']}" if first.get("hardware") else ""
+    if first.get("assumed_mfu") is not None:
+        target += f" at MFU {first['assumed_mfu']:g}"
+    elif first.get("assumed_step_time_s") is not None:
+        target += f" at {first['assumed_step_time_s']:g} s of compute per step"
+    batches = sorted({float(f"{p['per_device_batch']:.6g}") for p in projection_rows if p.get("per_device_batch")})
+    per_device = f", {'/'.join(f'{b:g}' for b in batches)} examples per device" if batches else ""
+    return f"projected{target} (a model): weak scaling{per_device}"
+
+
+def ratio_known(rows: list[dict]) -> bool:
+    """Whether some configuration has a communication ratio: modelled with the profile of the device that ran
+    (``collect.profile_matches``), or measured by the profiler where that is valid (not on simulated CPU devices)."""
+    return any(r["comm_ratio"] is not None for r in rows)
+
+
+def ratio_label(rows: list[dict]) -> str:
+    """``comm ratio (model, h100_sxm)`` or ``comm ratio (measured, profiler)`` for the third comm panel."""
+    sources = {r["comm_ratio_source"] for r in rows if r["comm_ratio"] is not None}
+    if sources == {"measured"}:
+        return "comm ratio (measured, profiler)"
+    profiles = sorted({str(r.get("_hardware_profile")) for r in rows if r.get("_hardware_profile")})
+    return f"comm ratio (model{', ' + ', '.join(profiles) if profiles else ''})" + (
+        " and measured" if "measured" in sources else ""
+    )
 
 
 def recipe_rows(rows: list[dict]) -> dict[str, list[dict]]:

@@ -22,6 +22,9 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLoca
 
 from sweeps.report.aggregate import (
     is_cpu,
+    projection_title,
+    ratio_known,
+    ratio_label,
     recipe_rows,
     regime_text,
     series_labels,
@@ -264,20 +267,6 @@ def plot_projection(ax, rows: list[dict], projection_rows: list[dict]) -> list:
     return handles
 
 
-def projection_title(projection_rows: list[dict]) -> str:
-    """The projected panel's title: the hardware, the assumed MFU (or compute time) and the regime, e.g.
-    ``projected for h100_sxm at MFU 0.4 (a model): weak scaling, 64 examples per device``."""
-    first = projection_rows[0] if projection_rows else {}
-    target = f" for {first['hardware']}" if first.get("hardware") else ""
-    if first.get("assumed_mfu") is not None:
-        target += f" at MFU {first['assumed_mfu']:g}"
-    elif first.get("assumed_step_time_s") is not None:
-        target += f" at {first['assumed_step_time_s']:g} s of compute per step"
-    batches = sorted({float(f"{p['per_device_batch']:.6g}") for p in projection_rows if p.get("per_device_batch")})
-    per_device = f", {'/'.join(f'{b:g}' for b in batches)} examples per device" if batches else ""
-    return f"projected{target} (a model): weak scaling{per_device}"
-
-
 def plot_speedup(ax, rows: list[dict]) -> list:
     """Speedup vs devices (log-log) with error bars and the y = x line (one legend entry); the y axis holds
     every point and bar, with plain-decimal ticks (``0.5``, ``1``, ``2``)."""
@@ -398,26 +387,6 @@ def _title(ax, text: str) -> None:
     if moved:
         text = f"{text} ({SIDE_BY_SIDE})" if text else SIDE_BY_SIDE
     ax.set_title(text, fontsize=9)
-
-
-def ratio_known(rows: list[dict]) -> bool:
-    """Whether some configuration has a communication ratio: modelled with the profile of the device that ran
-    (``collect.profile_matches``), or measured by the profiler where that is valid (not on simulated CPU devices)."""
-    return any(r["comm_ratio"] is not None for r in rows)
-
-
-link_known = ratio_known  # the name older callers use
-
-
-def ratio_label(rows: list[dict]) -> str:
-    """``comm ratio (model, h100_sxm)`` or ``comm ratio (measured, profiler)`` for the third comm panel."""
-    sources = {r["comm_ratio_source"] for r in rows if r["comm_ratio"] is not None}
-    if sources == {"measured"}:
-        return "comm ratio (measured, profiler)"
-    profiles = sorted({str(r.get("_hardware_profile")) for r in rows if r.get("_hardware_profile")})
-    return f"comm ratio (model{', ' + ', '.join(profiles) if profiles else ''})" + (
-        " and measured" if "measured" in sources else ""
-    )
 
 
 def plot_comm(axes, rows: list[dict]) -> list:

@@ -8,7 +8,20 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sweeps.report.aggregate import COLUMNS, few_windows_note, is_cpu, throughput_key
+from sweeps.report.aggregate import (
+    COLUMNS,
+    MIN_REPEATS,
+    few_windows_note,
+    is_cpu,
+    overrides_text,
+    projection_title,
+    ratio_known,
+    ratio_label,
+    regime_text,
+    settings_text,
+    throughput_key,
+    too_few_note,
+)
 
 NO_TARGET_SENTENCE = "No time to target: set train.target_accuracy (and train.eval_every) in the sweep."
 
@@ -142,9 +155,6 @@ def comm_ratio_note(rows: list[dict]) -> str | None:
 
 def captions(rows: list[dict], plots: Iterable[str], projection_rows: list[dict] | None = None) -> dict[str, str]:
     """{figure name: its caption in ``scaling.md``}: what is drawn, what the bars are, what is left out and why."""
-    from sweeps.report.aggregate import MIN_REPEATS, regime_text, settings_text
-    from sweeps.report.plots import projection_title, ratio_label
-
     _, unit = throughput_key(rows)
     cpu = " Timings of devices simulated on one CPU: not accelerator timings." if is_cpu(rows) else ""
     bars = f"bars: 95% intervals (t on the log scale; configurations with fewer than {MIN_REPEATS} repeats have none)"
@@ -167,7 +177,7 @@ def captions(rows: list[dict], plots: Iterable[str], projection_rows: list[dict]
             "each device sends under the ring model; exact on any platform, read from the compiled program."
             + (
                 f" Right: {ratio_label(rows)}, communication time / step time.{cpu}"
-                if ratio_known_rows(rows)
+                if ratio_known(rows)
                 else " No comm ratio panel: the note above says why and how to get one."
             )
         ),
@@ -196,15 +206,9 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def ratio_known_rows(rows: list[dict]) -> bool:
-    return any(r["comm_ratio"] is not None for r in rows)
-
-
 def projection_lines(projection_rows: list[dict], source: str = "", unit: str = "examples/s") -> list[str]:
     """``scaling.md``'s projection section: the projected throughput, efficiency and communication ratio per
     configuration and device count (blank where ``sweeps.project`` left them out: a step below any device's)."""
-    from sweeps.report.plots import projection_title
-
     lines = [
         "## Projection (a model, not a measurement)",
         "",
@@ -251,8 +255,6 @@ def write_markdown(
     the time-to-target and comm-ratio columns are left out when blank in every row; without any target a note
     says how to set one. A token model's sweep (``throughput_key``) shows ``tokens/s [95% interval]``,
     ``tokens/s per device`` and ``tokens/example`` in place of ``examples/s [95% interval]``."""
-    from sweeps.report.aggregate import MIN_REPEATS, overrides_text, too_few_note
-
     key, unit = throughput_key(rows)
     tokens = key == "tokens_per_s"
     platforms, kinds = platform_header(rows)
