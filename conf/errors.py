@@ -177,6 +177,15 @@ def _quote_hint(override: str) -> str:
 GROUP_KEYS = {"accum": "train.accum_steps", "mesh": "mesh.devices / mesh.shape"}
 
 
+def default_groups(config: Path = Path(__file__).resolve().parent / "config.yaml") -> set[str]:
+    """The config groups of the main config's defaults list (``parallel``, ``model``, ...); any other group
+    (``experiment``, ``sweep``) is added on the command line with a ``+``."""
+    import yaml
+
+    defaults = (yaml.safe_load(config.read_text()) or {}).get("defaults") or []
+    return {next(iter(d)).lstrip("+").split("@")[0] for d in defaults if isinstance(d, dict)}
+
+
 def one_line(e: BaseException, root: Optional[type] = None, options: Optional[Options] = None) -> str:
     """One line for an error of Hydra's composition or OmegaConf's validation: the key, the value, the choices
     or a "did you mean" hint (``root``/``options``: the schema, for unknown keys).
@@ -192,10 +201,14 @@ def one_line(e: BaseException, root: Optional[type] = None, options: Optional[Op
         group, _, value = e.missing_cfg_file.rpartition("/")
         choices = sorted(o for o in (e.options or []) if not o.startswith("_"))
         close = difflib.get_close_matches(value, choices, n=1, cutoff=0.5)
-        hint = f"; did you mean {group}={close[0]}?" if close else ""
+        # a group outside the defaults list (experiment, sweep) is added with a +; Hydra's own (hydra/launcher) is not
+        plus = "" if group in default_groups() or group.startswith("hydra/") else "+"
+        hint = f"; did you mean {plus}{group}={close[0]}?" if close else ""
         key = GROUP_KEYS.get(group)
         other = f" (or set {key} directly)" if key else ""
-        return f"{group}={value} is not an option of group {group}; choose one of {', '.join(choices)}{other}{hint}"
+        return (
+            f"{plus}{group}={value} is not an option of group {group}; choose one of {', '.join(choices)}{other}{hint}"
+        )
     if isinstance(e, OverrideParseException):
         return f"cannot parse the override {e.override!r}: {_first_line(str(e))}{_quote_hint(e.override)}"
     cause = e.__cause__ if isinstance(e, ConfigCompositionException) else e

@@ -119,3 +119,25 @@ def _profile_for_device_kind(kind: str, profile_dir: Path) -> Optional[dict[str,
             if pattern.lower() in kind and len(pattern) > best[0]:
                 best = (len(pattern), profile)
     return best[1]
+
+
+def describes_device(name: str, device_kinds: Optional[list[str]], device_kind: str, platform: str) -> bool:
+    """Whether the numbers of hardware profile ``name`` (a ``conf/hardware`` name; ``auto`` for the detected one)
+    describe the device that ran (``jax.Device.device_kind`` and ``platform``). Only then may a ratio of a profile's
+    number to a time measured on that device (``comm/ratio_model``, ``perf/mfu``) be formed.
+
+    * CPU (simulated devices): never; they have no interconnect and no accelerator peak (``conf/hardware/cpu.yaml``).
+    * A profile of a device (``h100_sxm``, ``tpu_v5e``, ...): when it is the profile the device kind selects
+      (``profile_for_device_kind``: the longest pattern, so ``tpu_v5p``'s ``tpu v5`` does not claim a v5e).
+    * ``auto``, ``custom``, ``none``: numbers of the detected profile or given by hand for this device; with
+      ``device_kinds`` (e.g. ``hardware.device_kinds=[mi300]``) only on a matching device.
+    """
+    if platform.lower() == "cpu":
+        return False
+    found = profile_for_device_kind(device_kind)
+    if found is not None and found["name"] == name:
+        return True
+    if name in profile_names() and load_profile(name)["device_kinds"]:
+        return False  # another device's profile
+    kinds = [k.lower() for k in device_kinds or []]
+    return not kinds or any(k in device_kind.lower() for k in kinds)

@@ -375,4 +375,8 @@ def explain_ratio(summary: dict[str, Any]) -> None:
             summary.get("hardware/link_bytes_per_s", float("nan")),
         )
     else:
-        log.info("%s; no model-based ratio either (set hardware.link_bytes_per_s to model a target)", why)
+        log.info(
+            "%s; no model-based ratio either (python -m sweeps.project <run folder> --hardware h100_sxm --mfu 0.4 "
+            "models one for a target machine)",
+            why,
+        )

@@ -32,7 +32,8 @@ def window_perf(
       step_time_s: mean wall time of the window's steps [s].
       global_batch: examples per optimizer step.
       num_devices: devices of the mesh.
-      info: the run's static figures (``comm/time_model_s``, ``perf/flops_per_step_per_device`` when known).
+      info: the run's static figures (``comm/time_model_s``, ``perf/flops_per_step_per_device`` when known;
+        ``hardware/matches_device`` false: the profile is another device's, so no ``comm/ratio_model``).
       peak_flops_per_s: the device's dense peak FLOP/s, or None (no MFU).
     """
     perf = {
@@ -41,7 +42,7 @@ def window_perf(
         "perf/examples_per_s_per_device": global_batch / step_time_s / num_devices,
         "mesh/devices": num_devices,
     }
-    if "comm/time_model_s" in info:
+    if "comm/time_model_s" in info and info.get("hardware/matches_device", True):
         perf["comm/ratio_model"] = comm_ratio_model(info["comm/time_model_s"], step_time_s)
     if peak_flops_per_s and "perf/flops_per_step_per_device" in info:
         perf["perf/mfu"] = mfu(info["perf/flops_per_step_per_device"], step_time_s, peak_flops_per_s)

@@ -2,7 +2,8 @@
 
 Usage::
 
-    python -m sweeps.dashboard multirun/<date>/<time> --dry-run              # print spec, offline
+    python -m sweeps.dashboard multirun/<date>/<time> --dry-run              # what it would build, offline
+    python -m sweeps.dashboard multirun/<date>/<time> --dry-run --json       # the workspace spec as JSON
     python -m sweeps.dashboard multirun/<date>/<time> [--entity E]          # save, print URL
     python -m sweeps.dashboard --entity E --project P --group G [--dry-run]
 
@@ -36,6 +37,10 @@ these sections:
   would group by the whole sub-dict.
 * **Scaling report** - the ``scaling_table`` table and ``plots/*`` images of the
   report run.
+
+Given a multirun folder, a panel whose metric no job's ``summary.json`` holds is left out (and listed as left out
+by ``--dry-run``): ``mem/peak_bytes_per_device`` on the CPU, ``comm/ratio_measured`` without the profiler (or
+where it is never valid: simulated CPU devices), ``comm/ratio_model`` without a profile of the device that ran.
 """
 
 from __future__ import annotations
@@ -67,7 +72,8 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 
 def read_multirun(folder) -> dict[str, Any]:
     """W&B coordinates and the configuration keys of a multirun folder (``<job>/summary.json`` and
-    ``<job>/.hydra/config.yaml``): ``{"group", "project", "entity", "config_keys", "jobs"}``.
+    ``<job>/.hydra/config.yaml``): ``{"group", "project", "entity", "config_keys", "jobs", "logged"}``;
+    ``logged``: summary key -> how many jobs hold a value (``comm/ratio_measured`` only where valid).
 
     ``config_keys``: dotted config keys (e.g. ``parallel.name``, ``mesh.devices``) whose values differ
     between jobs, ``train.seed`` and ``hydra``/``wandb`` keys left out; sorted.
@@ -80,11 +86,14 @@ def read_multirun(folder) -> dict[str, Any]:
 
     import yaml
 
+    from sweeps.report.collect import profile_matches
+
     root = Path(folder)
     if not root.is_dir():
         raise ValueError(f"multirun folder does not exist or is not a directory: {folder}")
     groups: Counter = Counter()
     configs = []
+    logged: Counter = Counter()  # summary keys -> jobs holding a value
     for summary_path in sorted(root.rglob("summary.json")):
         if "wandb" in summary_path.relative_to(root).parts[:-1]:
             continue
@@ -94,6 +103,11 @@ def read_multirun(folder) -> dict[str, Any]:
             continue
         if summary.get("wandb/group"):
             groups[summary["wandb/group"]] += 1
+        logged.update(k for k, v in summary.items() if v is not None)
+        if summary.get("comm/ratio_measured_valid") is False:  # logged, but not a measurement of a link
+            logged.subtract(["comm/ratio_measured"])
+        if "comm/ratio_model" in summary and not profile_matches(summary):  # another device's profile (older runs)
+            logged.subtract(["comm/ratio_model"])
         config_path = summary_path.parent / ".hydra" / "config.yaml"
         if config_path.is_file():
             configs.append(_flatten(yaml.safe_load(config_path.read_text()) or {}))
@@ -114,6 +128,7 @@ def read_multirun(folder) -> dict[str, Any]:
         "entity": first.get("wandb.entity"),
         "config_keys": varying,
         "jobs": len(configs),
+        "logged": {k: n for k, n in logged.items() if n > 0},
     }
 
 
@@ -143,6 +158,119 @@ def _curves(title: str, y: str, groupby: str | None, y_title: str) -> wr.LinePlo
     )
 
 
+def panel_table(by: str, curve_group: str | None) -> list[tuple[str, int, int, list[tuple[Any, str, str]]]]:
+    """Sections of the workspace: ``(name, columns, rows, [(panel, metric, source)])``; ``source`` is
+    ``summary`` (one value per run), ``history`` (per step) or ``report`` (the ``scaling_report`` run of
+    ``python -m sweeps.report <folder> --wandb``)."""
+    return [
+        (
+            "Scaling",
+            2,
+            2,
+            [
+                (
+                    _scatter("Throughput vs devices (examples/s)", "perf/examples_per_s"),
+                    "perf/examples_per_s",
+                    "summary",
+                ),
+                (
+                    _scatter(
+                        "Per-device throughput vs devices (examples/s/device; flat = linear)",
+                        "perf/examples_per_s_per_device",
+                    ),
+                    "perf/examples_per_s_per_device",
+                    "summary",
+                ),
+                (
+                    wr.LinePlot(
+                        title="Scaling efficiency = speedup / N (scaling_report run)",
+                        x="scaling/devices",
+                        metric_regex=r"^scaling/efficiency/.*",
+                        range_y=(0.0, 1.1),
+                        log_x=True,
+                        title_x="devices",
+                        title_y="scaling efficiency",
+                    ),
+                    "scaling/efficiency/*",
+                    "report",
+                ),
+                (
+                    wr.LinePlot(
+                        title="Speedup vs 1 device (scaling_report run)",
+                        x="scaling/devices",
+                        metric_regex=r"^scaling/speedup/.*",
+                        log_x=True,
+                        title_x="devices",
+                        title_y="speedup (x)",
+                    ),
+                    "scaling/speedup/*",
+                    "report",
+                ),
+            ],
+        ),
+        (
+            "Communication",
+            3,
+            1,
+            [
+                (_scatter("Comm ratio (model) vs devices", "comm/ratio_model"), "comm/ratio_model", "summary"),
+                (
+                    _scatter("Comm ratio (measured; check comm/ratio_measured_valid)", "comm/ratio_measured"),
+                    "comm/ratio_measured",
+                    "summary",
+                ),
+                (
+                    _scatter("Comm bytes/step per device (ring model, bytes)", "comm/bytes_per_step"),
+                    "comm/bytes_per_step",
+                    "summary",
+                ),
+            ],
+        ),
+        (
+            "Memory per device",
+            3,
+            1,
+            [
+                (
+                    _scatter(f"{name} bytes per device", f"mem/{key}_bytes_per_device"),
+                    f"mem/{key}_bytes_per_device",
+                    "summary",
+                )
+                for name, key in (("State", "state"), ("Temp", "temp"), ("Peak", "peak"))
+            ],
+        ),
+        (
+            f"Training curves by {'configuration' if by == 'configuration' else 'mode'}",
+            3,
+            2,
+            [
+                (_curves(f"{title} by {by}{unit}", key, curve_group, y_title), key, "history")
+                for title, key, y_title, unit in (
+                    ("Train loss", "train/loss", "train loss", ""),
+                    ("Eval loss", "eval/loss", "eval loss", ""),
+                    ("Eval accuracy", "eval/accuracy", "eval accuracy", ""),
+                    ("Step time", "perf/step_time_s", "step time (s)", " (s)"),
+                    ("Throughput per logging window", "perf/examples_per_s", "examples/s", " (examples/s)"),
+                )
+            ],
+        ),
+        (
+            "Scaling report",
+            2,
+            1,
+            [
+                (wr.WeavePanelSummaryTable(table_name="scaling_table"), "scaling_table", "report"),
+                (wr.MediaBrowser(media_keys=[f"plots/{p}" for p in REPORT_PLOTS]), "plots/*", "report"),
+            ],
+        ),
+    ]
+
+
+def _title(panel: Any) -> str:
+    names = {"WeavePanelSummaryTable": "Scaling table", "MediaBrowser": "Report figures"}
+    return str(getattr(panel, "title", None) or names.get(type(panel).__name__, type(panel).__name__))
+
+
 def build_workspace_spec(
     entity: str,
     project: str,
@@ -151,6 +279,8 @@ def build_workspace_spec(
     groupby: str = "parallel.name",
     name: str | None = None,
     config_keys: list[str] | None = None,
+    logged: dict[str, int] | None = None,
+    plan: list[dict[str, Any]] | None = None,
 ) -> ws.Workspace:
     """Build (offline) the scaling-comparison ``wandb_workspaces`` Workspace for ``group``.
 
@@ -161,6 +291,10 @@ def build_workspace_spec(
         name: workspace name (default ``"Scaling: <group>"``).
         config_keys: group the runset by these config keys (one group per configuration: repeats share
             one line with a min-max band); the curves then follow that grouping instead of ``groupby``.
+        logged: summary key -> jobs logging it (``read_multirun``); with it, a panel of a summary or history
+            metric no job logs is left out (None: every panel).
+        plan: when a list, receives one ``{"section", "title", "metric", "source", "kept", "jobs"}`` per panel
+            (``describe`` prints it).
 
     Returns the ``ws.Workspace``; ``spec_to_dict`` gives its JSON view spec.
     Raises ``ValueError`` for a group name with quotes (the filter expression
@@ -171,82 +305,41 @@ def build_workspace_spec(
     by_config = bool(config_keys)
     curve_group = None if by_config else groupby
     by = "configuration" if by_config else "parallel mode"
-    sections = [
-        ws.Section(
-            name="Scaling",
-            is_open=True,
-            layout_settings=ws.SectionLayoutSettings(columns=2, rows=2),
-            panels=[
-                _scatter("Throughput vs devices (examples/s)", "perf/examples_per_s"),
-                _scatter(
-                    "Per-device throughput vs devices (examples/s/device; flat = linear)",
-                    "perf/examples_per_s_per_device",
-                ),
-                wr.LinePlot(
-                    title="Scaling efficiency = speedup / N (scaling_report run)",
-                    x="scaling/devices",
-                    metric_regex=r"^scaling/efficiency/.*",
-                    range_y=(0.0, 1.1),
-                    log_x=True,
-                    title_x="devices",
-                    title_y="scaling efficiency",
-                ),
-                wr.LinePlot(
-                    title="Speedup vs 1 device (scaling_report run)",
-                    x="scaling/devices",
-                    metric_regex=r"^scaling/speedup/.*",
-                    log_x=True,
-                    title_x="devices",
-                    title_y="speedup (x)",
-                ),
-            ],
-        ),
-        ws.Section(
-            name="Communication",
-            is_open=True,
-            layout_settings=ws.SectionLayoutSettings(columns=3, rows=1),
-            panels=[
-                _scatter("Comm ratio (model) vs devices", "comm/ratio_model"),
-                _scatter("Comm ratio (measured; check comm/ratio_measured_valid)", "comm/ratio_measured"),
-                _scatter("Comm bytes/step per device (ring model, bytes)", "comm/bytes_per_step"),
-            ],
-        ),
-        ws.Section(
-            name="Memory per device",
-            is_open=True,
-            layout_settings=ws.SectionLayoutSettings(columns=3, rows=1),
-            panels=[
-                _scatter("State bytes per device", "mem/state_bytes_per_device"),
-                _scatter("Temp bytes per device", "mem/temp_bytes_per_device"),
-                _scatter("Peak bytes per device", "mem/peak_bytes_per_device"),
-            ],
-        ),
-        ws.Section(
-            name="Training curves by configuration" if by_config else "Training curves by mode",
-            is_open=True,
-            layout_settings=ws.SectionLayoutSettings(columns=3, rows=2),
-            panels=[
-                _curves(f"Train loss by {by}", "train/loss", curve_group, "train loss"),
-                _curves(f"Eval loss by {by}", "eval/loss", curve_group, "eval loss"),
-                _curves(f"Eval accuracy by {by}", "eval/accuracy", curve_group, "eval accuracy"),
-                _curves(f"Step time by {by} (s)", "perf/step_time_s", curve_group, "step time (s)"),
-                _curves(
-                    f"Throughput per logging window by {by} (examples/s)",
-                    "perf/examples_per_s",
-                    curve_group,
-                    "examples/s",
-                ),
-            ],
-        ),
-        ws.Section(
-            name="Scaling report",
-            is_open=False,
-            layout_settings=ws.SectionLayoutSettings(columns=2, rows=1),
-            panels=[
-                wr.WeavePanelSummaryTable(table_name="scaling_table"),
-                wr.MediaBrowser(media_keys=[f"plots/{p}" for p in REPORT_PLOTS]),
-            ],
-        ),
+    sections = []
+    for section, columns, rows, panels in panel_table(by, curve_group):
+        kept = []
+        for panel, metric, source in panels:
+            jobs = None if logged is None or source == "report" else logged.get(metric, 0)
+            keep = jobs is None or jobs > 0
+            if plan is not None:
+                plan.append(
+                    {
+                        "section": section,
+                        "title": _title(panel),
+                        "metric": metric,
+                        "source": source,
+                        "kept": keep,
+                        "jobs": jobs,
+                    }
+                )
+            if keep:
+                kept.append(panel)
+        if kept:
+            sections.append(
+                ws.Section(
+                    name=section,
+                    is_open=section != "Scaling report",
+                    layout_settings=ws.SectionLayoutSettings(columns=columns, rows=rows),
+                    panels=kept,
+                )
+            )
+    pinned = [
+        "parallel",
+        DEVICES,
+        "perf/examples_per_s_median",
+        "comm/ratio_model",
+        "mem/peak_bytes_per_device",
+        "status",
     ]
     return ws.Workspace(
         entity=entity,
@@ -257,16 +350,37 @@ def build_workspace_spec(
         runset_settings=ws.RunsetSettings(
             filters=ws.And(ws.Metric("Group") == group),
             groupby=[ws.Config(k) for k in config_keys or []],
-            pinned_columns=[
-                "summary:parallel",
-                f"summary:{DEVICES}",
-                "summary:perf/examples_per_s_median",
-                "summary:comm/ratio_model",
-                "summary:mem/peak_bytes_per_device",
-                "summary:status",
-            ],
+            pinned_columns=[f"summary:{k}" for k in pinned if logged is None or k in logged or k == "status"],
         ),
     )
+
+
+def describe(workspace: ws.Workspace, group: str, plan: list[dict[str, Any]], jobs: int | None, config_keys) -> str:
+    """The human summary ``--dry-run`` prints: where the workspace goes, its runset, then per section its panels,
+    each with its metric and whether the sweep's runs log it, and the panels left out because no run does."""
+    where = f"{workspace.entity or '<entity>'}/{workspace.project}"
+    grouping = f"grouped by configuration ({', '.join(config_keys)})" if config_keys else "grouped by mode"
+    lines = [f'W&B workspace "{workspace.name}" in {where}: the runs of group {group!r}, {grouping}']
+    sources = {
+        "summary": "one point per run",
+        "history": "per step",
+        "report": "from the scaling_report run (python -m sweeps.report <sweep folder> --wandb)",
+    }
+    for section in dict.fromkeys(p["section"] for p in plan):
+        panels = [p for p in plan if p["section"] == section and p["kept"]]
+        if not panels:
+            continue
+        lines.append(f"{section} ({len(panels)} panel{'s' if len(panels) > 1 else ''}):")
+        for p in panels:
+            logged = "" if p["jobs"] is None or jobs is None else f"; logged by {p['jobs']} of {jobs} runs"
+            if p["jobs"] is None and p["source"] != "report":
+                logged = "; not checked (no sweep folder given)"
+            lines.append(f"  {p['title']}: {p['metric']} ({sources[p['source']]}{logged})")
+    left = [p for p in plan if not p["kept"]]
+    if left:
+        lines.append("Left out, no run logs their metric: " + "; ".join(f"{p['title']} ({p['metric']})" for p in left))
+    lines.append("--json prints the workspace spec that would be saved; without --dry-run it is saved to W&B")
+    return "\n".join(lines)
 
 
 def spec_to_dict(workspace: ws.Workspace) -> dict[str, Any]:
@@ -339,29 +453,50 @@ def main(argv: list[str] | None = None) -> int:
         help="run config key that names the parallel mode (default: parallel.name)",
     )
     parser.add_argument("--name", default=None, help="workspace name (default: 'Scaling: <group>')")
-    parser.add_argument("--dry-run", action="store_true", help="print the workspace spec as JSON; do not contact W&B")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print what the workspace would hold (sections, panels); contact no one"
+    )
+    parser.add_argument("--json", action="store_true", help="print the workspace spec as JSON (implies --dry-run)")
     args = parser.parse_args(argv)
+    dry = args.dry_run or args.json
 
     try:
-        entity, project, group, config_keys = args.entity, args.project, args.group, None
+        entity, project, group, config_keys, found = args.entity, args.project, args.group, None, None
+        entity = entity or os.environ.get("WANDB_ENTITY")
         if args.folder is not None:
             found = read_multirun(args.folder)
-            entity = entity or found["entity"] or os.environ.get("WANDB_ENTITY")
+            entity = entity or found["entity"]
             project = project or found["project"]
             group = group or found["group"]
             config_keys = found["config_keys"]
         missing = [flag for flag, value in (("--project", project), ("--group", group)) if not value]
-        if missing or (not entity and not args.dry_run):
-            missing += [] if entity or args.dry_run else ["--entity (or WANDB_ENTITY)"]
+        if missing:
             raise ValueError(f"missing {', '.join(missing)}: give a multirun folder or set them")
+        if not entity and not dry:
+            said = "its jobs' config has wandb.entity=null" if found is not None else "no multirun folder names one"
+            raise ValueError(
+                f"missing --entity: {said} and WANDB_ENTITY is not set; give --entity <your W&B user or team> "
+                "(or --dry-run to see the workspace without saving it)"
+            )
+        plan: list[dict[str, Any]] = []
         workspace = build_workspace_spec(
-            entity or "", project, group, groupby=args.groupby, name=args.name, config_keys=config_keys
+            entity or "",
+            project,
+            group,
+            groupby=args.groupby,
+            name=args.name,
+            config_keys=config_keys,
+            logged=found["logged"] if found is not None else None,
+            plan=plan,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.dry_run:
+    if args.json:
         print(json.dumps(spec_to_dict(workspace), indent=2, sort_keys=True))
+        return 0
+    if dry:
+        print(describe(workspace, group, plan, found["jobs"] if found is not None else None, config_keys))
         return 0
     if not _have_api_key():
         print(

@@ -38,6 +38,7 @@ import math
 import os
 import re
 import sys
+import textwrap
 from collections import Counter
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -312,7 +313,7 @@ def build_projection(args) -> tuple[list[dict[str, Any]], Hardware, dict[str, An
             collectives, compute, args.per_device_batch, devices, hw, args.overlap, args.algorithm, flops
         )
         for row in with_tokens(projected, args.tokens_per_example, flops, args.per_device_batch):
-            rows.append({"config": args.parallel, **row})
+            rows.append({"config": args.parallel, **row, "per_device_batch": args.per_device_batch})
         return rows, hw, profile, []
     summaries = load_summaries(Path(args.folder))
     sources, skipped = configurations(summaries)
@@ -349,7 +350,7 @@ def build_projection(args) -> tuple[list[dict[str, Any]], Hardware, dict[str, An
         compute = _compute_s(args, flops, hw)
         projected = project(collectives, compute, batch, devices, hw, args.overlap, args.algorithm, flops)
         for row in with_tokens(projected, tokens, flops, batch):
-            rows.append({"config": _config_label(summary), "run_devices": n_run, **row})
+            rows.append({"config": _config_label(summary), "run_devices": n_run, **row, "per_device_batch": batch})
     return rows, hw, profile, summaries
 
 
@@ -359,18 +360,44 @@ def assumptions(args, hw: Hardware) -> str:
     return (
         f"{hw.name}: {hw.devices_per_node}/node, intra {hw.intra_node_bytes_per_s:.3g} B/s, "
         f"inter {hw.inter_node_bytes_per_s:.3g} B/s, latency {hw.latency_s:.3g} s; {compute}, "
-        f"overlap {args.overlap:g}, {args.algorithm} collectives, per-device batch fixed"
+        f"overlap {args.overlap:g}, {args.algorithm} collectives; weak scaling (per-device batch fixed)"
     )
+
+
+# Columns after the model's: what the projection assumed (the same in every row) and the floor flag.
+META_COLUMNS = ["per_device_batch", "scaling", "hardware", "assumed_mfu", "assumed_step_time_s", "below_step_floor"]
+# Columns derived from the compute time: meaningless for a step below ``STEP_FLOOR_S`` (left out of the .md and .png).
+FLOOR_COLUMNS = ("speedup", "efficiency", "comm_ratio", "mfu")
+
+
+def annotate(rows: list[dict[str, Any]], args, hw: Hardware) -> list[dict[str, Any]]:
+    """``rows`` with :data:`META_COLUMNS`: the per-device batch (as given, else ``examples_per_s`` x step time / N),
+    ``scaling`` ``weak``, the hardware profile, the assumed MFU or compute time, and ``below_step_floor``
+    (``below_floor``)."""
+    tiny = below_floor(rows)
+    return [
+        {
+            **r,
+            "per_device_batch": r.get("per_device_batch") or r["examples_per_s"] * r["step_time_s"] / r["devices"],
+            "scaling": "weak",
+            "hardware": hw.name,
+            "assumed_mfu": args.mfu,
+            "assumed_step_time_s": args.step_time_s,
+            "below_step_floor": r["config"] in tiny,
+        }
+        for r in rows
+    ]
 
 
 def _columns(rows: Sequence[dict[str, Any]]) -> list[str]:
     """``config`` [, ``run_devices``], :data:`COLUMNS`, with :data:`TOKEN_COLUMNS` after ``examples_per_s``
     when some row is a token model's."""
     lead = ["config"] + (["run_devices"] if any("run_devices" in r for r in rows) else [])
+    meta = [c for c in META_COLUMNS if any(c in r for r in rows)]
     if not any("tokens_per_s" in r for r in rows):
-        return lead + COLUMNS
+        return lead + COLUMNS + meta
     i = COLUMNS.index("examples_per_s") + 1
-    return lead + COLUMNS[:i] + TOKEN_COLUMNS + COLUMNS[i:]
+    return lead + COLUMNS[:i] + TOKEN_COLUMNS + COLUMNS[i:] + meta
 
 
 def _throughput(rows: Sequence[dict[str, Any]]) -> tuple[str, str]:
@@ -383,6 +410,8 @@ def _throughput(rows: Sequence[dict[str, Any]]) -> tuple[str, str]:
 def _fmt(value: Any) -> str:
     if value is None:
         return ""
+    if isinstance(value, bool):
+        return str(value).lower()
     if isinstance(value, float):
         return repr(value) if value == value else ""
     return str(value)
@@ -400,8 +429,10 @@ def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> Path:
 
 
 def write_markdown(rows: Sequence[dict[str, Any]], path: Path, header: str, source: str) -> Path:
-    """``projection.md``: a titled table (a projection, not a measurement) with the assumptions and sources."""
-    cols = _columns(rows)
+    """``projection.md``: a titled table (a projection, not a measurement) with the assumptions and sources. The
+    columns derived from the compute time (:data:`FLOOR_COLUMNS`) are blank for a configuration ``below_floor``,
+    and a line says why (``projection.csv`` keeps them, flagged ``below_step_floor``)."""
+    cols = [c for c in _columns(rows) if c not in META_COLUMNS]
     lines = [
         "# Projection (model, not a measurement)",
         "",
@@ -409,15 +440,21 @@ def write_markdown(rows: Sequence[dict[str, Any]], path: Path, header: str, sour
         "",
         f"Hardware sources: {source or 'n/a'}",
         "",
+        "comm_ratio = comm_s / step_time_s: the communication ratio modelled wholly for the target (its compute time "
+        "from the FLOPs and the assumed MFU or step time), not a measurement; efficiency = compute_s / step_time_s.",
+        "",
         "| " + " | ".join(cols) + " |",
         "|" + "---|" * len(cols),
     ]
+    tiny = below_floor(rows)
     for row in rows:
         cells = []
         for c in cols:
-            v = row.get(c)
+            v = None if c in FLOOR_COLUMNS and row["config"] in tiny else row.get(c)
             cells.append(f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v)))
         lines.append("| " + " | ".join(cells) + " |")
+    for config, compute_s in tiny.items():
+        lines += ["", floor_note(config, compute_s)]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -432,31 +469,55 @@ def write_plot(rows: Sequence[dict[str, Any]], path: Path, header: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(12, 5.2))
     configs = list(dict.fromkeys(r["config"] for r in rows))
+    tiny = below_floor(rows)
+    linear: list[float] = []
     for config in configs:
         sub = [r for r in rows if r["config"] == config]
         line = overlay_projection(ax_t, sub, key, label=config)
+        if config in tiny:  # its efficiencies only show the model's latency terms: left out (the CSV keeps them)
+            continue
         overlay_projection(ax_e, sub, "efficiency", label=config, color=line.get_color())
         # linear scaling of one device's throughput (per_device_batch / compute_s = examples_per_s / efficiency)
+        linear += [r[key] / r["efficiency"] for r in sub]
         ax_t.plot(
             [r["devices"] for r in sub],
             [r[key] / r["efficiency"] for r in sub],
             color=line.get_color(),
             linewidth=0.8,
             linestyle=":",
-            label="linear (no communication)" if config == configs[0] else None,
+            label="linear (no communication)" if len(linear) == len(sub) else None,
         )
     from sweeps.report.plots import devices_x_axis, log_y_axis
 
-    linear = [r[key] / r["efficiency"] for r in rows]
     log_y_axis(ax_t, [r[key] for r in rows] + linear)
-    log_y_axis(ax_e, [r["efficiency"] for r in rows], fmt=lambda v: f"{100 * v:g}%")
+    shown = [r["efficiency"] for r in rows if r["config"] not in tiny]
+    log_y_axis(ax_e, shown, fmt=lambda v: f"{100 * v:g}%")
     for ax, ylabel in ((ax_t, f"{unit} (projected)"), (ax_e, "efficiency = compute / step time")):
         devices_x_axis(ax, rows)
         ax.set_ylabel(ylabel)
+    if tiny:
+        text = (
+            f"left out: {len(tiny)} configuration(s) whose step computes below ~{format_seconds(STEP_FLOOR_S)}, "
+            "less than any real device takes (projection.csv keeps them, flagged)"
+        )
+        if shown:
+            ax_e.set_title("\n".join(textwrap.wrap(text, 70)), fontsize=8)
+        else:  # nothing to draw: the panel is the sentence
+            ax_e.set_axis_off()
+            ax_e.text(
+                0.5,
+                0.5,
+                "Efficiency " + textwrap.fill(text, 50),
+                ha="center",
+                va="center",
+                fontsize=9,
+                transform=ax_e.transAxes,
+                gid="left-out",
+            )
     ax_t.legend(fontsize=8)
-    fig.suptitle(f"PROJECTION (model, not measured)\n{header}", fontsize=9)
+    fig.suptitle("Projection (a model, not a measurement)\n" + "\n".join(textwrap.wrap(header, 120)), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -508,6 +569,15 @@ def floor_warning(config: str, compute_s: float, floor_s: float = STEP_FLOOR_S) 
     )
 
 
+def floor_note(config: str, compute_s: float, floor_s: float = STEP_FLOOR_S) -> str:
+    """The sentence of ``projection.md`` for a configuration whose efficiencies are left out."""
+    return (
+        f"{config}: its step computes in {format_seconds(compute_s)}, below what a step takes on any real device "
+        f"(~{format_seconds(floor_s)}): its {', '.join(FLOOR_COLUMNS)} are left out here and from projection.png "
+        "(projection.csv keeps the model's, with below_step_floor=true)"
+    )
+
+
 def console_lines(rows: Sequence[dict[str, Any]], skipped: Sequence[str] = ()) -> list[str]:
     """What ``main`` prints: per configuration a header line, then one aligned line per device count
     (step time, communication time, examples/s (tokens/s for a token model), efficiency as a percentage,
@@ -538,17 +608,30 @@ def console_lines(rows: Sequence[dict[str, Any]], skipped: Sequence[str] = ()) -
 
 
 def log_to_wandb(rows, paths: dict[str, Path], summaries, args, header: str) -> str:
-    """Logs a ``job_type="projection"`` run into the sweep's W&B group; returns the group."""
+    """Logs a ``job_type="projection"`` run into the sweep's W&B group (the jobs' project and entity), in the mode a
+    run would take (``training.report.resolve_wandb_mode``: offline without an API key); returns the line to print:
+    the group, and the ``wandb sync`` command of an offline run."""
     import wandb
+
+    from sweeps.report.wandb_log import jobs_wandb_setting
+    from training.report import resolve_wandb_mode
 
     def common(key):
         values = [str(s[key]) for s in summaries if s.get(key) not in (None, "")]
         return Counter(values).most_common(1)[0][0] if values else None
 
+    try:
+        mode = resolve_wandb_mode(None)
+    except ValueError as exc:  # a WANDB_MODE W&B would refuse
+        raise ProjectionError(str(exc)) from None
+    if mode == "disabled":
+        return "W&B is disabled (WANDB_MODE=disabled): the projection was not logged to W&B"
     group = args.group or common("wandb/group") or (Path(args.folder).resolve().name if args.folder else "projection")
     run = wandb.init(
-        project=common("wandb/project") or os.environ.get("WANDB_PROJECT", "dp-scaling"),
-        entity=common("wandb/entity") or os.environ.get("WANDB_ENTITY"),
+        mode=mode,
+        dir=None if os.environ.get("WANDB_DIR") else str(paths["csv"].parent),
+        project=jobs_wandb_setting(summaries, "project") or os.environ.get("WANDB_PROJECT", "dp-scaling"),
+        entity=jobs_wandb_setting(summaries, "entity") or os.environ.get("WANDB_ENTITY"),
         group=group,
         job_type="projection",
         name=f"projection-{args.hardware}-{group}",
@@ -570,12 +653,14 @@ def log_to_wandb(rows, paths: dict[str, Path], summaries, args, header: str) -> 
         run.define_metric("projection/*", step_metric="projection/devices")
         for row in rows:
             name = re.sub(r"[^A-Za-z0-9_.=+-]+", "_", row["config"])
+            shown = not row.get("below_step_floor")  # a step below any device's floor: no efficiency
             run.log(
                 {
                     "projection/devices": row["devices"],
                     f"projection/examples_per_s/{name}": row["examples_per_s"],
                     **({f"projection/tokens_per_s/{name}": row["tokens_per_s"]} if row.get("tokens_per_s") else {}),
-                    f"projection/efficiency/{name}": row["efficiency"],
+                    **({f"projection/efficiency/{name}": row["efficiency"]} if shown else {}),
+                    **({f"projection/comm_ratio/{name}": row["comm_ratio"]} if shown else {}),
                 }
             )
         cols = _columns(rows)
@@ -589,7 +674,10 @@ def log_to_wandb(rows, paths: dict[str, Path], summaries, args, header: str) -> 
         )
     finally:
         run.finish()
-    return group
+    line = f"logged the projection to W&B group {group!r}"
+    if mode == "offline":
+        line += f"; W&B is offline: upload it later with: wandb sync {Path(run.settings.sync_file).parent}"
+    return line
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -652,6 +740,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         rows, hw, profile, summaries = build_projection(args)
+        rows = annotate(rows, args, hw)
         out = Path(args.out or args.folder or ".")
         out.mkdir(parents=True, exist_ok=True)
         header = assumptions(args, hw)
@@ -661,8 +750,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "png": write_plot(rows, out / "projection.png", header),
         }
         if args.wandb:
-            group = log_to_wandb(rows, paths, summaries, args, header)
-            print(f"logged the projection to W&B group {group!r}")
+            print(log_to_wandb(rows, paths, summaries, args, header))
     except (ProjectionError, HardwareError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

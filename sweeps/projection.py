@@ -36,8 +36,9 @@ B_bus = B_intra on one node, else min(B_intra, g * B_inter) (a node's g NICs car
 
 Step (all algorithms): comm_s = the sum of t over the collectives of one optimizer step;
 exposed_comm_s = max(0, comm_s - overlap * compute_s); step_time_s = compute_s + exposed_comm_s;
-efficiency = compute_s / step_time_s; examples_per_s = N * per_device_batch / step_time_s
-(weak scaling: the per-device batch is held fixed).
+efficiency = compute_s / step_time_s; comm_ratio = comm_s / step_time_s (the communication ratio modelled
+wholly for the target: ``comm/ratio_model``'s definition with the target's compute time);
+examples_per_s = N * per_device_batch / step_time_s (weak scaling: the per-device batch is held fixed).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ COLUMNS = [
     "examples_per_s",
     "speedup",
     "efficiency",
+    "comm_ratio",
     "mfu",
 ]
 
@@ -275,6 +277,7 @@ def project(
                 "examples_per_s": eps,
                 "speedup": eps / (per_device_batch / compute_s),
                 "efficiency": compute_s / step,
+                "comm_ratio": comm_s / step,
                 "mfu": mfu,
             }
         )

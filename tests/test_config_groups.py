@@ -529,10 +529,11 @@ def test_cnn_recipe_is_an_experiment_and_model_cnn_is_only_the_model():
     assert _error("experiment=cnn_mnist") == (
         "experiment is not in the defaults list: add it with a + (+experiment=<option>)"
     )
-    assert _error("+experiment=cnn") == (
-        "experiment=cnn is not an option of group experiment; choose one of "
-        "cnn_mnist, gpt_shakespeare, nanogpt_char; did you mean experiment=cnn_mnist?"
+    assert _error("+experiment=cnn") == (  # the group is added with a +: the line and its hint keep it
+        "+experiment=cnn is not an option of group experiment; choose one of "
+        "cnn_mnist, gpt_shakespeare, nanogpt_char; did you mean +experiment=cnn_mnist?"
     )
+    assert _error("+experiment=gpt_shakspeare").endswith("; did you mean +experiment=gpt_shakespeare?")
 
 
 @pytest.mark.unit

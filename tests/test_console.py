@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import subprocess
 import sys
 
@@ -22,6 +23,7 @@ def test_startup_line_and_one_train_log_line_per_window(tmp_path):
         "train.log_every=10",
         "wandb.mode=disabled",
         "train.global_batch=128",
+        "train.eval_every=10",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [l.split(" - ", 1)[1] for l in (run_dir / "train.log").read_text().splitlines() if " - " in l]
@@ -31,8 +33,39 @@ def test_startup_line_and_one_train_log_line_per_window(tmp_path):
     ) in lines
     windows = [l for l in lines if l.startswith("step ")]
     assert [w.split()[1] for w in windows] == ["10/20", "20/20"] and all(" examples/s=" in w for w in windows)
+    # a periodic evaluation reaches train.log and the console (the final one is the run's last line)
+    (evaluation,) = [l for l in lines if l.startswith("eval at ")]
+    assert re.fullmatch(r"eval at step 10/20: eval/loss=\d\.\d{4} eval/accuracy=0\.\d{4}", evaluation), evaluation
+    assert evaluation in proc.stderr + proc.stdout
     assert "Unable to initialize backend 'tpu'" not in proc.stderr and "OpenCV" not in proc.stderr
     assert proc.stderr.count("wandb sync") == 0  # W&B disabled: no offline message
+
+
+@pytest.mark.unit
+def test_start_and_evaluation_lines_read_as_english():
+    from training.console import eval_line, startup_line
+
+    info = {
+        "process_count": 1,
+        "mesh/devices": 1,
+        "platform": "cpu",
+        "device_kind": "cpu",
+        "parallel": "jit_sharding",
+        "mesh/shape": [1, 1],
+        "precision": "fp32",
+        "train/global_batch": 64,
+        "train/per_device_batch": 64,
+        "train/steps": 20,
+    }
+    line = startup_line(info, accum_steps=1, model="gpt", param_count=842496, dataset="tiny_shakespeare")
+    assert line.startswith("start: 1 cpu device (cpu), 1 process, jit_sharding mesh [1, 1], fp32, batch 64 global")
+    assert startup_line({**info, "mesh/devices": 2}, accum_steps=1, model="m", param_count=1, dataset="d").startswith(
+        "start: 2 cpu devices (cpu)"
+    )
+    metrics = {"eval/loss": 4.84321, "eval/accuracy": 0.16789, "eval/perplexity": 126.87134, "eval/bpb": 6.98721}
+    assert eval_line(200, 400, metrics) == (
+        "eval at step 200/400: eval/loss=4.8432 eval/accuracy=0.1679 eval/perplexity=126.87 eval/bpb=6.9872"
+    )
 
 
 @pytest.mark.unit

@@ -108,7 +108,7 @@ def test_workspace_objects_use_expected_metric_keys():
     assert panels_of(spec_to_dict(workspace))[0]["x"] == "summary:mesh/devices"
 
 
-def test_cli_dry_run_prints_json_spec(tmp_path):
+def test_cli_json_prints_the_spec(tmp_path):
     res = _cli(
         "--entity",
         "e",
@@ -116,7 +116,7 @@ def test_cli_dry_run_prints_json_spec(tmp_path):
         "p",
         "--group",
         "g-1",
-        "--dry-run",
+        "--json",
         env={"HOME": str(tmp_path), "WANDB_CONFIG_DIR": str(tmp_path)},
     )
     assert res.returncode == 0, res.stderr
@@ -142,6 +142,26 @@ def test_cli_without_api_key_fails_with_one_line(tmp_path):
     assert "API key" in lines[0]
 
 
+# what a CPU job's summary.json holds of the dashboard's metrics: no peak memory (a CPU has no such statistic), a
+# measured comm ratio that is not valid (simulated devices), no comm/ratio_model (no profile of the device)
+CPU_SUMMARY = {
+    "status": "ok",
+    "wandb/group": "sweep-x",
+    "mesh/devices": 2,
+    "perf/examples_per_s": 1000.0,
+    "perf/examples_per_s_per_device": 500.0,
+    "perf/step_time_s": 0.1,
+    "comm/bytes_per_step": 8.0,
+    "comm/ratio_measured": 0.2,
+    "comm/ratio_measured_valid": False,
+    "mem/state_bytes_per_device": 16,
+    "mem/temp_bytes_per_device": 32,
+    "train/loss": 0.5,
+    "eval/loss": 0.6,
+    "eval/accuracy": 0.9,
+}
+
+
 def _fake_multirun(root: Path) -> Path:
     """4 jobs: 2 modes x 2 seeds, each with summary.json (W&B group) and .hydra/config.yaml."""
     job = 0
@@ -149,7 +169,7 @@ def _fake_multirun(root: Path) -> Path:
         for seed in (0, 1):
             d = root / str(job)
             (d / ".hydra").mkdir(parents=True)
-            (d / "summary.json").write_text(json.dumps({"status": "ok", "wandb/group": "sweep-x", "parallel": mode}))
+            (d / "summary.json").write_text(json.dumps({**CPU_SUMMARY, "parallel": mode}))
             (d / ".hydra" / "config.yaml").write_text(
                 f"parallel:\n  name: {mode}\n  min_shard_bytes: 0\ntrain:\n  seed: {seed}\n  steps: 80\n"
                 f"mesh:\n  shape: [1, -1]\nwandb:\n  project: proj-a\n  entity: null\n  tags: [t{seed}]\n"
@@ -163,6 +183,7 @@ def test_read_multirun_groups_by_configuration_not_seed(tmp_path):
     from sweeps.dashboard import read_multirun
 
     found = read_multirun(_fake_multirun(tmp_path / "mr"))
+    logged = found.pop("logged")
     assert found == {
         "group": "sweep-x",
         "project": "proj-a",
@@ -170,6 +191,7 @@ def test_read_multirun_groups_by_configuration_not_seed(tmp_path):
         "config_keys": ["parallel.name"],
         "jobs": 4,
     }
+    assert logged == {k: 4 for k in CPU_SUMMARY if k != "comm/ratio_measured"} | {"parallel": 4}  # never valid
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no job under"):
         read_multirun(tmp_path / "empty")
@@ -177,7 +199,7 @@ def test_read_multirun_groups_by_configuration_not_seed(tmp_path):
 
 def test_cli_multirun_folder_dry_run_groups_runset_by_configuration(tmp_path):
     root = _fake_multirun(tmp_path / "mr")
-    res = _cli(str(root), "--dry-run", env={"HOME": str(tmp_path), "WANDB_CONFIG_DIR": str(tmp_path)})
+    res = _cli(str(root), "--dry-run", "--json", env={"HOME": str(tmp_path), "WANDB_CONFIG_DIR": str(tmp_path)})
     assert res.returncode == 0, res.stderr
     spec = json.loads(res.stdout)
     assert spec["project"] == "proj-a"
@@ -194,4 +216,59 @@ def test_cli_without_folder_or_group_is_one_line(tmp_path):
     assert (
         res.returncode == 2
         and res.stderr.strip() == "error: missing --project, --group: give a multirun folder or set them"
+    )
+
+
+@pytest.mark.unit
+def test_dry_run_is_a_human_summary_without_panels_the_runs_never_log(tmp_path, capsys):
+    """--dry-run prints sections and panels, each panel's metric and how many runs log it (tens of lines, not 768 of
+    JSON); a panel whose metric no run logs is left out of the workspace and listed: peak memory on a CPU, the
+    measured ratio where it is never valid, the model ratio without a profile of the device that ran."""
+    from sweeps.dashboard import main
+
+    root = _fake_multirun(tmp_path / "mr")
+    assert main([str(root), "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) < 30
+    assert out[0] == (
+        "W&B workspace \"Scaling: sweep-x\" in <entity>/proj-a: the runs of group 'sweep-x', grouped by configuration "
+        "(parallel.name)"
+    )
+    assert "Scaling (4 panels):" in out and "Communication (1 panel):" in out and "Memory per device (2 panels):" in out
+    assert "  Throughput vs devices (examples/s): perf/examples_per_s (one point per run; logged by 4 of 4 runs)" in out
+    assert (
+        "  Scaling efficiency = speedup / N (scaling_report run): scaling/efficiency/* (from the scaling_report run "
+        "(python -m sweeps.report <sweep folder> --wandb))"
+    ) in out
+    assert "  Train loss by configuration: train/loss (per step; logged by 4 of 4 runs)" in out
+    assert out[-2] == (
+        "Left out, no run logs their metric: Comm ratio (model) vs devices (comm/ratio_model); Comm ratio (measured; "
+        "check comm/ratio_measured_valid) (comm/ratio_measured); Peak bytes per device (mem/peak_bytes_per_device)"
+    )
+    assert main([str(root), "--json"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    ys = {p["y"] for p in panels_of(spec) if isinstance(p["y"], str)}
+    assert "summary:mem/state_bytes_per_device" in ys and "summary:comm/bytes_per_step" in ys
+    assert not {"summary:mem/peak_bytes_per_device", "summary:comm/ratio_measured", "summary:comm/ratio_model"} & ys
+    pinned = spec["spec"]["section"]["runSets"][0]["runFeed"]["columnPinned"]
+    assert "summary:perf/examples_per_s_median" not in pinned and "summary:status" in pinned
+    assert not any("peak_bytes" in k or "ratio_model" in k for k in pinned), pinned
+    # an older CPU run's summary with an H100 link model over its step time: no ratio panel either
+    for summary in root.glob("*/summary.json"):
+        summary.write_text(json.dumps({**json.loads(summary.read_text()), "comm/ratio_model": 1e-4, "platform": "cpu"}))
+    assert main([str(root), "--json"]) == 0
+    assert "summary:comm/ratio_model" not in capsys.readouterr().out
+
+
+@pytest.mark.unit
+def test_a_folder_without_an_entity_says_what_is_missing(tmp_path, capsys, monkeypatch):
+    """Given a sweep folder whose jobs set no wandb.entity, the error names the entity, not the folder it was given."""
+    from sweeps.dashboard import main
+
+    monkeypatch.delenv("WANDB_ENTITY", raising=False)
+    root = _fake_multirun(tmp_path / "mr")
+    assert main([str(root)]) == 2
+    assert capsys.readouterr().err == (
+        "error: missing --entity: its jobs' config has wandb.entity=null and WANDB_ENTITY is not set; give --entity "
+        "<your W&B user or team> (or --dry-run to see the workspace without saving it)\n"
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import subprocess
@@ -161,6 +162,41 @@ def test_profiles_and_device_kind_lookup():
         set_field(h100, "devices_per_node", "2.5")
 
 
+@pytest.mark.unit
+def test_a_ratio_of_a_profiles_numbers_needs_the_device_it_describes():
+    """comm/ratio_model and perf/mfu divide a profile's numbers by a time measured on the device that ran: only
+    formed when the profile describes that device. A TPU v5e under hardware=auto (or tpu_v5e) keeps them; an H100
+    profile on the CPU or on an A100 does not, nor tpu_v5p (pattern `tpu v5`) on a v5e; numbers set by hand
+    (custom, auto without a match) describe the device that ran, except simulated CPU devices."""
+    from measure.hardware import describes_device
+    from training.run import ratio_line
+
+    v5e, h100, a100 = "TPU v5 lite", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+    assert describes_device("auto", [], v5e, "tpu") and describes_device("tpu_v5e", ["tpu v5 lite"], v5e, "tpu")
+    assert describes_device("h100_sxm", ["h100"], h100, "gpu") and describes_device("auto", [], h100, "gpu")
+    assert not describes_device("tpu_v5p", ["tpu v5p", "tpu v5"], v5e, "tpu")
+    assert not describes_device("h100_sxm", ["h100"], a100, "gpu")
+    assert not describes_device("h100_sxm", ["h100"], "cpu", "cpu") and not describes_device("auto", [], "cpu", "cpu")
+    assert describes_device("custom", [], "AMD Instinct MI300X", "gpu") and describes_device("none", [], h100, "gpu")
+    assert not describes_device("custom", ["mi300"], h100, "gpu") and describes_device(
+        "custom", ["mi300"], "MI300X", "x"
+    )
+    assert not describes_device("custom", [], "cpu", "cpu")
+    # the start-up line: why the ratios are absent, and the two ways to a ratio (measured, modelled for the target)
+    assert ratio_line("h100_sxm", "h100_sxm", "cpu", False, 450e9, 989e12) == (
+        "hardware=h100_sxm describes another device than the one that ran (cpu): comm/ratio_model and perf/mfu are "
+        "not computed (its numbers over times measured here would mix two machines); the profiler "
+        "(profile.enabled=true) measures comm/ratio_measured (not valid on simulated CPU devices), and "
+        "python -m sweeps.project <run folder> --hardware h100_sxm --mfu 0.4 models both wholly for h100_sxm"
+    )
+    assert ratio_line("auto", "cpu", "cpu", False, None, None) == (
+        "no link bandwidth known for cpu: comm/time_model_s and comm/ratio_model are not computed; "
+        "the profiler (profile.enabled=true) measures comm/ratio_measured (on simulated CPU devices it is flagged not "
+        "valid), and python -m sweeps.project <run folder> --hardware h100_sxm --mfu 0.4 models a target machine"
+    )
+    assert ratio_line("auto", "tpu_v5e", v5e, True, 2e11, 1.97e14) is None
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -237,16 +273,17 @@ def _hydra_hardware(name: str) -> dict:
 
 @pytest.mark.unit
 def test_run_folder_projection_matches_compiled_payload(tmp_path):
-    """train with hardware=h100_sxm records comm/ratio_model from the profile; sweeps.project on that run folder
-    uses the compiled step's collectives: its payload at 8 devices is the run's comm/payload_bytes_per_step."""
+    """train with hardware=h100_sxm on the CPU records the profile and the H100 link's modelled time, but no ratio
+    of the profile's numbers to the CPU's step time (comm/ratio_model, perf/mfu: they would mix two machines);
+    sweeps.project on that run folder models both wholly for the H100, from the compiled step's collectives: its
+    payload at 8 devices is the run's comm/payload_bytes_per_step."""
     hardware = _hydra_hardware("h100_sxm")
     assert hardware["link_bytes_per_s"] == 450e9 and hardware["name"] == "h100_sxm"
     summary = _run_job(tmp_path / "run", hardware=hardware, parallel__name="jit_sharding")
     assert summary["hardware/link_bytes_per_s"] == 450e9 and summary["hardware/profile"] == "h100_sxm"
-    assert summary["comm/ratio_model"] == pytest.approx(
-        summary["comm/bytes_per_step"] / 450e9 / summary["perf/step_time_s"], rel=1e-12
-    )
-    assert summary["perf/mfu"] > 0  # the profile's peak (989e12)
+    assert summary["comm/time_model_s"] == pytest.approx(summary["comm/bytes_per_step"] / 450e9, rel=1e-12)
+    assert summary["hardware/matches_device"] is False
+    assert "comm/ratio_model" not in summary and "perf/mfu" not in summary
     out = tmp_path / "projection"
     assert (
         cli.main(
@@ -277,6 +314,9 @@ def test_run_folder_projection_matches_compiled_payload(tmp_path):
     assert float(rows[0]["examples_per_s"]) == pytest.approx(
         8 * summary["train/global_batch"] / 8 / (compute + float(rows[0]["comm_s"])), rel=1e-12
     )
+    # the modelled ratio, labelled: the H100's communication time over its modelled step, at the MFU given
+    assert float(rows[0]["comm_ratio"]) == pytest.approx(float(rows[0]["comm_s"]) / float(rows[0]["step_time_s"]))
+    assert (rows[0]["hardware"], rows[0]["assumed_mfu"], rows[0]["scaling"]) == ("h100_sxm", "0.4", "weak")
 
 
 @pytest.mark.parametrize("parallel", ["jit_sharding", "fsdp"])
@@ -412,10 +452,29 @@ def test_report_draws_projection_from_csv(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from sweeps.report import ReportError
+
     csv_path = tmp_path / "projection.csv"
-    csv_path.write_text("config,devices,examples_per_s\nfsdp,8,100.0\nfsdp,16,180.0\ndp,8,90.0\n")
+    head = "config,devices,examples_per_s,compute_s,comm_s,step_time_s,efficiency"
+    csv_path.write_text(f"{head}\nfsdp,8,100.0,1,0,1,1\nfsdp,16,180.0,1,0.1,1.1,0.9\ndp,8,90.0,1,0,1,1\n")
     rows = read_projection(csv_path)
-    assert rows[0] == {"label": "fsdp", "devices": 8, "examples_per_s": 100.0}
+    assert rows[0] == {
+        "label": "fsdp",
+        "devices": 8,
+        "examples_per_s": 100.0,
+        "efficiency": 1.0,
+        "comm_ratio": None,
+        "below_step_floor": False,
+        "hardware": None,
+        "assumed_mfu": None,
+        "assumed_step_time_s": None,
+        "per_device_batch": None,
+    }
+    # a CSV with devices and examples/s that is no projection (a scaling.csv) is refused, not drawn as one
+    scaling = tmp_path / "scaling.csv"
+    scaling.write_text("devices,parallel,examples_per_s,speedup\n1,fsdp,100,1\n2,fsdp,180,1.8\n")
+    with pytest.raises(ReportError, match=r"scaling.csv is not a projection.csv of sweeps.project \(no compute_s"):
+        read_projection(scaling)
     fig, ax = plt.subplots()
     handles = plot_projection(ax, [], rows)
     labels = sorted(h.get_label() for h in handles)
@@ -574,6 +633,61 @@ def test_projection_png_plain_ticks_and_percent(tmp_path):
     assert_margins_blank(path)
 
 
+@pytest.mark.unit
+def test_efficiencies_left_out_stay_out_of_the_png_and_md_and_are_flagged_in_the_csv(tmp_path, monkeypatch):
+    """A configuration whose modelled step computes below any real device's floor: its speedup, efficiency, comm
+    ratio and MFU are blank in projection.md, absent from projection.png (no efficiency line, no linear line, the
+    panel says so), and kept in projection.csv with below_step_floor=true; the other configuration is drawn."""
+    from matplotlib.figure import Figure
+
+    big, tiny = 25_000_000, 1000
+    args = argparse.Namespace(mfu=None, step_time_s=1e-3, hardware="custom")
+    rows = [
+        {"config": name, **r}
+        for name, params, compute in (("big", big, 1e-3), ("tiny", tiny, 1e-7))
+        for r in project(collectives_for("allreduce", params, 4), compute, 32, [8, 64], HW)
+    ]
+    rows = cli.annotate(rows, args, HW)
+    assert [r["below_step_floor"] for r in rows] == [False, False, True, True]
+    assert [r["per_device_batch"] for r in rows] == pytest.approx([32.0] * 4) and {r["scaling"] for r in rows} == {
+        "weak"
+    }
+    csv_rows = _csv(cli.write_csv(rows, tmp_path / "projection.csv"))
+    assert [r["below_step_floor"] for r in csv_rows] == ["false", "false", "true", "true"]
+    assert all(float(r["efficiency"]) > 0 and float(r["comm_ratio"]) > 0 for r in csv_rows)  # kept, flagged
+    md = cli.write_markdown(rows, tmp_path / "projection.md", "header", "src").read_text()
+    table = [line.split(" | ") for line in md.splitlines() if line.startswith("| tiny")]
+    cols = md.splitlines()[[i for i, line in enumerate(md.splitlines()) if line.startswith("| config")][0]]
+    names = cols.strip("| ").split(" | ")
+    for cells in table:
+        for col in ("speedup", "efficiency", "comm_ratio", "mfu"):
+            assert cells[names.index(col)].strip(" |") == "", (col, cells)
+    assert "tiny: its step computes in 100 ns, below what a step takes on any real device" in md
+    big_row = [line for line in md.splitlines() if line.startswith("| big")][0]
+    assert f"{rows[0]['efficiency']:.4g}" in big_row
+    captured = {}
+    original = Figure.savefig
+
+    def keep(fig, *a, **k):
+        captured["fig"] = fig
+        return original(fig, *a, **k)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    cli.write_plot(rows, tmp_path / "projection.png", "header")
+    ax_t, ax_e = captured["fig"].axes
+    assert [line.get_label() for line in ax_e.get_lines()] == ["big"]
+    assert [line.get_label() for line in ax_t.get_lines()] == ["big", "linear (no communication)", "tiny"]
+    assert ax_e.get_title().replace("\n", " ").startswith("left out: 1 configuration(s) whose step computes below")
+    assert captured["fig"]._suptitle.get_text().startswith("Projection (a model, not a measurement)")
+    cli.write_plot(rows[2:], tmp_path / "tiny.png", "header")  # only the tiny configuration: the panel is a sentence
+    _, ax_e = captured["fig"].axes
+    assert not ax_e.axison and not ax_e.get_lines()
+    assert [t.get_text().replace("\n", " ") for t in ax_e.texts] == [
+        "Efficiency left out: 1 configuration(s) whose step computes below ~5 µs, less than any real device takes "
+        "(projection.csv keeps them, flagged)"
+    ]
+
+
 # ---- a language model: tokens are the unit of work --------------------------------------------------------
 GPT2_SMALL = ["--params", "124439808", "--per-device-batch", "8", "--parallel", "allreduce"]
 GPT2_FLOPS_PER_TOKEN = 6 * 124439808 + 12 * 12 * 768 * 1024  # 859,885,056 (PaLM appendix B)
@@ -702,3 +816,29 @@ def test_the_advice_for_one_device_jobs_is_a_command_that_works(tmp_path, capsys
     argv = shlex.split(advised)[3:] + ["--out", str(tmp_path / "b")]
     assert cli.main(argv) == 0
     assert len(_csv(tmp_path / "b" / "projection.csv")) == 2
+
+
+def test_wandb_without_an_api_key_logs_offline_to_the_jobs_project(tmp_path):
+    """`sweeps.project --wandb` with no API key does what a run does: logs offline (into the output folder) and
+    prints the `wandb sync` line; the run goes to the jobs' W&B project (their .hydra/config.yaml)."""
+    import os
+
+    from wandb_reader import read_run
+
+    root = _strong_sweep(tmp_path / "sweep", modes=("jit_sharding",), devices=(1, 2))
+    for job in root.iterdir():
+        (job / ".hydra").mkdir()
+        (job / ".hydra" / "config.yaml").write_text("wandb:\n  project: proj-z\n  entity: null\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(tmp_path), NETRC=str(tmp_path / "netrc"), WANDB_SILENT="true", PYTHONPATH=str(REPO))
+    env.update({k: str(tmp_path / k.lower()) for k in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR")})
+    out = tmp_path / "out"
+    args = [str(root), *CUSTOM, "--step-time-s", "0.001", "--devices", "8,64", "--out", str(out), "--wandb"]
+    res = subprocess.run(
+        [sys.executable, "-m", "sweeps.project", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, res.stderr
+    (run_dir,) = (out / "wandb").glob("offline-run-*")
+    assert f"W&B is offline: upload it later with: wandb sync {run_dir}" in res.stdout
+    run = read_run(str(run_dir))
+    assert run["run"].project == "proj-z" and run["run"].job_type == "projection"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shlex
 import subprocess
@@ -487,3 +488,32 @@ def test_strict_record_writes_null_and_lists_the_keys():
         "nonfinite": {"a": "nan", "b": "-inf"},
     }
     assert strict_record({"step": 1, "c": 1.0}) == {"step": 1, "c": 1.0}
+
+
+def test_readme_any_corpus_line_is_a_quick_clean_try(tmp_path):
+    """The README's "any corpus" GPT line is a quick try: it ends in well under a minute on a CPU without a
+    warning (at least 5 measured windows) and saves a checkpoint per epoch, not per step. Its corpus here: a file
+    of 40,000 words in a folder matched by the line's glob."""
+    readme = (REPO / "README.md").read_text()
+    (command,) = re.findall(r"^(python train.py model=gpt data=text .*?)\s+# any corpus", readme, re.M)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    syllables = ["ka", "lo", "mi", "ne", "su", "ta", "ri", "po", "de", "gu"]  # a fixed corpus of 40,000 words
+    words = [a + b + c for a in syllables for b in syllables for c in syllables[:4]]
+    (corpus / "words.txt").write_text(" ".join(random.Random(0).choice(words) for _ in range(40_000)))
+    overrides = [o.replace("corpus/*.txt", str(corpus / "*.txt")) for o in shlex.split(command)[2:]]
+    assert [o for o in overrides if o.startswith("train.")] == [
+        "train.global_batch=32",
+        "train.steps=20",
+        "train.log_every=2",
+    ]
+    start = time.perf_counter()
+    res = run_train(tmp_path / "run", *overrides, "wandb.mode=disabled")
+    elapsed_s = time.perf_counter() - start
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = res.stdout + res.stderr
+    assert "warning" not in out.lower(), [line for line in out.splitlines() if "warning" in line.lower()]
+    assert "(median of 9 windows" in out
+    steps = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps == [8, 16, 20]  # one per epoch (8 steps of this corpus) and the final one, not one per step
+    assert elapsed_s < 120, elapsed_s

@@ -226,3 +226,26 @@ def test_a_run_folder_as_a_sweeps_folder_is_refused_before_anything_is_written(t
     own = _sweep(tmp_path / "own", "train.seed=0,1")
     assert own.returncode == 0, own.stderr[-3000:]
     assert [summary(tmp_path / "own" / "sweep" / job)["status"] for job in ("0", "1")] == ["ok", "ok"]
+
+
+@pytest.mark.unit
+def test_a_resumed_job_that_never_started_replaces_its_placeholder_silently(tmp_path, caplog):
+    """A sweep stopped by a signal leaves `status: skipped` in the folders of jobs it never started; resumed, such a
+    job's summary replaces that placeholder without a copy or a warning. A real run's summary is still kept (as
+    summary.previous-<time>.json) with one warning."""
+    import logging
+
+    from sweeps.callback import NOT_STARTED
+    from training.report import write_json, write_summary
+
+    job = tmp_path / "3"
+    job.mkdir()
+    write_json(job / "summary.json", {"status": "skipped", "error": NOT_STARTED + "SIGTERM"})
+    with caplog.at_level(logging.WARNING):
+        write_summary(job, {"status": "ok", "train/steps": 60})
+    assert summary(job) == {"status": "ok", "train/steps": 60}
+    assert sorted(p.name for p in job.iterdir()) == ["summary.json"] and not caplog.records
+    write_summary(job, {"status": "ok", "train/steps": 80})  # a rerun over a finished run's summary
+    (kept,) = [p for p in job.iterdir() if p.name.startswith("summary.previous-")]
+    assert json.loads(kept.read_text()) == {"status": "ok", "train/steps": 60}
+    assert [r.getMessage() for r in caplog.records] == [f"{job / 'summary.json'} already existed: kept as {kept.name}"]

@@ -375,3 +375,33 @@ class RunLog(logging.FileHandler):
                     f"{FOLDER_KEYS} to a folder you can write"
                 )
             )
+
+
+def running_holder(folder: Path) -> Optional[str]:
+    """What runs in ``folder`` now (``process P on host H since T``, from its ``.lock``), or None when no process
+    holds the folder's lock. Looks without locking (a lock taken to look could refuse a run starting that instant):
+    this host's ``/proc/locks`` lists the lock file's inode while a process holds it; without it (not Linux), the
+    process named in the file is asked whether it runs. A lock held from another host is not seen: a process of
+    another host is reported as running."""
+    path = Path(folder) / LOCK_NAME
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+        st = path.stat()
+    except OSError:
+        return None
+    holder = text[0] if text else "another process"
+    words = holder.split()
+    here = len(words) > 4 and words[0] == "process" and words[1].isdigit() and words[4] == socket.gethostname()
+    if len(words) > 4 and words[0] == "process" and not here:
+        return holder  # another host's process: its lock is not visible here
+    try:
+        with open("/proc/locks") as f:
+            locks = f.read().splitlines()
+    except OSError:
+        return holder if here and _alive(int(words[1])) else None
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"  # /proc/locks: MAJOR:MINOR:INODE
+    for line in locks:
+        fields = line.split()
+        if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == where:
+            return holder
+    return None

@@ -142,9 +142,9 @@ def startup_line(info: dict[str, Any], *, accum_steps: int, model: str, param_co
     """One line with what is about to run, e.g. ``start: 8 cpu devices (cpu), 1 process, jit_sharding mesh [8, 1],
     fp32, batch 256 global / 32 per device, accum 1, 20 steps, mlp 203,530 params, data mnist`` (``... on the
     devices`` when batches are made there), from the run's static ``info`` (``training.build.static_info``)."""
-    procs = info["process_count"]
+    procs, devices = info["process_count"], info["mesh/devices"]
     return (
-        f"start: {info['mesh/devices']} {info['platform']} devices ({info['device_kind']}), {procs} "
+        f"start: {devices} {info['platform']} device{'s' if devices != 1 else ''} ({info['device_kind']}), {procs} "
         f"process{'es' if procs > 1 else ''}, {info['parallel']} mesh {list(info['mesh/shape'])}, "
         f"{info['precision']}, batch {info['train/global_batch']} global / {info['train/per_device_batch']} "
         f"per device, accum {accum_steps}, {info['train/steps']} steps, {model} {param_count:,} params, "
@@ -166,6 +166,16 @@ def startup_breakdown_line(clock_summary: dict[str, Any], compile_cache: str | N
     total = clock_summary.get("perf/startup_s")
     head = f"start-up {total:.2f} s" if isinstance(total, (int, float)) else "start-up"
     return f"{head}: {', '.join(parts)}" if parts else head
+
+
+def eval_line(step: int, n_steps: int, metrics: dict[str, Any]) -> str:
+    """One line per periodic evaluation for train.log and the console, e.g. ``eval at step 200/400:
+    eval/loss=1.9876 eval/accuracy=0.4321`` (with ``eval/perplexity`` and ``eval/bpb`` when the model has them)."""
+    formats = {"eval/loss": ".4f", "eval/accuracy": ".4f", "eval/perplexity": ".2f", "eval/bpb": ".4f"}
+    values = " ".join(
+        f"{k}={float(metrics[k]):{f}}" for k, f in formats.items() if isinstance(metrics.get(k), (int, float))
+    )
+    return f"eval at step {step}/{n_steps}: {values}"
 
 
 def window_line(

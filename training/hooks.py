@@ -25,7 +25,7 @@ from measure.throughput import JobClock, TargetTracker, WindowStats
 from parallel.state import metrics_to_host, replica_divergence
 from training import checkpoint
 from training.build import Experiment, in_flight_bound
-from training.console import warn, window_line
+from training.console import eval_line, warn, window_line
 from training.checkpoint.policy import NEW_RUN
 from training.process import StopOnSignal, saved_stop_text
 
@@ -142,6 +142,7 @@ class Evaluation(Hook):
             loop.unevaluated = step
             return
         loop.evaluation = (step, {k: v for k, v in loop.extra.items() if k.startswith("eval/")})
+        log.info("%s", eval_line(step, self.n_steps, loop.evaluation[1]))  # train.log and the console
         self.target.observe(step, loop.extra["eval/accuracy"], loop.clock.since_first_step_s())
 
 

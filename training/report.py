@@ -70,8 +70,12 @@ def write_json(path: Path, obj: dict) -> None:
 
 def write_summary(run_dir: Path, values: dict) -> None:
     """Writes ``run_dir/summary.json``; one already there (a reused run folder) is kept as
-    ``summary.previous-<time>.json`` first, so nothing a user saved is lost."""
+    ``summary.previous-<time>.json`` first, with a warning, so nothing a user saved is lost. The placeholder of a
+    sweep's job that never started (``status: skipped``: the sweep was stopped before it) is no run's result: it
+    is replaced without a copy or a warning when the resumed sweep runs the job."""
     path = Path(run_dir) / "summary.json"
+    if path.exists() and _never_started(path):
+        path.unlink()
     if path.exists():
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
         backup = path.with_name(f"summary.previous-{stamp}.json")
@@ -79,6 +83,14 @@ def write_summary(run_dir: Path, values: dict) -> None:
             os.replace(path, backup)
             log.warning("%s already existed: kept as %s", path, backup.name)
     write_json(path, values)
+
+
+def _never_started(path: Path) -> bool:
+    """Whether the summary at ``path`` is a placeholder of a job that never started (``status: skipped``)."""
+    try:
+        return json.loads(path.read_text()).get("status") == "skipped"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def resolve_wandb_mode(mode: Optional[str]) -> str:

@@ -36,6 +36,7 @@ from measure.compiled import (
     peak_bytes_per_device,
     state_bytes_per_device,
 )
+from measure.hardware import describes_device
 from measure.profiler import Profiler, check_window, explain_ratio
 from measure.rates import comm_time_model_s, perplexity, token_rates
 from measure.throughput import STARTUP, JobClock, TargetTracker, WindowStats, in_multirun
@@ -84,7 +85,7 @@ from training.report import Reporter, start_reporting
 from training.validate import check_run_folder
 
 log = logging.getLogger(__name__)
-_NO_LINK_REPORTED: set[str] = set()  # device kinds whose missing link bandwidth was reported
+_RATIO_REPORTED: set[tuple[str, str]] = set()  # (hardware, device kind) whose missing ratios were explained
 
 
 def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None) -> bool:
@@ -461,22 +462,53 @@ def compile_step(cfg: Config, p: Plan, exp: Experiment, first, info: dict[str, A
     info["mem/state_bytes_per_device"] = state_bytes_per_device(exp.state)
     detect = cfg.hardware.detect  # hardware=auto: the profile matching the device kind; a chosen profile: its own
     info["hardware/profile"] = hardware_profile(cfg.hardware, device.device_kind)  # null when none
+    # a ratio of a profile's number to a time measured here (comm/ratio_model, perf/mfu) only for the device that ran
+    matches = describes_device(cfg.hardware.name, cfg.hardware.device_kinds, device.device_kind, device.platform)
+    info["hardware/matches_device"] = matches
     link = cfg.hardware.link_bytes_per_s or (lookup_link_bytes_per_s(device.device_kind) if detect else None)
     peak_flops = cfg.hardware.peak_flops_per_s or (
         lookup_peak_flops_per_s(device.device_kind, cfg.precision.compute_dtype) if detect else None
     )
-    if link is None:
-        if device.device_kind not in _NO_LINK_REPORTED:  # once per process (a sweep's jobs share it)
-            _NO_LINK_REPORTED.add(device.device_kind)
-            log.info(
-                "no link bandwidth known for %s: comm/time_model_s and comm/ratio_model are not computed "
-                "(set hardware.link_bytes_per_s to model a target)",
-                device.device_kind,
-            )
-    else:
+    if link is not None:  # the modelled time alone is the target's: bytes / its link
         info["hardware/link_bytes_per_s"] = link
         info["comm/time_model_s"] = comm_time_model_s(info["comm/bytes_per_step"], link)
-    return lowered, compiled, peak_flops
+    reported = (cfg.hardware.name, device.device_kind)
+    if reported not in _RATIO_REPORTED:  # once per process (a sweep's jobs share it)
+        _RATIO_REPORTED.add(reported)
+        line = ratio_line(cfg.hardware.name, info["hardware/profile"], device.device_kind, matches, link, peak_flops)
+        if line:
+            log.info("%s", line)
+    return lowered, compiled, peak_flops if matches else None
+
+
+def ratio_line(
+    name: str,
+    profile: Optional[str],
+    device_kind: str,
+    matches: bool,
+    link: Optional[float],
+    peak_flops: Optional[float],
+) -> Optional[str]:
+    """The start-up line saying why ``comm/ratio_model`` or ``perf/mfu`` is absent, and how to get a communication
+    ratio instead (None when both are computed)."""
+    measured = "the profiler (profile.enabled=true) measures comm/ratio_measured"
+    target = (
+        profile if profile and (link is not None or peak_flops is not None) else "h100_sxm"
+    )  # a profile with numbers
+    project = f"python -m sweeps.project <run folder> --hardware {target} --mfu 0.4"
+    if not matches and (link is not None or peak_flops is not None):
+        return (
+            f"hardware={name} describes another device than the one that ran ({device_kind}): comm/ratio_model and "
+            f"perf/mfu are not computed (its numbers over times measured here would mix two machines); {measured} "
+            f"(not valid on simulated CPU devices), and {project} models both wholly for {target}"
+        )
+    if link is None:
+        cpu = " (on simulated CPU devices it is flagged not valid)" if device_kind.lower() == "cpu" else ""
+        return (
+            f"no link bandwidth known for {device_kind}: comm/time_model_s and comm/ratio_model are not computed; "
+            f"{measured}{cpu}, and {project} models a target machine"
+        )
+    return None
 
 
 def make_hooks(prep: Prepared, reporter: Reporter, bar, stats: WindowStats, target: TargetTracker) -> list[Hook]:
@@ -680,7 +712,7 @@ def finish(
     summary.update(
         {
             **stats.summary(
-                prep.info.get("comm/time_model_s"),
+                prep.info.get("comm/time_model_s") if prep.info.get("hardware/matches_device") else None,
                 prep.info.get("perf/flops_per_step_per_device"),
                 prep.peak_flops_per_s,
             ),

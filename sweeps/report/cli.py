@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from sweeps.report.aggregate import aggregate, throughput_key
-from sweeps.report.collect import SUMMARY_NAME, ReportError, job_record, load_summaries
+from sweeps.report.aggregate import aggregate, throughput_key, too_few_note
+from sweeps.report.collect import UNFINISHED, SUMMARY_NAME, ReportError, job_record, load_summaries, unfinished_jobs
 from sweeps.report.plots import make_figures, save
 from sweeps.report.tables import JOB_COLUMNS, job_rows, write_csv, write_markdown
 
@@ -20,20 +20,33 @@ def write_report(
     project: str | None = None,
     entity: str | None = None,
     projection_rows: list[dict] | None = None,
+    projection_source: str = "",
+    messages: list[str] | None = None,
 ) -> dict[str, Path]:
     """Builds the scaling report of the multirun ``folder`` into ``out_dir`` (default ``folder``):
     ``scaling.csv`` (one row per configuration, repeats aggregated), ``jobs.csv`` (one row per job),
     ``scaling.md`` and one PNG per figure of ``plots.make_figures``; with ``use_wandb`` also a W&B run.
 
+    Jobs that have not finished (running, stopped, not started: ``collect.unfinished_jobs``) are left out and
+    named in ``scaling.md``; ``messages`` (a list, when given) receives the lines ``main`` prints about them, about
+    configurations with too few repeats for an interval and about an offline W&B run.
+
     Returns {name: path} (``csv``, ``jobs_csv``, ``md``, the figure names, and ``wandb_sync_file`` with W&B).
 
     Raises:
-      ReportError: the folder does not exist, holds no summary, or W&B logging failed (files written first).
+      ReportError: the folder does not exist, holds no finished job (naming the unfinished ones), or W&B logging
+        failed (files written first).
     """
     folder = Path(folder)
     out = Path(out_dir) if out_dir is not None else folder
     summaries = load_summaries(folder, exclude=[out] if out_dir is not None else [])
+    unfinished = unfinished_jobs(folder, summaries)
+    summaries = [s for s in summaries if s.get("status") not in UNFINISHED]  # not started, stopped by a signal
     if not summaries:
+        if unfinished:
+            raise ReportError(
+                f"no job of {folder} has finished yet ({'; '.join(unfinished)}); run the report when some have"
+            )
         raise ReportError(f"no {SUMMARY_NAME} found under {folder}")
     records = [job_record(s) for s in summaries]
     rows = aggregate(records)
@@ -58,50 +71,93 @@ def write_report(
         plots=[p.name for p in plots.values()],
         n_jobs=len(records),
         n_failed=sum(not r["ok"] for r in records),
+        projection_rows=projection_rows,
+        projection_source=projection_source,
+        unfinished=unfinished,
     )
     paths.update(plots)
+    said = messages if messages is not None else []
+    if unfinished:
+        said.append(f"warning: unfinished jobs are not in the report: {'; '.join(unfinished)}")
+    few = too_few_note(rows)
+    if few:
+        said.append(f"note: {few}")
     if use_wandb:
         from sweeps.report.wandb_log import log_to_wandb
 
         try:
-            info = log_to_wandb(rows, plots, summaries, folder, group=group, project=project, entity=entity)
+            info = log_to_wandb(
+                rows, plots, summaries, folder, group=group, project=project, entity=entity, out_dir=out
+            )
         except Exception as exc:
             first = (str(exc).strip().splitlines() or [""])[0]
             raise ReportError(
                 f"report written to {out}, but W&B logging failed: {type(exc).__name__}: {first}"
             ) from exc
+        if info.get("disabled"):
+            said.append("W&B is disabled (WANDB_MODE=disabled): the report was not logged to W&B")
+            return paths
+        if info.get("offline"):
+            said.append(f"W&B is offline: upload the report's run later with: wandb sync {info['wandb_run_dir']}")
         paths["wandb_sync_file"] = info["wandb_sync_file"]
     return paths
 
 
+PROJECTION_COLUMNS = ("devices", "examples_per_s", "compute_s", "comm_s", "step_time_s", "efficiency")
+
+
 def read_projection(path) -> list[dict]:
-    """Rows of a ``projection.csv`` as ``{"label", "devices", "examples_per_s"}`` (label: its ``config``
-    column), with ``"tokens_per_s"`` when the CSV has that column (a token model's projection; None in a blank
-    cell).
+    """Rows of a ``projection.csv`` of ``sweeps.project`` as ``{"label", "devices", "examples_per_s",
+    "efficiency", "comm_ratio", "below_step_floor", "hardware", "assumed_mfu", "assumed_step_time_s",
+    "per_device_batch"}`` (label: its ``config`` column; None where the CSV has no such column or a blank cell),
+    with ``"tokens_per_s"`` when the CSV has that column (a token model's projection).
 
     Raises:
-      ReportError: the file is missing or lacks the ``devices`` / ``examples_per_s`` columns.
+      ReportError: the file is missing, or is not a projection: it lacks a column of ``PROJECTION_COLUMNS`` (a
+        ``scaling.csv`` has ``devices`` and ``examples_per_s`` but no modelled times).
     """
     import csv
 
+    def number(r, key):
+        text = r.get(key)
+        return float(text) if text not in (None, "") else None
+
     try:
         with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            columns = list(reader.fieldnames or [])
+    except OSError as exc:
+        raise ReportError(f"--projection {path}: cannot be read ({exc.strerror or type(exc).__name__})") from None
+    missing = [c for c in PROJECTION_COLUMNS if c not in columns]
+    if missing:
+        raise ReportError(
+            f"--projection {path} is not a projection.csv of sweeps.project (no {', '.join(missing)} column); "
+            "write one with `python -m sweeps.project <sweep folder> --hardware NAME --mfu 0.4 --out DIR`"
+        )
+    try:
         out = []
         for r in rows:
             row = {
                 "label": r.get("config") or "projection",
                 "devices": int(r["devices"]),
                 "examples_per_s": float(r["examples_per_s"]),
+                "efficiency": number(r, "efficiency"),
+                "comm_ratio": number(r, "comm_ratio"),
+                "below_step_floor": r.get("below_step_floor") == "true",
+                "hardware": r.get("hardware") or None,
+                "assumed_mfu": number(r, "assumed_mfu"),
+                "assumed_step_time_s": number(r, "assumed_step_time_s"),
+                "per_device_batch": number(r, "per_device_batch"),
             }
             if "tokens_per_s" in r:
-                row["tokens_per_s"] = float(r["tokens_per_s"]) if r["tokens_per_s"] else None
+                row["tokens_per_s"] = number(r, "tokens_per_s")
             out.append(row)
         return out
-    except (OSError, KeyError, ValueError) as exc:
+    except (KeyError, ValueError) as exc:
         raise ReportError(
-            f"--projection {path}: not a projection.csv of sweeps.project ({type(exc).__name__}: "
-            f"{exc}); write one with `python -m sweeps.project ... --out DIR`"
+            f"--projection {path}: a row cannot be read ({type(exc).__name__}: {exc}); write the file again with "
+            "`python -m sweeps.project ... --out DIR`"
         ) from None
 
 
@@ -124,9 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         "--projection",
         default=None,
         metavar="PROJECTION_CSV",
-        help="projection.csv of `python -m sweeps.project`: dotted lines on the throughput plot",
+        help="projection.csv of `python -m sweeps.project`: a projected panel beside the measured throughput and a "
+        "projection section in scaling.md",
     )
     args = parser.parse_args(argv)
+    messages: list[str] = []
     try:
         projection = read_projection(args.projection) if args.projection else None
         paths = write_report(
@@ -137,10 +195,14 @@ def main(argv: list[str] | None = None) -> int:
             project=args.project,
             entity=args.entity,
             projection_rows=projection,
+            projection_source=str(args.projection or ""),
+            messages=messages,
         )
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for name, path in paths.items():
         print(f"{name}: {path}")
+    for line in messages:
+        print(line, file=sys.stderr)
     return 0

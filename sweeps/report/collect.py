@@ -253,6 +253,25 @@ def tokens_per_example(summary: dict) -> int | None:
     return tokens if tokens and tokens > 0 else None
 
 
+def profile_matches(summary: dict) -> bool:
+    """Whether the job's hardware profile describes the device that ran it (``hardware/matches_device``; in older
+    summaries, which lack it, ``measure.hardware.describes_device`` of ``hardware/profile``, ``device_kind`` and
+    ``platform``): only then is a ratio of the profile's numbers to the job's measured times (``comm/ratio_model``,
+    ``perf/mfu``) shown."""
+    matches = summary.get("hardware/matches_device")
+    if isinstance(matches, bool):
+        return matches
+    from measure.hardware import describes_device
+
+    profile = summary.get("hardware/profile")
+    try:
+        return describes_device(
+            str(profile or "auto"), [], str(summary.get("device_kind") or ""), str(summary.get("platform") or "")
+        )
+    except Exception:  # noqa: BLE001 - an unreadable profile: no ratio rather than a mixed one
+        return False
+
+
 def job_record(summary: dict) -> dict[str, Any]:
     """One job's record (see the module docstring) from its summary (as returned by ``load_summaries``).
 
@@ -272,7 +291,8 @@ def job_record(summary: dict) -> dict[str, Any]:
     step_time = _num(summary.get("perf/step_time_s"))
     if eps is None and global_batch and step_time:
         eps = global_batch / step_time
-    ratio, source = _num(summary.get("comm/ratio_model")), None
+    matches = profile_matches(summary)
+    ratio, source = (_num(summary.get("comm/ratio_model")) if matches else None), None
     if ratio is not None:
         source = "model"
     elif summary.get("comm/ratio_measured_valid") is True:
@@ -320,6 +340,8 @@ def job_record(summary: dict) -> dict[str, Any]:
         "comm_ratio": ratio,
         "comm_ratio_source": source,
         "link_bytes_per_s": _num(summary.get("hardware/link_bytes_per_s")),
+        "hardware_profile": _text(summary.get("hardware/profile")),
+        "profile_matches": matches,
         "state_bytes_per_device": _num(summary.get("mem/state_bytes_per_device")),
         "temp_bytes_per_device": _num(summary.get("mem/temp_bytes_per_device")),
         "platform": _text(summary.get("platform")),
@@ -397,3 +419,58 @@ def collect(folder, exclude: Iterable = ()) -> list[dict[str, Any]]:
     if not summaries:
         raise ReportError(f"no {SUMMARY_NAME} found under {folder}")
     return [job_record(s) for s in summaries]
+
+
+UNFINISHED = ("skipped", "stopped")  # statuses of jobs that did not finish: not started, stopped by a signal
+
+
+def planned_job_count(folder) -> int | None:
+    """How many jobs the sweep in ``folder`` launches (its ``multirun.yaml``, expanded as Hydra's basic sweeper
+    does: ``sweeps.callback.planned_jobs``), or None when that cannot be told."""
+    path = Path(folder) / "multirun.yaml"
+    if not path.is_file():
+        return None
+    try:
+        from omegaconf import OmegaConf
+
+        from sweeps.callback import planned_jobs
+
+        jobs = planned_jobs(OmegaConf.load(path))  # type: ignore[arg-type]
+    except Exception:  # noqa: BLE001 - another sweeper, an unreadable file: unknown
+        return None
+    return None if jobs is None else len(jobs)
+
+
+def unfinished_jobs(folder, summaries: list[dict]) -> list[str]:
+    """The jobs of the sweep in ``folder`` that have not finished, grouped by state, e.g. ``running: 3 (process
+    4657 on host h since 2026-12-07 06:47:08)``, ``no summary.json (ended without one; see its train.log): 4``,
+    ``stopped: 5 (stopped by SIGTERM after step 30 of 60 ...)``, ``not started (the sweep was stopped): 6``, ``not
+    started yet: 7, 8`` (planned in ``multirun.yaml``, no folder yet). ``summaries``: ``load_summaries(folder)``."""
+    from tracking.folders import job_folders
+    from tracking.run_folder import running_holder
+
+    root = Path(folder).resolve()
+    with_summary = {Path(s["_job_dir"]).resolve(): s for s in summaries}
+    groups: dict[str, list[str]] = {}
+    folders = job_folders(root)
+    for job_dir in folders:
+        name = str(job_dir.relative_to(root))
+        summary = with_summary.get(job_dir.resolve())
+        if summary is None:
+            holder = running_holder(job_dir)
+            if holder is not None:
+                groups.setdefault("running", []).append(f"{name} ({holder})")
+            else:
+                groups.setdefault("no summary.json (it ended without one: see its train.log)", []).append(name)
+        elif summary.get("status") == "skipped":
+            groups.setdefault("not started (the sweep was stopped)", []).append(name)
+        elif summary.get("status") == "stopped":
+            error = " ".join(str(summary.get("error") or "stopped").split())
+            groups.setdefault("stopped", []).append(f"{name} ({error[:160]})")
+    planned = planned_job_count(root)
+    if planned is not None and planned > len(folders):
+        numbers = {int(p.name) for p in folders if p.name.isdigit() and p.parent == root}
+        missing = [str(i) for i in range(planned) if i not in numbers][: planned - len(folders)]
+        shown = ", ".join(missing[:8]) + (f" ... ({len(missing)} jobs)" if len(missing) > 8 else "")
+        groups.setdefault("not started yet", []).append(shown)
+    return [f"{state}: {', '.join(jobs)}" for state, jobs in groups.items()]

@@ -20,14 +20,20 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator
 
-from sweeps.report.aggregate import is_cpu, recipe_rows, series_labels, throughput_key
+from sweeps.report.aggregate import (
+    is_cpu,
+    projection_title,
+    ratio_known,
+    ratio_label,
+    recipe_rows,
+    regime_text,
+    series_labels,
+    settings_text,
+    throughput_key,
+)
 from sweeps.report.tables import NO_TARGET_SENTENCE
 
-CPU_SUBTITLE = "timings from simulated CPU devices on one host: they do not predict accelerator performance"
-NO_LINK_SENTENCE = (
-    "Comm ratio needs a link bandwidth: set hardware.link_bytes_per_s "
-    "(bytes/s per direction, e.g. 450e9 for NVLink H100/H200)."
-)
+CPU_SUBTITLE = "measured on devices simulated on one CPU: these are not accelerator timings"
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", "-.", ":")
 IDEAL_STYLE = dict(color="0.45", linestyle=":", linewidth=1.2)
@@ -147,13 +153,23 @@ def _log2_x(ax, rows: list[dict]) -> None:
     ax.grid(True, which="major", alpha=0.3)
 
 
-def _errorbar(ax, xs, ys, lows, highs, label, style):
-    """One error-bar container (asymmetric bars from the interval; none where it is unknown)."""
+SERIES_DODGE = 0.06  # octaves between neighbouring series' error bars at one device count (about 1.6% of the axis)
+
+
+def series_shift(i: int, n: int) -> float:
+    """The factor by which the i-th of ``n`` series' x positions are moved on a log-2 axis, so that error bars of
+    several series at one device count stand side by side, centred on it, instead of on top of each other."""
+    return 2.0 ** ((i - (n - 1) / 2) * SERIES_DODGE) if n > 1 else 1.0
+
+
+def _errorbar(ax, xs, ys, lows, highs, label, style, shift: float = 1.0):
+    """One error-bar container (asymmetric bars from the interval; none where it is unknown), its x positions
+    multiplied by ``shift`` (``series_shift``)."""
     yerr = [
         [y - lo if lo is not None else 0.0 for y, lo in zip(ys, lows)],
         [hi - y if hi is not None else 0.0 for y, hi in zip(ys, highs)],
     ]
-    return ax.errorbar(xs, ys, yerr=yerr, label=label, capsize=3, **style)
+    return ax.errorbar([x * shift for x in xs], ys, yerr=yerr, label=label, capsize=3, **style)
 
 
 def _message(ax, text: str) -> None:
@@ -164,15 +180,16 @@ def _message(ax, text: str) -> None:
 
 def plot_throughput(ax, rows: list[dict], solid: bool = False) -> list:
     """Examples/s (tokens/s for a token model's sweep: ``throughput_key``) vs devices on log-log axes: per
-    series the median over repeats with error bars from the interval, and its ideal line (linear from the
-    series' 1-device median; one legend entry for all ideal lines). The y axis holds every point, bar and
-    ideal line, with plain-decimal ticks (``40k``, ``100k``). ``solid``: every measured series drawn solid
-    (beside a projection, whose lines are dashed)."""
+    series the geometric mean of its repeats with error bars from the 95% interval (none with fewer than 3
+    repeats), and its ideal line (linear from the series' 1-device figure; one legend entry for all ideal
+    lines). The y axis holds every point, bar and ideal line, with plain-decimal ticks (``40k``, ``100k``).
+    ``solid``: every measured series drawn solid (beside a projection, whose lines are dashed)."""
     key, unit = throughput_key(rows)
     handles = []
     ideal_drawn = False
     values: list[float] = []
-    for label, style, members in _series(rows):
+    series = _series(rows)
+    for i, (label, style, members) in enumerate(series):
         pts = [r for r in members if r[key] is not None]
         if not pts:
             continue
@@ -187,6 +204,7 @@ def plot_throughput(ax, rows: list[dict], solid: bool = False) -> list:
                 [r[f"{key}_ci_high"] for r in pts],
                 label,
                 style,
+                series_shift(i, len(series)),
             )
         )
         values += [r[k] for r in pts for k in (key, f"{key}_ci_low", f"{key}_ci_high")]
@@ -198,7 +216,7 @@ def plot_throughput(ax, rows: list[dict], solid: bool = False) -> list:
             values += ideal
             ideal_drawn = True
     if ideal_drawn:
-        handles.append(Line2D([], [], label="ideal (linear from the 1-device median)", **IDEAL_STYLE))
+        handles.append(Line2D([], [], label="ideal (linear from 1 device)", **IDEAL_STYLE))
     _log2_x(ax, rows)
     log_y_axis(ax, values)
     ax.set_ylabel(f"{unit} (global)")
@@ -245,7 +263,7 @@ def plot_projection(ax, rows: list[dict], projection_rows: list[dict]) -> list:
     _log2_x(ax, projection_rows)
     log_y_axis(ax, values)
     ax.set_ylabel(f"{unit} (global, projected)")
-    ax.set_title("projected (model, not measured): dashed", fontsize=9)
+    ax.set_title(textwrap.fill(projection_title(projection_rows), 62), fontsize=9)
     return handles
 
 
@@ -254,7 +272,8 @@ def plot_speedup(ax, rows: list[dict]) -> list:
     every point and bar, with plain-decimal ticks (``0.5``, ``1``, ``2``)."""
     handles = []
     values: list[float] = []
-    for label, style, members in _series(rows):
+    series = _series(rows)
+    for i, (label, style, members) in enumerate(series):
         pts = [r for r in members if r["speedup"] is not None]
         if pts:
             values += [r[k] for r in pts for k in ("speedup", "speedup_ci_low", "speedup_ci_high")]
@@ -267,6 +286,7 @@ def plot_speedup(ax, rows: list[dict]) -> list:
                     [r["speedup_ci_high"] for r in pts],
                     label,
                     style,
+                    series_shift(i, len(series)),
                 )
             )
     devices = sorted({r["devices"] for r in rows if r["devices"]})
@@ -281,23 +301,16 @@ def plot_speedup(ax, rows: list[dict]) -> list:
 
 
 def plot_efficiency(ax, rows: list[dict]) -> list:
-    """Scaling efficiency (speedup / devices) vs devices, y from 0 to 1.1 (higher when a point or the interval
-    bar of a multi-device point reaches above: nothing informative is clipped), a line at 1.0 (one legend entry).
-    A 1-device point is 1.0 by definition and its bar only the spread of its own repeats (a noisy 0.47-2.14 once
-    squeezed every other point into a fifth of the panel): it does not widen the axis; where it reaches above, the
-    panel's title says how far."""
+    """Scaling efficiency (speedup / devices) vs devices, y from 0 to 1.1 (higher when a point or an interval bar
+    reaches above: nothing is clipped), a line at 1.0 (one legend entry). The 1-device point is each series'
+    reference: 1.0 by definition, without a bar."""
     handles = []
-    top, one_device_top = 1.0, 0.0
-    for label, style, members in _series(rows):
+    top = 1.0
+    series = _series(rows)
+    for i, (label, style, members) in enumerate(series):
         pts = [r for r in members if r["efficiency"] is not None]
         if pts:
-            top = max([top] + [r["efficiency"] for r in pts])
-            for r in pts:
-                high = r["efficiency_ci_high"]
-                if high is not None and r["devices"] == 1:
-                    one_device_top = max(one_device_top, high)
-                elif high is not None:
-                    top = max(top, high)
+            top = max([top] + [r[k] for r in pts for k in ("efficiency", "efficiency_ci_high") if r[k] is not None])
             handles.append(
                 _errorbar(
                     ax,
@@ -307,14 +320,12 @@ def plot_efficiency(ax, rows: list[dict]) -> list:
                     [r["efficiency_ci_high"] for r in pts],
                     label,
                     style,
+                    series_shift(i, len(series)),
                 )
             )
     handles.append(ax.axhline(1.0, label="ideal (1.0)", **IDEAL_STYLE))
     _log2_x(ax, rows)
-    y_top = max(1.1, round(top * 1.05, 2))
-    ax.set_ylim(0.0, y_top)
-    if one_device_top > y_top:
-        ax.set_title(f"the 1-device interval reaches {one_device_top:.3g}, above the axis", fontsize=9)
+    ax.set_ylim(0.0, max(1.1, round(top * 1.05, 2)))
     ax.set_ylabel("scaling efficiency (speedup / devices)")
     return handles
 
@@ -378,21 +389,16 @@ def _title(ax, text: str) -> None:
     ax.set_title(text, fontsize=9)
 
 
-def link_known(rows: list[dict]) -> bool:
-    """Whether a model comm ratio exists (a link bandwidth was known for some job)."""
-    return any(r["comm_ratio_source"] == "model" and r["comm_ratio"] is not None for r in rows)
-
-
 def plot_comm(axes, rows: list[dict]) -> list:
     """Payload bytes per step, ring bytes per device per step (KiB/MiB axes) and, when ``axes`` has a third
-    panel (a link bandwidth is known: ``link_known``), the comm ratio (model)."""
+    panel (``ratio_known``), the communication ratio: comm time / step time of the device that ran."""
     handles = _bytes_panel(axes[0], rows, "comm_payload_bytes", "payload / step")
-    _title(axes[0], "payload (sum of collective operands)")
+    _title(axes[0], "payload: the sum of collective operands")
     _bytes_panel(axes[1], rows, "comm_ring_bytes", "sent per device / step (ring model)")
-    _title(axes[1], "ring model, per device")
+    _title(axes[1], "ring model: sent by each device")
     if len(axes) > 2:
-        _bytes_panel(axes[2], rows, "comm_ratio", "comm time (model) / step time", in_bytes=False)
-        _title(axes[2], "comm ratio (model)")
+        _bytes_panel(axes[2], rows, "comm_ratio", "comm time / step time", in_bytes=False)
+        _title(axes[2], ratio_label(rows))
     return handles
 
 
@@ -463,9 +469,10 @@ def plot_vs_batch(axes, rows: list[dict]) -> list:
 
 
 def _figure(title: str, common: str, cpu: bool, ncols: int = 1, width: float = 7.5, notes: tuple = ()):
-    """A figure with ``ncols`` axes (always a list); the title carries the fields common to all series, the
-    ``notes`` and, for timings from simulated CPU devices, ``CPU_SUBTITLE`` (``fig._suptitle.get_text()``),
-    each wrapped to the figure's width so no line is cut."""
+    """A figure with ``ncols`` axes (always a list); the title carries the settings common to all series (in
+    words, ``aggregate.settings_text``), the ``notes`` and, for timings from simulated CPU devices,
+    ``CPU_SUBTITLE`` (``fig._suptitle.get_text()``), each wrapped to the figure's width so no line is cut.
+    Commands and tips go to ``scaling.md``'s captions, not here."""
     width_in = width if ncols == 1 else 5.0 * ncols
     fig = Figure(figsize=(width_in, 5.4), layout="constrained")
     FigureCanvasAgg(fig)
@@ -504,18 +511,21 @@ def make_figures(rows: list[dict], projection_rows: list[dict] | None = None) ->
     """Every figure of the report: ``throughput`` (with a second panel for ``projection_rows``),
     ``speedup``, ``efficiency``, ``comm``, ``memory``, ``time_to_target`` when some configuration reached a
     target, and ``batch`` when a device count has more than one global batch. No figure is empty: what is
-    missing is said in a title line (``NO_LINK_SENTENCE``) or in the Markdown (``NO_TARGET_SENTENCE``)."""
-    _, common = series_labels(rows)
+    missing (a communication ratio, a target) is said in ``scaling.md``'s captions."""
+    common = settings_text(rows)
     cpu = is_cpu(rows)
     unit = throughput_key(rows)[1]
     figs = {}
     if projection_rows:
-        fig, (ax, ax_p) = _figure(f"Throughput ({unit}) vs devices: measured and projected", common, cpu, ncols=2)
-        ax.set_title("measured (median over repeats, interval bars): solid", fontsize=9)
+        measured_on = ", ".join(sorted({str(r["_platform"]) for r in rows if r.get("_platform")})) or "this sweep"
+        fig, (ax, ax_p) = _figure(
+            f"Throughput ({unit}) vs devices: measured (left) and projected (right)", common, cpu, ncols=2
+        )
+        ax.set_title(textwrap.fill(f"measured on {measured_on}: {regime_text(rows)}", 62), fontsize=9)
         _legend(fig, ax, plot_throughput(ax, rows, solid=True))
         _legend(fig, ax_p, plot_projection(ax_p, rows, projection_rows))
     else:
-        fig, (ax,) = _figure(f"Throughput ({unit}) vs devices (median over repeats, interval bars)", common, cpu)
+        fig, (ax,) = _figure(f"Throughput ({unit}) vs devices", common, cpu)
         _legend(fig, ax, plot_throughput(ax, rows))
     figs["throughput"] = fig
     fig, (ax,) = _figure("Speedup vs devices", common, cpu)
@@ -524,13 +534,12 @@ def make_figures(rows: list[dict], projection_rows: list[dict] | None = None) ->
     fig, (ax,) = _figure("Scaling efficiency vs devices", common, cpu)
     _legend(fig, ax, plot_efficiency(ax, rows))
     figs["efficiency"] = fig
-    link = link_known(rows)
+    ratio = ratio_known(rows)
     fig, axes = _figure(
         "Communication per optimizer step vs devices",
         common,
-        False,
-        ncols=3 if link else 2,
-        notes=() if link else (NO_LINK_SENTENCE,),
+        cpu and ratio,  # bytes are exact anywhere; a ratio is a timing
+        ncols=3 if ratio else 2,
     )
     _legend(fig, axes[0], plot_comm(axes, rows), below=True)
     figs["comm"] = fig

@@ -8,7 +8,20 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sweeps.report.aggregate import COLUMNS, few_windows_note, is_cpu, throughput_key
+from sweeps.report.aggregate import (
+    COLUMNS,
+    MIN_REPEATS,
+    few_windows_note,
+    is_cpu,
+    overrides_text,
+    projection_title,
+    ratio_known,
+    ratio_label,
+    regime_text,
+    settings_text,
+    throughput_key,
+    too_few_note,
+)
 
 NO_TARGET_SENTENCE = "No time to target: set train.target_accuracy (and train.eval_every) in the sweep."
 
@@ -121,15 +134,127 @@ def platform_header(rows: list[dict]) -> tuple[list[str], list[str]]:
     return platforms, kinds
 
 
+def comm_ratio_note(rows: list[dict]) -> str | None:
+    """Why no configuration has a communication ratio, and how to get one (None when some has)."""
+    if any(r["comm_ratio"] is not None for r in rows):
+        return None
+    profiles = sorted({str(r["_other_device_profile"]) for r in rows if r.get("_other_device_profile")} - {"cpu"})
+    kinds = ", ".join(platform_header(rows)[1]) or "the devices that ran"
+    project = f"python -m sweeps.project <sweep folder> --hardware {profiles[0] if profiles else 'h100_sxm'} --mfu 0.4"
+    measured = "profile.enabled=true measures comm/ratio_measured, valid on a GPU or TPU"
+    if profiles:
+        return (
+            f"No comm ratio: hardware={', '.join(profiles)} describes another device than the one that ran ({kinds}), "
+            f"and a ratio of its link bandwidth to these step times would mix two machines. `{project}` models the "
+            f"ratio wholly for it (`--projection` then shows it here); {measured}."
+        )
+    return (
+        f"No comm ratio: no link bandwidth is known for {kinds}; {measured}, and `{project}` models one for a target."
+    )
+
+
+def captions(rows: list[dict], plots: Iterable[str], projection_rows: list[dict] | None = None) -> dict[str, str]:
+    """{figure name: its caption in ``scaling.md``}: what is drawn, what the bars are, what is left out and why."""
+    _, unit = throughput_key(rows)
+    cpu = " Timings of devices simulated on one CPU: not accelerator timings." if is_cpu(rows) else ""
+    bars = f"bars: 95% intervals (t on the log scale; configurations with fewer than {MIN_REPEATS} repeats have none)"
+    settings = settings_text(rows)
+    out = {
+        "throughput": (
+            f"Global {unit} against the device count (log-log), per configuration the geometric mean of its repeats; "
+            f"{bars}; dotted: linear scaling from 1 device. {_sentence(regime_text(rows))}.{cpu}"
+        ),
+        "speedup": (
+            f"Speedup: {unit} over that of the same configuration on 1 device (the reference: 1, no bar); bars: "
+            f"Welch's 95% interval of the ratio; dotted: ideal (y = x). {_sentence(regime_text(rows))}.{cpu}"
+        ),
+        "efficiency": (
+            f"Scaling efficiency: speedup / devices (1 = linear scaling; the 1-device reference is 1, no bar); {bars}."
+            f"{cpu}"
+        ),
+        "comm": (
+            "Bytes of the collectives of one compiled optimizer step: the payload (the sum of their operands) and what "
+            "each device sends under the ring model; exact on any platform, read from the compiled program."
+            + (
+                f" Right: {ratio_label(rows)}, communication time / step time.{cpu}"
+                if ratio_known(rows)
+                else " No comm ratio panel: the note above says why and how to get one."
+            )
+        ),
+        "memory": "Parameters and optimizer state held by one device (exact, from the compiled program).",
+        "time_to_target": f"Time from the first step to the first evaluation reaching the target accuracy.{cpu}",
+        "batch": "Final evaluation accuracy (median, min-max bars) and time to target against the global batch.",
+    }
+    if projection_rows:
+        out["throughput"] = (
+            f"Left: measured global {unit} against the device count (log-log), the geometric mean of the repeats; "
+            f"{bars}; {regime_text(rows)}.{cpu} Right: {projection_title(projection_rows)}, from the sweep's compiled "
+            "collectives and FLOPs (`sweeps.project`): a model, not a measurement."
+            + (
+                " The two panels answer different questions (strong against weak scaling)."
+                if "strong" in regime_text(rows)
+                else ""
+            )
+        )
+    if settings:
+        out = {k: v + f" Settings: {settings}." for k, v in out.items()}
+    return {Path(name).stem: out.get(Path(name).stem, "") for name in plots}
+
+
+def _sentence(text: str) -> str:
+    """``text`` with its first letter upper case (``str.capitalize`` would lower the rest)."""
+    return text[:1].upper() + text[1:]
+
+
+def projection_lines(projection_rows: list[dict], source: str = "", unit: str = "examples/s") -> list[str]:
+    """``scaling.md``'s projection section: the projected throughput, efficiency and communication ratio per
+    configuration and device count (blank where ``sweeps.project`` left them out: a step below any device's)."""
+    lines = [
+        "## Projection (a model, not a measurement)",
+        "",
+        _sentence(projection_title(projection_rows)) + (f", from `{source}`" if source else "") + ".",
+        "comm ratio (projected) = modelled communication time / modelled step time on that hardware.",
+        "",
+        f"| configuration | devices | {unit} (projected) | efficiency | comm ratio (projected) |",
+        "|---|---|---|---|---|",
+    ]
+    for p in projection_rows:
+        left_out = bool(p.get("below_step_floor"))
+        cells = [
+            str(p["label"]),
+            str(p["devices"]),
+            plain_4(p["tokens_per_s"] if unit == "tokens/s" and p.get("tokens_per_s") else p["examples_per_s"]),
+            "" if left_out or p.get("efficiency") is None else f"{p['efficiency']:.3g}",
+            "" if left_out or p.get("comm_ratio") is None else f"{p['comm_ratio']:.3g}",
+        ]
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    if any(p.get("below_step_floor") for p in projection_rows):
+        lines += [
+            "",
+            "Blank: the configuration's modelled step computes below what a step takes on any real device, so "
+            "sweeps.project leaves its efficiency and ratio out (projection.csv keeps them, flagged).",
+        ]
+    return lines + [""]
+
+
 def write_markdown(
-    rows: list[dict], path, source: str = "", plots: Iterable[str] = (), n_jobs: int = 0, n_failed: int = 0
+    rows: list[dict],
+    path,
+    source: str = "",
+    plots: Iterable[str] = (),
+    n_jobs: int = 0,
+    n_failed: int = 0,
+    projection_rows: list[dict] | None = None,
+    projection_source: str = "",
+    unfinished: Iterable[str] = (),
 ) -> Path:
-    """The report as Markdown: header (platforms, device kinds, CPU warning), the table with intervals (the
-    ``interval`` column says which), notes, then the plots. The ``config`` column (what distinguishes
-    configurations beyond the other columns) and the time-to-target columns are left out when blank in
-    every row; without any target a note says how to set one. A token model's sweep (``throughput_key``) shows
-    ``tokens/s [interval]``, ``tokens/s per device`` and ``tokens/example`` in place of ``examples/s
-    [interval]``."""
+    """The report as Markdown: header (platforms, device kinds, the settings every job shares, CPU warning, the
+    jobs not finished), the table with 95% intervals, notes (how the figures are made; configurations with too
+    few repeats; why there is no comm ratio), the projection section with ``projection_rows``, then each plot with
+    a caption (``captions``). The ``config`` column (what distinguishes configurations beyond the other columns),
+    the time-to-target and comm-ratio columns are left out when blank in every row; without any target a note
+    says how to set one. A token model's sweep (``throughput_key``) shows ``tokens/s [95% interval]``,
+    ``tokens/s per device`` and ``tokens/example`` in place of ``examples/s [95% interval]``."""
     key, unit = throughput_key(rows)
     tokens = key == "tokens_per_s"
     platforms, kinds = platform_header(rows)
@@ -139,11 +264,16 @@ def write_markdown(
     lines += [
         f"Jobs: {n_jobs - n_failed} ok, {n_failed} failed; {len(rows)} configuration(s)  ",
         f"Platform(s): {', '.join(platforms) or 'unknown'}  ",
-        f"Device kind(s): {', '.join(kinds) or 'unknown'}",
-        "",
+        f"Device kind(s): {', '.join(kinds) or 'unknown'}" + ("  " if overrides_text(rows) else ""),
     ]
+    if overrides_text(rows):
+        lines.append(f"Overrides every job shares: `{overrides_text(rows)}`")
+    lines.append("")
     if is_cpu(rows):
         lines += [f"> {CPU_WARNING}", ""]
+    unfinished = list(unfinished)
+    if unfinished:
+        lines += [f"**Unfinished: {len(unfinished)} job(s) are not in this report:** " + "; ".join(unfinished), ""]
     header = [
         "mode",
         "precision",
@@ -153,10 +283,9 @@ def write_markdown(
         "global batch",
         "config",
         "repeats",
-        "interval",
-        f"{unit} [interval]",
+        f"{unit} [95% interval]",
         *(["tokens/s per device", "tokens/example"] if tokens else []),
-        "speedup [interval]",
+        "speedup [95% interval]",
         "efficiency",
         "eval accuracy",
         "time to target (s)",
@@ -183,7 +312,6 @@ def write_markdown(
             _num(r["global_batch"], "{}"),
             r["config"],
             str(r["repeats"]),
-            r["interval"],
             eps,
             *(per_device if tokens else []),
             _with_interval(r, "speedup"),
@@ -193,20 +321,21 @@ def write_markdown(
             _num(r["steps_to_target"], "{:.0f}") + (f" ({r['target_reached']})" if r["target_reached"] else ""),
             format_bytes(r["comm_payload_bytes"]),
             format_bytes(r["comm_ring_bytes"]),
-            _num(r["comm_ratio"]) + (f" ({r['comm_ratio_source']})" if r["comm_ratio_source"] else ""),
+            _num(r["comm_ratio"]) + (f" ({r['comm_ratio_source']})" if r["comm_ratio"] is not None else ""),
             format_bytes(r["state_bytes_per_device"]),
             r["status"],
         ]
         table.append([c.replace("|", "/") for c in cells])
-    optional = ("config", "time to target (s)", "steps to target")
+    optional = ("config", "time to target (s)", "steps to target", "comm ratio")
     keep = [i for i, h in enumerate(header) if h not in optional or any(row[i] for row in table)]
     lines += ["| " + " | ".join(header[i] for i in keep) + " |", "|" + "---|" * len(keep)]
     lines += ["| " + " | ".join(row[i] for i in keep) + " |" for row in table]
     lines.append("")
     lines.append(
-        "examples/s: median over repeats (jobs differing only in train.seed) of each job's median over "
-        "its logging windows (the first window after compilation excluded); interval: bootstrap95 = 95% "
-        "percentile-bootstrap interval of that median (>= 5 repeats), min-max = range of the repeats."
+        f"{unit}: the geometric mean over repeats (jobs differing only in train.seed) of each job's median over its "
+        "logging windows (the first window after compilation excluded); 95% interval: Student's t on the log scale "
+        f"(from {MIN_REPEATS} repeats). speedup: over the same configuration on 1 device (its reference, no "
+        "interval), with Welch's 95% interval of the ratio; efficiency = speedup / devices."
     )
     if tokens:
         lines += [
@@ -214,14 +343,22 @@ def write_markdown(
             "tokens/s = examples/s x tokens/example (an example is one window of model.context tokens): the "
             "language model's unit of work; scaling.csv has both.",
         ]
-    note = few_windows_note(rows)
-    if note:
-        lines += ["", f"**{note}.**"]
+    for note in (too_few_note(rows), few_windows_note(rows)):
+        if note:
+            lines += ["", f"**{note}.**"]
+    ratio = comm_ratio_note(rows)
+    if ratio:
+        lines += ["", ratio]
     if not any(r["time_to_target_s"] is not None for r in rows):
         lines += ["", NO_TARGET_SENTENCE]
-    for name in plots:
-        lines += ["", f"![{Path(name).stem}]({name})"]
     lines.append("")
+    if projection_rows:
+        lines += projection_lines(projection_rows, projection_source, unit)
+    plots = list(plots)
+    if plots:
+        lines += ["## Figures", ""]
+    for i, (name, caption) in enumerate(captions(rows, plots, projection_rows).items(), start=1):
+        lines += [f"![{name}]({name}.png)", "", f"*Figure {i} ({name}.png).* {caption}", ""]
     path = Path(path)
     path.write_text("\n".join(lines))
     return path

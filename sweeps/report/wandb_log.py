@@ -17,6 +17,26 @@ def _most_common(records: list[dict], key: str) -> str | None:
     return Counter(values).most_common(1)[0][0] if values else None
 
 
+def jobs_wandb_setting(summaries: list[dict], key: str) -> str | None:
+    """The jobs' ``wandb.<key>`` (``project``, ``entity``): their summaries' ``wandb/<key>``, else the most common
+    value in their ``.hydra/config.yaml`` (what ``train.py`` logged to), else None."""
+    found = _most_common(summaries, f"wandb/{key}")
+    if found:
+        return found
+    import yaml
+
+    values = []
+    for summary in summaries:
+        path = Path(str(summary.get("_job_dir", ""))) / ".hydra" / "config.yaml"
+        try:
+            value = ((yaml.safe_load(path.read_text()) or {}).get("wandb") or {}).get(key)
+        except (OSError, ValueError, AttributeError, yaml.YAMLError):
+            continue
+        if value not in (None, ""):
+            values.append(str(value))
+    return Counter(values).most_common(1)[0][0] if values else None
+
+
 def infer_group(summaries: list[dict], folder) -> str:
     """W&B group of the jobs: the summaries' ``wandb/group``, else the folder name."""
     return _most_common(summaries, "wandb/group") or Path(folder).resolve().name
@@ -34,21 +54,32 @@ def log_to_wandb(
     group: str | None = None,
     project: str | None = None,
     entity: str | None = None,
+    out_dir=None,
 ) -> dict[str, Any]:
     """Logs ``scaling_table`` (``wandb.Table`` of ``COLUMNS``, intervals included), the PNGs as
     ``plots/<name>`` and, per device count (x axis ``scaling/devices``), ``scaling/<metric>/<series>`` for
     examples/s (with ``_ci_low``/``_ci_high``; tokens/s too for a token model), speedup and efficiency.
-    WANDB_MODE (e.g. ``offline``), WANDB_DIR, WANDB_PROJECT and WANDB_ENTITY are honoured.
+    The mode is a run's (``training.report.resolve_wandb_mode``): WANDB_MODE, else online with an API key, else
+    offline. WANDB_DIR (default: ``out_dir``, else the current folder), WANDB_PROJECT and WANDB_ENTITY are honoured.
 
-    Returns ``{"wandb_run_id", "wandb_group", "wandb_sync_file", "wandb_url"}``.
+    Returns ``{"wandb_run_id", "wandb_group", "wandb_sync_file", "wandb_url", "offline", "wandb_run_dir"}``, or
+    ``{"disabled": True}`` (nothing logged) when WANDB_MODE is disabled.
     """
     import wandb
 
+    from training.report import resolve_wandb_mode
+
+    mode = resolve_wandb_mode(None)
+    if mode == "disabled":
+        return {"disabled": True}
+
     group = group or infer_group(summaries, folder)
-    project = project or _most_common(summaries, "wandb/project") or os.environ.get("WANDB_PROJECT")
-    entity = entity or _most_common(summaries, "wandb/entity") or os.environ.get("WANDB_ENTITY")
+    project = project or jobs_wandb_setting(summaries, "project") or os.environ.get("WANDB_PROJECT")
+    entity = entity or jobs_wandb_setting(summaries, "entity") or os.environ.get("WANDB_ENTITY")
     platforms, kinds = platform_header(rows)
     run = wandb.init(
+        mode=mode,
+        dir=None if os.environ.get("WANDB_DIR") or out_dir is None else str(out_dir),
         project=project,
         entity=entity,
         group=group,
@@ -108,6 +139,8 @@ def log_to_wandb(
             "wandb_group": group,
             "wandb_sync_file": Path(run.settings.sync_file),
             "wandb_url": getattr(run, "url", None),
+            "offline": mode == "offline",
+            "wandb_run_dir": Path(run.settings.sync_file).parent,
         }
     finally:
         run.finish()
