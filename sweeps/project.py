@@ -350,17 +350,68 @@ def build_projection(args) -> tuple[list[dict[str, Any]], Hardware, dict[str, An
         compute = _compute_s(args, flops, hw)
         projected = project(collectives, compute, batch, devices, hw, args.overlap, args.algorithm, flops)
         for row in with_tokens(projected, tokens, flops, batch):
-            rows.append({"config": _config_label(summary), "run_devices": n_run, **row, "per_device_batch": batch})
+            rows.append(
+                {
+                    "config": _config_label(summary),
+                    "run_devices": n_run,
+                    **row,
+                    "per_device_batch": batch,
+                    # private (not in the CSV): what the source job held fixed, for regime_note
+                    "_run_scaling": summary.get("train/scaling"),
+                    "_run_global_batch": summary.get("train/global_batch"),
+                    "_batch_given": args.per_device_batch is not None,
+                }
+            )
     return rows, hw, profile, summaries
 
 
 def assumptions(args, hw: Hardware) -> str:
-    """One line: profile numbers and the assumptions (for titles and the Markdown header)."""
-    compute = f"step time {args.step_time_s:g} s" if args.step_time_s is not None else f"MFU {args.mfu:g}"
+    """One line in words: the profile's numbers and the assumptions (``projection.md``'s header), e.g. ``h100_sxm:
+    8 devices per node, links 450 GB/s within a node and 50 GB/s between nodes, 4 µs latency; MFU 0.4, no overlap,
+    hierarchical collectives; weak scaling (per-device batch fixed)``."""
+    compute = (
+        f"compute {format_seconds(args.step_time_s)} per step" if args.step_time_s is not None else f"MFU {args.mfu:g}"
+    )
+    overlap = f"{args.overlap:g} of the compute overlapping communication" if args.overlap else "no overlap"
     return (
-        f"{hw.name}: {hw.devices_per_node}/node, intra {hw.intra_node_bytes_per_s:.3g} B/s, "
-        f"inter {hw.inter_node_bytes_per_s:.3g} B/s, latency {hw.latency_s:.3g} s; {compute}, "
-        f"overlap {args.overlap:g}, {args.algorithm} collectives; weak scaling (per-device batch fixed)"
+        f"{hw.name}: {hw.devices_per_node} devices per node, links {format_rate(hw.intra_node_bytes_per_s)} within a "
+        f"node and {format_rate(hw.inter_node_bytes_per_s)} between nodes, {format_seconds(hw.latency_s)} latency; "
+        f"{compute}, {overlap}, {args.algorithm} collectives; weak scaling (per-device batch fixed)"
+    )
+
+
+def format_rate(bytes_per_s: float) -> str:
+    """A link bandwidth in decimal units: ``450 GB/s``, ``12.5 GB/s``, ``800 MB/s``."""
+    for scale, unit in ((1e12, "TB/s"), (1e9, "GB/s"), (1e6, "MB/s"), (1e3, "kB/s")):
+        if bytes_per_s >= scale:
+            return f"{bytes_per_s / scale:.3g} {unit}"
+    return f"{bytes_per_s:.3g} B/s"
+
+
+def plot_title(args, hw: Hardware, rows: Sequence[dict[str, Any]]) -> str:
+    """projection.png's title: hardware, assumed MFU (or compute time) and regime, e.g. ``Projected for h100_sxm at
+    MFU 0.4: weak scaling, 64 examples per device (a model, not a measurement)``."""
+    at = (
+        f"{format_seconds(args.step_time_s)} of compute per step"
+        if args.step_time_s is not None
+        else f"MFU {args.mfu:g}"
+    )
+    batches = sorted({float(f"{r['per_device_batch']:.6g}") for r in rows if r.get("per_device_batch")})
+    per_device = f", {'/'.join(f'{b:g}' for b in batches)} examples per device" if batches else ""
+    return f"Projected for {hw.name} at {at}: weak scaling{per_device} (a model, not a measurement)"
+
+
+def regime_note(rows: Sequence[dict[str, Any]]) -> str:
+    """A sentence when a strong-scaling sweep was projected as weak scaling (the per-device batch of its job with
+    the most devices held fixed at every projected count), else empty."""
+    strong = [r for r in rows if r.get("_run_scaling") == "strong" and not r.get("_batch_given")]
+    if not strong:
+        return ""
+    first = strong[0]
+    return (
+        f"The sweep ran strong scaling (global batch {first['_run_global_batch']} fixed); projected as weak scaling "
+        f"at the per-device batch of its largest job ({first['run_devices']} devices: "
+        f"{first['per_device_batch']:g} examples per device), held fixed at every projected device count."
     )
 
 
@@ -428,33 +479,65 @@ def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> Path:
     return path
 
 
+# projection.md's headers for the columns it writes in units (the CSV keeps the raw numbers and names)
+MD_HEADERS = {
+    "payload_bytes": "payload",
+    "compute_s": "compute",
+    "comm_s": "comm",
+    "exposed_comm_s": "exposed comm",
+    "step_time_s": "step time",
+}
+
+
+def md_cell(column: str, value: Any) -> str:
+    """One cell of projection.md, never in e-notation: times with their unit (``140 ns``), bytes in binary units,
+    rates and counts in plain decimals with thousands separated (``8,633,000``), fractions to 4 significant
+    digits (``0.9876``, ``0.0001235``)."""
+    import numpy as np
+
+    from sweeps.report.tables import format_bytes, plain_4
+
+    if value is None:
+        return ""
+    if not isinstance(value, float):
+        return str(value)
+    if column.endswith("_s") and not column.endswith("_per_s"):
+        return format_seconds(value)
+    if column.endswith("_bytes"):
+        return format_bytes(value)
+    if abs(value) >= 1000:
+        return plain_4(value)
+    return str(np.format_float_positional(value, precision=4, unique=False, fractional=False, trim="-"))
+
+
 def write_markdown(rows: Sequence[dict[str, Any]], path: Path, header: str, source: str) -> Path:
-    """``projection.md``: a titled table (a projection, not a measurement) with the assumptions and sources. The
-    columns derived from the compute time (:data:`FLOOR_COLUMNS`) are blank for a configuration ``below_floor``,
-    and a line says why (``projection.csv`` keeps them, flagged ``below_step_floor``)."""
+    """``projection.md``: a titled table (a projection, not a measurement) with the assumptions, the regime (a
+    strong-scaling sweep is projected as weak scaling: ``regime_note``) and sources, in plain numbers
+    (``md_cell``). The columns derived from the compute time (:data:`FLOOR_COLUMNS`) are blank for a configuration
+    ``below_floor``, and a line says why (``projection.csv`` keeps them, flagged ``below_step_floor``)."""
     cols = [c for c in _columns(rows) if c not in META_COLUMNS]
+    note = regime_note(rows)
     lines = [
         "# Projection (model, not a measurement)",
         "",
         header,
         "",
+        *([note, ""] if note else []),
         f"Hardware sources: {source or 'n/a'}",
         "",
         "comm_ratio = comm_s / step_time_s: the communication ratio modelled wholly for the target (its compute time "
-        "from the FLOPs and the assumed MFU or step time), not a measurement; efficiency = compute_s / step_time_s.",
+        "from the FLOPs and the assumed MFU or step time), not a measurement; efficiency = compute_s / step_time_s; "
+        "speedup = efficiency x devices.",
         "",
-        "| " + " | ".join(cols) + " |",
+        "| " + " | ".join(MD_HEADERS.get(c, c) for c in cols) + " |",
         "|" + "---|" * len(cols),
     ]
     tiny = below_floor(rows)
     for row in rows:
-        cells = []
-        for c in cols:
-            v = None if c in FLOOR_COLUMNS and row["config"] in tiny else row.get(c)
-            cells.append(f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v)))
+        cells = [md_cell(c, None if c in FLOOR_COLUMNS and row["config"] in tiny else row.get(c)) for c in cols]
         lines.append("| " + " | ".join(cells) + " |")
     for config, compute_s in tiny.items():
-        lines += ["", floor_note(config, compute_s)]
+        lines += ["", "Blank cells: " + floor_note(config, compute_s)]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -462,21 +545,28 @@ def write_markdown(rows: Sequence[dict[str, Any]], path: Path, header: str, sour
 def write_plot(rows: Sequence[dict[str, Any]], path: Path, header: str) -> Path:
     """``projection.png``: examples/s (tokens/s when every row is a token model's) and efficiency (in %)
     against devices, log-log with plain-decimal ticks at the projected device counts, one line per
-    configuration."""
+    configuration; ``header`` (``plot_title``) is its title, with ``regime_note`` below. When no configuration's
+    efficiency can be drawn (all ``below_floor``), one panel, the reason under it."""
     key, unit = _throughput(rows)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(12, 5.2))
     configs = list(dict.fromkeys(r["config"] for r in rows))
     tiny = below_floor(rows)
+    shown = [r["efficiency"] for r in rows if r["config"] not in tiny]
+    if shown:
+        fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(12, 5.4), layout="constrained")
+        axes = [ax_t, ax_e]
+    else:
+        fig, ax_t = plt.subplots(1, 1, figsize=(7.5, 5.6), layout="constrained")
+        ax_e, axes = None, [ax_t]
     linear: list[float] = []
     for config in configs:
         sub = [r for r in rows if r["config"] == config]
         line = overlay_projection(ax_t, sub, key, label=config)
-        if config in tiny:  # its efficiencies only show the model's latency terms: left out (the CSV keeps them)
+        if config in tiny or ax_e is None:  # its efficiencies only show the model's latency terms: left out
             continue
         overlay_projection(ax_e, sub, "efficiency", label=config, color=line.get_color())
         # linear scaling of one device's throughput (per_device_batch / compute_s = examples_per_s / efficiency)
@@ -492,33 +582,27 @@ def write_plot(rows: Sequence[dict[str, Any]], path: Path, header: str) -> Path:
     from sweeps.report.plots import devices_x_axis, log_y_axis
 
     log_y_axis(ax_t, [r[key] for r in rows] + linear)
-    shown = [r["efficiency"] for r in rows if r["config"] not in tiny]
-    log_y_axis(ax_e, shown, fmt=lambda v: f"{100 * v:g}%")
-    for ax, ylabel in ((ax_t, f"{unit} (projected)"), (ax_e, "efficiency = compute / step time")):
+    if ax_e is not None:
+        log_y_axis(ax_e, shown, fmt=lambda v: f"{100 * v:g}%")
+    for ax, ylabel in zip(axes, (f"{unit} (global, projected)", "efficiency = compute / step time")):
         devices_x_axis(ax, rows)
         ax.set_ylabel(ylabel)
+    notes = [regime_note(rows)]
     if tiny:
         text = (
             f"left out: {len(tiny)} configuration(s) whose step computes below ~{format_seconds(STEP_FLOOR_S)}, "
             "less than any real device takes (projection.csv keeps them, flagged)"
         )
-        if shown:
+        if ax_e is not None:
             ax_e.set_title("\n".join(textwrap.wrap(text, 70)), fontsize=8)
-        else:  # nothing to draw: the panel is the sentence
-            ax_e.set_axis_off()
-            ax_e.text(
-                0.5,
-                0.5,
-                "Efficiency " + textwrap.fill(text, 50),
-                ha="center",
-                va="center",
-                fontsize=9,
-                transform=ax_e.transAxes,
-                gid="left-out",
-            )
+        else:
+            notes.append("Efficiency " + text + ".")
     ax_t.legend(fontsize=8)
-    fig.suptitle("Projection (a model, not a measurement)\n" + "\n".join(textwrap.wrap(header, 120)), fontsize=9)
-    fig.tight_layout()
+    width = 150 if ax_e is not None else 88
+    fig.suptitle("\n".join(textwrap.wrap(header, width)), fontsize=10)
+    below = "\n".join(line for note in notes if note for line in textwrap.wrap(note, width + 10))
+    if below:
+        fig.supxlabel(below, fontsize=8)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
@@ -747,7 +831,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         paths = {
             "csv": write_csv(rows, out / "projection.csv"),
             "md": write_markdown(rows, out / "projection.md", header, hw.source),
-            "png": write_plot(rows, out / "projection.png", header),
+            "png": write_plot(rows, out / "projection.png", plot_title(args, hw, rows)),
         }
         if args.wandb:
             print(log_to_wandb(rows, paths, summaries, args, header))
@@ -758,6 +842,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(floor_warning(config, compute_s), file=sys.stderr)
     for line in console_lines(rows, getattr(args, "skipped", [])):
         print(line)
+    if regime_note(rows):
+        print(regime_note(rows))
     print(f"wrote {paths['csv']}, {paths['md']}, {paths['png']}")
     return 0
 
