@@ -50,6 +50,9 @@ def ok_summary(mode: str, devices: int, eps: float, **extra) -> dict:
         "status": "ok",
         "parallel": mode,
         "precision": "fp32",
+        "model": "mlp",
+        "model/param_count": 203530,
+        "data": "synthetic",
         "platform": "cpu",
         "device_kind": "cpu",
         "process_count": 1,
@@ -248,8 +251,28 @@ def test_repeats_aggregate_to_one_row_with_a_t_interval_on_the_log_scale(tmp_pat
     assert "CPU-simulated" in md and "do NOT predict" in md
     assert "| examples/s [95% interval] |" in md and "| speedup [95% interval] |" in md and "| comm ratio |" not in md
     # 1,000 x 1.026 [0.7147, 1.473] (s = 0.1456, t(0.975, 2) = 4.303); speedup 1.8 x exp(+/- 0.330)
-    assert "| jit_sharding | fp32 | 1 | strong | 2 | 256 | 3 | 1,847 [1,286, 2,651] | 1.8 [1.29, 2.5] |" in md
-    assert "| jit_sharding | fp32 | 1 | strong | 1 | 256 | 3 | 1,026 [714.7, 1,473] | 1 | 1 |" in md
+    # speedup and efficiency (with its interval, the speedup's / devices) to 3 significant digits, zeros kept
+    assert (
+        "| jit_sharding | fp32 | 1 | strong | 2 | 256 | 3 | 1,847 [1,286, 2,651] | 1.80 [1.29, 2.50] "
+        "| 0.900 [0.647, 1.25] |" in md
+    )
+    assert "| jit_sharding | fp32 | 1 | strong | 1 | 256 | 3 | 1,026 [714.7, 1,473] | 1.00 | 1.00 |" in md
+    assert "| efficiency [95% interval] |" in md
+    assert "Model and data: mlp (203,530 parameters) on synthetic data (random labels: chance accuracy)" in md
+    captions = {c.split(".png).* ")[0].split("(")[-1]: c for c in md.splitlines() if c.startswith("*Figure")}
+    setup = (
+        " Setup: mlp (203,530 parameters) on synthetic data (random labels: chance accuracy); fp32, global batch 256 "
+        "(strong scaling), gradients reduced in fp32."
+    )
+    for name, caption in captions.items():  # the setup once, at the end; no settings repeated
+        assert caption.endswith(setup) and caption.count("global batch 256") == 1 and "Settings" not in caption
+    assert (
+        "bars: the speedup's Welch 95% interval (as in speedup.png) divided by the device count"
+        in (captions["efficiency"])
+    )
+    assert "log scale" not in captions["efficiency"] and "linear y axis" in captions["efficiency"]
+    assert "the y axis is log scale" in captions["speedup"]
+    assert "dotted: linear scaling from 1 device" in captions["throughput"]
     for i, name in enumerate(("throughput", "speedup", "efficiency", "comm", "memory"), start=1):
         assert paths[name] == root / f"{name}.png" and f"![{name}]({name}.png)" in md
         assert f"*Figure {i} ({name}.png).* " in md
@@ -482,8 +505,13 @@ def test_comm_figure_distinct_styles_and_one_hardware_per_ratio(tmp_path):
     title = fig._suptitle.get_text()
     assert title.splitlines() == [
         "Communication per optimizer step vs devices",
-        "fp32, global batch 256 (strong scaling), gradients reduced in fp32",
+        "mlp (203,530 parameters) on synthetic data (random labels: chance accuracy); fp32, global batch 256 (strong "
+        "scaling),",
+        "gradients reduced in fp32",
     ]
+    # one unit in both byte panels (payload 5.72 MiB, ring up to 10 MiB: both in MiB, never KiB beside MiB)
+    units = {t.get_text().split()[-1] for ax in (payload, ring) for t in ax.get_yticklabels() if t.get_text() != "0"}
+    assert units == {"MiB"}, units
     assert CPU_SUBTITLE not in title  # bytes are exact anywhere
     assert payload.get_ylabel() == "payload / step" and "ring model" in ring.get_ylabel()
     lines = ring.get_lines()
@@ -552,6 +580,8 @@ def test_memory_and_time_to_target_figures(tmp_path):
     fsdp, jit = ax.get_lines()
     assert list(fsdp.get_ydata()) == [3 * PAYLOAD // d for d in (1, 2, 4, 8)] and ax.get_xscale() == "log"
     assert legend_texts(ax) == ["fsdp", "jit_sharding"]
+    # the title says what is plotted (not the working memory: activations are not in these bytes)
+    assert figs["memory"]._suptitle.get_text().startswith("Parameters + optimizer state per device vs devices\n")
     assert "time_to_target" not in figs  # no target: no empty figure
     target = {"train/target_accuracy": 0.9, "train/steps_to_target": 100, "perf/time_to_target_s": 5.0}
     (ax,) = make_figures(rows_of(make_sweep(tmp_path / "mr2", seeds=(0,), **target)))["time_to_target"].axes
@@ -701,10 +731,19 @@ def test_projection_is_its_own_panel_in_the_mode_colours(tmp_path):
     fig = make_figures(rows, projection_rows=_projection_rows())["throughput"]
     measured, projected = fig.axes
     # each panel names its regime; the projected one its hardware and assumed MFU
-    assert measured.get_title() == "measured on cpu: strong scaling (global batch 256 fixed)"
-    assert projected.get_title() == (
-        "projected for h100_sxm at MFU 0.4 (a model): weak scaling, 32\nexamples per device"
+    assert measured.get_title().replace("\n", " ") == (
+        "measured on devices simulated on one CPU (not accelerator timings): fp32, global batch 256 (strong "
+        "scaling), gradients reduced in fp32"
     )
+    assert projected.get_title().replace("\n", " ") == (
+        "projected for h100_sxm at MFU 0.4 (a model): weak scaling, 32 examples per device (the per-device batch "
+        "of the sweep's largest job)"
+    )
+    # the figure's title holds only what both panels share: no regime, no CPU label spanning the projection
+    assert fig._suptitle.get_text().splitlines() == [
+        "Throughput (examples/s) vs devices",
+        "mlp (203,530 parameters) on synthetic data (random labels: chance accuracy)",
+    ]
     assert legend_texts(measured) == ["fsdp", "jit_sharding", "ideal (linear from 1 device)"]
     assert legend_texts(projected) == ["fsdp fp32 mlp batch/device=32", "jit_sharding fp32 mlp batch/device=32"]
     colour = {}
@@ -1134,8 +1173,8 @@ def test_projection_panel_and_section_name_hardware_mfu_and_regime(tmp_path):
     md = paths["md"].read_text()
     assert "## Projection (a model, not a measurement)" in md
     assert (
-        "Projected for h100_sxm at MFU 0.4 (a model): weak scaling, 32 examples per device, from `p/projection.csv`"
-        in md
+        "Projected for h100_sxm at MFU 0.4 (a model): weak scaling, 32 examples per device (the per-device batch of "
+        "the sweep's largest job), from `p/projection.csv`" in md
     )
     assert "| fsdp fp32 mlp batch/device=32 | 8 | 8,000,000 |  |  |" in md  # left out by sweeps.project: blank
     assert "| jit_sharding fp32 mlp batch/device=32 | 64 | 256,000,000 | 0.9 | 0.1 |" in md

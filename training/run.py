@@ -231,6 +231,7 @@ def run(cfg: Config, run_dir: Path, reporter: Reporter) -> dict[str, Any]:
                 stats.add(elapsed_s, steps)
     target = TargetTracker(cfg.train.target_accuracy)
     params = prep.param_count()
+    prep.info.setdefault("model/param_count", params)  # summary.json: the report names the model by its size
     log.info(
         "%s",
         startup_line(

@@ -298,6 +298,9 @@ def aggregate(records: list[dict]) -> list[dict[str, Any]]:
                     [r["hardware_profile"] for r in recs if not r["profile_matches"] and r["hardware_profile"]]
                 ),
                 "_device_kind": _same([r["device_kind"] for r in recs]),
+                "_model": _same([r.get("model") for r in recs]),
+                "_param_count": _same([r.get("param_count") for r in recs]),
+                "_data": _same([r.get("data") for r in recs]),
             }
         )
         tokens = _same([r["tokens_per_example"] for r in ok])
@@ -390,6 +393,21 @@ def settings_text(rows: list[dict]) -> str:
     return ", ".join(words)
 
 
+RANDOM_DATA = ("synthetic",)  # datasets of random inputs and labels: their accuracy is chance by construction
+
+
+def workload_text(rows: list[dict]) -> str:
+    """The model and data of the sweep in words: ``mlp (203,530 parameters) on synthetic data (random labels:
+    chance accuracy)``; several models or datasets are listed; empty when the summaries name neither."""
+    models = list(dict.fromkeys((r.get("_model"), r.get("_param_count")) for r in rows if r.get("_model")))
+    data = list(dict.fromkeys(str(r["_data"]) for r in rows if r.get("_data")))
+    what = ", ".join(f"{m} ({n:,} parameters)" if n else str(m) for m, n in models)
+    if data:
+        random = " (random labels: chance accuracy)" if all(d in RANDOM_DATA for d in data) else ""
+        what = (what + " on " if what else "") + f"{', '.join(data)} data{random}"
+    return what
+
+
 def regime_text(rows: list[dict]) -> str:
     """What the series hold fixed as the device count grows: ``strong scaling (global batch 256 fixed)``, ``weak
     scaling (32 examples per device fixed)``, or both kinds."""
@@ -409,9 +427,10 @@ def overrides_text(rows: list[dict]) -> str:
     return " ".join(sorted(common))
 
 
-def projection_title(projection_rows: list[dict]) -> str:
+def projection_title(projection_rows: list[dict], rows: list[dict] | None = None) -> str:
     """The projected panel's title: the hardware, the assumed MFU (or compute time) and the regime, e.g.
-    ``projected for h100_sxm at MFU 0.4 (a model): weak scaling, 64 examples per device``."""
+    ``projected for h100_sxm at MFU 0.4 (a model): weak scaling, 64 examples per device``; with the measured
+    ``rows`` of a strong-scaling sweep, also where that per-device batch comes from (its largest job)."""
     first = projection_rows[0] if projection_rows else {}
     target = f" for {first['hardware']}" if first.get("hardware") else ""
     if first.get("assumed_mfu") is not None:
@@ -420,7 +439,9 @@ def projection_title(projection_rows: list[dict]) -> str:
         target += f" at {first['assumed_step_time_s']:g} s of compute per step"
     batches = sorted({float(f"{p['per_device_batch']:.6g}") for p in projection_rows if p.get("per_device_batch")})
     per_device = f", {'/'.join(f'{b:g}' for b in batches)} examples per device" if batches else ""
-    return f"projected{target} (a model): weak scaling{per_device}"
+    strong = rows is not None and any(r["_series"][7][0] == "global" and r.get("scaling") == "strong" for r in rows)
+    source = " (the per-device batch of the sweep's largest job)" if strong and per_device else ""
+    return f"projected{target} (a model): weak scaling{per_device}{source}"
 
 
 def ratio_known(rows: list[dict]) -> bool:

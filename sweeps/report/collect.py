@@ -318,6 +318,8 @@ def job_record(summary: dict) -> dict[str, Any]:
         "overrides": _extra_overrides(summary.get("_overrides", [])),
         "seed": _int(summary.get("train/seed")),
         "model": model,
+        "param_count": _int(summary.get("model/param_count")),
+        "data": _text(summary.get("data")),
         "unit": unit,
         "tokens_per_example": tokens,
         "examples_per_s": eps,

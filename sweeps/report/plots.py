@@ -30,6 +30,7 @@ from sweeps.report.aggregate import (
     series_labels,
     settings_text,
     throughput_key,
+    workload_text,
 )
 from sweeps.report.tables import NO_TARGET_SENTENCE
 
@@ -120,11 +121,12 @@ def bytes_unit(max_bytes: float) -> tuple[int, str]:
     return next(((size, name) for size, name in BINARY_UNITS if max_bytes >= size), (1, "B"))
 
 
-def _bytes_y(ax, values) -> None:
-    """Linear y axis from 0 with ticks at round numbers of one binary unit (``0 MiB``, ``0.5 MiB``...)."""
+def _bytes_y(ax, values, unit_of: float | None = None) -> None:
+    """Linear y axis from 0 with ticks at round numbers of one binary unit (``0 MiB``, ``0.5 MiB``...): the unit of
+    ``unit_of`` bytes when given (panels side by side share one unit), else of the largest value."""
     vals = [float(v) for v in values if v is not None]
     top = max(vals, default=0.0)
-    size, name = bytes_unit(top)
+    size, name = bytes_unit(top if unit_of is None else unit_of)
     if top <= 0:
         ax.set_ylim(0, 1)
         ax.set_yticks([0])
@@ -263,7 +265,7 @@ def plot_projection(ax, rows: list[dict], projection_rows: list[dict]) -> list:
     _log2_x(ax, projection_rows)
     log_y_axis(ax, values)
     ax.set_ylabel(f"{unit} (global, projected)")
-    ax.set_title(textwrap.fill(projection_title(projection_rows), 62), fontsize=9)
+    ax.set_title(textwrap.fill(projection_title(projection_rows, rows), 62), fontsize=9)
     return handles
 
 
@@ -361,9 +363,10 @@ def dodged_x(points: list[list[tuple[int, float]]], x_span_octaves: float) -> tu
     return xs, shared
 
 
-def _bytes_panel(ax, rows, key: str, ylabel: str, in_bytes: bool = True) -> list:
-    """One line per series of ``key`` vs devices; byte values on a linear axis from 0 in KiB/MiB/GiB. Series
-    with equal values are drawn side by side (``dodged_x``; their lines have the gid ``"dodged"``)."""
+def _bytes_panel(ax, rows, key: str, ylabel: str, in_bytes: bool = True, unit_of: float | None = None) -> list:
+    """One line per series of ``key`` vs devices; byte values on a linear axis from 0 in KiB/MiB/GiB (the unit of
+    ``unit_of`` bytes when given: ``_bytes_y``). Series with equal values are drawn side by side (``dodged_x``;
+    their lines have the gid ``"dodged"``)."""
     drawn = [(label, style, [r for r in members if r[key] is not None]) for label, style, members in _series(rows)]
     drawn = [(label, style, pts) for label, style, pts in drawn if pts]
     devices = sorted({r["devices"] for r in rows if r["devices"]})
@@ -376,7 +379,7 @@ def _bytes_panel(ax, rows, key: str, ylabel: str, in_bytes: bool = True) -> list
         values += [r[key] for r in pts]
     _log2_x(ax, rows)
     if in_bytes:
-        _bytes_y(ax, values)
+        _bytes_y(ax, values, unit_of)
     ax.set_ylabel(ylabel)
     return handles
 
@@ -391,10 +394,12 @@ def _title(ax, text: str) -> None:
 
 def plot_comm(axes, rows: list[dict]) -> list:
     """Payload bytes per step, ring bytes per device per step (KiB/MiB axes) and, when ``axes`` has a third
-    panel (``ratio_known``), the communication ratio: comm time / step time of the device that ran."""
-    handles = _bytes_panel(axes[0], rows, "comm_payload_bytes", "payload / step")
+    panel (``ratio_known``), the communication ratio: comm time / step time of the device that ran. Both byte
+    panels use one unit: that of the largest byte count of either."""
+    top = max((float(r[k]) for r in rows for k in ("comm_payload_bytes", "comm_ring_bytes") if r[k]), default=0.0)
+    handles = _bytes_panel(axes[0], rows, "comm_payload_bytes", "payload / step", unit_of=top)
     _title(axes[0], "payload: the sum of collective operands")
-    _bytes_panel(axes[1], rows, "comm_ring_bytes", "sent per device / step (ring model)")
+    _bytes_panel(axes[1], rows, "comm_ring_bytes", "sent per device / step (ring model)", unit_of=top)
     _title(axes[1], "ring model: sent by each device")
     if len(axes) > 2:
         _bytes_panel(axes[2], rows, "comm_ratio", "comm time / step time", in_bytes=False)
@@ -512,16 +517,21 @@ def make_figures(rows: list[dict], projection_rows: list[dict] | None = None) ->
     ``speedup``, ``efficiency``, ``comm``, ``memory``, ``time_to_target`` when some configuration reached a
     target, and ``batch`` when a device count has more than one global batch. No figure is empty: what is
     missing (a communication ratio, a target) is said in ``scaling.md``'s captions."""
-    common = settings_text(rows)
+    workload = workload_text(rows)
+    common = "; ".join(t for t in (workload, settings_text(rows)) if t)
     cpu = is_cpu(rows)
     unit = throughput_key(rows)[1]
     figs = {}
     if projection_rows:
         measured_on = ", ".join(sorted({str(r["_platform"]) for r in rows if r.get("_platform")})) or "this sweep"
-        fig, (ax, ax_p) = _figure(
-            f"Throughput ({unit}) vs devices: measured (left) and projected (right)", common, cpu, ncols=2
+        # the figure's title holds what both panels share; each panel's title its own regime (and the CPU label)
+        fig, (ax, ax_p) = _figure(f"Throughput ({unit}) vs devices", workload, False, ncols=2)
+        where = (
+            "measured on devices simulated on one CPU (not accelerator timings)"
+            if cpu
+            else f"measured on {measured_on}"
         )
-        ax.set_title(textwrap.fill(f"measured on {measured_on}: {regime_text(rows)}", 62), fontsize=9)
+        ax.set_title(textwrap.fill(f"{where}: {settings_text(rows) or regime_text(rows)}", 62), fontsize=9)
         _legend(fig, ax, plot_throughput(ax, rows, solid=True))
         _legend(fig, ax_p, plot_projection(ax_p, rows, projection_rows))
     else:
@@ -543,7 +553,7 @@ def make_figures(rows: list[dict], projection_rows: list[dict] | None = None) ->
     )
     _legend(fig, axes[0], plot_comm(axes, rows), below=True)
     figs["comm"] = fig
-    fig, (ax,) = _figure("Memory per device vs devices", common, False)
+    fig, (ax,) = _figure("Parameters + optimizer state per device vs devices", common, False)
     _legend(fig, ax, plot_memory(ax, rows))
     figs["memory"] = fig
     if has_target(rows):

@@ -21,6 +21,7 @@ from sweeps.report.aggregate import (
     settings_text,
     throughput_key,
     too_few_note,
+    workload_text,
 )
 
 NO_TARGET_SENTENCE = "No time to target: set train.target_accuracy (and train.eval_every) in the sweep."
@@ -116,6 +117,14 @@ def plain_4(x: float) -> str:
     return f"{x:.4g}"
 
 
+def sig3(x: float) -> str:
+    """``x`` to 3 significant digits, trailing zeros kept so a column reads alike (0.76 -> '0.760', 1 -> '1.00',
+    0.0977 -> '0.0977'); from 1,000 up in plain decimals with thousands separated, never in e-notation."""
+    if abs(x) >= 1000:
+        return plain_4(x)
+    return f"{x:#.3g}".rstrip(".")
+
+
 def _with_interval(row, key, fmt="{:.3g}") -> str:
     if row.get(key) is None:
         return ""
@@ -153,51 +162,69 @@ def comm_ratio_note(rows: list[dict]) -> str | None:
     )
 
 
+def setup_text(rows: list[dict]) -> str:
+    """What every configuration shares, said once per caption: the model and data (``workload_text``), precision
+    and batch (``settings_text``), and the regime when the settings leave it out."""
+    settings = settings_text(rows)
+    regime = "" if "scaling" in settings else regime_text(rows)
+    return "; ".join(t for t in (workload_text(rows), settings, regime) if t)
+
+
 def captions(rows: list[dict], plots: Iterable[str], projection_rows: list[dict] | None = None) -> dict[str, str]:
-    """{figure name: its caption in ``scaling.md``}: what is drawn, what the bars are, what is left out and why."""
+    """{figure name: its caption in ``scaling.md``}: what is drawn, the axes' scales, what the bars are (the method
+    that made them), what is left out and why, and the setup once (``setup_text``)."""
     _, unit = throughput_key(rows)
     cpu = " Timings of devices simulated on one CPU: not accelerator timings." if is_cpu(rows) else ""
-    bars = f"bars: 95% intervals (t on the log scale; configurations with fewer than {MIN_REPEATS} repeats have none)"
-    settings = settings_text(rows)
+    few = f"configurations with fewer than {MIN_REPEATS} repeats have none"
+    bars = f"bars: 95% intervals (Student's t on the log scale; {few})"
+    devices = {r["devices"] for r in rows if r["devices"] and r["repeats"]}
+    dotted = "; dotted: linear scaling from 1 device" if 1 in devices and len(devices) > 1 else ""
     out = {
         "throughput": (
-            f"Global {unit} against the device count (log-log), per configuration the geometric mean of its repeats; "
-            f"{bars}; dotted: linear scaling from 1 device. {_sentence(regime_text(rows))}.{cpu}"
+            f"Global {unit} against the device count (log-log axes), per configuration the geometric mean of its "
+            f"repeats; {bars}{dotted}.{cpu}"
         ),
         "speedup": (
-            f"Speedup: {unit} over that of the same configuration on 1 device (the reference: 1, no bar); bars: "
-            f"Welch's 95% interval of the ratio; dotted: ideal (y = x). {_sentence(regime_text(rows))}.{cpu}"
+            f"Speedup: {unit} over that of the same configuration on 1 device (the reference: 1, no bar), on log-log "
+            f"axes (the y axis is log scale, ticks at powers of 2); bars: Welch's 95% interval of the ratio (t on the "
+            f"difference of mean log throughputs; {few}); dotted: ideal (y = x).{cpu}"
         ),
         "efficiency": (
-            f"Scaling efficiency: speedup / devices (1 = linear scaling; the 1-device reference is 1, no bar); {bars}."
-            f"{cpu}"
+            "Scaling efficiency: speedup / devices (linear y axis; 1 = linear scaling; the 1-device reference is 1, "
+            "no bar); bars: the speedup's Welch 95% interval (as in speedup.png) divided by the device count "
+            f"({few}).{cpu}"
         ),
         "comm": (
             "Bytes of the collectives of one compiled optimizer step: the payload (the sum of their operands) and what "
-            "each device sends under the ring model; exact on any platform, read from the compiled program."
+            "each device sends under the ring model, both panels in one unit; exact on any platform, read from the "
+            "compiled program."
             + (
                 f" Right: {ratio_label(rows)}, communication time / step time.{cpu}"
                 if ratio_known(rows)
                 else " No comm ratio panel: the note above says why and how to get one."
             )
         ),
-        "memory": "Parameters and optimizer state held by one device (exact, from the compiled program).",
+        "memory": (
+            "Parameters and optimizer state held by one device (exact, from the compiled program); activations and "
+            "other working memory are not included (scaling.csv's temp_bytes_per_device has XLA's temporary buffers)."
+        ),
         "time_to_target": f"Time from the first step to the first evaluation reaching the target accuracy.{cpu}",
         "batch": "Final evaluation accuracy (median, min-max bars) and time to target against the global batch.",
     }
     if projection_rows:
         out["throughput"] = (
-            f"Left: measured global {unit} against the device count (log-log), the geometric mean of the repeats; "
-            f"{bars}; {regime_text(rows)}.{cpu} Right: {projection_title(projection_rows)}, from the sweep's compiled "
-            "collectives and FLOPs (`sweeps.project`): a model, not a measurement."
+            f"Left: measured global {unit} against the device count (log-log axes), the geometric mean of the "
+            f"repeats; {bars}{dotted}.{cpu} Right: {projection_title(projection_rows, rows)}, from the sweep's "
+            "compiled collectives and FLOPs (`sweeps.project`): a model, not a measurement."
             + (
                 " The two panels answer different questions (strong against weak scaling)."
                 if "strong" in regime_text(rows)
                 else ""
             )
         )
-    if settings:
-        out = {k: v + f" Settings: {settings}." for k, v in out.items()}
+    setup = setup_text(rows)
+    if setup:
+        out = {k: v + f" Setup: {setup}." for k, v in out.items()}
     return {Path(name).stem: out.get(Path(name).stem, "") for name in plots}
 
 
@@ -206,13 +233,15 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def projection_lines(projection_rows: list[dict], source: str = "", unit: str = "examples/s") -> list[str]:
+def projection_lines(
+    projection_rows: list[dict], source: str = "", unit: str = "examples/s", rows: list[dict] | None = None
+) -> list[str]:
     """``scaling.md``'s projection section: the projected throughput, efficiency and communication ratio per
     configuration and device count (blank where ``sweeps.project`` left them out: a step below any device's)."""
     lines = [
         "## Projection (a model, not a measurement)",
         "",
-        _sentence(projection_title(projection_rows)) + (f", from `{source}`" if source else "") + ".",
+        _sentence(projection_title(projection_rows, rows)) + (f", from `{source}`" if source else "") + ".",
         "comm ratio (projected) = modelled communication time / modelled step time on that hardware.",
         "",
         f"| configuration | devices | {unit} (projected) | efficiency | comm ratio (projected) |",
@@ -261,13 +290,16 @@ def write_markdown(
     lines = ["# Scaling report", ""]
     if source:
         lines.append(f"Source: `{source}`  ")
-    lines += [
-        f"Jobs: {n_jobs - n_failed} ok, {n_failed} failed; {len(rows)} configuration(s)  ",
-        f"Platform(s): {', '.join(platforms) or 'unknown'}  ",
-        f"Device kind(s): {', '.join(kinds) or 'unknown'}" + ("  " if overrides_text(rows) else ""),
+    head = [
+        f"Jobs: {n_jobs - n_failed} ok, {n_failed} failed; {len(rows)} configuration(s)",
+        f"Platform(s): {', '.join(platforms) or 'unknown'}",
+        f"Device kind(s): {', '.join(kinds) or 'unknown'}",
     ]
+    if workload_text(rows):
+        head.append(f"Model and data: {workload_text(rows)}")
     if overrides_text(rows):
-        lines.append(f"Overrides every job shares: `{overrides_text(rows)}`")
+        head.append(f"Overrides every job shares: `{overrides_text(rows)}`")
+    lines += [line + "  " for line in head[:-1]] + head[-1:]  # Markdown line breaks
     lines.append("")
     if is_cpu(rows):
         lines += [f"> {CPU_WARNING}", ""]
@@ -286,7 +318,7 @@ def write_markdown(
         f"{unit} [95% interval]",
         *(["tokens/s per device", "tokens/example"] if tokens else []),
         "speedup [95% interval]",
-        "efficiency",
+        "efficiency [95% interval]",
         "eval accuracy",
         "time to target (s)",
         "steps to target",
@@ -314,8 +346,8 @@ def write_markdown(
             str(r["repeats"]),
             eps,
             *(per_device if tokens else []),
-            _with_interval(r, "speedup"),
-            _num(r["efficiency"]),
+            _with_interval(r, "speedup", sig3),
+            _with_interval(r, "efficiency", sig3),
             _num(r["eval_accuracy"], "{:.4f}"),
             _num(r["time_to_target_s"]),
             _num(r["steps_to_target"], "{:.0f}") + (f" ({r['target_reached']})" if r["target_reached"] else ""),
@@ -335,7 +367,8 @@ def write_markdown(
         f"{unit}: the geometric mean over repeats (jobs differing only in train.seed) of each job's median over its "
         "logging windows (the first window after compilation excluded); 95% interval: Student's t on the log scale "
         f"(from {MIN_REPEATS} repeats). speedup: over the same configuration on 1 device (its reference, no "
-        "interval), with Welch's 95% interval of the ratio; efficiency = speedup / devices."
+        "interval), with Welch's 95% interval of the ratio; efficiency = speedup / devices, its interval the speedup's "
+        "divided likewise. Speedup and efficiency to 3 significant digits."
     )
     if tokens:
         lines += [
@@ -353,7 +386,7 @@ def write_markdown(
         lines += ["", NO_TARGET_SENTENCE]
     lines.append("")
     if projection_rows:
-        lines += projection_lines(projection_rows, projection_source, unit)
+        lines += projection_lines(projection_rows, projection_source, unit, rows)
     plots = list(plots)
     if plots:
         lines += ["## Figures", ""]
