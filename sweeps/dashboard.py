@@ -73,7 +73,9 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 def read_multirun(folder) -> dict[str, Any]:
     """W&B coordinates and the configuration keys of a multirun folder (``<job>/summary.json`` and
     ``<job>/.hydra/config.yaml``): ``{"group", "project", "entity", "config_keys", "jobs", "logged"}``;
-    ``logged``: summary key -> how many jobs hold a value (``comm/ratio_measured`` only where valid).
+    ``logged``: summary key -> how many jobs hold a value (``comm/ratio_measured`` only where valid); also
+    ``"report_run"`` (whether ``sweeps.report --wandb`` logged this sweep's report run: its
+    ``REPORT_RUN_FILE`` lies under ``folder``) and ``"cpu"`` (whether some job ran on simulated CPU devices).
 
     ``config_keys``: dotted config keys (e.g. ``parallel.name``, ``mesh.devices``) whose values differ
     between jobs, ``train.seed`` and ``hydra``/``wandb`` keys left out; sorted.
@@ -86,7 +88,7 @@ def read_multirun(folder) -> dict[str, Any]:
 
     import yaml
 
-    from sweeps.report.collect import profile_matches
+    from sweeps.report.collect import REPORT_RUN_FILE, profile_matches
 
     root = Path(folder)
     if not root.is_dir():
@@ -94,6 +96,7 @@ def read_multirun(folder) -> dict[str, Any]:
     groups: Counter = Counter()
     configs = []
     logged: Counter = Counter()  # summary keys -> jobs holding a value
+    cpu = False
     for summary_path in sorted(root.rglob("summary.json")):
         if "wandb" in summary_path.relative_to(root).parts[:-1]:
             continue
@@ -104,6 +107,7 @@ def read_multirun(folder) -> dict[str, Any]:
         if summary.get("wandb/group"):
             groups[summary["wandb/group"]] += 1
         logged.update(k for k, v in summary.items() if v is not None)
+        cpu = cpu or str(summary.get("platform") or "").lower() == "cpu"
         if summary.get("comm/ratio_measured_valid") is False:  # logged, but not a measurement of a link
             logged.subtract(["comm/ratio_measured"])
         if "comm/ratio_model" in summary and not profile_matches(summary):  # another device's profile (older runs)
@@ -129,7 +133,20 @@ def read_multirun(folder) -> dict[str, Any]:
         "config_keys": varying,
         "jobs": len(configs),
         "logged": {k: n for k, n in logged.items() if n > 0},
+        "report_run": any(root.rglob(REPORT_RUN_FILE)),
+        "cpu": cpu,
     }
+
+
+# panels whose values are timings: on simulated CPU devices they are not accelerator timings
+TIMING_METRICS = (
+    "perf/examples_per_s",
+    "perf/examples_per_s_per_device",
+    "perf/step_time_s",
+    "perf/tokens_per_s",
+    "scaling/efficiency/*",
+    "scaling/speedup/*",
+)
 
 
 def _scatter(title: str, y: str, log_y: bool | None = None) -> wr.ScatterPlot:
@@ -355,9 +372,19 @@ def build_workspace_spec(
     )
 
 
-def describe(workspace: ws.Workspace, group: str, plan: list[dict[str, Any]], jobs: int | None, config_keys) -> str:
+def describe(
+    workspace: ws.Workspace,
+    group: str,
+    plan: list[dict[str, Any]],
+    jobs: int | None,
+    config_keys,
+    report_run: bool | None = None,
+    cpu: bool = False,
+) -> str:
     """The human summary ``--dry-run`` prints: where the workspace goes, its runset, then per section its panels,
-    each with its metric and whether the sweep's runs log it, and the panels left out because no run does."""
+    each with its metric and whether the sweep's runs log it, and the panels left out because no run does.
+    ``report_run`` False (``read_multirun``): the report panels say their run does not exist yet and how to make
+    it; ``cpu``: the timing panels (``TIMING_METRICS``) say their timings come from simulated CPU devices."""
     where = f"{workspace.entity or '<entity>'}/{workspace.project}"
     grouping = f"grouped by configuration ({', '.join(config_keys)})" if config_keys else "grouped by mode"
     lines = [f'W&B workspace "{workspace.name}" in {where}: the runs of group {group!r}, {grouping}']
@@ -375,6 +402,12 @@ def describe(workspace: ws.Workspace, group: str, plan: list[dict[str, Any]], jo
             logged = "" if p["jobs"] is None or jobs is None else f"; logged by {p['jobs']} of {jobs} runs"
             if p["jobs"] is None and p["source"] != "report":
                 logged = "; not checked (no sweep folder given)"
+            if p["source"] == "report" and report_run is False:
+                logged = (
+                    "; not logged yet: no report run of this sweep was found under its folder, run that command first"
+                )
+            if cpu and p["metric"] in TIMING_METRICS:
+                logged += "; timings of devices simulated on one CPU, not accelerator timings"
             lines.append(f"  {p['title']}: {p['metric']} ({sources[p['source']]}{logged})")
     left = [p for p in plan if not p["kept"]]
     if left:
@@ -496,7 +529,17 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(spec_to_dict(workspace), indent=2, sort_keys=True))
         return 0
     if dry:
-        print(describe(workspace, group, plan, found["jobs"] if found is not None else None, config_keys))
+        print(
+            describe(
+                workspace,
+                group,
+                plan,
+                found["jobs"] if found is not None else None,
+                config_keys,
+                report_run=found["report_run"] if found is not None else None,
+                cpu=bool(found and found["cpu"]),
+            )
+        )
         return 0
     if not _have_api_key():
         print(

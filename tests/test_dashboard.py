@@ -146,6 +146,7 @@ def test_cli_without_api_key_fails_with_one_line(tmp_path):
 # measured comm ratio that is not valid (simulated devices), no comm/ratio_model (no profile of the device)
 CPU_SUMMARY = {
     "status": "ok",
+    "platform": "cpu",
     "wandb/group": "sweep-x",
     "mesh/devices": 2,
     "perf/examples_per_s": 1000.0,
@@ -190,6 +191,8 @@ def test_read_multirun_groups_by_configuration_not_seed(tmp_path):
         "entity": None,
         "config_keys": ["parallel.name"],
         "jobs": 4,
+        "report_run": False,
+        "cpu": True,
     }
     assert logged == {k: 4 for k in CPU_SUMMARY if k != "comm/ratio_measured"} | {"parallel": 4}  # never valid
     (tmp_path / "empty").mkdir()
@@ -235,16 +238,29 @@ def test_dry_run_is_a_human_summary_without_panels_the_runs_never_log(tmp_path, 
         "(parallel.name)"
     )
     assert "Scaling (4 panels):" in out and "Communication (1 panel):" in out and "Memory per device (2 panels):" in out
-    assert "  Throughput vs devices (examples/s): perf/examples_per_s (one point per run; logged by 4 of 4 runs)" in out
+    cpu = "; timings of devices simulated on one CPU, not accelerator timings"
+    assert (
+        f"  Throughput vs devices (examples/s): perf/examples_per_s (one point per run; logged by 4 of 4 runs{cpu})"
+        in out
+    )
+    # the report's run is not logged yet: the panel says so and which command makes it
     assert (
         "  Scaling efficiency = speedup / N (scaling_report run): scaling/efficiency/* (from the scaling_report run "
-        "(python -m sweeps.report <sweep folder> --wandb))"
+        "(python -m sweeps.report <sweep folder> --wandb); not logged yet: no report run of this sweep was found "
+        f"under its folder, run that command first{cpu})"
     ) in out
+    assert "  Scaling table: scaling_table (from the scaling_report run (python -m sweeps.report <sweep folder> " in (
+        "\n".join(out)
+    )
     assert "  Train loss by configuration: train/loss (per step; logged by 4 of 4 runs)" in out
     assert out[-2] == (
         "Left out, no run logs their metric: Comm ratio (model) vs devices (comm/ratio_model); Comm ratio (measured; "
         "check comm/ratio_measured_valid) (comm/ratio_measured); Peak bytes per device (mem/peak_bytes_per_device)"
     )
+    assert not any("timings" in line for line in out if "mem/" in line or "comm/" in line or "train/loss" in line)
+    (root / "wandb_report_run.json").write_text("{}")  # what sweeps.report --wandb leaves once its run is logged
+    assert main([str(root), "--dry-run"]) == 0
+    assert "not logged yet" not in capsys.readouterr().out
     assert main([str(root), "--json"]) == 0
     spec = json.loads(capsys.readouterr().out)
     ys = {p["y"] for p in panels_of(spec) if isinstance(p["y"], str)}

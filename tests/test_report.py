@@ -675,6 +675,9 @@ def test_cli_wandb_offline(tmp_path):
     sync = sync_files[0]
     assert re.fullmatch(r"run-[a-z0-9]+\.wandb", sync.name)
     assert f"wandb_sync_file: {sync}" in res.stdout
+    # the marker sweeps.dashboard reads: the report's panels have a run
+    marker = json.loads((tmp_path / "out" / "wandb_report_run.json").read_text())
+    assert marker["wandb_group"] == "sweep-7" and sync.name == f"run-{marker['wandb_run_id']}.wandb"
     assert f"W&B is offline: upload the report's run later with: wandb sync {sync.parent}" in res.stderr.splitlines()
     data = sync.read_bytes()
     assert len(data) > 1000

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 from sweeps.report.aggregate import aggregate, throughput_key, too_few_note
-from sweeps.report.collect import UNFINISHED, SUMMARY_NAME, ReportError, job_record, load_summaries, unfinished_jobs
+from sweeps.report.collect import (
+    REPORT_RUN_FILE,
+    UNFINISHED,
+    SUMMARY_NAME,
+    ReportError,
+    job_record,
+    load_summaries,
+    unfinished_jobs,
+)
 from sweeps.report.plots import make_figures, save
 from sweeps.report.tables import JOB_COLUMNS, job_rows, write_csv, write_markdown
 
@@ -97,6 +106,10 @@ def write_report(
         if info.get("disabled"):
             said.append("W&B is disabled (WANDB_MODE=disabled): the report was not logged to W&B")
             return paths
+        (out / REPORT_RUN_FILE).write_text(  # tells sweeps.dashboard that the report's panels have a run
+            json.dumps({"wandb_run_id": info["wandb_run_id"], "wandb_group": info["wandb_group"]}) + "\n"
+        )
+        paths["wandb_report_run"] = out / REPORT_RUN_FILE
         if info.get("offline"):
             said.append(f"W&B is offline: upload the report's run later with: wandb sync {info['wandb_run_dir']}")
         paths["wandb_sync_file"] = info["wandb_sync_file"]

@@ -21,6 +21,8 @@ from typing import Any
 from tracking.folders import CHECKPOINTS, RUN, STEP, enclosing_sweep, folder_kind
 
 SUMMARY_NAME = "summary.json"
+# written beside scaling.md by ``sweeps.report --wandb`` once its run is logged; sweeps.dashboard looks for it
+REPORT_RUN_FILE = "wandb_report_run.json"
 OVERRIDES_PATH = Path(".hydra") / "overrides.yaml"
 # Overrides already represented by a record field (or that only name a repeat): not part of ``overrides``.
 FIELD_OVERRIDES = (
