@@ -454,6 +454,14 @@ def test_readme_puts_the_quick_start_first():
     for needle in ("make setup", "python train.py parallel=", "python train.py -m ", "python -m sweeps.report "):
         assert needle in first, needle
     assert "Reading the results" in first
+    # the repeats of the quick-start sweep interleave (train.seed varies slowest), as docs/report.md advises, which
+    # also names the launcher for timing sweeps
+    sweep = [line for line in readme[:40] if line.startswith("python train.py -m ") and "train.seed=" in line]
+    assert sweep and all(line.startswith("python train.py -m train.seed=") for line in sweep), sweep
+    report_doc = (REPO / "docs" / "report.md").read_text()
+    assert (
+        "`train.seed` first" in report_doc and "For a timing sweep prefer `hydra/launcher=submitit_local`" in report_doc
+    )
     assert 'python -m pytest -q -m "not slow"' in readme
     makefile = (REPO / "Makefile").read_text()
     setup = makefile[makefile.index("\nsetup:") :]

@@ -1,6 +1,6 @@
 """Scaling report of a Hydra multirun of ``train.py``.
 
-    python train.py -m mesh.devices=1,2,4,8 parallel=jit_sharding,fsdp train.seed=0,1,2
+    python train.py -m train.seed=0,1,2 mesh.devices=1,2,4,8 parallel=jit_sharding,fsdp
     python -m sweeps.report multirun/<date>/<time> [--out DIR] [--wandb]
 
 Split by reason to change: ``collect`` (summaries -> job records), ``aggregate`` (repeats, intervals,
