@@ -451,6 +451,7 @@ def test_speedup_and_efficiency_figures(tmp_path):
     figs = make_figures(rows_of(make_sweep(tmp_path / "mr")))
     (ax,) = figs["speedup"].axes
     assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log") and len(ax.containers) == 2
+    assert ax.get_ylabel() == "speedup vs 1 device (log scale)"  # plain ticks on a log axis: the label says so
     assert [t.get_text() for t in ax.get_yticklabels()] == ["1", "2", "4", "8"]  # plain decimals, not 2^k
     (diag,) = [line for line in ax.get_lines() if line.get_label() == "ideal (y = x)"]
     assert list(diag.get_xdata()) == list(diag.get_ydata()) == [1, 2, 4, 8]

@@ -298,7 +298,7 @@ def plot_speedup(ax, rows: list[dict]) -> list:
         values += devices
     _log2_x(ax, rows)
     log_y_axis(ax, values, powers_of_2=True)
-    ax.set_ylabel("speedup vs 1 device")
+    ax.set_ylabel("speedup vs 1 device (log scale)")
     return handles
 
 
