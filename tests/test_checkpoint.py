@@ -835,6 +835,10 @@ def test_settings_are_validated(tmp_path):
         checkpoint.default_directory(tmp_path, 2, environ={})
     assert checkpoint.default_directory(tmp_path, 2, environ={"SLURM_JOB_ID": "77"}) == Path("checkpoints/slurm-77")
     assert checkpoint.default_directory(tmp_path, 1, environ={}) == tmp_path / "checkpoints"
+    # a job of a sweep: its own folder, the same for its processes and for the sweep resumed under a new SLURM job id
+    assert checkpoint.default_directory(tmp_path, 2, environ={"SLURM_JOB_ID": "77"}, in_sweep=True) == (
+        tmp_path / "checkpoints"
+    )
     p = checkpoint.prepare(CheckpointConfig(), tmp_path)
     assert (p.directory, p.resume, p.every_steps(234)) == (tmp_path / "checkpoints", "auto", 234)
     assert [d for d in range(1, 500) if p.saves_at(d, 480, 234)] == [234, 468, 480]

@@ -71,18 +71,20 @@ class CheckpointPlan:
         return done == n_steps or (every > 0 and done % every == 0)
 
 
-def default_directory(run_dir: Path, process_count: int, environ=os.environ, in_sweep: bool = False) -> Path:
+def default_directory(run_dir: Path, process_count: int, environ=os.environ, in_sweep: Optional[bool] = None) -> Path:
     """``checkpoint.dir`` when it is null.
 
-    One process, or a job of a sweep (``in_sweep``: its folder ``<sweep dir>/<job number>`` is the same for all of
-    its processes, which get the launcher's config, and for the job that resumes it in the same sweep folder, under
-    a new SLURM job id): ``<run folder>/checkpoints``. Several processes of a single run: every process has its own
-    (timestamped) run folder, so only a folder derived from ``SLURM_JOB_ID`` (``./checkpoints/slurm-<id>``, the same
-    on every host and across ``scontrol requeue``) is shared.
+    One process, or a job of a sweep (``in_sweep``; None: ``training.process.sweep_dir`` says; its folder
+    ``<sweep dir>/<job number>`` is the same for all of its processes, which get the launcher's config, and for the
+    job that resumes it in the same sweep folder, under a new SLURM job id): ``<run folder>/checkpoints``. Several
+    processes of a single run: every process has its own (timestamped) run folder, so only a folder derived from
+    ``SLURM_JOB_ID`` (``./checkpoints/slurm-<id>``, the same on every host and across ``scontrol requeue``) is shared.
 
     Raises:
       ConfigError: several processes of a single run and no SLURM job id.
     """
+    if in_sweep is None:
+        in_sweep = process.sweep_dir() is not None
     if process_count == 1 or in_sweep:
         return Path(run_dir) / "checkpoints"
     job = environ.get("SLURM_JOB_ID")
@@ -157,11 +159,7 @@ def prepare(cfg: CheckpointConfig, run_dir: Path, process_count: int = 1) -> Che
                 f"checkpoint.resume={cfg.resume} with checkpoint.enabled=false; enable checkpoints to resume"
             )
         return CheckpointPlan(directory=None, every=cfg.every, keep=cfg.keep, resume="never", resume_path=None)
-    directory = (
-        Path(cfg.dir).expanduser()
-        if cfg.dir
-        else default_directory(run_dir, process_count, in_sweep=process.sweep_dir() is not None)
-    )
+    directory = Path(cfg.dir).expanduser() if cfg.dir else default_directory(run_dir, process_count)
     if directory.exists() and not directory.is_dir():
         raise ConfigError(f"checkpoint.dir={directory} is a file; give a folder")
     for folder in [directory.absolute()] + ([directory.absolute() / BEST_DIR] if cfg.keep_best else []):
