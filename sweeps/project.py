@@ -389,12 +389,13 @@ def format_rate(bytes_per_s: float) -> str:
 
 
 def plot_title(args, hw: Hardware, rows: Sequence[dict[str, Any]]) -> str:
-    """projection.png's title: hardware, assumed MFU (or compute time) and regime, e.g. ``Projected for h100_sxm at
-    MFU 0.4: weak scaling, 64 examples per device (a model, not a measurement)``."""
+    """projection.png's title: hardware, assumed MFU of its peak (or compute time) and regime, e.g. ``Projected for
+    h100_sxm at MFU 0.4 of 989 TFLOP/s peak: weak scaling, 64 examples per device (a model, not a measurement)``."""
+    peak = f" of {hw.peak_flops_per_s / 1e12:.3g} TFLOP/s peak" if hw.peak_flops_per_s else ""
     at = (
         f"{format_seconds(args.step_time_s)} of compute per step"
         if args.step_time_s is not None
-        else f"MFU {args.mfu:g}"
+        else f"MFU {args.mfu:g}{peak}"
     )
     batches = sorted({float(f"{r['per_device_batch']:.6g}") for r in rows if r.get("per_device_batch")})
     per_device = f", {'/'.join(f'{b:g}' for b in batches)} examples per device" if batches else ""
@@ -418,7 +419,7 @@ def regime_note(rows: Sequence[dict[str, Any]]) -> str:
 # Columns after the model's: what the projection assumed (the same in every row) and the floor flag.
 META_COLUMNS = ["per_device_batch", "scaling", "hardware", "assumed_mfu", "assumed_step_time_s", "below_step_floor"]
 # Columns derived from the compute time: meaningless for a step below ``STEP_FLOOR_S`` (left out of the .md and .png).
-FLOOR_COLUMNS = ("speedup", "efficiency", "comm_ratio", "mfu")
+FLOOR_COLUMNS = ("step_time_s", "examples_per_s", "tokens_per_s", "speedup", "efficiency", "comm_ratio", "mfu")
 
 
 def annotate(rows: list[dict[str, Any]], args, hw: Hardware) -> list[dict[str, Any]]:
@@ -546,16 +547,17 @@ def write_plot(rows: Sequence[dict[str, Any]], path: Path, header: str) -> Path:
     """``projection.png``: examples/s (tokens/s when every row is a token model's) and efficiency (in %)
     against devices, log-log with plain-decimal ticks at the projected device counts, one line per
     configuration; ``header`` (``plot_title``) is its title, with ``regime_note`` below. When no configuration's
-    efficiency can be drawn (all ``below_floor``), one panel, the reason under it."""
+    efficiency can be drawn, one panel; a configuration ``below_floor`` is not drawn at all (its throughput comes from
+    the same compute time), and when none is left the panel says why."""
     key, unit = _throughput(rows)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    configs = list(dict.fromkeys(r["config"] for r in rows))
     tiny = below_floor(rows)
-    shown = [r["efficiency"] for r in rows if r["config"] not in tiny]
+    configs = [c for c in dict.fromkeys(r["config"] for r in rows) if c not in tiny]  # a step below the floor:
+    shown = [r["efficiency"] for r in rows if r["config"] not in tiny]  # nothing of it is drawn
     if shown:
         fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(12, 5.4), layout="constrained")
         axes = [ax_t, ax_e]
@@ -566,7 +568,7 @@ def write_plot(rows: Sequence[dict[str, Any]], path: Path, header: str) -> Path:
     for config in configs:
         sub = [r for r in rows if r["config"] == config]
         line = overlay_projection(ax_t, sub, key, label=config)
-        if config in tiny or ax_e is None:  # its efficiencies only show the model's latency terms: left out
+        if ax_e is None:
             continue
         overlay_projection(ax_e, sub, "efficiency", label=config, color=line.get_color())
         # linear scaling of one device's throughput (per_device_batch / compute_s = examples_per_s / efficiency)
@@ -581,23 +583,29 @@ def write_plot(rows: Sequence[dict[str, Any]], path: Path, header: str) -> Path:
         )
     from sweeps.report.plots import devices_x_axis, log_y_axis
 
-    log_y_axis(ax_t, [r[key] for r in rows] + linear)
+    drawn = [r[key] for r in rows if r["config"] not in tiny] + linear
+    if drawn:
+        log_y_axis(ax_t, drawn)
+    else:
+        ax_t.set_axis_off()
     if ax_e is not None:
         log_y_axis(ax_e, shown, fmt=lambda v: f"{100 * v:g}%")
-    for ax, ylabel in zip(axes, (f"{unit} (global, projected)", "efficiency = compute / step time")):
+    for ax, ylabel in zip(axes if configs else [], (f"{unit} (global, projected)", "efficiency = compute / step time")):
         devices_x_axis(ax, rows)
         ax.set_ylabel(ylabel)
     notes = [regime_note(rows)]
     if tiny:
         text = (
-            f"left out: {len(tiny)} configuration(s) whose step computes below ~{format_seconds(STEP_FLOOR_S)}, "
-            "less than any real device takes (projection.csv keeps them, flagged)"
+            f"Left out: {len(tiny)} configuration(s) whose modelled step computes below "
+            f"~{format_seconds(STEP_FLOOR_S)}, less than any real device takes: its throughput and efficiency would "
+            "show the model's latency terms only (projection.csv keeps them, flagged)."
         )
-        if ax_e is not None:
-            ax_e.set_title("\n".join(textwrap.wrap(text, 70)), fontsize=8)
+        if not configs:
+            ax_t.text(0.5, 0.5, "\n".join(textwrap.wrap(text, 60)), ha="center", va="center", fontsize=10)
         else:
-            notes.append("Efficiency " + text + ".")
-    ax_t.legend(fontsize=8)
+            notes.append(text)
+    if configs:
+        ax_t.legend(fontsize=8)
     width = 150 if ax_e is not None else 88
     fig.suptitle("\n".join(textwrap.wrap(header, width)), fontsize=10)
     below = "\n".join(line for note in notes if note for line in textwrap.wrap(note, width + 10))

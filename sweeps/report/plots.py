@@ -246,6 +246,8 @@ def plot_projection(ax, rows: list[dict], projection_rows: list[dict]) -> list:
     handles, values = [], []
     extra = len(styles)
     for label, pts in by_label.items():
+        if any(p.get("below_step_floor") for p in pts):  # its throughput is the model's latency terms only
+            continue
         pts = sorted(pts, key=lambda p: p["devices"])
         mode = label.split()[0] if label.split() else label
         if mode not in styles:
@@ -262,10 +264,25 @@ def plot_projection(ax, rows: list[dict], projection_rows: list[dict]) -> list:
         )
         handles.append(line)
         values += [p[key] for p in pts]
+    ax.set_title(textwrap.fill(projection_title(projection_rows, rows), 62), fontsize=9)
+    if not values:
+        ax.set_axis_off()
+        ax.text(
+            0.5,
+            0.5,
+            textwrap.fill(
+                "Not drawn: every projected configuration's modelled step computes below what a step takes on any "
+                "real device (projection.csv keeps the model's numbers, flagged).",
+                50,
+            ),
+            ha="center",
+            va="center",
+            fontsize=9,
+        )
+        return handles
     _log2_x(ax, projection_rows)
     log_y_axis(ax, values)
     ax.set_ylabel(f"{unit} (global, projected)")
-    ax.set_title(textwrap.fill(projection_title(projection_rows, rows), 62), fontsize=9)
     return handles
 
 

@@ -252,7 +252,9 @@ def projection_lines(
         cells = [
             str(p["label"]),
             str(p["devices"]),
-            plain_4(p["tokens_per_s"] if unit == "tokens/s" and p.get("tokens_per_s") else p["examples_per_s"]),
+            ""
+            if left_out
+            else plain_4(p["tokens_per_s"] if unit == "tokens/s" and p.get("tokens_per_s") else p["examples_per_s"]),
             "" if left_out or p.get("efficiency") is None else f"{p['efficiency']:.3g}",
             "" if left_out or p.get("comm_ratio") is None else f"{p['comm_ratio']:.3g}",
         ]
@@ -261,7 +263,7 @@ def projection_lines(
         lines += [
             "",
             "Blank: the configuration's modelled step computes below what a step takes on any real device, so "
-            "sweeps.project leaves its efficiency and ratio out (projection.csv keeps them, flagged).",
+            "sweeps.project leaves its throughput, efficiency and ratio out (projection.csv keeps them, flagged).",
         ]
     return lines + [""]
 
