@@ -500,9 +500,23 @@ def _figure(title: str, common: str, cpu: bool, ncols: int = 1, width: float = 7
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, ncols, squeeze=False)[0]
     chars = int(width_in * 72 / (10 * 0.58))  # about 0.58 em per character at fontsize 10
-    lines = [title] + [w for text in (common, *notes, CPU_SUBTITLE if cpu else "") for w in textwrap.wrap(text, chars)]
+    lines = [title] + [w for text in (common, *notes, CPU_SUBTITLE if cpu else "") for w in _wrap(text, chars)]
     fig.suptitle("\n".join(lines), fontsize=10)
     return fig, list(axes)
+
+
+def _wrap(text: str, chars: int) -> list[str]:
+    """``text`` in lines of at most ``chars``, broken at its ``; `` separators first (a phrase such as ``global
+    batch 256`` is never cut), then at spaces inside a part that is still too long."""
+    if len(text) <= chars:
+        return [text] if text else []
+    lines: list[str] = []
+    for part in text.split("; "):
+        if lines and len(lines[-1]) + 2 + len(part) <= chars:
+            lines[-1] = f"{lines[-1]}; {part}"
+        else:
+            lines += textwrap.wrap(part, chars) or [part]
+    return lines
 
 
 MAX_LEGEND = 16  # more series than this: no legend, a note pointing to scaling.csv
@@ -571,7 +585,7 @@ def make_figures(rows: list[dict], projection_rows: list[dict] | None = None) ->
     _legend(fig, axes[0], plot_comm(axes, rows), below=True)
     figs["comm"] = fig
     fig, (ax,) = _figure("Parameters + optimizer state per device vs devices", common, False)
-    _legend(fig, ax, plot_memory(ax, rows))
+    _legend(fig, ax, plot_memory(ax, rows), below=True)  # flat lines: a legend inside would cover their points
     figs["memory"] = fig
     if has_target(rows):
         fig, (ax,) = _figure("Time to target accuracy vs devices", common, cpu)
