@@ -1183,3 +1183,14 @@ def test_projection_panel_and_section_name_hardware_mfu_and_regime(tmp_path):
     assert "| jit_sharding fp32 mlp batch/device=32 | 64 | 256,000,000 | 0.9 | 0.1 |" in md
     assert "The two panels answer different questions (strong against weak scaling)." in md
     assert "Right: projected for h100_sxm at MFU 0.4 (a model): weak scaling, 32 examples per device" in md
+
+
+@pytest.mark.unit
+def test_byte_columns_read_in_one_unit():
+    """scaling.md's two comm columns in the unit of their largest value (as comm.png's panels): 814,128 B beside
+    1,221,192 B is 0.776 MiB beside 1.16 MiB, never 795 KiB beside 1.16 MiB."""
+    from sweeps.report.tables import byte_unit, format_bytes
+
+    assert byte_unit(1_221_192) == "MiB" and byte_unit(814_128) == "KiB" and byte_unit(None) == "B"
+    assert format_bytes(814_128, byte_unit(1_221_192)) == "0.776 MiB"
+    assert format_bytes(814_128) == "795 KiB" and format_bytes(512) == "512 B" and format_bytes(None) == ""

@@ -90,16 +90,27 @@ def job_rows(records: list[dict]) -> list[dict]:
     return [{**r, "config": " ".join(r["overrides"])} for r in records]
 
 
-def format_bytes(value) -> str:
-    """``1536`` -> ``1.5 KiB`` (binary units), blank for None."""
+BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def byte_unit(value) -> str:
+    """The binary unit ``format_bytes`` writes ``value`` in (``B`` for None)."""
+    value = abs(float(value or 0))
+    for unit in BYTE_UNITS:
+        if value < 1024 or unit == "TiB":
+            return unit
+        value /= 1024
+    return "TiB"
+
+
+def format_bytes(value, unit: str | None = None) -> str:
+    """``1536`` -> ``1.5 KiB`` (binary units; ``unit``: that one, e.g. the unit of a column's largest value, so a
+    column reads in one unit), blank for None."""
     if value is None:
         return ""
-    value = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
-        value /= 1024
-    return ""
+    unit = unit or byte_unit(value)
+    scaled = float(value) / 1024 ** BYTE_UNITS.index(unit)
+    return f"{scaled:.0f} {unit}" if unit == "B" else f"{scaled:.3g} {unit}"
 
 
 def _num(value, fmt="{:.3g}") -> str:
@@ -331,6 +342,8 @@ def write_markdown(
         "status",
     ]
     table = []
+    # both comm columns in one unit, the largest byte count's (as comm.png's panels)
+    comm_unit = byte_unit(max((r[k] or 0 for r in rows for k in ("comm_payload_bytes", "comm_ring_bytes")), default=0))
     for r in rows:
         eps = _with_interval(r, key, plain_4) + (" *" if r["few_windows"] else "")
         per_device = [
@@ -353,8 +366,8 @@ def write_markdown(
             _num(r["eval_accuracy"], "{:.4f}"),
             _num(r["time_to_target_s"]),
             _num(r["steps_to_target"], "{:.0f}") + (f" ({r['target_reached']})" if r["target_reached"] else ""),
-            format_bytes(r["comm_payload_bytes"]),
-            format_bytes(r["comm_ring_bytes"]),
+            format_bytes(r["comm_payload_bytes"], comm_unit),
+            format_bytes(r["comm_ring_bytes"], comm_unit),
             _num(r["comm_ratio"]) + (f" ({r['comm_ratio_source']})" if r["comm_ratio"] is not None else ""),
             format_bytes(r["state_bytes_per_device"]),
             r["status"],
