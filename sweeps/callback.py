@@ -29,10 +29,7 @@ from omegaconf import DictConfig
 
 from core.errors import override
 from tracking.folders import not_own_folder
-from training.process import SweepStop, release_gc
-
-# summary.json "error" of a job that never started because its sweep received a signal (then the signal's name)
-NOT_STARTED = "not started: the sweep was stopped by "
+from training.process import NOT_STARTED, SweepStop, release_gc  # NOT_STARTED: a job the sweep's signal skipped
 
 
 def _written_s(hydra_dir: Path) -> float:

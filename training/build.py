@@ -213,14 +213,6 @@ def state_init_fn(cfg: Config, tx, graphdef: Any = None) -> tuple[Any, Any]:
     return graphdef, init_fn
 
 
-def init_host_state(cfg: Config, tx) -> tuple[Any, TrainState]:
-    """(graphdef, state) as host numpy arrays: the initial state every mode starts from (``state_init_fn``, run
-    under ``jax.jit`` on this process's first device)."""
-    graphdef, init_fn = state_init_fn(cfg, tx)
-    state = jax.jit(init_fn, out_shardings=jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))()
-    return graphdef, jax.device_get(state)
-
-
 def build(p: Plan, feed_for: Optional[Callable[[BatchLayout], Any]] = None) -> Experiment:
     """Mesh, mode, initial state (placed) and the jitted train/eval steps for plan ``p``. ``feed_for``: ``layout ->
     DeviceFeed``; when the mode can (``fuses_feed``), the train step gathers its own batches from the split on the

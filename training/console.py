@@ -38,14 +38,8 @@ def console(line: str) -> None:
     _error_said = _error_said or line.startswith("error")
 
     if not speaks():
-        level = (
-            logging.ERROR
-            if line.startswith("error")
-            else logging.WARNING
-            if line.startswith("warning")
-            else logging.INFO
-        )
-        log.log(level, "%s", line)
+        level = logging.ERROR if line.startswith("error") else logging.INFO
+        log.log(logging.WARNING if line.startswith("warning") else level, "%s", line)
         return
     print(line, file=sys.stderr, flush=True)
 
@@ -90,14 +84,8 @@ KNOWN_NOISE = (
 )
 
 
-class _DropMessages(logging.Filter):
-    def __init__(self, needles: tuple[str, ...]):
-        super().__init__()
-        self.needles = needles
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not any(n in message for n in self.needles)
+def _not_noise(record: logging.LogRecord) -> bool:  # a logger's filter sees the records of that logger only
+    return not any(record.name == name and needle in record.getMessage() for name, needle in KNOWN_NOISE)
 
 
 class _NotOnConsole(logging.Filter):
@@ -124,13 +112,8 @@ def quiet_known_noise() -> None:
         import absl.logging  # noqa: F401  wrong caller and its INFO chatter comes through)
     except ImportError:
         pass
-    by_logger: dict[str, tuple[str, ...]] = {}
-    for name, needle in KNOWN_NOISE:
-        by_logger[name] = by_logger.get(name, ()) + (needle,)
-    for name, needles in by_logger.items():
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropMessages) for f in logger.filters):
-            logger.addFilter(_DropMessages(needles))
+    for name, _ in KNOWN_NOISE:
+        logging.getLogger(name).addFilter(_not_noise)  # once: addFilter adds a filter already there no more
     from training.process import NoInterruptTraceback
 
     absl_logger = logging.getLogger("absl")  # orbax logs through absl

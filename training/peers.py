@@ -58,10 +58,7 @@ def who(process_id: int, num_processes: int, node: str) -> str:
 def death_line(process_id: int, num_processes: int, node: str, how: str, resume_hint: str) -> str:
     """The one line (without ``error: ``) of a job stopped because a process died (``how``: ``died``) or failed
     (``how``: ``failed: <its line>``)."""
-    if how == "died":
-        what = "died without a word (killed from outside, e.g. out of memory, or crashed)"
-    else:
-        what = how
+    what = "died without a word (killed from outside, e.g. out of memory, or crashed)" if how == "died" else how
     return (
         f"{who(process_id, num_processes, node)} {what}; the job cannot go on without it and every other process "
         f"stopped; {resume_hint}"

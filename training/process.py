@@ -1,6 +1,6 @@
 """The process: Ctrl-C and signals, the garbage collector during start-up, the coordinator's port.
 
-Standard library only at import: ``train.py`` installs its interrupt hooks before its other imports, and
+Standard library only at import: ``train.py`` calls ``guard_start`` before its other imports, and
 ``scripts/launch_local.py`` checks the port without starting JAX.
 - A Ctrl-C outside the training steps is one line, not a traceback (``install_interrupt_hooks``); inside them
   ``StopOnSignal`` turns SIGTERM/SIGINT into a checkpoint and a stop; ``SweepStop`` does it for a sweep.
@@ -61,7 +61,7 @@ def speaks() -> bool:
 
 
 # ---- Ctrl-C outside the training steps ---------------------------------------------------------------------
-# read at import, i.e. as train.py starts: its cli() sets HYDRA_FULL_ERROR itself later, for Hydra's composition
+# read at import, i.e. as train.py starts: training.entry.cli sets HYDRA_FULL_ERROR later, for Hydra's composition
 _USER_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"
 INTERRUPTED_LINE = (
     "error: interrupted by SIGINT (Ctrl-C) and stopped; a single Ctrl-C during the training steps saves a "
@@ -74,11 +74,9 @@ _reported = False  # interrupt_hook printed a Ctrl-C and the process went on (nu
 
 
 def interrupted(exc: BaseException | None) -> bool:
-    """Whether ``exc`` is a ``KeyboardInterrupt``, was raised while handling one (its cause/context chain holds one),
-    or came after ``interrupt_hook`` reported a Ctrl-C: a Ctrl-C inside a C extension's import surfaces as an
-    ``ImportError`` (numpy's prints it through ``sys.excepthook`` first, which clears it from the chain), or
-    came after ``stop_handler`` (installed by ``install_stop_handlers``) received a signal (an interrupt that C++
-    code turned into another error)."""
+    """Whether ``exc`` is a ``KeyboardInterrupt`` or was raised while handling one (its cause/context chain), or came
+    after ``interrupt_hook`` reported a Ctrl-C (numpy's import prints one through it, then fails: an ``ImportError``)
+    or after ``stop_handler`` received a signal (an interrupt that C++ code turned into another error)."""
     if _reported or (_installed and _stop is not None):  # after a stop signal, what failed failed because of it
         return True
     seen: set[int] = set()
@@ -103,12 +101,11 @@ def interrupt_as_keyboard() -> Iterator[None]:
 
 
 class HeldSigint:
-    """A Ctrl-C (SIGINT), and a SIGTERM that ``stop_handler`` handles, held back from ``hold()`` to ``release()``,
-    which then raises ``KeyboardInterrupt``; as a context manager, around a block (an error of the block itself goes
-    on instead). For code that cannot be interrupted safely: jaxlib's initialisation (aborts or crashes on a
-    ``KeyboardInterrupt``), Hydra's composition (which catches every ``Exception``) and ``train.py``'s imports
-    before it (no run folder yet for the summary). A second signal while held raises at once (a second Ctrl-C
-    ends the process). Holds only on the main thread, a signal whose handler is Python's or ``stop_handler``."""
+    """A Ctrl-C, and a SIGTERM that ``stop_handler`` handles, held from ``hold()`` to ``release()``, which then raises
+    ``KeyboardInterrupt`` (as a context manager: unless the block raised). For code a signal must not interrupt:
+    jaxlib's initialisation (it aborts), Hydra's composition (it catches every ``Exception``), ``train.py``'s imports
+    (no run folder for the summary yet). A second signal raises at once. Main thread only; Python's or
+    ``stop_handler``'s signals only."""
 
     def __init__(self) -> None:
         self.holding, self.received = False, False
@@ -172,20 +169,18 @@ def _note_stop(signum: int) -> None:
 
 
 def stop_handler(signum, frame) -> None:
-    """``train.py``'s SIGTERM and SIGINT handler outside the training steps: records the first signal
-    (``stop_signal``) and raises ``KeyboardInterrupt`` where the main thread is, so the run stops there with one line
-    and a ``stopped`` summary. A signal that comes inside C++ (XLA's compilation, a data read) raises as soon as the
-    call returns to Python, before any training step; ``raise_if_stopped`` catches one that C++ swallowed."""
+    """``train.py``'s SIGTERM and SIGINT handler outside the training steps: records the first signal (``stop_signal``)
+    and raises ``KeyboardInterrupt`` where the main thread is (inside C++: once the call returns to Python;
+    ``raise_if_stopped`` catches one C++ swallowed), so the run stops with one line and a ``stopped`` summary."""
     _note_stop(signum)
     quiet_background_logs()  # the run stops here: orbax's reads and writes cut short are not reported
     raise KeyboardInterrupt
 
 
 def install_stop_handlers() -> None:
-    """Makes ``stop_handler`` this process's SIGTERM and SIGINT handler (main thread only; call it first thing): a
-    SIGTERM no longer kills the run before it can say so (Python's default), and a SIGINT that a background shell
-    ignored (``cmd &``) stops the run as it does during the steps. A run stopped by SIGTERM ends by SIGTERM
-    (status 143) after Python's exit handlers; one stopped by SIGINT by SIGINT (130), as Python does."""
+    """Makes ``stop_handler`` the handler of ``STOP_SIGNALS`` (main thread; first thing): SIGTERM no longer kills the
+    run before it can say so (Python's default), a SIGINT a background shell ignored (``cmd &``) stops it too; the
+    process then ends by that signal (status 143, 130, as Python does) after Python's exit handlers."""
     global _installed
     if threading.current_thread() is not threading.main_thread():
         return
@@ -245,17 +240,15 @@ def set_phase(phase: str) -> None:
 
 
 def raise_if_stopped() -> None:
-    """Raises ``KeyboardInterrupt`` when ``stop_handler`` (installed by ``install_stop_handlers``: ``train.py``, not a
-    run inside another program) received a signal whose interrupt was swallowed (C++ code that called back into
-    Python while it ran). ``training.run`` calls it after the compilation and before the steps."""
+    """Raises ``KeyboardInterrupt`` when ``stop_handler`` (``train.py``'s, not a run inside another program) received
+    a signal whose interrupt C++ code swallowed (it called back into Python); called before the steps."""
     if _installed and _stop is not None:
         raise KeyboardInterrupt
 
 
 def stop_text(signal_name: Optional[str] = None) -> str:
-    """What stopped the run and what to do, one line without ``error: `` (``summary.json``'s ``error``): says the
-    signal (``signal_name``, else the one received, else SIGINT: a ``KeyboardInterrupt`` raised another
-    way) and where the run was (``set_phase``); a job of a sweep says to resume the sweep (``set_sweep_dir``)."""
+    """What stopped the run and what to do, without ``error: `` (``summary.json``'s ``error``): the signal
+    (``signal_name``, else the one received, else SIGINT), where the run was (``set_phase``), a sweep's resumption."""
     name = signal_name or _stop or "SIGINT"
     said = "SIGINT (Ctrl-C)" if name == "SIGINT" else name
     if _phase == "start-up":
@@ -275,17 +268,15 @@ def stop_text(signal_name: Optional[str] = None) -> str:
 
 
 def tool_line() -> str:
-    """The one line a tool (``python -m evaluate``, ``sample``, ``sweeps.report``, ``sweeps.project``) prints when a
-    signal stopped it (``run_tool``)."""
+    """The line a tool (``python -m evaluate``, ``sample``, ``sweeps.report``, ...) prints when a signal stopped it."""
     name = _stop or "SIGINT"
     said = "SIGINT (Ctrl-C)" if name == "SIGINT" else name
     return f"error: interrupted by {said} and stopped (HYDRA_FULL_ERROR=1 prints where)"
 
 
 def run_tool(main: Callable[[], int], imports_jax: bool = True) -> None:
-    """A tool's ``__main__``: SIGTERM and SIGINT stop it with ``tool_line`` and exit status 143 / 130, never a
-    traceback (``install_stop_handlers``, ``install_interrupt_hooks``); with ``imports_jax``, JAX is imported with a
-    Ctrl-C held (jaxlib's initialisation can abort when interrupted); then exits with ``main()``'s status."""
+    """A tool's ``__main__``: SIGTERM and SIGINT stop it with ``tool_line`` and exit status 143 / 130, no traceback;
+    ``imports_jax``: JAX imported with a Ctrl-C held (``HeldSigint``). Exits with ``main()``'s status."""
     install_stop_handlers()
     install_interrupt_hooks(tool_line)
     with interrupt_as_keyboard():  # a Ctrl-C in numpy's or jaxlib's import surfaces as an ImportError
@@ -301,8 +292,7 @@ _sweep_dir: Optional[str] = None  # the sweep of this job (set_sweep_dir), None:
 
 
 def set_sweep_dir(sweep_dir: Optional[str]) -> None:
-    """The ``hydra.sweep.dir`` of the sweep this job belongs to (None: a single run): the lines of a stop say to
-    resume the sweep (the same ``-m`` command in that folder), not to rerun this job's own command."""
+    """This job's sweep folder (None: a single run): the lines of a stop say to resume the sweep, not the job."""
     global _sweep_dir
     _sweep_dir = sweep_dir
 
@@ -320,9 +310,8 @@ def _sweep_again(then: str = "") -> str:
 
 
 def set_resume_hint(checkpoint_dir: Optional[str]) -> None:
-    """Names the run's checkpoint folder in the line of a stop during the steps (a run folder is new on each launch,
-    so "the same command" alone would start over); None: the run saves no checkpoints. A job of a sweep is told to
-    resume the sweep instead (its own command with ``checkpoint.dir`` would be wrong for the sweep's other jobs)."""
+    """Names ``checkpoint_dir`` (None: the run saves none) in the line of a stop during the steps: "the same command"
+    alone would start over in a new run folder. A job of a sweep is told to resume the sweep instead."""
     global _resume_hint
     if _sweep_dir is not None:
         then = " (this job continues from its newest checkpoint)" if checkpoint_dir else " (this job starts over)"
@@ -336,15 +325,13 @@ def set_resume_hint(checkpoint_dir: Optional[str]) -> None:
 
 
 def resume_hint() -> str:
-    """How this run continues after a stop during its steps (``set_resume_hint``), e.g. ``continue with the same
-    command and checkpoint.dir=... (its newest checkpoint)``."""
+    """How this run continues after a stop during its steps (``set_resume_hint``)."""
     return _resume_hint
 
 
 def saved_stop_text(saved: Optional[str], checkpoint_dir) -> str:
-    """What follows ``stopped by <signal> after step S of N; `` in the line of a stop that saved checkpoint ``saved``
-    (None: ``checkpoint.enabled=false``) in folder ``checkpoint_dir``: how to continue (a sweep: resume the sweep; a
-    SLURM batch job that was preempted: SLURM requeues it, ``arm_requeue``)."""
+    """How to continue after a stop that saved ``saved`` (None: none) in ``checkpoint_dir``, the end of ``stopped by
+    <signal> after step S of N; ...`` (a sweep: resume it; a preempted SLURM batch job: it is requeued)."""
     if not saved:
         return "no checkpoint written (checkpoint.enabled=false)"
     from training import slurm
@@ -354,14 +341,8 @@ def saved_stop_text(saved: Optional[str], checkpoint_dir) -> str:
         job, how = back
         if how == "preempted":
             arm_requeue(job)
-            return (
-                f"checkpoint saved in {saved}; SLURM preempted the job and requeues it (job {job}): it continues from "
-                f"this checkpoint by itself"
-            )
-        return (
-            f"checkpoint saved in {saved}; SLURM requeued the job (job {job}): it continues from this checkpoint by "
-            f"itself"
-        )
+        what = "preempted the job and requeues it" if how == "preempted" else "requeued the job"
+        return f"checkpoint saved in {saved}; SLURM {what} (job {job}): it continues from this checkpoint by itself"
     if _sweep_dir is not None:
         return f"checkpoint saved in {saved}; " + _sweep_again(" (this job continues from it)")
     return (
@@ -379,14 +360,23 @@ def stop_line() -> str:
 STARTING = HeldSigint()
 
 
+def guard_start() -> None:
+    """``train.py``'s first call, before it imports Hydra and JAX: a stop from here on is one line (``stop_line``)
+    and a ``stopped`` summary; a signal waits (``STARTING``) until the job has its run folder, where that summary
+    goes (``training.entry``); the collector is off until the imports are done (``pause_gc``)."""
+    install_interrupt_hooks(stop_line)
+    install_stop_handlers()
+    STARTING.hold()
+    if "IPython" not in sys.modules:  # not in an IPython session's %run, whose own objects would be frozen
+        pause_gc()
+
+
 def interrupt_hook(
     exc_type, exc, tb, fallback=sys.excepthook, line: Union[str, Callable[[], str]] = INTERRUPTED_LINE
 ) -> None:
-    """An uncaught ``KeyboardInterrupt``, or an exception a Ctrl-C caused (``interrupted``), prints ``line`` (or what
-    ``line()`` returns) on stderr and the process exits with status 130 (after a ``KeyboardInterrupt`` Python exits
-    by SIGINT itself; after another exception, ``os._exit(130)``), 143 when ``stop_handler`` received a SIGTERM
-    (the process ends by SIGTERM after its exit handlers); anything else, or any exception when the user set
-    ``HYDRA_FULL_ERROR=1``, goes to ``fallback`` (Python's own hook: the traceback)."""
+    """An uncaught ``KeyboardInterrupt``, or an exception a Ctrl-C caused (``interrupted``), prints ``line`` (or
+    ``line()``) on stderr; the process exits with status 130 (by SIGINT, or ``os._exit``), 143 after a SIGTERM (by
+    SIGTERM, after its exit handlers). Anything else, or all with ``HYDRA_FULL_ERROR=1``: ``fallback``'s traceback."""
     global _reported, _exit_by
     caused = interrupted(exc if exc is not None else exc_type())
     if caused and _stop in ("SIGTERM", "SIGHUP"):
@@ -404,9 +394,8 @@ def interrupt_hook(
 
 
 def unraisable_hook(unraisable, fallback=sys.unraisablehook) -> None:
-    """``sys.unraisablehook`` of the same kind: Python ignores a Ctrl-C raised in an exit handler or a garbage
-    collector callback. At exit this prints one line saying so; elsewhere the Ctrl-C is passed on to the main
-    thread ``PASS_ON_DELAY_S`` later (``_thread.interrupt_main``), so it stops the process as any other."""
+    """Python ignores a Ctrl-C raised in an exit handler or a collector callback: at exit this says so in one line;
+    elsewhere it is passed on to the main thread ``PASS_ON_DELAY_S`` later, to stop the process as any other."""
     if interrupted(unraisable.exc_value) and not _USER_FULL_ERROR:
         if "atexit" in (unraisable.err_msg or ""):
             if not speaks():  # one voice per job
@@ -426,38 +415,33 @@ def unraisable_hook(unraisable, fallback=sys.unraisablehook) -> None:
 
 
 def install_interrupt_hooks(line: Union[str, Callable[[], str]] = INTERRUPTED_LINE) -> None:
-    """Makes ``interrupt_hook`` (with ``line``: the line, or a function that says it when needed) and
-    ``unraisable_hook`` this process's hooks (a script's ``__main__``)."""
+    """Makes ``interrupt_hook`` (with ``line``, or a function that says it) and ``unraisable_hook`` the hooks."""
     sys.excepthook = functools.partial(interrupt_hook, fallback=sys.excepthook, line=line)
     sys.unraisablehook = functools.partial(unraisable_hook, fallback=sys.unraisablehook)
 
 
 class NoInterruptTraceback(logging.Filter):
-    """Drops a log record whose exception is a Ctrl-C or another stop signal's (orbax logs "Save Finalize thread
-    (save_finalize) failed." with the ``KeyboardInterrupt`` of a signal during a save's wait): the stop's own line
-    says what happened. ``HYDRA_FULL_ERROR=1`` keeps it."""
+    """Drops a record whose exception a stop signal caused (orbax logs "Save Finalize thread (save_finalize) failed."
+    for one during a save's wait): the stop's line says it. ``HYDRA_FULL_ERROR=1`` keeps it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.exc_info and interrupted(record.exc_info[1]) and not _USER_FULL_ERROR)
 
 
 def quiet_background_logs() -> None:
-    """The process ends at once on a second signal: absl's logger (orbax's background reads and writes, cut short)
-    shows nothing more beside the stop's line (``HYDRA_FULL_ERROR=1``: it does)."""
+    """Quiets absl's logger: orbax's background reads and writes cut short by a stop (``HYDRA_FULL_ERROR=1``: not)."""
     if not _USER_FULL_ERROR:
         logging.getLogger("absl").setLevel(logging.CRITICAL + 1)
 
 
 # ---- stop on a signal: a run, a sweep ------------------------------------------------------------------------
 class StopOnSignal:
-    """While active, SIGTERM and SIGINT only set ``signal_name`` (the loop finishes its step, saves and stops); a
-    second SIGINT raises ``KeyboardInterrupt`` at once. Handlers are installed only in the main thread, and the
-    previous ones put back on exit. With several processes no handler is installed: JAX's preemption service
-    catches SIGTERM and ``requested`` asks it for the one step at which every process saves and stops."""
+    """While active (main thread), SIGTERM and SIGINT set ``signal_name``: the loop saves after its step and stops;
+    a second SIGINT raises ``KeyboardInterrupt``. With several processes JAX's preemption service catches SIGTERM and
+    ``requested`` asks it for the step at which every process saves and stops."""
 
     def __init__(self):
-        # a signal the sweep received while this job was starting: stop after the first step
-        self.signal_name: Optional[str] = sweep_stopped()
+        self.signal_name: Optional[str] = sweep_stopped()  # the sweep's, while this job started: stop after a step
         self._previous: dict = {}
         import jax
 
@@ -542,6 +526,7 @@ class SweepStop:
 
 
 _sweep: Optional[SweepStop] = None  # the sweep running in this process, if any
+NOT_STARTED = "not started: the sweep was stopped by "  # summary.json's error of a job it skipped, + the signal
 
 
 def sweep() -> Optional[SweepStop]:
@@ -566,8 +551,7 @@ def pause_gc() -> None:
 
 
 def resume_gc() -> None:
-    """After ``pause_gc``: freezes every object alive now (``gc.freeze``) and turns the collector back on. Otherwise
-    does nothing. Called by ``train.py`` once its imports are done."""
+    """After ``pause_gc`` (else nothing): every object alive now frozen (``gc.freeze``), the collector back on."""
     global _gc_paused
     if _gc_paused:
         _gc_paused = False
@@ -576,9 +560,8 @@ def resume_gc() -> None:
 
 
 def release_gc() -> None:
-    """After ``pause_gc``: turns the collector back on without freezing anything. Otherwise does nothing. Called when
-    a sweep starts (``sweeps.callback``: a sweep's process runs as long as its jobs, or runs them all itself
-    with Hydra's default launcher, so it keeps the collector as Python sets it) and when ``train.py`` ends."""
+    """After ``pause_gc`` (else nothing): the collector back on, nothing frozen; when ``train.py`` ends, and when a
+    sweep starts (``sweeps.callback``: its process lives as long as its jobs, or runs them all itself)."""
     global _gc_paused
     if _gc_paused:
         _gc_paused = False

@@ -52,10 +52,9 @@ def setup_runtime(cfg: Config) -> Startup:
 
 
 def start_backend() -> Optional[threading.Thread]:
-    """Starts JAX's backend (``jax.devices()``) on a thread of its own, so that opening the accelerator (seconds on
-    a TPU) overlaps the imports that follow; returns the thread, or None when a backend is already up. Call it
-    after ``setup_runtime``. The main thread's own ``jax.devices()`` waits for it and raises what a failed start
-    raises; the thread is not a daemon, so the process never exits while the start still runs in C++."""
+    """Starts JAX's backend (``jax.devices()``) on a thread, after ``setup_runtime``, so that opening the accelerator
+    (seconds on a TPU) overlaps the imports that follow; returns it (None: a backend is up). The main thread's
+    ``jax.devices()`` waits for it and raises a failed start's error; not a daemon: no exit mid-start in C++."""
     if backend_started():
         return None
     import jax
@@ -73,17 +72,15 @@ def start_backend() -> Optional[threading.Thread]:
 
 @contextlib.contextmanager
 def without_ipython_probe() -> Iterator[None]:
-    """Imports inside run as if IPython were not installed (``sys.modules["IPython"] = None``), unless this process
-    is an IPython session: ``flax.nnx`` and ``treescope`` would import IPython, jedi and prompt_toolkit only to
-    learn that a script is not a notebook. A later ``import IPython`` loads the real package."""
-    if "IPython" in sys.modules:
-        yield
-        return
-    sys.modules["IPython"] = None  # type: ignore[assignment]
+    """Imports inside run as if IPython were not installed, unless this is an IPython session: ``flax.nnx`` and
+    ``treescope`` would import IPython, jedi and prompt_toolkit only to learn that a script is not a notebook."""
+    hide = "IPython" not in sys.modules
+    if hide:
+        sys.modules["IPython"] = None  # type: ignore[assignment]
     try:
         yield
-    finally:
-        if "IPython" in sys.modules and sys.modules["IPython"] is None:
+    finally:  # a later ``import IPython`` loads the real package
+        if hide and "IPython" in sys.modules and sys.modules["IPython"] is None:
             del sys.modules["IPython"]
 
 
