@@ -52,7 +52,7 @@ def _error(*overrides: str) -> str:
         _typed(*overrides)
     except ConfigInputError as e:
         return str(e)
-    except Exception as e:  # Hydra's / OmegaConf's own errors, as train.py's cli() words them
+    except Exception as e:  # Hydra's / OmegaConf's own errors, as train.py words them (training.entry.cli)
         assert is_composition_error(e), repr(e)
         return errors.one_line(e, schema.Config, schema.OPTION_SCHEMAS)
     raise AssertionError(f"{overrides} composed without an error")
