@@ -436,9 +436,9 @@ def quiet_background_logs() -> None:
 
 # ---- stop on a signal: a run, a sweep ------------------------------------------------------------------------
 class StopOnSignal:
-    """While active (main thread), SIGTERM and SIGINT set ``signal_name``: the loop saves after its step and stops;
-    a second SIGINT raises ``KeyboardInterrupt``. With several processes JAX's preemption service catches SIGTERM and
-    ``requested`` asks it for the step at which every process saves and stops."""
+    """While active (main thread; the previous handlers back on exit), SIGTERM and SIGINT set ``signal_name``: the
+    loop saves after its step and stops; a second SIGINT raises ``KeyboardInterrupt``. With several processes none
+    is installed: JAX's preemption service catches SIGTERM, ``requested`` asks it for the step to save and stop at."""
 
     def __init__(self):
         self.signal_name: Optional[str] = sweep_stopped()  # the sweep's, while this job started: stop after a step
