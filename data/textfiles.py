@@ -7,7 +7,7 @@ or UTF-32, told by a byte-order mark or NUL bytes between ASCII letters; invalid
 latin1). Only text is offered a conversion, and the conversion never touches the corpus: ``iconv`` writes a UTF-8
 copy beside the file (or, where that folder cannot be written, in ``<data.cache_dir>/converted/``) under a name that
 does not exist yet, to pass as ``data.path``. A file of a folder or glob corpus: a copy of the folder made of
-symbolic links to its files (``cp -rs``, no text copied), in which the files named are converted or left out.
+symbolic links to its files (``cp -rsL``, no text copied), in which the files named are converted or left out.
 """
 
 from __future__ import annotations
@@ -237,15 +237,31 @@ def glob_base(corpus: str) -> tuple[Path, str]:
     return Path(*parts[:n]), "/".join(parts[n:])
 
 
+def _has_loop(folder: Path) -> bool:
+    """Whether a linked folder below ``folder`` leads back to a folder above it (``cp -L`` refuses to copy it)."""
+    for root, dirs, _ in os.walk(folder, followlinks=True):
+        real = os.path.realpath(root)
+        for d in list(dirs):
+            target = os.path.realpath(os.path.join(root, d))
+            if os.path.islink(os.path.join(root, d)) and (real + os.sep).startswith(target + os.sep):
+                return True
+    return False
+
+
 def corpus_fault_line(faults: Sequence[TextFault], corpus: str, cache_dir: Optional[str]) -> str:
     """The one-line error for files of a folder or glob corpus that are not UTF-8 text (every one, found in one
-    reading): a copy of the corpus's folder made of symbolic links (``cp -rs``: nothing in the corpus changes, no
+    reading): a copy of the corpus's folder made of symbolic links (``cp -rsL``: nothing in the corpus changes, no
     text is copied) in which those files are converted (text in another encoding) or left out (not text), to pass
     as ``data.path``."""
     base, rest = glob_base(corpus)
     copy, mkdir = copy_place(base, f"{base.absolute().name}.utf8", cache_dir)
     rel = [f.path.absolute().relative_to(base.absolute()) for f in faults]
-    steps = [f"{mkdir}cp -rs {_shell(base.absolute())} {_shell(copy)}", "rm " + " ".join(_shell(copy / r) for r in rel)]
+    # -L: linked folders become folders of the copy (rm and iconv must not reach through a link into the corpus); a
+    # link loop or a broken link makes cp say so and fail after copying the rest, which is all there is to copy
+    cp = f"cp -rsL {_shell(base.absolute())} {_shell(copy)}"
+    broken = any(f.why.startswith(("is a broken symbolic link", "is a symbolic link loop")) for f in faults)
+    cp = f"{{ {cp} || test -d {_shell(copy)}; }}" if broken or _has_loop(base) else cp
+    steps = [f"{mkdir}{cp}", "rm -f " + " ".join(_shell(copy / r) for r in rel)]
     steps += [
         f"iconv -f {f.source} -t UTF-8 {_shell(f.path)} > {_shell(copy / r)}" for f, r in zip(faults, rel) if f.source
     ]

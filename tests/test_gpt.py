@@ -348,7 +348,7 @@ def test_a_file_of_a_folder_in_another_encoding_is_converted_into_a_copy_of_the_
     source = {"utf-16": "UTF-16", "latin-1": "latin1"}[encoding]
     q = shlex.quote
     command = (
-        f"cp -rs {q(str(folder))} {q(str(copy))} && rm {q(str(copy / 'b.txt'))} && "
+        f"cp -rsL {q(str(folder))} {q(str(copy))} && rm -f {q(str(copy / 'b.txt'))} && "
         f"iconv -f {source} -t UTF-8 {q(str(folder / 'b.txt'))} > {q(str(copy / 'b.txt'))}"
     )
     why = {
@@ -423,14 +423,44 @@ def test_paths_and_files_that_are_not_text_are_refused_as_such_and_a_copy_leaves
     ), line
     assert line.endswith(
         f"; and 1 more); convert them (text in another encoding, e.g. latin1) or leave them out (not text) in a copy "
-        f"of the folder made of links to its files (the corpus stays as it is): cp -rs {folder} {copy} && rm "
-        f"{copy / 'b.txt'} {copy / 'c.bin'} {copy / 'd.pipe'} {copy / 'e.txt'} && iconv -f latin1 -t UTF-8 "
+        f"of the folder made of links to its files (the corpus stays as it is): {{ cp -rsL {folder} {copy} || "
+        f"test -d {copy}; }} && rm -f {copy / 'b.txt'} {copy / 'c.bin'} {copy / 'd.pipe'} {copy / 'e.txt'} && "
+        f"iconv -f latin1 -t UTF-8 "
         f"{folder / 'b.txt'} > {copy / 'b.txt'}, then pass data.path={copy}"
     ), line
     assert _run_advice(line) == str(copy)
     assert sorted(p.name for p in folder.iterdir()) == ["a.txt", "b.txt", "c.bin", "d.pipe", "e.txt"]
     assert sorted(p.name for p in copy.iterdir()) == ["a.txt", "b.txt"]
     cfg.data.path = str(copy)
+    train = load_data(cfg, plan(cfg))[0]
+    text = good + latin
+    assert bytes(train.tokens.astype(np.uint8)).decode() == text[: int(len(text) * 0.9)]
+
+
+def test_the_copy_of_a_folder_never_reaches_through_a_linked_folder_into_the_corpus(tmp_path):
+    """A bad file inside a linked folder of the corpus: ``cp -rs`` kept the link, so ``rm`` and ``iconv`` in the copy
+    would have deleted and overwritten the original; the copy's folders are real (``cp -rsL``), a link loop in the
+    corpus does not stop the command, and the files outside the corpus stay as they were."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    latin = "Caf\u00e9 au lait.\n" * 100
+    (outside / "f.txt").write_bytes(latin.encode("latin-1"))
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    good = "Good text, first file.\n" * 300
+    (folder / "a.txt").write_text(good)
+    (folder / "linked").symlink_to(outside)
+    (folder / "loop").symlink_to(folder)
+    cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "text", "path": str(folder)}})
+    with pytest.raises(DataError) as e:
+        load_data(cfg, plan(cfg))
+    copy = tmp_path / "corpus.utf8"
+    assert str(e.value).endswith(
+        f": {{ cp -rsL {folder} {copy} || test -d {copy}; }} && rm -f {copy / 'linked' / 'f.txt'} && iconv -f latin1 "
+        f"-t UTF-8 {folder / 'linked' / 'f.txt'} > {copy / 'linked' / 'f.txt'}, then pass data.path={copy}"
+    ), str(e.value)
+    cfg.data.path = _run_advice(str(e.value))
+    assert (outside / "f.txt").read_bytes() == latin.encode("latin-1") and os.listdir(outside) == ["f.txt"]
     train = load_data(cfg, plan(cfg))[0]
     text = good + latin
     assert bytes(train.tokens.astype(np.uint8)).decode() == text[: int(len(text) * 0.9)]
