@@ -40,7 +40,6 @@ import hashlib
 import json
 import logging
 import os
-import shlex
 import shutil
 import socket
 import urllib.request
@@ -53,6 +52,15 @@ import numpy as np
 from core.errors import DataError
 from core.layout import Batch
 from data.sources import HostDataset
+from data.textfiles import (
+    GLOB_CHARS,
+    TextFault,
+    corpus_fault_line,
+    fault_line,
+    head_fault,
+    not_regular,
+    undecodable_fault,
+)
 from data.tokens import ByteTokenizer, HFTokenizer, cached_bpe, load_tokenizer_file, text_pieces
 
 log = logging.getLogger(__name__)
@@ -106,6 +114,8 @@ class WindowSource:
         # int32 whatever the tokens' dtype (a memory-mapped token file holds uint16 or uint32)
         check_mapped_size(self.tokens)
         windows = np.asarray(self.tokens[self.global_starts(step)[rows, None] + self._offsets], np.int32)
+        if self.tokenizer is not None:
+            check_window_ids(self.tokens, windows, self.tokenizer.vocab_size)
         batch = {"image": windows[:, :-1], "label": windows[:, 1:]}
         if self.with_index:
             batch["index"] = self.global_indices(step)[rows]
@@ -154,122 +164,36 @@ def file_fingerprint(path: Path, raw: bytes) -> dict:
     return {"kind": "file", "file": str(Path(path).absolute()), "bytes": len(raw), "blake2b": digest}
 
 
-# Byte-order marks of the encodings a text editor saves besides UTF-8 (UTF-32 first: its LE mark starts as UTF-16's)
-BOMS = (
-    (b"\xff\xfe\x00\x00", "UTF-32LE"),
-    (b"\x00\x00\xfe\xff", "UTF-32BE"),
-    (b"\xff\xfe", "UTF-16LE"),
-    (b"\xfe\xff", "UTF-16BE"),
-)
-
-
-def wide_encoding(raw: bytes) -> Optional[str]:
-    """``UTF-16LE``/``UTF-16BE``/``UTF-32LE``/``UTF-32BE`` when ``raw`` starts with that byte-order mark, or, with
-    no mark, when a quarter or more of its first 64 KiB are NUL bytes and the others sit at one offset modulo 4
-    (UTF-32) or 2 (UTF-16), as ASCII letters do in those encodings; else None. UTF-8 text holds no NUL bytes."""
-    for bom, name in BOMS:
-        if raw.startswith(bom):
-            return name
-    head = np.frombuffer(raw[: 1 << 16], np.uint8)
-    if len(head) < 4 or int((head == 0).sum()) < len(head) // 4:
-        return None
-    offsets = np.flatnonzero(head)
-    for width, names in ((4, ("UTF-32LE", None, None, "UTF-32BE")), (2, ("UTF-16LE", "UTF-16BE"))):
-        share = np.bincount(offsets % width, minlength=width) / max(1, len(offsets))
-        at = int(share.argmax())
-        if share[at] >= 0.9 and names[at]:
-            return names[at]
-    return None
-
-
-def _shell(path: Path) -> str:
-    """``path`` quoted for a shell, so that an advised command works when pasted."""
-    return shlex.quote(str(path))
-
-
-def read_text_file(path: Path, what: str) -> tuple[str, dict]:
+def read_text_file(path: Path, what: str, cache_dir: Optional[str] = None) -> tuple[str, dict]:
     """The text of ``path`` (``~`` expanded) and its ``file_fingerprint``.
 
     Raises:
-      DataError (one line): missing, unreadable, empty, or not UTF-8: a UTF-16/UTF-32 file (a byte-order mark, or
-        NUL bytes between ASCII letters; read as UTF-8 it would train on NUL bytes) is told to convert from its
-        encoding, one with other NUL bytes or invalid UTF-8 from its own (e.g. UTF-16LE, latin1), each with the
-        ``iconv`` command that writes a UTF-8 copy to pass instead.
+      DataError (one line): missing, unreadable, not a regular file, empty, binary, or text in another encoding
+        (with the ``iconv`` command that writes a UTF-8 copy outside the corpus, ``data.textfiles``).
     """
     path = Path(path).expanduser()
+    kind = not_regular(path)
+    if kind:
+        raise DataError(f"{what}={path} {kind}; give a UTF-8 text file")
     try:
         raw = path.read_bytes()
     except OSError as e:
         raise DataError(f"{what}={path} cannot be read ({type(e).__name__}: {e.strerror or e}); give a readable file")
     if not raw:
         raise DataError(f"{what}={path} is empty; give a UTF-8 text file with at least one window of text")
-    check_text_bytes(raw, path, what)
-    try:
-        return raw.decode("utf-8"), file_fingerprint(path, raw)
-    except UnicodeDecodeError as e:
-        raise DataError(not_utf8(path, what, e.start, e.reason)) from None
+    fault = head_fault(path, raw)
+    if fault is None:
+        try:
+            return raw.decode("utf-8"), file_fingerprint(path, raw)
+        except UnicodeDecodeError as e:
+            fault = undecodable_fault(path, e.start, e.reason)
+    raise DataError(fault_line(fault, what, cache_dir))
 
 
-def _member(path: Path, corpus: Optional[str]) -> bool:
-    """Whether ``path`` is one file of a folder or glob ``corpus`` (``data.path``), not the file it names itself."""
-    return corpus is not None and Path(corpus).expanduser().absolute() != Path(path).absolute()
-
-
-def _named(path: Path, what: str, corpus: Optional[str]) -> str:
-    """How an error names the file: ``data.path=<file>``, or ``<file> in data.path=<folder or glob>``."""
-    return f"{path} in {what}={corpus}" if _member(path, corpus) else f"{what}={path}"
-
-
-def _convert(path: Path, source: str, what: str, corpus: Optional[str]) -> str:
-    """The command that converts ``path`` from encoding ``source`` to UTF-8, and what to run then. A file given
-    itself: a UTF-8 copy beside it, to pass instead. A file of a folder or glob (``corpus``): converted in place
-    through a hidden file beside it (the corpus skips names starting with ``.``; ``mv`` on one disk replaces the file
-    whole), so the same ``data.path`` reads it, never a copy too."""
-    if _member(path, corpus):
-        tmp = path.with_name(f".{path.name}.utf8")
-        return (
-            f"iconv -f {source} -t UTF-8 {_shell(path)} > {_shell(tmp)} && mv {_shell(tmp)} {_shell(path)}, then run "
-            f"the same command ({what}={corpus})"
-        )
-    out = path.with_name(path.stem + ".utf8.txt")
-    return f"iconv -f {source} -t UTF-8 {_shell(path)} > {_shell(out)}, then pass {what}={out}"
-
-
-def not_utf8(path: Path, what: str, byte: int, reason: str, corpus: Optional[str] = None) -> str:
-    """The one-line error for a file that is not UTF-8 at ``byte``, with the conversion that fixes it (``corpus``: the
-    folder or glob ``data.path`` it is one file of)."""
-    return (
-        f"{_named(path, what, corpus)} is not UTF-8 (byte {byte}: {reason}); convert it from its encoding, e.g. "
-        f"latin1: {_convert(path, 'latin1', what, corpus)}"
-    )
-
-
-def check_text_bytes(raw: bytes, path: Path, what: str, corpus: Optional[str] = None) -> None:
-    """Raises DataError (one line) when ``raw`` (a file's bytes, or its first chunk) is UTF-16/UTF-32 text (a
-    byte-order mark, or NUL bytes between ASCII letters: read as UTF-8 it would train on NUL bytes) or holds
-    other NUL bytes, with the ``iconv`` command that converts it (``_convert``: a UTF-8 copy to pass instead, or, for
-    one file of a folder or glob ``corpus``, the file converted in place)."""
-    named = _named(path, what, corpus)
-    wide = wide_encoding(raw)
-    if wide is not None:
-        # with a byte-order mark iconv's UTF-16 / UTF-32 read it (and drop it); without one, name the byte order
-        source = wide[:6] if raw.startswith(tuple(bom for bom, _ in BOMS)) else wide
-        raise DataError(
-            f"{named} is {wide} text, not UTF-8 (read as UTF-8 it would train on NUL bytes); convert it: "
-            f"{_convert(path, source, what, corpus)}"
-        )
-    nul = raw.count(0)
-    if nul * 100 >= len(raw):  # UTF-16 of other scripts without a mark, or no text: say what is known, not a guess
-        raise DataError(
-            f"{named} holds {nul} NUL bytes, which UTF-8 text never does: convert it to UTF-8 from its encoding "
-            f"(e.g. UTF-16LE: {_convert(path, 'UTF-16LE', what, corpus)}); an archive or other binary file is not text"
-        )
-
-
-def read_utf8(path: Path, what: str) -> str:
+def read_utf8(path: Path, what: str, cache_dir: Optional[str] = None) -> str:
     """The text of ``path``. Raises DataError (one line): missing, unreadable, empty or not UTF-8
     (``read_text_file``)."""
-    return read_text_file(path, what)[0]
+    return read_text_file(path, what, cache_dir)[0]
 
 
 def tfds_splits(text: str) -> tuple[str, str, str]:
@@ -343,9 +267,13 @@ def load_text_splits(
     tokenizer = tokenizer or ByteTokenizer()
     if name == "tiny_shakespeare":
         file = tiny_shakespeare_path(path and os.path.expanduser(path), cache_dir, download)
-        train, validation, _ = tfds_splits(read_utf8(file, "data.path"))
+        train, validation, _ = tfds_splits(read_utf8(file, "data.path", cache_dir))
     else:
-        text = "".join(_text_chunks(corpus_files(path), corpus=path))
+        files = corpus_files(path)
+        try:
+            text = "".join(_text_chunks(files))
+        except TextFault as e:
+            raise DataError(_fault_line([e], files, path, cache_dir)) from None
         if not text:
             raise DataError(f"data.path={path} is empty; give a UTF-8 text file with at least one window of text")
         train, validation = split_90_10(text)
@@ -353,33 +281,42 @@ def load_text_splits(
 
 
 # ---- any corpus: files, token files --------------------------------------------------------------------------
-GLOB_CHARS = "*?["
 CHUNK_BYTES = 1 << 24  # bytes read (and decoded) at a time
+# token files up to this size are read whole when a run starts, for ids outside the vocabulary (0.01 s cached); a
+# larger corpus's windows are checked as each batch is read (``check_window_ids``)
+FULL_CHECK_BYTES = 1 << 28
 TOKEN_FILES_FORMAT = 1
+SPLITS = ("train", "validation")
+# a tokenizer suited to its text maps far fewer of its tokens to the unknown token: from this share on, a warning
+UNKNOWN_SHARE = 0.01
 
 
 def corpus_files(path: Optional[str]) -> list[Path]:
-    """The files of ``data.path``: a file; a folder: every file in it and below, sorted by path, names starting
-    with ``.`` skipped (at any depth); a glob (``*``, ``?``, ``[``; ``**`` recursive): the files it matches, sorted.
+    """The files of ``data.path``: a file; a folder: every entry in it and below that is not a folder, sorted by path,
+    names starting with ``.`` skipped (at any depth); a glob (``*``, ``?``, ``[``; ``**`` recursive): the entries it
+    matches that are not folders, sorted. An entry that is not a regular file (a FIFO, a broken link) is listed, for
+    the reading to refuse it with the others that are not text (``corpus_fingerprint``).
 
     Raises:
-      DataError (one line): no path, nothing there, or no file in the folder / matching the glob.
+      DataError (one line): no path, nothing there, not a regular file or folder, or no file in the folder / matching
+        the glob.
     """
     if not path:
         raise DataError("data=text needs data.path=FILE (a UTF-8 text file, a folder of them or a glob)")
     p = Path(path).expanduser()
-    if any(c in str(path) for c in GLOB_CHARS) and not p.exists():
-        files = sorted(Path(f) for f in globlib.glob(str(p), recursive=True) if Path(f).is_file())
+    if any(c in str(path) for c in GLOB_CHARS) and not os.path.lexists(p):
+        files = _once(sorted(Path(f) for f in globlib.glob(str(p), recursive=True) if not Path(f).is_dir()))
         if not files:
             raise DataError(f"data.path={path} matches no file; check the pattern (quoted for the shell)")
         return files
     if p.is_dir():
-        files = sorted(
-            f for f in p.rglob("*") if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
-        )
+        files = _once(sorted(_walk(p)))
         if not files:
             raise DataError(f"data.path={path} is a folder without files; give a folder of UTF-8 text files")
         return files
+    kind = not_regular(p)
+    if kind:
+        raise DataError(f"data.path={path} {kind}; give a UTF-8 text file, a folder of them or a glob")
     if not p.exists():
         raise DataError(
             f"data.path={path} cannot be read (FileNotFoundError: No such file or directory); give a readable file"
@@ -387,11 +324,37 @@ def corpus_files(path: Optional[str]) -> list[Path]:
     return [p]
 
 
-def _text_chunks(files: list[Path], chunk_bytes: int = CHUNK_BYTES, corpus: Optional[str] = None) -> Iterator[str]:
-    """The files' texts, in order, in decoded chunks of about ``chunk_bytes`` bytes. Raises DataError (one line):
-    a file that cannot be read or is not UTF-8 (naming the file and the byte; ``corpus``: ``data.path``, for the
-    advice to a file of a folder or glob)."""
+def _walk(folder: Path) -> Iterator[Path]:
+    """The entries below ``folder`` that are not folders, names starting with ``.`` skipped; linked folders are
+    followed, each real folder once (a link loop ends there)."""
+    seen: set[str] = set()
+    for root, dirs, names in os.walk(folder, followlinks=True):
+        seen.add(os.path.realpath(root))
+        dirs[:] = [d for d in dirs if not d.startswith(".") and os.path.realpath(os.path.join(root, d)) not in seen]
+        seen.update(os.path.realpath(os.path.join(root, d)) for d in dirs)
+        yield from (Path(root) / n for n in names if not n.startswith("."))
+
+
+def _once(files: list[Path]) -> list[Path]:
+    """``files`` (sorted) without a second path to the same file (through a link, or a glob's ``**`` through a link
+    loop; the shortest path of each kept): its text would be counted twice, in both splits maybe."""
+    best: dict[str, Path] = {}
+    for f in sorted(files, key=lambda f: (len(f.parts), f)):
+        best.setdefault(os.path.realpath(f), f)
+    return sorted(best.values())
+
+
+def _text_chunks(files: list[Path], chunk_bytes: int = CHUNK_BYTES) -> Iterator[str]:
+    """The files' texts, in order, in decoded chunks of about ``chunk_bytes`` bytes.
+
+    Raises:
+      TextFault: a file that is not a regular file, binary, or not UTF-8 (``data.textfiles``; the caller words it).
+      DataError (one line): a file that cannot be read.
+    """
     for f in files:
+        kind = not_regular(f)
+        if kind:
+            raise TextFault(f, kind)
         decoder = codecs.getincrementaldecoder("utf-8")("strict")
         offset = 0
         try:
@@ -399,13 +362,14 @@ def _text_chunks(files: list[Path], chunk_bytes: int = CHUNK_BYTES, corpus: Opti
                 while True:
                     raw = fh.read(chunk_bytes)
                     if offset == 0 and raw:
-                        check_text_bytes(raw, f, "data.path", corpus)
+                        fault = head_fault(f, raw)
+                        if fault is not None:
+                            raise fault
                     pending = len(decoder.getstate()[0])  # bytes of a character the last chunk cut short
                     try:
                         text = decoder.decode(raw, final=not raw)
                     except UnicodeDecodeError as e:
-                        at = offset - pending + e.start
-                        raise DataError(not_utf8(f, "data.path", at, e.reason, corpus)) from None
+                        raise undecodable_fault(f, offset - pending + e.start, e.reason) from None
                     if text:
                         yield text
                     if not raw:
@@ -417,25 +381,61 @@ def _text_chunks(files: list[Path], chunk_bytes: int = CHUNK_BYTES, corpus: Opti
             )
 
 
-def corpus_fingerprint(files: list[Path], path: Optional[str] = None) -> tuple[str, int, dict]:
+def _fault_line(faults: list[TextFault], files: list[Path], path: Optional[str], cache_dir: Optional[str]) -> str:
+    """The line for files of ``data.path`` that are not UTF-8 text: of one file given itself, or of a folder / glob."""
+    if len(files) == 1 and path is not None and Path(path).expanduser().absolute() == files[0].absolute():
+        return fault_line(faults[0], "data.path", cache_dir)
+    return corpus_fault_line(faults, str(path), cache_dir)
+
+
+def corpus_fingerprint(
+    files: list[Path], path: Optional[str] = None, cache_dir: Optional[str] = None
+) -> tuple[str, int, dict]:
     """(fingerprint, characters, record): the SHA-256 of the files' sizes and contents in order (the token files'
     key), the characters of their concatenated text, and what the checkpoints record (``file_fingerprint``'s keys:
-    ``file`` the one file, else ``path``; the bytes and blake2b of the concatenated files). Every file is read once;
-    one that is not UTF-8 is refused here (``_text_chunks``)."""
+    ``file`` the one file, else ``path``; the bytes and blake2b of the concatenated files). Every file is read once.
+
+    Raises:
+      DataError (one line): files that are not UTF-8 text, every one named (the reading goes on after the first to
+        find them all: one copy of the corpus fixes them, ``data.textfiles.corpus_fault_line``); a file that
+        cannot be read.
+    """
     h = hashlib.sha256()
     whole = hashlib.blake2b(digest_size=16)
     chars = total = 0
+    faults: list[TextFault] = []
+    first: dict[str, Path] = {}  # the first file of each text (its SHA-256), for copies of it
+    copies: list[tuple[Path, Path]] = []
     for f in files:
         digest = hashlib.sha256()
         size = 0
-        for text in _text_chunks([f], corpus=path):
-            raw = text.encode("utf-8")
-            digest.update(raw)
-            whole.update(raw)
-            size += len(raw)
-            chars += len(text)
+        try:
+            for text in _text_chunks([f]):
+                if faults:
+                    continue  # only looking for the others now
+                raw = text.encode("utf-8")
+                digest.update(raw)
+                whole.update(raw)
+                size += len(raw)
+                chars += len(text)
+        except TextFault as e:
+            faults.append(e)
         total += size
         h.update(f"{size}:{digest.hexdigest()}\n".encode())
+        if size:
+            copies.append((f, first.setdefault(digest.hexdigest(), f)))
+    if faults:
+        raise DataError(_fault_line(faults, files, path, cache_dir))
+    copies = [(f, of) for f, of in copies if f != of]
+    if copies:
+        log.warning(
+            "%d file(s) of data.path=%s hold the same text as another (%s: the text of %s): each copy is trained on, "
+            "and a copy in the validation split evaluates text also trained on; leave the copies out of data.path",
+            len(copies),
+            path,
+            copies[0][0],
+            copies[0][1],
+        )
     file = str(files[0].absolute()) if len(files) == 1 else str(path)
     return h.hexdigest()[:24], chars, {"kind": "file", "file": file, "bytes": total, "blake2b": whole.hexdigest()}
 
@@ -478,6 +478,12 @@ class TextSplits:
     validation_bytes: int
     token_dir: Optional[Path] = None
     fingerprint: Optional[dict] = None  # what the text was read from (file_fingerprint), recorded with checkpoints
+    unknown_tokens: int = 0  # tokens of both splits that are the tokenizer's unknown token (``unk_id``)
+
+    @property
+    def unknown_share(self) -> float:
+        """The share of the tokens that are the unknown token (0 for a tokenizer without one)."""
+        return self.unknown_tokens / max(1, len(self.train) + len(self.validation))
 
     @property
     def train_bytes_per_token(self) -> float:
@@ -506,6 +512,23 @@ def check_mapped_size(tokens: np.ndarray) -> None:
             f"the token file {tokens.filename} was cut to {size} bytes (another process rewrote it?) while this run "
             f"read its {tokens.nbytes}; run the same command again: the token files are written anew"
         )
+
+
+def check_window_ids(tokens: np.ndarray, windows: np.ndarray, vocab_size: int) -> None:
+    """Raises DataError (one line) when ``windows`` read from the token file ``tokens`` maps hold an id outside the
+    tokenizer's ``vocab_size`` (the file was damaged after the check at the start, or is too large for that check,
+    ``FULL_CHECK_BYTES``: the model would read NaN from its embedding), after removing the file's ``meta.json``
+    so that the same command writes the token files anew. Nothing for other arrays (random tokens, in memory)."""
+    if getattr(tokens, "file_descriptor", None) is None or not windows.size:
+        return
+    top = int(windows.max())
+    if top < vocab_size and int(windows.min()) >= 0:
+        return
+    Path(tokens.filename).with_name("meta.json").unlink(missing_ok=True)
+    raise DataError(
+        f"the token file {tokens.filename} holds token id {top}, outside the tokenizer's {vocab_size} ids (damaged "
+        f"after it was written); run the same command again: the token files are written anew"
+    )
 
 
 def token_dtype(vocab_size: int) -> str:
@@ -545,13 +568,49 @@ def text_token_files(
                 f"{e.strerror or e}); set data.cache_dir to a folder you can write"
             ) from None
         meta = json.loads(meta_path.read_text())
+    splits = {name: _memmap(folder / f"{name}.bin", meta["dtype"], meta[f"{name}_tokens"]) for name in SPLITS}
+    unknown = sum(  # (token files written before the count was recorded: counted now)
+        meta[key] if (key := f"{name}_unknown_tokens") in meta else _count(tokens, tokenizer.unk_id)
+        for name, tokens in splits.items()
+    )
     return TextSplits(
-        train=_memmap(folder / "train.bin", meta["dtype"], meta["train_tokens"]),
-        validation=_memmap(folder / "validation.bin", meta["dtype"], meta["validation_tokens"]),
+        train=splits["train"],
+        validation=splits["validation"],
         tokenizer=tokenizer,
         train_bytes=meta["train_bytes"],
         validation_bytes=meta["validation_bytes"],
         token_dir=folder,
+        unknown_tokens=unknown,
+    )
+
+
+def _count(tokens: np.ndarray, token: Optional[int]) -> int:
+    """How many of ``tokens`` (an array or a token file's map, read in chunks) are ``token`` (0 for None)."""
+    if token is None:
+        return 0
+    step = CHUNK_BYTES // tokens.itemsize
+    return sum(int(np.count_nonzero(tokens[i : i + step] == token)) for i in range(0, len(tokens), step))
+
+
+def warn_unknown(text: TextSplits) -> None:
+    """One warning when ``UNKNOWN_SHARE`` or more of the text's tokens are its tokenizer's unknown token: the model
+    learns to predict it, and accuracy and bits per byte count a predicted unknown token as the text it replaced."""
+    tok = text.tokenizer
+    if text.unknown_share < UNKNOWN_SHARE:
+        return
+    total = len(text.train) + len(text.validation)
+    named = f"{tok.what}={tok.path}" if isinstance(tok, HFTokenizer) and tok.path else "the tokenizer"
+    log.warning(
+        "%.1f%% of the text's tokens (%d of %d) are the unknown token %r of %s: the model learns to predict it, and "
+        "its accuracy and eval/bpb count a predicted %r as the text it replaced, so they do not measure this text; "
+        "give a tokenizer whose vocabulary covers the text, or leave data.tokenizer_file out and set "
+        "data.tokenizer=bpe (a byte-level BPE has no unknown token)",
+        100 * text.unknown_share,
+        text.unknown_tokens,
+        total,
+        getattr(tok, "unk_token", None),
+        named,
+        getattr(tok, "unk_token", None),
     )
 
 
@@ -565,11 +624,22 @@ def _complete_meta(folder: Path) -> Optional[dict]:
             have, want = (folder / f"{name}.bin").stat().st_size, meta[f"{name}_tokens"] * size
             if have != want:
                 raise ValueError(f"{name}.bin has {have} bytes, not {want}")
+        if (meta["train_tokens"] + meta["validation_tokens"]) * size <= FULL_CHECK_BYTES:
+            for name in ("train", "validation"):
+                top = _max_id(folder / f"{name}.bin", meta["dtype"], meta[f"{name}_tokens"])
+                if top >= meta["vocab_size"]:
+                    raise ValueError(f"{name}.bin holds token id {top}, outside the vocabulary of {meta['vocab_size']}")
         return meta
     except (OSError, ValueError, KeyError, TypeError) as e:  # (json's decode error is a ValueError)
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
         log.warning("the token files in %s are damaged (%s); writing them again", folder, why)
         return None
+
+
+def _max_id(path: Path, dtype: str, n: int) -> int:
+    """The largest token id in the token file ``path`` (-1 when empty), read in chunks of ``CHUNK_BYTES``."""
+    tokens, step = _memmap(path, dtype, n), CHUNK_BYTES // np.dtype(dtype).itemsize
+    return max((int(tokens[i : i + step].max()) for i in range(0, n, step)), default=-1)
 
 
 def _remove_abandoned(folder: Path) -> None:
@@ -616,11 +686,14 @@ def _write_token_splits(
                 n_bytes += len(piece.encode("utf-8"))
                 yield piece
 
+        n_unknown = 0
         with open(tmp / f"{name}.bin", "wb") as out:
             for ids in tokenizer.encode_pieces(counted(text_pieces(chunks()))):
                 out.write(ids.astype(dtype).tobytes())
                 n_tokens += len(ids)
+                n_unknown += 0 if tokenizer.unk_id is None else int(np.count_nonzero(ids == tokenizer.unk_id))
         counts[f"{name}_tokens"], counts[f"{name}_bytes"] = n_tokens, n_bytes
+        counts[f"{name}_unknown_tokens"] = n_unknown
     meta = {
         "format": TOKEN_FILES_FORMAT,
         "dtype": dtype,
@@ -704,7 +777,7 @@ def load_text(
     """
     if name == "tiny_shakespeare":
         file = tiny_shakespeare_path(path and os.path.expanduser(path), cache_dir, download)
-        text, fingerprint = read_text_file(file, "data.path")
+        text, fingerprint = read_text_file(file, "data.path", cache_dir)
         train, validation, _ = tfds_splits(text)
         tok = choose_tokenizer(
             tokenizer,
@@ -715,16 +788,20 @@ def load_text(
             lambda: text_pieces([train]),
             saved_tokenizer,
         )
-        return TextSplits(
-            tok.encode(train),
-            tok.encode(validation),
+        ids = {"train": tok.encode(train), "validation": tok.encode(validation)}
+        text_splits = TextSplits(
+            ids["train"],
+            ids["validation"],
             tok,
             len(train.encode("utf-8")),
             len(validation.encode("utf-8")),
             fingerprint=fingerprint,
+            unknown_tokens=sum(_count(t, tok.unk_id) for t in ids.values()),
         )
+        warn_unknown(text_splits)
+        return text_splits
     files = corpus_files(path)
-    fingerprint, chars, record = corpus_fingerprint(files, path)
+    fingerprint, chars, record = corpus_fingerprint(files, path, cache_dir)
     if chars == 0:
         raise DataError(f"data.path={path} is empty; give a UTF-8 text file with at least one window of text")
     split = int(chars * 0.9)
@@ -737,7 +814,9 @@ def load_text(
         lambda: text_pieces(_SplitStream(_text_chunks(files), split).first()),
         saved_tokenizer,
     )
-    return dataclasses.replace(text_token_files(files, fingerprint, chars, tok, cache_dir), fingerprint=record)
+    text_splits = dataclasses.replace(text_token_files(files, fingerprint, chars, tok, cache_dir), fingerprint=record)
+    warn_unknown(text_splits)
+    return text_splits
 
 
 def synthetic_tokens(vocab_size: int, train_size: int, eval_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

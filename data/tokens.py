@@ -90,6 +90,7 @@ class ByteTokenizer:
     vocab_size = VOCAB_BYTES
     fingerprint = "bytes"
     path: Optional[Path] = None
+    unk_id: Optional[int] = None  # every text encodes: no unknown token
 
     def encode(self, text: str) -> np.ndarray:
         """int32 ``[N]``: the UTF-8 bytes of ``text``."""
@@ -131,11 +132,16 @@ class HFTokenizer:
 
     name = "bpe"
 
-    def __init__(self, tokenizer, path: Optional[Path] = None):
-        self.tokenizer, self.path = tokenizer, path
+    def __init__(self, tokenizer, path: Optional[Path] = None, what: str = "data.tokenizer_file"):
+        self.tokenizer, self.path, self.what = tokenizer, path, what
         self._json = tokenizer.to_str()
-        self.vocab_size = int(tokenizer.get_vocab_size())
+        # the largest id + 1: a vocabulary with gaps in its ids (a WordLevel {"a": 0, "b": 5000}) encodes ids up to it
+        self.vocab_size = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
         self.fingerprint = hashlib.sha256(self._json.encode()).hexdigest()[:16]
+        model = json.loads(self._json).get("model") or {}
+        unk = model.get("unk_token")  # (WordLevel, WordPiece, BPE; Unigram gives its id)
+        self.unk_id: Optional[int] = tokenizer.token_to_id(unk) if unk is not None else model.get("unk_id")
+        self.unk_token: Optional[str] = None if self.unk_id is None else tokenizer.id_to_token(self.unk_id)
 
     def encode(self, text: str) -> np.ndarray:
         """int32 ``[N]``: the tokens of ``text`` (encoded in ``text_pieces``)."""
@@ -154,7 +160,19 @@ class HFTokenizer:
             yield from self._encode_batch(batch)
 
     def _encode_batch(self, batch: list[str]) -> Iterator[np.ndarray]:
-        for enc in self.tokenizer.encode_batch(batch, add_special_tokens=False):
+        try:
+            encoded = self.tokenizer.encode_batch(batch, add_special_tokens=False)
+        except Exception as e:  # the library's errors are plain Exceptions (e.g. a WordLevel model without unk_token)
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            fix = "leave data.tokenizer_file out and set data.tokenizer=bpe (a byte-level BPE encodes any text)"
+            if "unk" in reason.lower():
+                fix = (
+                    "its vocabulary lacks words of the text and it has no unknown token: set its model's unk_token "
+                    f"to a token of its vocabulary, or {fix}"
+                )
+            named = f"{self.what}={self.path}" if self.path else self.what
+            raise DataError(f"{named} cannot encode the text ({reason}); {fix}") from None
+        for enc in encoded:
             yield np.asarray(enc.ids, np.int32)
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -193,9 +211,10 @@ def load_tokenizer_file(path: Path, what: str = "data.tokenizer_file") -> HFToke
     tk = _tokenizers()
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{what}={path} does not exist; give a tokenizer.json (Hugging Face tokenizers' format)")
+        said = "is a folder" if path.is_dir() else "does not exist"
+        raise DataError(f"{what}={path} {said}; give a tokenizer.json (Hugging Face tokenizers' format)")
     try:
-        return HFTokenizer(tk.Tokenizer.from_file(str(path)), path)
+        return HFTokenizer(tk.Tokenizer.from_file(str(path)), path, what)
     except Exception as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise DataError(
@@ -233,7 +252,7 @@ def train_bpe(pieces: Iterable[str], vocab_size: int) -> HFTokenizer:
         worker.join(0.1)
     if failed:
         raise failed[0]
-    return HFTokenizer(tokenizer)
+    return HFTokenizer(tokenizer, what="the BPE trained on the text")
 
 
 def check_vocab_size(vocab_size: int) -> None:

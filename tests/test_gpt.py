@@ -8,9 +8,13 @@ and a small batch so that each compiles and runs in seconds on 8 simulated CPU d
 from __future__ import annotations
 
 import functools
+import gzip
 from pathlib import Path
 import json
 import math
+import os
+import re
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -310,40 +314,189 @@ def test_a_file_in_another_encoding_is_told_how_to_convert_it(tmp_path, encoding
     _follow_the_conversion(str(e.value), text)
 
 
-@pytest.mark.parametrize("encoding", ["utf-16", "latin-1"])
-def test_a_file_of_a_folder_in_another_encoding_is_converted_in_place(tmp_path, encoding):
-    """A file of a folder corpus in another encoding: the line names the file in the folder and converts it in place
-    (it said to write a UTF-8 copy, into the folder, and to pass data.path=<that copy>: the folder would then hold
-    the text twice, or the run would train on that one file); followed, the same data.path loads both files."""
+def _run_advice(line: str) -> str:
+    """Runs the command of an error line (between its last ``: `` before the command and ``, then pass ``) in a shell
+    and returns the ``data.path`` the line says to pass (Hydra's quotes taken off)."""
     import shlex
-    import shutil
     import subprocess
+
+    assert shutil.which("iconv") and shutil.which("cp"), "the advice is a shell command of iconv and cp"
+    head, _, passed = line.rpartition(", then pass ")
+    command = head[head.index(": ", head.index("); ")) + 2 :]
+    subprocess.run(command, shell=True, check=True)
+    (value,) = shlex.split(passed)
+    return value.removeprefix("data.path=").strip('"')
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "latin-1"])
+def test_a_file_of_a_folder_in_another_encoding_is_converted_into_a_copy_of_the_folder(tmp_path, encoding):
+    """A file of a folder corpus in another encoding: the line names the file in the folder and converts it in a copy
+    of the folder made of links (it used to convert it in place, over the original: on a read-only corpus that
+    fails, and a binary file became "text"); followed, the copy loads both files and the corpus is unchanged."""
+    import shlex
 
     folder = tmp_path / "my corpus"
     folder.mkdir()
     good, bad = "Good text, first file.\n" * 100, "To be, or not to be. Caf\u00e9.\n" * 100
     (folder / "a.txt").write_text(good, encoding="utf-8")
     (folder / "b.txt").write_bytes(bad.encode(encoding))
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
     cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "text", "path": str(folder)}})
     with pytest.raises(DataError) as e:
         load_data(cfg, plan(cfg))
-    b, tmp = shlex.quote(str(folder / "b.txt")), shlex.quote(str(folder / ".b.txt.utf8"))
+    copy = tmp_path / "my corpus.utf8"
     source = {"utf-16": "UTF-16", "latin-1": "latin1"}[encoding]
-    command = f"iconv -f {source} -t UTF-8 {b} > {tmp} && mv {tmp} {b}"
+    q = shlex.quote
+    command = (
+        f"cp -rsL {q(str(folder))} {q(str(copy))} && rm -f {q(str(copy / 'b.txt'))} && "
+        f"iconv -f {source} -t UTF-8 {q(str(folder / 'b.txt'))} > {q(str(copy / 'b.txt'))}"
+    )
     why = {
-        "utf-16": "is UTF-16LE text, not UTF-8 (read as UTF-8 it would train on NUL bytes); convert it: ",
-        "latin-1": "is not UTF-8 (byte 24: invalid continuation byte); convert it from its encoding, e.g. latin1: ",
+        "utf-16": "is UTF-16LE text, not UTF-8 (read as UTF-8 it would train on NUL bytes); convert it",
+        "latin-1": "is not UTF-8 (byte 24: invalid continuation byte); convert it from its encoding, e.g. latin1,",
     }[encoding]
     assert str(e.value) == (
-        f"{folder / 'b.txt'} in data.path={folder} {why}{command}, then run the same command (data.path={folder})"
+        f"{folder / 'b.txt'} in data.path={folder} {why} in a copy of the folder made of links to its files (the "
+        f"corpus stays as it is): {command}, then pass 'data.path=\"{copy}\"'"  # (quoted: a space in the name)
     )
-    if shutil.which("iconv"):
-        subprocess.run(command, shell=True, check=True)
-    else:  # the same conversion (iconv's UTF-16 reads and drops the byte-order mark, as Python's codec)
-        (folder / "b.txt").write_text((folder / "b.txt").read_bytes().decode(encoding), encoding="utf-8")
-    assert sorted(p.name for p in folder.iterdir()) == ["a.txt", "b.txt"]
+    assert _run_advice(str(e.value)) == str(copy)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # the corpus is as it was
+    cfg.data.path = str(copy)
     train = load_data(cfg, plan(cfg))[0]
     text = good + bad
+    assert bytes(train.tokens.astype(np.uint8)).decode() == text[: int(len(text) * 0.9)]
+
+
+def test_paths_and_files_that_are_not_text_are_refused_as_such_and_a_copy_leaves_them_out(tmp_path):
+    """A FIFO (reading it blocked for ever), a device, a broken link or a link loop is refused as what it is; a
+    binary file is refused as binary (it was offered a latin1 conversion that made it "text"); in a folder every
+    such file is named in one line whose copy of the folder leaves them out and converts the latin1 one; followed,
+    the copy holds the text files only."""
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "broken").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "random.bin").write_bytes(np.random.default_rng(0).integers(0, 256, 50_000, np.uint8).tobytes())
+    gz = tmp_path / "corpus.txt.gz"
+    gz.write_bytes(gzip.compress(np.random.default_rng(1).integers(0, 256, 30_000, np.uint8).tobytes()))
+    cases = {
+        "fifo": "is a FIFO (named pipe), not a regular file; give a UTF-8 text file, a folder of them or a glob",
+        "broken": f"is a broken symbolic link (to {tmp_path / 'nowhere'}); give a UTF-8 text file, a folder of them "
+        "or a glob",
+        "loop": "is a symbolic link loop, not a regular file; give a UTF-8 text file, a folder of them or a glob",
+        "/dev/zero": "is a character device, not a regular file; give a UTF-8 text file, a folder of them or a glob",
+        "random.bin": "is binary, not text (1 of its 50000 bytes from byte 0 are control codes, which text in no "
+        "encoding holds); give a UTF-8 text file",
+    }
+    for name, message in cases.items():
+        path = tmp_path / name
+        cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "text", "path": str(path)}})
+        with pytest.raises(DataError) as e:
+            load_data(cfg, plan(cfg))
+        if name != "random.bin":
+            assert str(e.value) == f"data.path={path} {message}"
+        else:  # the count of control bytes is the random file's
+            assert re.fullmatch(
+                rf"data\.path={path} is binary, not text \(\d+ of its 50000 bytes from byte 0 are control codes, "
+                r"which text in no encoding holds\); give a UTF-8 text file",
+                str(e.value),
+            ), str(e.value)
+    cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "text", "path": str(gz)}})
+    with pytest.raises(DataError, match=rf"^data\.path={gz} is binary, not text \(a gzip file; \d+ of its "):
+        load_data(cfg, plan(cfg))
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    good, latin = "Good text, first file.\n" * 300, "Caf\u00e9 au lait.\n" * 100
+    (folder / "a.txt").write_text(good)
+    (folder / "b.txt").write_bytes(latin.encode("latin-1"))
+    (folder / "c.bin").write_bytes((tmp_path / "random.bin").read_bytes())
+    os.mkfifo(folder / "d.pipe")
+    (folder / "e.txt").symlink_to(tmp_path / "nowhere")
+    cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "text", "path": str(folder)}})
+    with pytest.raises(DataError) as e:
+        load_data(cfg, plan(cfg))
+    line = str(e.value)
+    copy = tmp_path / "corpus.utf8"
+    assert line.startswith(
+        f"4 files in data.path={folder} are not UTF-8 text ({folder / 'b.txt'} is not UTF-8 (byte 3: invalid "
+        f"continuation byte); {folder / 'c.bin'} is binary, not text ("
+    ), line
+    assert line.endswith(
+        f"; and 1 more); convert them (text in another encoding, e.g. latin1) or leave them out (not text) in a copy "
+        f"of the folder made of links to its files (the corpus stays as it is): {{ cp -rsL {folder} {copy} || "
+        f"test -d {copy}; }} && rm -f {copy / 'b.txt'} {copy / 'c.bin'} {copy / 'd.pipe'} {copy / 'e.txt'} && "
+        f"iconv -f latin1 -t UTF-8 "
+        f"{folder / 'b.txt'} > {copy / 'b.txt'}, then pass data.path={copy}"
+    ), line
+    assert _run_advice(line) == str(copy)
+    assert sorted(p.name for p in folder.iterdir()) == ["a.txt", "b.txt", "c.bin", "d.pipe", "e.txt"]
+    assert sorted(p.name for p in copy.iterdir()) == ["a.txt", "b.txt"]
+    cfg.data.path = str(copy)
+    train = load_data(cfg, plan(cfg))[0]
+    text = good + latin
+    assert bytes(train.tokens.astype(np.uint8)).decode() == text[: int(len(text) * 0.9)]
+
+
+def test_the_copy_of_a_folder_never_reaches_through_a_linked_folder_into_the_corpus(tmp_path):
+    """A bad file inside a linked folder of the corpus: ``cp -rs`` kept the link, so ``rm`` and ``iconv`` in the copy
+    would have deleted and overwritten the original; the copy's folders are real (``cp -rsL``), a link loop in the
+    corpus does not stop the command, and the files outside the corpus stay as they were."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    latin = "Caf\u00e9 au lait.\n" * 100
+    (outside / "f.txt").write_bytes(latin.encode("latin-1"))
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    good = "Good text, first file.\n" * 300
+    (folder / "a.txt").write_text(good)
+    (folder / "linked").symlink_to(outside)
+    (folder / "loop").symlink_to(folder)
+    cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "text", "path": str(folder)}})
+    with pytest.raises(DataError) as e:
+        load_data(cfg, plan(cfg))
+    copy = tmp_path / "corpus.utf8"
+    assert str(e.value).endswith(
+        f": {{ cp -rsL {folder} {copy} || test -d {copy}; }} && rm -f {copy / 'linked' / 'f.txt'} && iconv -f latin1 "
+        f"-t UTF-8 {folder / 'linked' / 'f.txt'} > {copy / 'linked' / 'f.txt'}, then pass data.path={copy}"
+    ), str(e.value)
+    cfg.data.path = _run_advice(str(e.value))
+    assert (outside / "f.txt").read_bytes() == latin.encode("latin-1") and os.listdir(outside) == ["f.txt"]
+    train = load_data(cfg, plan(cfg))[0]
+    text = good + latin
+    assert bytes(train.tokens.astype(np.uint8)).decode() == text[: int(len(text) * 0.9)]
+
+
+def test_a_conversion_never_overwrites_and_goes_to_the_cache_where_the_folder_cannot_be_written(tmp_path, monkeypatch):
+    """The UTF-8 copy is named so that it overwrites nothing (``corpus.utf8.txt`` taken: ``corpus.utf8-2.txt``), and
+    where the corpus's folder cannot be written (a read-only corpus: converting beside it failed) it goes to
+    ``<data.cache_dir>/converted/``, made by the command; followed, it loads."""
+    from data.textfiles import TextFault, fault_line
+
+    text = "Caf\u00e9 au lait, s'il vous pla\u00eet.\n" * 200
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(text.encode("latin-1"))
+    (tmp_path / "corpus.utf8.txt").write_text("the user's own file")
+    fault = TextFault(path, "is not UTF-8 (byte 3: invalid continuation byte)", "latin1", guess=True)
+    out = tmp_path / "corpus.utf8-2.txt"
+    assert fault_line(fault, "data.path", str(tmp_path / "cache")) == (
+        f"data.path={path} is not UTF-8 (byte 3: invalid continuation byte); convert it from its encoding, e.g. "
+        f"latin1: iconv -f latin1 -t UTF-8 {path} > {out}, then pass data.path={out}"
+    )
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == tmp_path else real_access(p, mode))
+    cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "text", "path": str(path)}})
+    cfg.data.cache_dir = str(tmp_path / "cache")
+    with pytest.raises(DataError) as e:
+        load_data(cfg, plan(cfg))
+    converted = tmp_path / "cache" / "converted"
+    assert str(e.value) == (
+        f"data.path={path} is not UTF-8 (byte 3: invalid continuation byte); convert it from its encoding, e.g. "
+        f"latin1: mkdir -p {converted} && iconv -f latin1 -t UTF-8 {path} > {converted / 'corpus.utf8.txt'}, then "
+        f"pass data.path={converted / 'corpus.utf8.txt'}"
+    )
+    cfg.data.path = _run_advice(str(e.value))
+    assert (tmp_path / "corpus.utf8.txt").read_text() == "the user's own file"
+    train = load_data(cfg, plan(cfg))[0]
     assert bytes(train.tokens.astype(np.uint8)).decode() == text[: int(len(text) * 0.9)]
 
 

@@ -8,6 +8,7 @@ import json
 import math
 import random
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -117,6 +118,29 @@ def test_corpus_files_and_their_one_line_errors(corpus, tmp_path):
 
 
 @pytest.mark.unit
+def test_linked_folders_are_read_once_and_copies_of_a_text_are_warned(corpus, tmp_path, caplog):
+    """A linked folder in a folder corpus was skipped without a word; a link loop under a ``**`` glob listed the
+    same files dozens of times (their text trained on, and evaluated, once per path). Linked folders are followed,
+    each real file read once; files holding the same text are named in one warning."""
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "e.txt").write_text("linked text\n" * 50)
+    (corpus / "linked").symlink_to(other)
+    (corpus / "b" / "up").symlink_to(corpus)  # a loop
+    files = [corpus / "a.txt", corpus / "b" / "c.txt", corpus / "d.txt", corpus / "linked" / "e.txt"]
+    assert corpus_files(str(corpus)) == files
+    assert corpus_files(str(corpus / "**" / "*.txt")) == files
+    (corpus / "f.txt").write_text((corpus / "a.txt").read_text())
+    load_text("text", str(corpus), str(tmp_path / "cache"), False)
+    warned = [r.getMessage() for r in caplog.records if r.name == "data.text" and r.levelname == "WARNING"]
+    assert warned == [
+        f"1 file(s) of data.path={corpus} hold the same text as another ({corpus / 'f.txt'}: the text of "
+        f"{corpus / 'a.txt'}): each copy is trained on, and a copy in the validation split evaluates text also "
+        f"trained on; leave the copies out of data.path"
+    ]
+
+
+@pytest.mark.unit
 def test_a_stop_signal_during_bpe_training_is_taken_at_once():
     """A signal during a BPE's training (seconds on a corpus of many megabytes) was taken only when the trainer's
     Rust loop let go of the interpreter lock (2.5 s later here, 10-13 s on a loaded machine); the trainer now runs on
@@ -177,11 +201,12 @@ def test_the_token_file_holds_the_in_memory_tokens_and_gives_the_same_batches(co
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("damage", ["cut train.bin", "empty meta.json", "no validation.bin"])
+@pytest.mark.parametrize("damage", ["cut train.bin", "empty meta.json", "no validation.bin", "id outside"])
 def test_damaged_token_files_are_written_again_with_one_warning(corpus, tmp_path, caplog, damage):
     """The token files are derived data: a cut ``train.bin`` (a traceback from ``np.memmap`` before), an emptied
-    ``meta.json`` (a JSONDecodeError) or a missing file is named in one warning and written again; the run gets
-    the same tokens."""
+    ``meta.json`` (a JSONDecodeError), a missing file or a token id outside the vocabulary (bytes overwritten in
+    place: the run read NaN from the embedding and stopped at step 1 blaming the learning rate) is named in one
+    warning and written again; the run gets the same tokens."""
     cache = tmp_path / "cache"
     first = load_text("text", str(corpus), str(cache), False)
     tokens, folder = np.asarray(first.train).copy(), first.token_dir
@@ -191,12 +216,21 @@ def test_damaged_token_files_are_written_again_with_one_warning(corpus, tmp_path
             f.truncate(1000)
     elif damage == "empty meta.json":
         (folder / "meta.json").write_text("")
-    else:
+    elif damage == "no validation.bin":
         (folder / "validation.bin").unlink()
+    else:
+        with open(folder / "validation.bin", "r+b") as f:
+            f.seek(600)
+            f.write(np.uint16(60_000).tobytes())
     again = load_text("text", str(corpus), str(cache), False)
     np.testing.assert_array_equal(np.asarray(again.train), tokens)
     warned = [r.getMessage() for r in caplog.records if r.name == "data.text" and r.levelname == "WARNING"]
     assert len(warned) == 1 and warned[0].startswith(f"the token files in {folder} are damaged ("), warned
+    if damage == "id outside":
+        assert warned[0] == (
+            f"the token files in {folder} are damaged (validation.bin holds token id 60000, outside the vocabulary "
+            f"of 256); writing them again"
+        )
     assert warned[0].endswith("); writing them again")
     assert [p.name for p in (cache / "text").iterdir()] == [folder.name]  # nothing moved aside is left
 
@@ -222,6 +256,111 @@ def test_a_token_file_cut_while_a_run_reads_it_is_one_line(corpus, tmp_path):
     again = load_text("text", str(corpus), str(cache), False)  # the same command: the files are written again
     np.testing.assert_array_equal(WindowSource(again.train, 32, 8, seed=0).local_batch(0, slice(0, 8))["image"],
                                   before["image"])  # fmt: skip
+
+
+@pytest.mark.unit
+def test_a_token_id_outside_the_vocabulary_in_a_batch_is_one_line_and_the_files_are_written_again(
+    corpus, tmp_path, monkeypatch
+):
+    """Token files too large to read whole at the start (``FULL_CHECK_BYTES``) are checked batch by batch: a window
+    holding an id outside the tokenizer's is one DataError naming the file (not NaN at step 1), and the same command
+    then writes the files anew."""
+    import data.text
+
+    cache = tmp_path / "cache"
+    first = load_text("text", str(corpus), str(cache), False)
+    path, tokens = first.token_dir / "train.bin", np.asarray(first.train).copy()
+    del first
+    damaged = tokens.astype(np.uint16)
+    damaged[::50] = 300
+    damaged.tofile(path)
+    monkeypatch.setattr(data.text, "FULL_CHECK_BYTES", 0)
+    text = load_text("text", str(corpus), str(cache), False)
+    source = WindowSource(text.train, 32, 8, seed=0)
+    source.tokenizer = text.tokenizer
+    with pytest.raises(DataError) as e:
+        source.local_batch(0, slice(0, 8))
+    assert str(e.value) == (
+        f"the token file {path} holds token id 300, outside the tokenizer's 256 ids (damaged after it was "
+        f"written); run the same command again: the token files are written anew"
+    )
+    again = load_text("text", str(corpus), str(cache), False)
+    np.testing.assert_array_equal(np.asarray(again.train), tokens)
+
+
+def _word_level(tmp_path: Path, vocab: dict, unk: Optional[str]) -> Path:
+    """A Hugging Face WordLevel tokenizer.json of ``vocab`` (whitespace pre-tokenizer; ``unk``: its unknown token)."""
+    import tokenizers
+
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token=unk))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    path = tmp_path / "word_level.json"
+    tok.save(str(path))
+    return path
+
+
+def test_a_tokenizer_that_cannot_encode_the_text_is_one_line_and_writes_nothing(corpus, tmp_path):
+    """A WordLevel tokenizer without an unknown token fails on a word outside its vocabulary (a 34-line traceback
+    of the library's plain Exception before): one line naming the file, the reason and the fix, exit 1, in the run
+    folder only what a refused run leaves, and no token folder in the cache."""
+    from utils import run_train
+
+    path = _word_level(tmp_path, {"the": 0, "to": 1}, None)
+    run = tmp_path / "run"
+    r = run_train(
+        run, "model=gpt", "data=text", f"data.path={corpus}", f"data.tokenizer_file={path}",
+        f"data.cache_dir={tmp_path / 'cache'}", "wandb=disabled", timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 1
+    assert [ln for ln in r.stderr.splitlines() if ln.startswith("error:")] == [
+        f"error: data.tokenizer_file={path} cannot encode the text (WordLevel error: Missing [UNK] token from the "
+        f"vocabulary); its vocabulary lacks words of the text and it has no unknown token: set its model's unk_token "
+        f"to a token of its vocabulary, or leave data.tokenizer_file out and set data.tokenizer=bpe (a byte-level "
+        f"BPE encodes any text)"
+    ], r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    assert sorted(p.name for p in run.iterdir()) == [".hydra", ".lock", "summary.json", "train.log"]
+    assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+    assert list((tmp_path / "cache" / "text").iterdir()) == []
+
+
+@pytest.mark.unit
+def test_a_tokenizer_mapping_much_of_the_text_to_its_unknown_token_is_warned_with_the_figures(corpus, tmp_path, caplog):
+    """A tokenizer whose vocabulary misses most words of the text trained silently and reported 93% accuracy (it
+    predicted the unknown token): one warning with the share, the counts, the token and the file, and the share in
+    the summary (``data/unknown_token_share``); recorded with the token files, the same on a second load. A
+    tokenizer with gaps in its ids counts its vocabulary to its largest id (its tokens were outside the model's)."""
+    from data.load import text_info
+    from data.text import UNKNOWN_SHARE
+
+    path = _word_level(tmp_path, {"[UNK]": 0, "the": 1, "and": 2, "to": 3, "of": 700}, "[UNK]")
+    for attempt in ("written", "cached"):
+        caplog.clear()
+        text = load_text("text", str(corpus), str(tmp_path / "cache"), False, tokenizer_file=str(path))
+        ids = np.concatenate([np.asarray(text.train), np.asarray(text.validation)])
+        unknown = int((ids == 0).sum())
+        assert text.tokenizer.vocab_size == 701 and int(ids.max()) == 700
+        assert text.unknown_tokens == unknown and text.unknown_share == unknown / len(ids) > 0.8
+        warned = [r.getMessage() for r in caplog.records if r.name == "data.text" and r.levelname == "WARNING"]
+        assert warned == [
+            f"{100 * unknown / len(ids):.1f}% of the text's tokens ({unknown} of {len(ids)}) are the unknown token "
+            f"'[UNK]' of data.tokenizer_file={path}: the model learns to predict it, and its accuracy and eval/bpb "
+            f"count a predicted '[UNK]' as the text it replaced, so they do not measure this text; give a tokenizer "
+            f"whose vocabulary covers the text, or leave data.tokenizer_file out and set data.tokenizer=bpe (a "
+            f"byte-level BPE has no unknown token)"
+        ], attempt
+    assert text_info(text, type("Eval", (), {"bytes_per_token": 1.0}))["data/unknown_token_share"] == (
+        unknown / len(ids)
+    )
+    caplog.clear()  # a BPE has no unknown token; below the threshold, no warning
+    bpe = load_text("text", str(corpus), str(tmp_path / "cache"), False, tokenizer="bpe", vocab_size=300)
+    assert bpe.tokenizer.unk_id is None and bpe.unknown_tokens == 0 and UNKNOWN_SHARE == 0.01
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    with pytest.raises(DataError) as e:  # (it said "does not exist")
+        load_tokenizer_file(tmp_path)
+    assert str(e.value) == (
+        f"data.tokenizer_file={tmp_path} is a folder; give a tokenizer.json (Hugging Face tokenizers' format)"
+    )
 
 
 @pytest.mark.unit
