@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from tracking.folders import run_checkpoint_dir
+from tracking.folders import RUN, folder_kind, run_checkpoint_dir
 
 log = logging.getLogger("evaluate")
 
@@ -157,10 +157,11 @@ def find_best_step_dir(path: Path) -> Path:
         raise ConfigError(
             f"--best takes a run folder or a checkpoint folder, not the step folder {path}; give {path.parent}"
         )
-    moved = None if path.name == checkpoint.BEST_DIR else _kept_best(path)
+    is_best = path.name == checkpoint.BEST_DIR and folder_kind(path) != RUN  # a run folder named best is a run's
+    moved = None if is_best else _kept_best(path)
     if moved is not None:  # a best folder moved under another name
         return moved
-    folder = path if path.name == checkpoint.BEST_DIR else (run_checkpoint_dir(path) or path) / checkpoint.BEST_DIR
+    folder = path if is_best else (run_checkpoint_dir(path) or path) / checkpoint.BEST_DIR
     found = checkpoint.best_step_dir(folder)
     if found is None and checkpoint.complete_steps(folder):  # kept, but damaged: say so, do not guess a cause
         damaged = folder / str(checkpoint.complete_steps(folder)[-1])
