@@ -707,7 +707,8 @@ def test_resume_over_a_damaged_step_is_one_warning_line(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     out = again.stdout + again.stderr
     assert "Traceback" not in out and "Exception ignored" not in out, again.stderr[-3000:]
-    (line,) = [ln for ln in again.stderr.splitlines() if "window" not in ln]  # (a 2-step run measures no window)
+    (line, kept) = [ln for ln in again.stderr.splitlines() if "window" not in ln]  # (a 2-step run: no window)
+    assert kept.startswith(f"warning: {run / 'summary.json'} already existed: kept as summary.previous-")
     assert line.startswith(f"warning: checkpoint {ckpt / '6'} is incomplete or corrupt (ValueError: ")
     assert line.endswith(f"), moved aside to 6.corrupt; resuming from the newest complete one, {ckpt / '4'}")
     assert checkpoint.complete_steps(ckpt) == [2, 4, 6] and (ckpt / "6.corrupt").is_dir()

@@ -22,6 +22,7 @@ from core.step import LocalGrads, TrainState, Updater, create_state
 from data.augment import augment_spec
 from data.load import image_data, text_data
 from measure.compiled import device_memory_stat
+from measure.memory import check_state_fits
 from models import build_model
 from parallel import MODES, ParallelMode, make_mesh, mode_class, resolve_mesh_shape
 from parallel.base import StepFns, check_mesh_shape, reduce_dtype
@@ -255,6 +256,7 @@ def build(p: Plan, feed_for: Optional[Callable[[BatchLayout], Any]] = None) -> E
         growth_interval=cfg.precision.growth_interval,
         grad_norm_every=cfg.train.grad_norm_every or 0,
     )
+    check_state_fits(cfg, init_fn, mode.state_shardings, list(mesh.devices.flat))  # one line, before building it
     state = mode.init_state(init_fn)  # created directly in the mode's layout (fsdp: sharded)
     abstract = host_abstract(state)
     for line in mode.setting_warnings(abstract):  # e.g. an fsdp rule that matches no array (a typo)

@@ -37,6 +37,7 @@ from measure.compiled import (
     state_bytes_per_device,
 )
 from measure.hardware import describes_device
+from measure.memory import out_of_memory_as_error
 from measure.profiler import Profiler, check_window, explain_ratio
 from measure.rates import comm_time_model_s, perplexity, token_rates
 from measure.throughput import STARTUP, JobClock, TargetTracker, WindowStats, in_multirun
@@ -185,9 +186,12 @@ NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)  # a folder made read-on
 def disk_full_as_error(run_dir: Path) -> Iterator[None]:
     """Raises TrainingError (one line) for an ``OSError`` of a full disk, or of a run folder that stopped taking
     writes, in the block: a file of the run in ``run_dir`` (metrics.jsonl, ...) that cannot be written; its traceback
-    would say nothing more. Other ``OSError``s go on."""
+    would say nothing more; and for memory that ran out (``measure.memory``). Other errors go on."""
     try:
         yield
+    except (MemoryError, jax.errors.JaxRuntimeError) as e:
+        out_of_memory_as_error(e)
+        raise
     except OSError as e:
         if e.errno not in DISK_FULL + NOT_WRITABLE:
             raise
