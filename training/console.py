@@ -91,11 +91,8 @@ class _DropMessages(logging.Filter):
         return not any(n in message for n in self.needles)
 
 
-class _NotOnConsole(logging.Filter):
-    """Drops the records ``WarningLines`` prints itself (a tool's stderr handler would print them again)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno != logging.WARNING or record.name.split(".")[0] not in process.PRODUCT_LOGGERS
+def _not_said(record: logging.LogRecord) -> bool:  # a tool's stderr handler: not what WarningLines prints itself
+    return record.levelno != logging.WARNING or record.name.split(".")[0] not in process.PRODUCT_LOGGERS
 
 
 def tool_logging() -> None:
@@ -103,8 +100,8 @@ def tool_logging() -> None:
     ``LEVEL logger: message``, each product warning once as ``warning: ...``, and ``quiet_known_noise``."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:  # basicConfig's (none when the root has handlers already)
-        if type(handler) is logging.StreamHandler and not any(isinstance(f, _NotOnConsole) for f in handler.filters):
-            handler.addFilter(_NotOnConsole())
+        if type(handler) is logging.StreamHandler and _not_said not in handler.filters:
+            handler.addFilter(_not_said)
     quiet_known_noise()
 
 
