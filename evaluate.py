@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from tracking.folders import run_checkpoint_dir
+from tracking.folders import RUN, folder_kind, run_checkpoint_dir
 
 log = logging.getLogger("evaluate")
 
@@ -99,7 +99,7 @@ def find_steps(path: Path) -> tuple[list[Path], Optional[Path]]:
     if odd and not steps:
         raise ConfigError(f"{path} holds no complete checkpoint: {odd}; give another checkpoint folder")
     if odd:  # skipped: a file or a broken symbolic link named like a step
-        checkpoint.warn(f"{odd}: ignored; the newest complete step is {path / str(steps[-1])}")
+        log.warning(f"{odd}: ignored; the newest complete step is {path / str(steps[-1])}")
     if not steps:
         raise ConfigError(
             f"{path} holds no checkpoint (no <step> folder with state/ and meta/); give a run folder, its checkpoint "
@@ -157,10 +157,11 @@ def find_best_step_dir(path: Path) -> Path:
         raise ConfigError(
             f"--best takes a run folder or a checkpoint folder, not the step folder {path}; give {path.parent}"
         )
-    moved = None if path.name == checkpoint.BEST_DIR else _kept_best(path)
+    is_best = path.name == checkpoint.BEST_DIR and folder_kind(path) != RUN  # a run folder named best is a run's
+    moved = None if is_best else _kept_best(path)
     if moved is not None:  # a best folder moved under another name
         return moved
-    folder = path if path.name == checkpoint.BEST_DIR else (run_checkpoint_dir(path) or path) / checkpoint.BEST_DIR
+    folder = path if is_best else (run_checkpoint_dir(path) or path) / checkpoint.BEST_DIR
     found = checkpoint.best_step_dir(folder)
     if found is None and checkpoint.complete_steps(folder):  # kept, but damaged: say so, do not guess a cause
         damaged = folder / str(checkpoint.complete_steps(folder)[-1])
@@ -210,7 +211,7 @@ def _warn_other_runs_best(path: Path, best: Path) -> None:
     if mine and mine.get("config", {}).get("model") == model:
         return
     other = ", with other model settings" if mine else ""
-    checkpoint.warn(f"the best checkpoint {best} was saved by another run, {saver}{other}; it is read as given")
+    log.warning(f"the best checkpoint {best} was saved by another run, {saver}{other}; it is read as given")
 
 
 def _kept_best(folder: Path) -> Optional[Path]:
@@ -440,7 +441,7 @@ def evaluate_checkpoint(path: Path, overrides: Sequence[str] = (), best: bool = 
     test, fingerprint = load_test_split(cfg, p, step_dir)
     change = checkpoint.data_change(checkpoint.read_metadata(step_dir).get("data_fingerprint"), fingerprint)
     if change:  # a text file edited since: its validation split is not the one the run evaluated on
-        checkpoint.warn(f"evaluating {step_dir} on other data than it was trained on ({change})")
+        log.warning(f"evaluating {step_dir} on other data than it was trained on ({change})")
     eval_set = make_eval_set(test, cfg.train.eval_batch, exp.mode.num_devices, exp.mode.batch_layout())
     text = cfg.model.name == "gpt" and cfg.data.name in ("tiny_shakespeare", "text")
     metrics = evaluate(exp, restored.state.params, eval_set, getattr(test, "bytes_per_token", None) if text else None)

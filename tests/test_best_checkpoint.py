@@ -289,3 +289,24 @@ def test_a_best_checkpoint_saved_by_another_run_is_named(tmp_path, capsys):
     meta.write_text(json.dumps({**json.loads(meta.read_text()), "run_dir": str(run)}))
     assert evaluate.find_best_step_dir(run / "checkpoints") == run / "checkpoints" / "best" / "4"
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", ["best", "checkpoints", "3"])
+def test_a_run_folder_named_like_the_checkpoint_layout_is_a_run(tmp_path, name):
+    """A run folder named ``best`` was taken for a best folder: ``python -m sample <runs>/best --best`` said "the best
+    folder was moved or deleted"; a run folder named ``checkpoints`` or a step number is a run as well, for --best,
+    without it, and as ``checkpoint.resume`` (its checkpoint folder, named a number)."""
+    import evaluate
+    import sample
+    from utils import save_steps
+
+    run, cfg = tmp_path / name, make_cfg({"data": {"name": "synthetic"}})
+    (run / ".hydra").mkdir(parents=True)
+    save_steps(run / "checkpoints", cfg, {8: 1.0})
+    save_steps(run / "checkpoints" / "best", cfg, {4: 1.0})
+    (run / "summary.json").write_text(json.dumps({"status": "ok", "checkpoint/best_metric": "eval/loss"}))
+    assert sample.find_checkpoint(run, best=True) == run / "checkpoints" / "best" / "4"
+    assert evaluate.find_best_step_dir(run / "checkpoints") == run / "checkpoints" / "best" / "4"
+    assert evaluate.find_step_dir(run) == run / "checkpoints" / "8"
+    assert evaluate.find_best_step_dir(run / "checkpoints" / "best") == run / "checkpoints" / "best" / "4"

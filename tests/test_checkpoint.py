@@ -707,7 +707,8 @@ def test_resume_over_a_damaged_step_is_one_warning_line(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     out = again.stdout + again.stderr
     assert "Traceback" not in out and "Exception ignored" not in out, again.stderr[-3000:]
-    (line,) = [ln for ln in again.stderr.splitlines() if "window" not in ln]  # (a 2-step run measures no window)
+    (line, kept) = [ln for ln in again.stderr.splitlines() if "window" not in ln]  # (a 2-step run: no window)
+    assert kept.startswith(f"warning: {run / 'summary.json'} already existed: kept as summary.previous-")
     assert line.startswith(f"warning: checkpoint {ckpt / '6'} is incomplete or corrupt (ValueError: ")
     assert line.endswith(f"), moved aside to 6.corrupt; resuming from the newest complete one, {ckpt / '4'}")
     assert checkpoint.complete_steps(ckpt) == [2, 4, 6] and (ckpt / "6.corrupt").is_dir()
@@ -1294,3 +1295,22 @@ def test_an_entry_named_like_a_step_that_is_not_a_folder_is_refused_before_train
     (ckpt / "20").unlink()  # the fix, followed
     assert run_and_report(cfg(20), tmp_path / "b")
     assert checkpoint.complete_steps(ckpt) == [10, 20] and not checkpoint.unfinished_saves(ckpt)
+
+
+def test_a_process_ending_while_orbax_is_imported_waits_for_the_import():
+    """A config error found at build time sometimes ended with "terminate called without an active exception" and
+    exit code 134: the process ended while the orbax-import thread, a daemon, was inside tensorstore's C++ import, and
+    Python ends such a thread at its exit by unwinding it through C++ frames (std::terminate). The mechanism, checked
+    deterministically: a process that exits at once after ``preload_orbax`` (the import takes about half a second)
+    reaches its exit handlers with the import finished and no orbax-import thread left, and exits with its own
+    code."""
+    probe = (
+        "import atexit, sys, threading\n"
+        "from training.checkpoint.store import preload_orbax\n"
+        "atexit.register(lambda: print(sorted(t.name for t in threading.enumerate()), "
+        "'orbax.checkpoint' in sys.modules, flush=True))\n"
+        "preload_orbax()\n"
+        "sys.exit(3)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (3, "['MainThread'] True\n", "")

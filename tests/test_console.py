@@ -219,3 +219,40 @@ def test_a_log_file_that_stops_taking_lines_is_one_warning_line(tmp_path, monkey
     logger.info("%d steps", "two")  # a bug of the message: logging's own report
     assert "--- Logging error ---" in capsys.readouterr().err
     handler.close()
+
+
+@pytest.mark.unit
+def test_every_product_warning_is_one_stderr_line_on_the_speaking_process(monkeypatch, capsys):
+    """One channel: a WARNING of any product logger (``data.text``'s rewritten token files, ``training.report``'s kept
+    summary.json) reaches stderr as ``warning: <message>``, once; a library's warning, an error record, and any
+    warning on a process that does not speak for the job (its log has it) do not."""
+    import training  # noqa: F401  (installs training.process.WarningLines)
+    from training import process
+
+    capsys.readouterr()
+    logging.getLogger("data.text").warning("the token files in %s are damaged (%s); writing them again", "/c", "cut")
+    logging.getLogger("training.report").warning("%s already existed: kept as %s", "/r/summary.json", "kept.json")
+    logging.getLogger("jax._src.xla_bridge").warning("a library's warning")
+    logging.getLogger("training.run").error("an error record: the run's error line says it")
+    logging.getLogger("evaluate").info("an info record")
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: the token files in /c are damaged (cut); writing them again",
+        "warning: /r/summary.json already existed: kept as kept.json",
+    ]
+    monkeypatch.setattr(process, "_rank", 1)
+    logging.getLogger("training.checkpoint").warning("said by process 0")
+    assert capsys.readouterr().err == ""
+
+
+def test_a_kept_summary_is_a_warning_line_on_stderr(tmp_path):
+    """A run in a folder holding an earlier run's summary.json keeps it under another name: that was said only in the
+    log on stdout; now on stderr too, as one ``warning:`` line."""
+    run_dir = tmp_path / "run"
+    small = ("data=synthetic", "wandb.mode=disabled", "train.global_batch=64")
+    assert run_train(run_dir, *small, "train.steps=-2").returncode == 1  # refused: a failed summary.json
+    proc = run_train(run_dir, *small, "train.steps=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (kept,) = run_dir.glob("summary.previous-*.json")
+    warned = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert f"warning: {run_dir / 'summary.json'} already existed: kept as {kept.name}" in warned, proc.stderr
+    assert len(warned) == len(set(warned))

@@ -441,3 +441,56 @@ def test_only_the_processes_of_one_job_share_a_run_folder(folder):
     assert (folder / ".lock").read_text().splitlines()[1] == "job slurm job 3"
     assert run_folder.job_identity({"coordinator": "h:1"}, {}) == "coordinator h:1"
     assert run_folder.job_identity({"coordinator": "h:1"}, {"SLURM_JOB_ID": "9"}) == "slurm job 9"
+
+
+def test_another_runs_folder_as_checkpoint_dir_is_refused_before_anything_is_written(tmp_path):
+    """checkpoint.dir=<another run's run folder> (summary.json, .hydra/) was taken: a step was written beside its
+    checkpoints/. Now one line names its checkpoint folder (which continues it) and nothing in the old folder
+    changes."""
+    old = tmp_path / "r9"
+    assert train(*SMALL, "train.steps=2", f"hydra.run.dir={old}").returncode == 0
+    before = _files(old)
+    proc = train(*SMALL, "train.steps=4", f"checkpoint.dir={old}", f"hydra.run.dir={tmp_path / 'new'}")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        f"error: checkpoint.dir={old} is the folder of another run (summary.json or .hydra/), not a checkpoint "
+        f"folder; give its checkpoint folder, checkpoint.dir={old / 'checkpoints'}, to continue it, or a folder of "
+        "its own"
+    ], proc.stderr[-3000:]
+    assert _files(old) == before and sorted(p.name for p in old.iterdir()) == sorted(
+        [".hydra", ".lock", "checkpoints", "metrics.jsonl", "summary.json", "train.log"]
+    )
+
+
+@pytest.mark.unit
+def test_a_refused_tokenizer_change_writes_nothing_in_the_checkpoint_folder(tmp_path):
+    """Resuming a byte-level GPT run with data.tokenizer=bpe is refused, but the BPE tokenizer.json was written into
+    the old run's checkpoint folder first; now the refusal comes before any write there."""
+    from training.run import run_and_report
+    from utils import make_cfg
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("to be or not to be, that is the question\n" * 400)
+    ckpt = tmp_path / "ckpt"
+
+    def gpt(run: str, tokenizer: str) -> bool:
+        (tmp_path / run).mkdir()
+        data = {"name": "text", "path": str(corpus), "cache_dir": str(tmp_path / "cache"), "tokenizer": tokenizer}
+        cfg = make_cfg(
+            {
+                "model": {"name": "gpt", "size": "tiny", "depth": 1, "width": 32, "heads": 2, "context": 32},
+                "data": {**data, "vocab_size": 300} if tokenizer == "bpe" else data,
+                "mesh": {"devices": 1},
+                "wandb": {"mode": "disabled"},
+                "checkpoint": {"dir": str(ckpt), "every": 2},
+                "train": {"steps": 4 if run == "old" else 6, "log_every": 2, "eval_batch": 64, "global_batch": 8},
+            }
+        )
+        return run_and_report(cfg, tmp_path / run)
+
+    assert gpt("old", "bytes")
+    before = _files(ckpt)
+    assert not gpt("new", "bpe")
+    summary = json.loads((tmp_path / "new" / "summary.json").read_text())
+    assert summary["status"] == "failed" and "data.tokenizer" in summary["error"], summary
+    assert _files(ckpt) == before and not (ckpt / "tokenizer.json").exists()

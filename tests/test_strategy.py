@@ -208,3 +208,34 @@ def test_fsdp_rules_may_change_on_resume_and_older_checkpoints_without_them_resu
     assert resume_conflicts(now, ruled, 16, 16) == []
     sgd = {"parallel": now["parallel"], "optim": {"name": "sgd"}}
     assert resume_conflicts(old, sgd, 16, 16) == ["optim.name: 'adam' -> 'sgd'"]
+
+
+@pytest.mark.slow
+def test_an_fsdp_rule_refused_at_build_ends_with_its_line_every_time(tmp_path):
+    """A rule naming a dimension the array lacks is refused at build time (the shapes are needed); that run ended now
+    and then (2 of 18 tries) with "terminate called without an active exception" and exit code 134 after its line
+    (the orbax-import thread: tests/test_checkpoint.py). 30 tries: each is the one line and exit code 1."""
+    import subprocess
+    import sys
+
+    from utils import REPO
+
+    rule = "parallel.fsdp_rules=[['hidden/bias$',3]]"
+    codes = []
+    for i in range(30):
+        cmd = [
+            sys.executable,
+            "train.py",
+            "parallel=fsdp",
+            rule,
+            "data=synthetic",
+            f"hydra.run.dir={tmp_path / str(i)}",
+        ]
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+        codes.append(proc.returncode)
+        assert proc.stderr.splitlines() == [
+            "error: parallel.fsdp_rules[0]=['hidden/bias$', 3] matches params/hidden/bias of shape [256], which has 1 "
+            "dimension: there is no dimension 3; give a dim from -1 to 0, null (replicate) or 'largest', or a regex "
+            "that leaves this array out (e.g. one that ends in the parameter's name, 'kernel$')"
+        ], (i, proc.returncode, proc.stderr[-2000:])
+    assert codes == [1] * 30

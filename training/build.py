@@ -5,6 +5,7 @@ state, jitted steps) and ``static_info`` (the run's figures known once built).""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Callable, Optional, Sequence
 
 import jax
@@ -21,13 +22,13 @@ from core.step import LocalGrads, TrainState, Updater, create_state
 from data.augment import augment_spec
 from data.load import image_data, text_data
 from measure.compiled import device_memory_stat
+from measure.memory import check_state_fits
 from models import build_model
 from parallel import MODES, ParallelMode, make_mesh, mode_class, resolve_mesh_shape
 from parallel.base import StepFns, check_mesh_shape, reduce_dtype
 from parallel.compress import COMPRESSIONS
 from parallel.fsdp import check_rules
 from parallel.state import host_abstract
-from training.console import warn
 from training.report import resolve_wandb_mode
 from training.validate import check_library_settings
 
@@ -247,10 +248,11 @@ def build(p: Plan, feed_for: Optional[Callable[[BatchLayout], Any]] = None) -> E
         growth_interval=cfg.precision.growth_interval,
         grad_norm_every=cfg.train.grad_norm_every or 0,
     )
+    check_state_fits(cfg, init_fn, mode.state_shardings, list(mesh.devices.flat))  # one line, before building it
     state = mode.init_state(init_fn)  # created directly in the mode's layout (fsdp: sharded)
     abstract = host_abstract(state)
     for line in mode.setting_warnings(abstract):  # e.g. an fsdp rule that matches no array (a typo)
-        warn(line)
+        logging.getLogger(__name__).warning(line)
     feed = feed_for(mode.batch_layout()) if feed_for is not None and mode.fuses_feed else None
     steps = mode.build(local, updater, abstract, feed=feed)
     return Experiment(

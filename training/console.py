@@ -1,6 +1,6 @@
-"""What a run prints and the paths it reads: one line per message on the console (``console``, ``warn``), the
-start-up line, one line per logging window and the end line's throughput, known harmless library noise silenced,
-and the user's paths made absolute against the launch folder (``absolute_paths``)."""
+"""What a run prints and the paths it reads: one line per message on the console (``console``; a product logger's
+warnings: ``training.process.WarningLines``), the start-up line, one line per logging window and the end line's
+throughput, known harmless library noise silenced, and the user's paths made absolute (``absolute_paths``)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,9 @@ from typing import Any, Optional
 
 from conf.schema import Config
 from core.errors import error_text
+from training import process
 
 log = logging.getLogger(__name__)
-
-
-def warn(line: str, logger: Optional[logging.Logger] = None) -> None:
-    """A warning the user must see: ``warning: <line>`` on stderr (``console``) and ``line`` in ``logger``'s log
-    (this module's when None), at WARNING."""
-    (logger or log).warning("%s", line, extra={"on_console": True})
-    console(f"warning: {line}")
-
 
 _error_said = False  # console printed an "error:" line: the process is stopping for it
 
@@ -32,12 +25,10 @@ def console(line: str) -> None:
     """One line on stderr (errors, warnings a user must see even with logging redirected). Processes other than 0
     log it instead, at the level the line starts with (``error``, ``warning``, else INFO): process 0 owns the
     console (``training.process.speaks``: one voice per job)."""
-    from training.process import speaks
-
     global _error_said
     _error_said = _error_said or line.startswith("error")
 
-    if not speaks():
+    if not process.speaks():
         level = logging.ERROR if line.startswith("error") else logging.INFO
         log.log(logging.WARNING if line.startswith("warning") else level, "%s", line)
         return
@@ -88,20 +79,17 @@ def _not_noise(record: logging.LogRecord) -> bool:  # a logger's filter sees the
     return not any(record.name == name and needle in record.getMessage() for name, needle in KNOWN_NOISE)
 
 
-class _NotOnConsole(logging.Filter):
-    """Drops the records of the lines ``warn`` has printed itself (a tool's stderr handler would print them again)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not getattr(record, "on_console", False)
+def _not_said(record: logging.LogRecord) -> bool:  # a tool's stderr handler: not what WarningLines prints itself
+    return record.levelno != logging.WARNING or record.name.split(".")[0] not in process.PRODUCT_LOGGERS
 
 
 def tool_logging() -> None:
     """Logging of a command-line tool (``python -m evaluate``, ``python -m sample``): warnings and errors on stderr as
-    ``LEVEL logger: message``, each line ``warn`` printed once, and ``quiet_known_noise``."""
+    ``LEVEL logger: message``, each product warning once as ``warning: ...``, and ``quiet_known_noise``."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:  # basicConfig's (none when the root has handlers already)
-        if type(handler) is logging.StreamHandler and not any(isinstance(f, _NotOnConsole) for f in handler.filters):
-            handler.addFilter(_NotOnConsole())
+        if type(handler) is logging.StreamHandler and _not_said not in handler.filters:
+            handler.addFilter(_not_said)
     quiet_known_noise()
 
 
@@ -114,11 +102,9 @@ def quiet_known_noise() -> None:
         pass
     for name, _ in KNOWN_NOISE:
         logging.getLogger(name).addFilter(_not_noise)  # once: addFilter adds a filter already there no more
-    from training.process import NoInterruptTraceback
-
     absl_logger = logging.getLogger("absl")  # orbax logs through absl
-    if not any(isinstance(f, NoInterruptTraceback) for f in absl_logger.filters):
-        absl_logger.addFilter(NoInterruptTraceback())
+    if not any(isinstance(f, process.NoInterruptTraceback) for f in absl_logger.filters):
+        absl_logger.addFilter(process.NoInterruptTraceback())
 
 
 def startup_line(info: dict[str, Any], *, accum_steps: int, model: str, param_count: int, dataset: str) -> str:

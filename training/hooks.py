@@ -25,7 +25,7 @@ from measure.throughput import JobClock, TargetTracker, WindowStats
 from parallel.state import metrics_to_host, replica_divergence
 from training import checkpoint
 from training.build import Experiment, in_flight_bound
-from training.console import eval_line, warn, window_line
+from training.console import eval_line, window_line
 from training.checkpoint.policy import NEW_RUN
 from training.process import StopOnSignal, saved_stop_text
 
@@ -328,7 +328,7 @@ class WindowLog(Hook):
             try:
                 self.reporter.log(e.records)
             except Exception as log_error:  # e.g. a full disk: the non-finite loss stays the run's error
-                warn(f"the failing window's records were not written: {error_text(log_error)}", log)
+                log.warning(f"the failing window's records were not written: {error_text(log_error)}")
             raise
         loop.window_records, loop.extra, loop.logged_this_step = [], {}, True
         loop.last.update(records[-1])

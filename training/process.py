@@ -60,6 +60,23 @@ def speaks() -> bool:
     return _rank == 0
 
 
+# the product's packages: a WARNING of their loggers is a line the user must read; a library's stays in the log
+PRODUCT_LOGGERS = ("train", "training", "data", "tracking", "measure", "parallel", "core", "models", "evaluate")
+
+
+class WarningLines(logging.Handler):
+    """On the product's loggers (installed as ``training`` is imported): each WARNING record as ``warning: <message>``
+    on stderr from the process that speaks (the others' logs have it); the root's handlers still log it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno == logging.WARNING and speaks():
+            print(f"warning: {record.getMessage()}", file=sys.stderr, flush=True)
+
+
+for _name in PRODUCT_LOGGERS:  # Hydra's logging setup keeps the handlers of loggers it does not configure
+    logging.getLogger(_name).addHandler(WarningLines())
+
+
 # ---- Ctrl-C outside the training steps ---------------------------------------------------------------------
 # read at import, i.e. as train.py starts: training.entry.cli sets HYDRA_FULL_ERROR later, for Hydra's composition
 _USER_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"
@@ -466,7 +483,7 @@ class StopOnSignal:
         self.signal_name = name
         if _sweep is not None and _sweep.signal_name is None:
             _sweep.signal_name = name  # no later job of the sweep starts
-        log.warning("%s received: finishing the current step, then saving a checkpoint and stopping", name)
+        log.info("%s received: finishing the current step, then saving a checkpoint and stopping", name)
 
     def install(self) -> "StopOnSignal":
         if not self._multi and threading.current_thread() is threading.main_thread():
@@ -504,7 +521,7 @@ class SweepStop:
                 raise KeyboardInterrupt
             return
         self.signal_name = name
-        log.warning("%s received: the running job saves a checkpoint and stops; no further job starts", name)
+        log.info("%s received: the running job saves a checkpoint and stops; no further job starts", name)
         for callback in self.on_signal:
             callback(signum)
 

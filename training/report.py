@@ -20,7 +20,6 @@ from typing import Any, Optional
 import numpy as np
 
 from conf.schema import Config, as_dict
-from training.console import warn
 
 log = logging.getLogger(__name__)
 _OFFLINE_HINT_SHOWN = False  # the offline-W&B hint was logged in this process
@@ -203,7 +202,7 @@ class Reporter:
         """Keeps what ``wandb.init`` in the W&B process reported; logs its fallback to offline at once."""
         self._wandb_started = info
         if info.get("warning"):
-            warn(info["warning"], log)  # on stderr too: the run recovered, the user must still see it
+            log.warning(info["warning"])  # on stderr too: the run recovered, the user must still see it
 
     def _check_wandb(self) -> None:
         """Drops W&B (``_drop_wandb``) when its process reported errors since the last check."""
@@ -216,10 +215,9 @@ class Reporter:
         """W&B failed in its process: one warning line, no more W&B calls, ``wandb/error`` in the summary; the
         training and metrics.jsonl go on (the W&B process, if alive, finishes its run with exit code 1)."""
         self.wandb_error = "; ".join(errors)
-        warn(
+        log.warning(
             f"W&B failed ({self.wandb_error}); the run goes on without W&B: metrics.jsonl and summary.json keep every "
-            f"record",
-            log,
+            f"record"
         )
         self._abandoned, self.wandb_process = self.wandb_process, None
         if self._abandoned is not None:
@@ -373,7 +371,7 @@ class Reporter:
                 self.wandb_process = None
             if errors:
                 self.wandb_error = "; ".join(errors)
-                warn(f"W&B failed ({self.wandb_error}); its run may be incomplete", log)
+                log.warning(f"W&B failed ({self.wandb_error}); its run may be incomplete")
         self._offline_hint()
 
 

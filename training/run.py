@@ -37,6 +37,7 @@ from measure.compiled import (
     state_bytes_per_device,
 )
 from measure.hardware import describes_device
+from measure.memory import out_of_memory_as_error
 from measure.profiler import Profiler, check_window, explain_ratio
 from measure.rates import comm_time_model_s, perplexity, token_rates
 from measure.throughput import STARTUP, JobClock, TargetTracker, WindowStats, in_multirun
@@ -62,7 +63,6 @@ from training.console import (
     startup_breakdown_line,
     startup_line,
     throughput_text,
-    warn,
 )
 from training.distributed import Startup, check_device_counts, dump_batch_indices
 from training.hooks import (
@@ -186,9 +186,12 @@ NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)  # a folder made read-on
 def disk_full_as_error(run_dir: Path) -> Iterator[None]:
     """Raises TrainingError (one line) for an ``OSError`` of a full disk, or of a run folder that stopped taking
     writes, in the block: a file of the run in ``run_dir`` (metrics.jsonl, ...) that cannot be written; its traceback
-    would say nothing more. Other ``OSError``s go on."""
+    would say nothing more; and for memory that ran out (``measure.memory``). Other errors go on."""
     try:
         yield
+    except (MemoryError, jax.errors.JaxRuntimeError) as e:
+        out_of_memory_as_error(e)
+        raise
     except OSError as e:
         if e.errno not in DISK_FULL + NOT_WRITABLE:
             raise
@@ -337,8 +340,6 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
         if resolved is not cfg:
             cfg, p = resolved, plan(resolved)
     source, test = load_data(cfg, p, text)
-    if text is not None:
-        checkpoint.save_tokenizer(text.tokenizer, run_dir, ckpt_plan)
     n_steps = total_steps(cfg, source.steps_per_epoch)
     window_error = check_window(cfg.profile.enabled, cfg.profile.start_step, cfg.profile.num_steps, n_steps)
     if window_error:  # with train.steps set, plan() already checked this; with train.epochs it needs the data
@@ -353,6 +354,8 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
     eval_set = make_eval_set(test, cfg.train.eval_batch, exp.mode.num_devices, layout)
     STARTUP.mark("data")
     restored, start, finished = restore(cfg, p, exp, ckpt_plan, n_steps, source.steps_per_epoch, source.fingerprint)
+    if text is not None:  # once the resume is allowed: a refused one writes nothing in the checkpoint's folder
+        checkpoint.save_tokenizer(text.tokenizer, run_dir, ckpt_plan)
     if finished is not None:
         return Finished(finished)
     STARTUP.mark("checkpoint")
@@ -436,10 +439,10 @@ def restore(
         steps_per_epoch=steps_per_epoch,
         data=cfg.data.name,
     ):
-        warn(line)
+        log.warning(line)
     changes = checkpoint.config_changes(restored.metadata.get("config", {}), as_dict(cfg))
     if changes:
-        warn(f"resuming {restored.path} with settings that differ from its run: {'; '.join(changes)}")
+        log.warning(f"resuming {restored.path} with settings that differ from its run: {'; '.join(changes)}")
     return restored, restored.step, None
 
 
@@ -684,10 +687,10 @@ def close_hooks(hooks: Sequence[Hook], error: Optional[BaseException]) -> None:
         return
     if error is None:
         for hook, e in failures[1:]:
-            warn(f"closing {type(hook).__name__} also failed: {error_text(e)}", log)
+            log.warning(f"closing {type(hook).__name__} also failed: {error_text(e)}")
         raise failures[0][1]
     for hook, e in failures:
-        warn(f"closing {type(hook).__name__} failed after the run's error: {error_text(e)}", log)
+        log.warning(f"closing {type(hook).__name__} failed after the run's error: {error_text(e)}")
 
 
 # ---- after the last step ---------------------------------------------------------------------------------------

@@ -184,8 +184,6 @@ def _writable_or_none(cache_dir: str) -> Optional[str]:
     try:
         check_writable_folder("runtime.compilation_cache_dir", os.path.expanduser(str(cache_dir)))
     except ConfigError as e:
-        from training.console import warn
-
-        warn(f"{e}: the compilation cache is off for this run (or set runtime.compilation_cache_dir=null)", log)
+        log.warning(f"{e}: the compilation cache is off for this run (or set runtime.compilation_cache_dir=null)")
         return None
     return cache_dir

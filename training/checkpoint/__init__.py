@@ -38,7 +38,7 @@ from training.checkpoint.policy import (
     refusal,
     resume_conflicts,
 )
-from training.checkpoint.resuming import candidate_step_dir, check_resume_settings, read_newest, resume, warn
+from training.checkpoint.resuming import candidate_step_dir, check_resume_settings, read_newest, resume
 from training.checkpoint.run_checkpoints import RunCheckpoints
 from training.checkpoint.store import (
     META,
@@ -125,5 +125,4 @@ __all__ = [
     "storage_error_text",
     "unfinished_saves",
     "wait_for_orbax",
-    "warn",
 ]

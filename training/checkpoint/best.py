@@ -28,7 +28,6 @@ from typing import Optional
 import jax
 
 from training.checkpoint.plan import BEST_DIR, CheckpointPlan
-from training.checkpoint.resuming import warn
 from training.checkpoint.run_checkpoints import RunCheckpoints
 from training.checkpoint.store import any_step_dirs, complete_steps, read_metadata
 
@@ -91,7 +90,9 @@ class BestCheckpoint:
             moved = self.directory.with_name(f"{BEST_DIR}.previous-{time.strftime('%Y%m%d-%H%M%S')}")
             if jax.process_index() == 0:
                 os.replace(self.directory, moved)
-            warn(f"{self.directory} holds an earlier run's best checkpoint (this run resumes none): moved to {moved}")
+            log.warning(
+                f"{self.directory} holds an earlier run's best checkpoint (this run resumes none): moved to {moved}"
+            )
         self.step: Optional[int] = None if found is None else found[0]
         self.value: Optional[float] = None if found is None else found[1]
         self.path: Optional[Path] = None if found is None else self.directory / str(found[0])

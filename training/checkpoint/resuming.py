@@ -36,13 +36,6 @@ T = TypeVar("T")
 log = logging.getLogger("training.checkpoint")
 
 
-def warn(line: str) -> None:
-    """A checkpoint warning the user must see: ``training.console.warn`` under this package's logger."""
-    from training.console import warn as report_warn
-
-    report_warn(line, log)
-
-
 def candidate_step_dir(ckpt_plan: CheckpointPlan) -> Optional[Path]:
     """The step folder ``checkpoint.resume`` will try first (newest finished step whose metadata reads), or
     None (no checkpoint, resume=never, checkpoints disabled)."""
@@ -87,9 +80,9 @@ def check_resume_settings(
     if change and not allow_data_change:
         raise ConfigError(data_refusal(step_dir, change, ckpt_plan.resume_path))
     if change:
-        warn(f"resuming {step_dir} on other data, as checkpoint.allow_data_change=true allows ({change})")
+        log.warning(f"resuming {step_dir} on other data, as checkpoint.allow_data_change=true allows ({change})")
     elif saved is None and data_fingerprint is not None and data_fingerprint.get("kind") == "file":
-        warn(
+        log.warning(
             f"checkpoint {step_dir} records no fingerprint of its training data (saved before they were): that "
             f"{data_fingerprint['file']} is the text it was trained on is not checked"
         )
@@ -147,7 +140,7 @@ def read_newest(
             if move_damaged:
                 aside = [move_aside(d) for d, _ in damaged]
                 moved = f", moved aside to {', '.join(p.name for p in aside)}"
-            warn(f"{damaged_text(damaged)}{moved}; {doing} the newest complete one, {step_dir}")
+            log.warning(f"{damaged_text(damaged)}{moved}; {doing} the newest complete one, {step_dir}")
         return result, Path(step_dir)
     if not damaged:
         raise ConfigError(nothing_left)
@@ -156,9 +149,9 @@ def read_newest(
 
 def _warn_unfinished(directory: Path) -> None:
     if odd_entries(directory):  # another run's folder (a run's own refuses such entries: checkpoint.prepare)
-        warn(f"{odd_entries(directory)}: ignored")
+        log.warning(f"{odd_entries(directory)}: ignored")
     for tmp in unfinished_saves(directory):
-        warn(f"ignoring {tmp}: a checkpoint save that never finished (the process stopped while writing it)")
+        log.warning(f"ignoring {tmp}: a checkpoint save that never finished (the process stopped while writing it)")
 
 
 def _newest_readable(directory: Path, mode, placed_state, nothing_left: str, own: bool = True) -> Restored:

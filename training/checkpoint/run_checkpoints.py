@@ -10,7 +10,6 @@ from typing import Optional
 import jax
 
 from training.checkpoint.plan import CheckpointPlan
-from training.checkpoint.resuming import warn
 from training.checkpoint.store import CheckpointWriteError, Saver, complete_steps, metadata, storage_error_text
 
 # what orbax and TensorStore raise when a write fails (a full disk, a folder that is no longer writable)
@@ -177,7 +176,7 @@ class RunCheckpoints:
         """One warning per step beyond ``checkpoint.keep`` that orbax could not delete (it stays on disk)."""
         assert self._saver is not None
         for step, error in self._saver.take_undeleted():
-            warn(
+            log.warning(
                 f"could not delete the checkpoint {self._saver.step_dir(step)} (older than the newest "
                 f"checkpoint.keep={self.plan.keep}): {error}; it is left there, possibly in part: delete it yourself"
             )

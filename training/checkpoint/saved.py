@@ -14,7 +14,7 @@ from conf.schema import Config, as_dict
 from core.errors import ConfigError
 from training.checkpoint.plan import prepare
 from training.checkpoint.policy import inherited_values
-from training.checkpoint.resuming import candidate_step_dir, warn
+from training.checkpoint.resuming import candidate_step_dir, log
 from training.checkpoint.store import complete_steps, read_metadata
 
 TOKENIZER_FILE = "tokenizer.json"  # the run's tokenizer, saved in the run folder and the checkpoint folder
@@ -92,7 +92,7 @@ def check_keep_best(cfg: Config, ckpt_plan) -> None:
             f"eval/accuracy"
         )
     if metric and not cfg.train.eval_every:
-        warn(
+        log.warning(
             f"checkpoint.keep_best={metric} without train.eval_every: only the final evaluation is compared, so the "
             f"best checkpoint is the last step's; set train.eval_every=N to keep the best of every N steps"
         )

@@ -122,12 +122,12 @@ _preload: Optional[threading.Thread] = None  # the background import of orbax, o
 
 def preload_orbax() -> None:
     """Starts importing ``orbax.checkpoint`` on a background thread (once per process; nothing when it is imported
-    already), so that the import (about a second: orbax pulls in tensorstore) overlaps the start-up's
-    data loading and compilation (``training.run.prepare`` calls ``wait_for_orbax`` after the compilation); ``_ocp``
-    waits for an import still in progress (Python's import lock)."""
+    already), so that the import (about a second: orbax pulls in tensorstore) overlaps data loading and compilation
+    (``training.run.prepare`` calls ``wait_for_orbax`` after them); ``_ocp`` waits for an import in progress. Not a
+    daemon: a process ending meanwhile waits for it (Python ends a daemon thread in C++ code with an abort, 134)."""
     global _preload
     if _preload is None and "orbax.checkpoint" not in sys.modules:
-        _preload = threading.Thread(target=_import_quietly, name="orbax-import", daemon=True)
+        _preload = threading.Thread(target=_import_quietly, name="orbax-import")
         _preload.start()
 
 

@@ -1,0 +1,217 @@
+"""Whether the run's state fits in the memory it may use, checked from its shapes before anything is allocated, and
+one line for an out-of-memory error of the build, the compilation or a step.
+
+The limit is the tightest that applies, with where it comes from: on a GPU or TPU the device's ``bytes_limit``
+(``Device.memory_stats()``, less what is in use); on the CPU, where every simulated device lives in this process's
+memory, the least of ``RLIMIT_AS`` (``ulimit -v``, less the process's virtual size), the cgroup's ``memory.max``
+(less its ``memory.current``) and the free memory (``MemAvailable`` of ``/proc/meminfo``). The ways out a line
+offers are the ones that fit by these figures.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import resource
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import jax
+import numpy as np
+
+from core.errors import TrainingError, first_line
+
+# the figures of the last check (check_state_fits), for the line of an out-of-memory error that comes later
+_figures: dict[str, Any] = {}
+
+
+def gb(n_bytes: float) -> str:
+    """``n_bytes`` in decimal units, e.g. ``15.79 GB``, ``2.44 MB``, ``512 bytes``."""
+    unit, scale = next(((u, s) for u, s in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)) if abs(n_bytes) >= s), ("", 1))
+    return f"{n_bytes / scale:.2f} {unit}" if unit else f"{n_bytes:.0f} bytes"
+
+
+def _read_int(path: Path) -> Optional[int]:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max": no limit
+
+
+def _meminfo(key: str, path: str) -> Optional[int]:
+    """``key`` of a ``/proc`` status file (``VmSize`` of ``/proc/self/status``, ``MemAvailable`` of ``/proc/meminfo``)
+    in bytes, None when absent."""
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_limit() -> Optional[tuple[int, int]]:
+    """(``memory.max``, ``memory.current``) of this process's cgroup (v2, else v1's ``memory.limit_in_bytes``), None
+    when it sets none."""
+    try:
+        entries = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for entry in entries:
+        _, controllers, rel = entry.split(":", 2)
+        if controllers == "":  # v2
+            folder = Path("/sys/fs/cgroup") / rel.lstrip("/")
+            limit, used = _read_int(folder / "memory.max"), _read_int(folder / "memory.current")
+        elif "memory" in controllers.split(","):
+            folder = Path("/sys/fs/cgroup/memory") / rel.lstrip("/")
+            limit, used = _read_int(folder / "memory.limit_in_bytes"), _read_int(folder / "memory.usage_in_bytes")
+            limit = None if limit is not None and limit >= 1 << 60 else limit  # v1's "no limit"
+        else:
+            continue
+        if limit is not None:
+            return limit, used or 0
+    return None
+
+
+def host_memory_limit() -> Optional[tuple[int, str]]:
+    """(bytes this process may still allocate, where the figure comes from) on the host: the least of ``RLIMIT_AS``
+    less the virtual size, the cgroup's ``memory.max`` less its usage and ``MemAvailable``; None when none is known."""
+    found = []
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if soft != resource.RLIM_INFINITY:
+        used = _meminfo("VmSize", "/proc/self/status") or 0
+        found.append((soft - used, f"RLIMIT_AS (ulimit -v) of {gb(soft)}, {gb(used)} of it taken by the process"))
+    cgroup = _cgroup_limit()
+    if cgroup is not None:
+        found.append((cgroup[0] - cgroup[1], f"the cgroup's memory.max of {gb(cgroup[0])}, {gb(cgroup[1])} used"))
+    available = _meminfo("MemAvailable", "/proc/meminfo")
+    if available is not None:
+        found.append((available, "the free memory (MemAvailable in /proc/meminfo)"))
+    return min(found) if found else None
+
+
+def memory_limit(device) -> Optional[tuple[int, str]]:
+    """(bytes free for the state of one ``device``'s process or device, where the figure comes from): a GPU's or
+    TPU's ``bytes_limit`` less its bytes in use; on the CPU ``host_memory_limit``. None when unknown."""
+    if device.platform == "cpu":
+        return host_memory_limit()
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # a backend without statistics
+        return None
+    limit = stats.get("bytes_limit")
+    if not limit:
+        return None
+    used = stats.get("bytes_in_use", 0)
+    return limit - used, f"the bytes_limit of a {device.device_kind} ({gb(limit)}, memory_stats), {gb(used)} in use"
+
+
+def state_bytes(abstract_state, shardings) -> tuple[int, int, int]:
+    """(bytes of the whole state, bytes of its params, bytes its largest device holds) from the abstract state
+    (``jax.eval_shape``) and its ``NamedSharding``s (a tree of the same structure)."""
+    leaves, placed = jax.tree.leaves(abstract_state), jax.tree.leaves(shardings, is_leaf=lambda s: hasattr(s, "spec"))
+    nbytes = lambda shape, dtype: int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize  # noqa: E731
+    total = sum(nbytes(x.shape, x.dtype) for x in leaves)
+    params = sum(nbytes(x.shape, x.dtype) for x in jax.tree.leaves(abstract_state.params))
+    per_device = sum(nbytes(s.shard_shape(x.shape), x.dtype) for x, s in zip(leaves, placed))
+    return total, params, per_device
+
+
+def check_state_fits(cfg, init_fn: Callable, state_shardings: Callable, devices: list) -> None:
+    """Raises TrainingError (one line: the state's bytes, the limit and where it comes from, the ways out that fit)
+    when the parameters and optimizer state of ``init_fn`` (the run's state, not allocated: ``jax.eval_shape``)
+    placed by ``state_shardings`` cannot fit on the mesh's ``devices`` (on the CPU: every local one in this process's
+    memory). ``cfg``: the run's ``conf.schema.Config`` (the advice names its keys)."""
+    abstract = jax.eval_shape(init_fn)
+    total, params, per_device = state_bytes(abstract, state_shardings(abstract))
+    first, n = devices[0], len(devices)
+    cpu = first.platform == "cpu"
+    copies = sum(d.process_index == jax.process_index() for d in devices) if cpu else 1
+    found = memory_limit(first)
+    _figures.clear()
+    _figures.update(per_device=per_device, held=per_device * copies, params=params, copies=copies, cfg=cfg, n=n)
+    if found is None:
+        return
+    free, source = found
+    _figures.update(free=free, source=source)
+    if per_device * copies <= free:
+        return
+    where = f"{gb(per_device * copies)} for the {copies} simulated CPU devices of this process" if copies > 1 else ""
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract.params))
+    raise TrainingError(
+        f"the model's parameters and optimizer state ({n_params:,} params) take {gb(per_device)} per device"
+        f"{', ' + where if where else ''}, above the {gb(free)} free under {source}; "
+        + _state_ways(cfg, total, params, per_device * copies, free, copies, n_params, cpu, n)
+        + "; a smaller batch, model.remat, model.loss_chunk or bf16 shrink only the activations, not this state"
+    )
+
+
+def _state_ways(cfg, total: int, params: int, held: int, free: int, copies: int, n_params: int, cpu: bool, n: int):
+    """The ways out that shrink the state enough, by the figures: fewer simulated devices (each holds a copy),
+    ``parallel=fsdp`` on real devices, SGD without moments, a smaller model."""
+    ways = []
+    if cpu and copies > 1 and held >= copies * total * 0.99 and total <= free:  # replicated: a copy per device
+        ways.append(f"mesh.devices={free // total} (a copy of {gb(total)} each)")
+    if not cpu and n > 1 and cfg.parallel.name != "fsdp" and total / n <= free:
+        ways.append(f"parallel=fsdp (about {gb(total / n)} per device on {n} devices)")
+    if cfg.optim.name == "adam" and held * params / total <= free:
+        ways.append(f"optim=sgd (no moments: {gb(held * params / total)})")
+    fits = int(n_params * free / held)
+    ways.append(f"a smaller model (at most about {fits:,} params fit)" if fits else "a machine with more memory")
+    return "ways out: " + "; ".join(ways)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an allocation that failed: Python's ``MemoryError`` or XLA's RESOURCE_EXHAUSTED / "out
+    of memory" (at build, compilation or a step)."""
+    text = str(error)
+    return isinstance(error, MemoryError) or (
+        isinstance(error, jax.errors.JaxRuntimeError) and ("RESOURCE_EXHAUSTED" in text or "of memory" in text.lower())
+    )
+
+
+def out_of_memory_line(error: BaseException) -> str:
+    """One line for an out-of-memory ``error`` once the state fitted: XLA's words, the state's bytes and the limit
+    (from the last ``check_state_fits``), and the ways out that shrink what a step needs beside the state enough by
+    these figures (the failed allocation against the room the state leaves)."""
+    f = _figures
+    said = f"out of memory ({first_line(error, 160)})"
+    if "free" not in f:
+        return f"{said}; use a smaller train.global_batch, or a machine with more memory"
+    cfg, held, free, n = f["cfg"], f["held"], f["free"], f["n"]
+    figures = (
+        f"the state takes {gb(f['per_device'])} per device ({gb(held)} in all) of the {gb(free)} free under "
+        + (f["source"])
+    )
+    room = free - held
+    if room < f["params"] * f["copies"]:  # not even the gradients fit beside the state
+        return f"{said}; {figures}, leaving less than its gradients need; use a smaller model, or fewer devices"
+    asked = re.search(r"allocat\w* (\d+) bytes", str(error))
+    need = int(asked.group(1)) / room if asked else 2.0  # how many times too large the step's memory is
+    factor, model, train = math.ceil(need), cfg.model, cfg.train
+    ways = []
+    per_device = (
+        train.per_device_batch or (train.global_batch or 256) // n
+    )  # accum_steps divides it: the first that is at least factor times larger
+    accum = next((k for k in range(train.accum_steps * factor, per_device + 1) if per_device % k == 0), None)
+    if accum is not None:
+        ways.append(f"train.accum_steps={accum} (the same global batch in {accum} microbatches)")
+    if need <= 2:  # each of these at least halves a transformer's activations
+        ways += ["model.remat=full"] if getattr(model, "remat", None) == "none" else []
+        ways += ["model.loss_chunk=1024"] if getattr(model, "loss_chunk", None) == 0 else []
+        ways += ["precision=bf16"] if cfg.precision.name == "fp32" else []
+    if f["copies"] == 1 and n > 1 and cfg.parallel.name != "fsdp" and need * room <= free - held / n:
+        ways.append("parallel=fsdp")  # real devices: each keeps 1/n of the state
+    if not ways:
+        ways.append("a smaller model, or a machine with more memory")
+    return (
+        f"{said}; {figures}: the step needs about {need:.1f} times the {gb(room)} left beside it; ways out: "
+        + "; ".join(ways)
+    )
+
+
+def out_of_memory_as_error(error: BaseException) -> None:
+    """Raises TrainingError (``out_of_memory_line``) when ``error`` is an out-of-memory error; else returns."""
+    if is_out_of_memory(error):
+        raise TrainingError(out_of_memory_line(error)) from None

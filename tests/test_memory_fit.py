@@ -1,0 +1,121 @@
+"""A model too large for the memory it may use (measure/memory.py): one ``error:`` line with the state's bytes, the
+limit and where it comes from, and only the ways out that fit by those figures; before the build when the state
+alone cannot fit (not after 40 s of building and a 22-line traceback), and for an allocation of a step that fails."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import jax
+import pytest
+
+from core.errors import TrainingError
+from measure import memory
+from utils import REPO, make_cfg
+
+
+@pytest.mark.unit
+def test_a_state_that_cannot_fit_is_one_line_before_anything_is_built(monkeypatch):
+    """8 simulated CPU devices each hold a copy of the replicated state in this process: above a (fake) limit of
+    10 MB, the line gives the bytes and the ways out that fit by them (4 devices, SGD's state, a smaller model), and
+    the state is never created."""
+    from parallel.base import ParallelMode
+    from training.build import build, plan
+
+    init_state = ParallelMode.init_state
+    monkeypatch.setattr(memory, "memory_limit", lambda device: (10_000_000, "a test limit"))
+    monkeypatch.setattr(ParallelMode, "init_state", lambda *a, **k: pytest.fail("the state was built"))
+    p = plan(make_cfg({"data": {"name": "synthetic"}, "wandb": {"mode": "disabled"}}))
+    with pytest.raises(TrainingError) as e:
+        build(p)
+    assert str(e.value) == (
+        "the model's parameters and optimizer state (203,530 params) take 2.44 MB per device, 19.54 MB for the 8 "
+        "simulated CPU devices of this process, above the 10.00 MB free under a test limit; ways out: mesh.devices=4 "
+        "(a copy of 2.44 MB each); optim=sgd (no moments: 6.51 MB); a smaller model (at most about 104,165 params "
+        "fit); a smaller batch, model.remat, model.loss_chunk or bf16 shrink only the activations, not this state"
+    )
+    monkeypatch.setattr(memory, "memory_limit", lambda device: (20_000_000, "a test limit"))
+    monkeypatch.setattr(ParallelMode, "init_state", init_state)  # 19.54 MB fit in 20 MB: built
+    assert build(plan(make_cfg({"data": {"name": "synthetic"}, "wandb": {"mode": "disabled"}}))).state is not None
+
+
+def train_under_rlimit_as(limit_bytes: int, run_dir, *overrides: str) -> subprocess.CompletedProcess:
+    """``python train.py`` under a real ``RLIMIT_AS`` of ``limit_bytes`` (bash's ``ulimit -v``: no fork of this
+    multithreaded process with a ``preexec_fn``)."""
+    train = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", "wandb.mode=disabled", *overrides]
+    limit = f'ulimit -v {limit_bytes // 1024} && exec "$@"'
+    return subprocess.run(["bash", "-c", limit, "bash", *train], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_a_gpt_too_large_under_rlimit_as_stops_at_once_in_one_line(tmp_path):
+    """GPT-2 small (124M params, 1.49 GB of fp32 state with Adam) replicated on 8 simulated CPU devices under
+    ``ulimit -v`` 4 GB: one line in seconds naming RLIMIT_AS, and only the ways out that fit (one device, a smaller
+    model); not SGD (its 3.98 GB does not fit either). Before: 40 s of building, then a 22-line traceback."""
+    t0 = time.perf_counter()
+    proc = train_under_rlimit_as(
+        4_000_000_000, tmp_path / "run", "model=gpt", "model.size=gpt2_small", "data=synthetic", "train.steps=2"
+    )
+    took_s = time.perf_counter() - t0
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    (line,) = proc.stderr.splitlines()
+    head = (
+        "error: the model's parameters and optimizer state (124,439,808 params) take 1.49 GB per device, 11.95 GB for "
+        "the 8 simulated CPU devices of this process, above the "
+    )
+    assert line.startswith(head), line
+    assert " GB free under RLIMIT_AS (ulimit -v) of 4.00 GB, " in line
+    ways = line.split("; ways out: ")[1].split("; ")
+    assert ways[0] == "mesh.devices=1 (a copy of 1.49 GB each)" and ways[1].startswith(
+        "a smaller model (at most about "
+    )
+    assert (
+        ways[2] == "a smaller batch, model.remat, model.loss_chunk or bf16 shrink only the activations, not this state"
+    )
+    assert len(ways) == 3 and took_s < 60, (ways, took_s)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"] == line.removeprefix("error: ")
+
+
+@pytest.mark.unit
+def test_an_allocation_that_fails_in_a_step_is_one_line_with_the_ways_that_fit(monkeypatch):
+    """The state fits, a step's allocation does not: XLA's words, the state's bytes beside the limit, and the ways
+    out sized by the failed allocation against the room left (here 4 times: accumulation in 4 microbatches; bf16,
+    remat and loss chunks halve at most, so they are not offered); an allocation up to twice the room offers them;
+    another XLA error is not reworded."""
+    from training.build import state_init_fn
+    from training.run import disk_full_as_error
+
+    cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "synthetic"}, "mesh": {"devices": 1}})
+    monkeypatch.setattr(memory, "memory_limit", lambda device: (1_010_000_000, "a test limit"))
+    graphdef, init_fn = state_init_fn(cfg, __import__("optax").adam(1e-3))
+    devices = jax.devices()[:1]
+    memory.check_state_fits(
+        cfg,
+        init_fn,
+        lambda abstract: jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(devices[0]), abstract),
+        devices,
+    )
+    held = memory._figures["held"]
+    room = 1_010_000_000 - held
+
+    def failing(n_bytes: int) -> str:
+        with pytest.raises(TrainingError) as e, disk_full_as_error(REPO):
+            raise jax.errors.JaxRuntimeError(f"RESOURCE_EXHAUSTED: Out of memory allocating {n_bytes} bytes.")
+        return str(e.value)
+
+    said = failing(int(3.5 * room))
+    assert said == (
+        f"out of memory (RESOURCE_EXHAUSTED: Out of memory allocating {int(3.5 * room)} bytes.); the state takes "
+        f"{memory.gb(held)} per device ({memory.gb(held)} in all) of the 1.01 GB free under a test limit: the step "
+        f"needs about 3.5 times the {memory.gb(room)} left beside it; ways out: train.accum_steps=4 (the same global "
+        f"batch in 4 microbatches)"
+    )
+    assert failing(int(1.5 * room)).endswith(
+        "ways out: train.accum_steps=2 (the same global batch in 2 microbatches); model.remat=full; "
+        "model.loss_chunk=1024; precision=bf16"
+    )
+    with pytest.raises(jax.errors.JaxRuntimeError), disk_full_as_error(REPO):
+        raise jax.errors.JaxRuntimeError("INTERNAL: something else")
