@@ -239,7 +239,7 @@ def tiny_shakespeare_path(path: Optional[str], cache_dir: str, download: bool, t
             tmp.unlink()
             raise DataError(f"the download of {TINY_SHAKESPEARE_URL} has another md5 than {TINY_SHAKESPEARE_MD5}")
         os.replace(tmp, cached)
-        log.warning("downloaded tiny_shakespeare to %s", cached)
+        log.info("downloaded tiny_shakespeare to %s", cached)
         return cached
     except DataError:
         raise
