@@ -147,18 +147,12 @@ def _saved_by(checkpoints: Path) -> str:
         return "another run"
 
 
-def another_runs_folder(path: Path, run_dir: Path) -> Optional[str]:
-    """Why ``checkpoint.dir=path`` is refused when it is the folder of another run than ``run_dir`` (its
-    ``summary.json`` or ``.hydra/``), in one line naming its checkpoint folder (which continues that run); else None."""
+def another_runs_folder(path: Path, run_dir: Path) -> Optional[Path]:
+    """The checkpoint folder of the other run whose folder (its ``summary.json`` or ``.hydra/``) ``path`` is, when
+    ``path`` is not ``run_dir``: ``checkpoint.dir=path`` would write steps beside that run's files; else None."""
     if folder_kind(path) != RUN or Path(path).absolute() == Path(run_dir).absolute():
         return None
-    from core.errors import override
-
-    return (
-        f"checkpoint.dir={path} is the folder of another run (summary.json or .hydra/), not a checkpoint folder; give "
-        f"its checkpoint folder, {override('checkpoint.dir', run_checkpoint_dir(path))}, to continue it, or a folder "
-        "of its own"
-    )
+    return run_checkpoint_dir(path)
 
 
 def not_own_folder(path: Path, key: str) -> Optional[str]:

@@ -32,8 +32,6 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from tracking.folders import another_runs_folder
-
 LOCK_NAME = ".lock"
 FOLDER_KEYS = "hydra.run.dir (hydra.sweep.dir with -m)"
 # environment variables that say how many processes a cluster job has (those JAX's cluster detection reads)
@@ -257,8 +255,6 @@ def claim_checkpoints(directory: Path, run_dir: Path, shared: bool = False) -> N
     owner = enclosing_run(directory)
     if owner == run_dir or run_dir in directory.parents or directory == run_dir:
         return
-    if another_runs_folder(directory, run_dir):  # its steps would lie beside that run's files
-        raise RunFolderError(str(another_runs_folder(directory, run_dir)))
     folder = owner or directory
     if _checkpoints is not None:
         if _checkpoints[0] == folder:

@@ -16,7 +16,7 @@ from core.errors import ConfigError, override
 from training.checkpoint.store import META, STATE, any_step_dirs, complete_steps, is_step_dir, odd_entries
 from training import process
 from tracking import run_folder
-from tracking.folders import RUN, first_job, folder_kind, many_runs, run_checkpoint_dir
+from tracking.folders import RUN, another_runs_folder, first_job, folder_kind, many_runs, run_checkpoint_dir
 
 RESUME_MODES = ("auto", "never")
 # what ``checkpoint.keep_best`` may name: the evaluation's metrics (the last two: the GPT's only)
@@ -187,6 +187,12 @@ def claim(plan: CheckpointPlan, run_dir: Path, process_count: int = 1) -> None:
     """
     if plan.directory is None:
         return
+    if (theirs := another_runs_folder(plan.directory, run_dir)) is not None:  # steps beside another run's files
+        raise ConfigError(
+            f"checkpoint.dir={plan.directory} is the folder of another run (summary.json or .hydra/), not a checkpoint "
+            f"folder; give its checkpoint folder, {override('checkpoint.dir', theirs)}, to continue it, or a folder of "
+            "its own"
+        )
     try:
         run_folder.claim_checkpoints(plan.directory, run_dir, shared=process_count > 1)
     except run_folder.RunFolderError as e:
