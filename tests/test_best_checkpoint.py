@@ -310,3 +310,46 @@ def test_a_run_folder_named_like_the_checkpoint_layout_is_a_run(tmp_path, name):
     assert evaluate.find_best_step_dir(run / "checkpoints") == run / "checkpoints" / "best" / "4"
     assert evaluate.find_step_dir(run) == run / "checkpoints" / "8"
     assert evaluate.find_best_step_dir(run / "checkpoints" / "best") == run / "checkpoints" / "best" / "4"
+
+
+def test_a_resume_from_the_best_folder_judges_the_training_data_by_its_bytes(tmp_path, capsys):
+    """Best steps recorded no fingerprint of their training data ("data_fingerprint": null): a resume from
+    ``<checkpoint.dir>/best`` then refused the same file moved elsewhere (data.path compared as a setting) and took
+    a file edited in place with a false warning ("saved before they were"). Now the best step records it: the moved
+    file resumes, the edited one is refused in one line naming the file."""
+    import shutil
+
+    from training.run import run_and_report
+
+    text, moved = tmp_path / "corpus.txt", tmp_path / "moved.txt"
+    text.write_text("".join(f"{i} the quick brown fox jumps over the lazy dog\n" for i in range(300)))
+    shutil.copy(text, moved)
+
+    def gpt(run: str, path: Path, steps: int, **checkpoint_keys) -> bool:
+        (tmp_path / run).mkdir()
+        cfg = make_cfg(
+            {
+                "model": {"name": "gpt", "size": "tiny", "depth": 1, "width": 32, "heads": 2, "context": 16},
+                "data": {"name": "text", "path": str(path), "cache_dir": str(tmp_path / "cache")},
+                "mesh": {"devices": 1},
+                "wandb": {"mode": "disabled"},
+                "checkpoint": {"every": 0, **checkpoint_keys},
+                "train": {"steps": steps, "log_every": 2, "eval_every": 2, "eval_batch": 64, "global_batch": 8},
+            }
+        )
+        return run_and_report(cfg, tmp_path / run)
+
+    assert gpt("old", text, 2, keep_best="eval/loss")
+    best = tmp_path / "old" / "checkpoints" / "best"
+    saved = checkpoint.read_metadata(best / "2")["data_fingerprint"]
+    assert saved["file"] == str(text) and saved["bytes"] == 14290
+    capsys.readouterr()
+    assert gpt("moved", moved, 4, resume=str(best))  # the same bytes elsewhere: the same data
+    assert "fingerprint" not in capsys.readouterr().err
+    text.write_text(text.read_text().replace("fox", "cat"))  # the same length, edited in place
+    assert not gpt("edited", text, 4, resume=str(best))
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"error: checkpoint {best / '2'} was trained on other data ({text} was 14,290 bytes, blake2b "
+        f"{saved['blake2b'][:12]}; it is now 14,290 bytes"
+    ), errors

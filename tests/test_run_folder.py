@@ -398,8 +398,10 @@ def _files(folder: Path) -> dict:
 
 def test_another_runs_checkpoint_folder_as_run_folder_is_refused_before_anything_is_written(tmp_path):
     """hydra.run.dir=<finished run>/checkpoints used to write a whole run (.hydra/, checkpoints/2/, ...) among the
-    old run's steps, and evaluating the old run then read the new one's step. Now one line names the old run, and
-    nothing in its folder changes; a folder of its own (the fix) trains."""
+    old run's steps, and evaluating the old run then read the new one's step; so did a folder inside its .hydra/,
+    a step or its checkpoint folder (one named like a step, 1000, was then renamed 1000.corrupt by the old run's
+    resume). Now one line names the old run, and nothing in its folder changes; a folder of its own (the fix)
+    trains; a run folder found in a checkpoint folder is no damaged step: a resume leaves it where it is."""
     old = tmp_path / "r9"
     assert train(*SMALL, "train.steps=2", f"hydra.run.dir={old}").returncode == 0
     before = _files(old)
@@ -407,6 +409,10 @@ def test_another_runs_checkpoint_folder_as_run_folder_is_refused_before_anything
     for given, says in [
         (old / "checkpoints", f"is the checkpoint folder of run {old} (it holds checkpoint steps 2)"),
         (old / "checkpoints" / "2", f"is checkpoint step 2 of run {old} (state/, meta/)"),
+        (old / ".hydra", f"is Hydra's folder of run {old}"),
+        (old / ".hydra" / "run", f"is inside {old / '.hydra'}, Hydra's folder of run {old}"),
+        (old / "checkpoints" / "2" / "state", f"is inside checkpoint step 2 of run {old}"),
+        (old / "checkpoints" / "1000", f"is inside the checkpoint folder of run {old}"),
     ]:
         proc = train(*SMALL, "train.steps=2", f"hydra.run.dir={given}")
         assert proc.returncode == 1
@@ -419,6 +425,14 @@ def test_another_runs_checkpoint_folder_as_run_folder_is_refused_before_anything
     own = train(*SMALL, "train.steps=2", f"hydra.run.dir={tmp_path / 'own'}")
     assert own.returncode == 0, own.stderr[-3000:]
     assert complete_steps(tmp_path / "own" / "checkpoints") == [2]
+
+    user = old / "checkpoints" / "1000"  # a run folder put there by hand (or by an earlier version)
+    (user / ".hydra").mkdir(parents=True)
+    (user / "summary.json").write_text('{"status": "ok"}')
+    resumed = train(*SMALL, "train.steps=4", f"hydra.run.dir={old}")
+    assert resumed.returncode == 0 and "corrupt" not in resumed.stderr, resumed.stderr[-3000:]
+    assert sorted(p.name for p in (old / "checkpoints").iterdir()) == ["1000", "2", "4"]
+    assert sorted(p.name for p in user.iterdir()) == [".hydra", "summary.json"]
 
 
 @pytest.mark.unit
@@ -445,20 +459,65 @@ def test_only_the_processes_of_one_job_share_a_run_folder(folder):
 
 def test_another_runs_folder_as_checkpoint_dir_is_refused_before_anything_is_written(tmp_path):
     """checkpoint.dir=<another run's run folder> (summary.json, .hydra/) was taken: a step was written beside its
-    checkpoints/. Now one line names its checkpoint folder (which continues it) and nothing in the old folder
-    changes."""
+    checkpoints/; so was a folder inside it: one of its steps (its .lock was rewritten), its best/ (resumed from
+    with a false warning), its .hydra/. Now one line names its checkpoint folder (which continues it) and nothing
+    in the old folder changes."""
     old = tmp_path / "r9"
-    assert train(*SMALL, "train.steps=2", f"hydra.run.dir={old}").returncode == 0
+    assert train(*SMALL, "train.steps=2", "checkpoint.keep_best=eval/loss", f"hydra.run.dir={old}").returncode == 0
     before = _files(old)
-    proc = train(*SMALL, "train.steps=4", f"checkpoint.dir={old}", f"hydra.run.dir={tmp_path / 'new'}")
-    assert proc.returncode == 1
-    assert proc.stderr.splitlines() == [
-        f"error: checkpoint.dir={old} is the folder of another run (summary.json or .hydra/), not a checkpoint "
-        f"folder; give its checkpoint folder, checkpoint.dir={old / 'checkpoints'}, to continue it, or a folder of "
-        "its own"
-    ], proc.stderr[-3000:]
+    fix = f"give its checkpoint folder, checkpoint.dir={old / 'checkpoints'}, to continue it, or a folder of its own"
+    inside = f"is inside the folder of another run, {old}, and not its checkpoint folder; {fix}"
+    for k, (given, says) in enumerate(
+        [
+            (old, f"is the folder of another run (summary.json or .hydra/), not a checkpoint folder; {fix}"),
+            (old / "checkpoints" / "2", inside),
+            (old / "checkpoints" / "best", inside),
+            (old / ".hydra", inside),
+        ]
+    ):
+        proc = train(*SMALL, "train.steps=4", f"checkpoint.dir={given}", f"hydra.run.dir={tmp_path / f'new{k}'}")
+        assert proc.returncode == 1
+        assert proc.stderr.splitlines() == [f"error: checkpoint.dir={given} {says}"], proc.stderr[-3000:]
     assert _files(old) == before and sorted(p.name for p in old.iterdir()) == sorted(
         [".hydra", ".lock", "checkpoints", "metrics.jsonl", "summary.json", "train.log"]
+    )
+    assert sorted(p.name for p in (old / "checkpoints").iterdir()) == ["2", "best"]
+
+
+@pytest.mark.unit
+def test_a_sweep_folder_as_checkpoint_dir_is_refused_before_its_lock(tmp_path, capsys):
+    """checkpoint.dir=<a sweep folder> took its jobs 0 and 1 for damaged steps ("move its step folders away", which
+    would move the jobs) and left a .lock there; now one line names a job's checkpoint folder, which continues it,
+    and nothing is written in the sweep folder."""
+    from training.checkpoint.plan import prepare
+    from conf.schema import CheckpointConfig
+    from core.errors import ConfigError
+    from training.run import run_and_report
+    from utils import fake_sweep, make_cfg
+
+    sweep, run = fake_sweep(tmp_path / "sweep"), tmp_path / "run"
+    run.mkdir()
+    before = _files(sweep)
+    cfg = make_cfg({"data": {"name": "synthetic"}, "wandb": {"mode": "disabled"}, "checkpoint": {"dir": str(sweep)}})
+    assert not run_and_report(cfg, run)
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: checkpoint.dir={sweep} is a sweep folder (jobs 0, 1), not a checkpoint folder; to continue a job "
+        f"give its checkpoint folder, e.g. checkpoint.dir={sweep / '0'}/checkpoints, or a folder of its own"
+    )
+    assert _files(sweep) == before and not (sweep / ".lock").exists()
+    with pytest.raises(ConfigError, match=f"is inside the folder of another run, {sweep / '0'}, and not its"):
+        prepare(CheckpointConfig(dir=str(sweep / "0" / "checkpoints" / "4")), run)
+    assert prepare(CheckpointConfig(dir=str(sweep / "0" / "checkpoints")), run).directory == sweep / "0" / "checkpoints"
+    assert prepare(CheckpointConfig(dir=str(run / "ckpt")), run).directory == run / "ckpt"  # inside its own
+    done = tmp_path / "done"  # a run without .hydra/ (run_and_report): the folder its summary names continues it
+    done.mkdir()
+    (done / "summary.json").write_text(json.dumps({"checkpoint/dir": str(done / "ckpt")}))
+    assert prepare(CheckpointConfig(dir=str(done / "ckpt")), run).directory == done / "ckpt"
+    from tracking.folders import not_own_folder  # a job's folder in a sweep's, a run's in a plain folder: theirs
+
+    assert (
+        not_own_folder(sweep / "2", "hydra.run.dir") is None
+        and not_own_folder(run / "a" / "b", "hydra.run.dir") is None
     )
 
 

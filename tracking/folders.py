@@ -20,6 +20,11 @@ def is_step_folder(path: Path) -> bool:
     return path.name.isdigit() and (path / "state").is_dir() and (path / "meta").is_dir()
 
 
+def is_run_folder(path: Path) -> bool:
+    """A run folder: it holds Hydra's ``.hydra/`` or a run's ``summary.json``."""
+    return (Path(path) / ".hydra").is_dir() or (Path(path) / "summary.json").is_file()
+
+
 def _natural(path: Path) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
 
@@ -37,7 +42,7 @@ def folder_kind(path: Path) -> Optional[str]:
         return None
     if is_step_folder(path):
         return STEP
-    if (path / ".hydra").is_dir() or (path / "summary.json").is_file():
+    if is_run_folder(path):
         return RUN
     if (path / "multirun.yaml").is_file():
         return SWEEP
@@ -147,18 +152,41 @@ def _saved_by(checkpoints: Path) -> str:
         return "another run"
 
 
-def another_runs_folder(path: Path, run_dir: Path) -> Optional[Path]:
-    """The checkpoint folder of the other run whose folder (its ``summary.json`` or ``.hydra/``) ``path`` is, when
-    ``path`` is not ``run_dir``: ``checkpoint.dir=path`` would write steps beside that run's files; else None."""
-    if folder_kind(path) != RUN or Path(path).absolute() == Path(run_dir).absolute():
+def not_a_checkpoint_dir(path: Path, run_dir: Path, quote=lambda key, value: f"{key}={value}") -> Optional[str]:
+    """Why ``checkpoint.dir=path`` would write steps among what is not this run's (``run_dir``) checkpoints, in one
+    line with the fix (``quote(key, value)`` writes an override): a sweep's folder (its jobs are named like steps),
+    or a folder inside another run's folder that is not its checkpoint folder (the run folder, its ``.hydra/``, a
+    step, its ``best/``); None when it may be used (another run's checkpoint folder continues that run)."""
+    path, run_dir = Path(path).absolute(), Path(run_dir).absolute()
+    key, own = quote("checkpoint.dir", path), "or a folder of its own"
+    if (path / "multirun.yaml").is_file() and (several := many_runs(path)):
+        theirs = quote("checkpoint.dir", f"{first_job(path)}/checkpoints")
+        why = f"{key} is {several}, not a checkpoint folder"
+        return f"{why}; to continue a job give its checkpoint folder, e.g. {theirs}, {own}"
+    owner = next((p for p in [path, *path.parents][:5] if is_run_folder(p)), None)
+    if owner is None or run_dir in (path, *path.parents):
         return None
-    return run_checkpoint_dir(path)
+    theirs = run_checkpoint_dir(owner) or owner / "checkpoints"
+    try:  # the folder its summary names (a run without Hydra's .hydra/ saves where it was told)
+        recorded = json.loads((owner / "summary.json").read_text()).get("checkpoint/dir") or theirs
+    except (OSError, ValueError, AttributeError):
+        recorded = theirs
+    if path in (Path(theirs).absolute(), Path(recorded).absolute()):
+        return None
+    what = (
+        "the folder of another run (summary.json or .hydra/), not a checkpoint folder"
+        if owner == path
+        else f"inside the folder of another run, {owner}, and not its checkpoint folder"
+    )
+    return f"{key} is {what}; give its checkpoint folder, {quote('checkpoint.dir', recorded)}, to continue it, {own}"
 
 
 def not_own_folder(path: Path, key: str) -> Optional[str]:
     """Why ``key=path`` (``hydra.run.dir``, or ``hydra.sweep.dir`` of a ``-m`` sweep) is a folder that belongs to
     something else, in one line with the fix: a run's checkpoint folder or one step of it, a sweep's folder for a
-    single run, a single run's folder for a sweep; None when it may be used (new, empty, its own kind)."""
+    single run, a single run's folder for a sweep, or a folder inside a run's ``.hydra/``, checkpoint folder or step
+    (a resume would take a folder named like a step for a damaged one); None when it may be used (new, empty, its
+    own kind, inside a plain folder or a sweep's)."""
     path = Path(path)
     kind = folder_kind(path)
     whose = "sweep" if key.startswith("hydra.sweep") else "run"
@@ -178,4 +206,17 @@ def not_own_folder(path: Path, key: str) -> Optional[str]:
     if kind == RUN and whose == "sweep" and not (path / "multirun.yaml").is_file():
         marks = [name for name in ("summary.json", ".hydra/") if (path / name.rstrip("/")).exists()]
         return f"{key}={path} is one run's folder ({', '.join(marks)}); {own}"
+    here = path.absolute()
+    for inside in [here, *here.parents][:5]:  # what holds it: Hydra's files or checkpoints of a run
+        if inside.name == ".hydra":
+            where = f"inside {inside}, " if inside != here else ""
+            return f"{key}={path} is {where}Hydra's folder of run {inside.parent}; {own}"
+        if inside == here:
+            continue
+        if is_step_folder(inside):
+            return f"{key}={path} is inside checkpoint step {inside.name} of {_saved_by(inside.parent)}; {own}"
+        if (inside.name == "checkpoints" and is_run_folder(inside.parent)) or (
+            inside.is_dir() and any(is_step_folder(p) for p in inside.iterdir())
+        ):
+            return f"{key}={path} is inside the checkpoint folder of {_saved_by(inside)}; {own}"
     return None

@@ -589,6 +589,7 @@ def best_checkpoint_hooks(prep: Prepared, reporter: Reporter) -> list[Hook]:
         steps_per_epoch=prep.source.steps_per_epoch,
         n_steps=prep.n_steps,
         run_dir=prep.run_dir,
+        data_fingerprint=prep.source.fingerprint,  # a resume from best/ judges the data by it, as from a periodic step
     )
     return [BestCheckpointHook(best, cfg.train.eval_every, prep.n_steps, wandb_run_id=lambda: reporter.wandb_run_id)]
 

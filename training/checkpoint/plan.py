@@ -16,7 +16,7 @@ from core.errors import ConfigError, override
 from training.checkpoint.store import META, STATE, any_step_dirs, complete_steps, is_step_dir, odd_entries
 from training import process
 from tracking import run_folder
-from tracking.folders import RUN, another_runs_folder, first_job, folder_kind, many_runs, run_checkpoint_dir
+from tracking.folders import RUN, first_job, folder_kind, many_runs, not_a_checkpoint_dir, run_checkpoint_dir
 
 RESUME_MODES = ("auto", "never")
 # what ``checkpoint.keep_best`` may name: the evaluation's metrics (the last two: the GPT's only)
@@ -101,8 +101,9 @@ def prepare(cfg: CheckpointConfig, run_dir: Path, process_count: int = 1) -> Che
     """Validates ``checkpoint.*`` before anything is loaded, built or logged.
 
     Raises:
-      ConfigError (one line): ``every`` < 0, ``keep`` < 1, several processes without a shared folder, or
-      ``resume`` a path that does not exist or holds no checkpoint.
+      ConfigError (one line): ``every`` < 0, ``keep`` < 1, several processes without a shared folder, ``dir`` a
+      sweep's folder or inside another run's folder (``not_a_checkpoint_dir``), or ``resume`` a path that does not
+      exist or holds no checkpoint.
     """
     if cfg.every is not None and cfg.every < 0:
         raise ConfigError(f"checkpoint.every={cfg.every} must be >= 0 (0: only at the end; null: every epoch)")
@@ -162,6 +163,8 @@ def prepare(cfg: CheckpointConfig, run_dir: Path, process_count: int = 1) -> Che
     directory = Path(cfg.dir).expanduser() if cfg.dir else default_directory(run_dir, process_count)
     if directory.exists() and not directory.is_dir():
         raise ConfigError(f"checkpoint.dir={directory} is a file; give a folder")
+    if foreign := not_a_checkpoint_dir(directory, run_dir, override):  # before its lock: nothing written there
+        raise ConfigError(foreign)
     for folder in [directory.absolute()] + ([directory.absolute() / BEST_DIR] if cfg.keep_best else []):
         odd = odd_entries(folder)  # a save of that step would fail on it, after training: refused now
         if odd:
@@ -187,12 +190,6 @@ def claim(plan: CheckpointPlan, run_dir: Path, process_count: int = 1) -> None:
     """
     if plan.directory is None:
         return
-    if (theirs := another_runs_folder(plan.directory, run_dir)) is not None:  # steps beside another run's files
-        raise ConfigError(
-            f"checkpoint.dir={plan.directory} is the folder of another run (summary.json or .hydra/), not a checkpoint "
-            f"folder; give its checkpoint folder, {override('checkpoint.dir', theirs)}, to continue it, or a folder of "
-            "its own"
-        )
     try:
         run_folder.claim_checkpoints(plan.directory, run_dir, shared=process_count > 1)
     except run_folder.RunFolderError as e:

@@ -47,6 +47,7 @@ import numpy as np
 
 from core.errors import ConfigError, error_text, first_line
 from training.checkpoint.policy import NEW_RUN
+from tracking.folders import is_run_folder
 from parallel.state import (
     device_finite_flags,
     from_restored,
@@ -245,11 +246,12 @@ def any_step_dirs(directory: Path) -> bool:
 
 
 def complete_steps(directory: Path) -> list[int]:
-    """Steps of the finished (renamed, not ``*.orbax-checkpoint-tmp``) step folders of ``directory``, ascending."""
+    """Steps of the finished (renamed, not ``*.orbax-checkpoint-tmp``) step folders of ``directory``, ascending; a
+    run folder named like a step (``.hydra/``, ``summary.json``) is none: never read, moved aside or counted."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
+    return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit() and not is_run_folder(p))
 
 
 def odd_entries(directory: Path) -> Optional[str]:
