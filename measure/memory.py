@@ -1,5 +1,6 @@
 """Whether the run's state fits in the memory it may use, checked from its shapes before anything is allocated, and
-one line for an out-of-memory error of the build, the compilation or a step.
+one line for an out-of-memory error of the build, the compilation or a step, or for a compiled step whose peak
+cannot fit (before it runs).
 
 The limit is the tightest that applies, with where it comes from: on a GPU or TPU the device's ``bytes_limit``
 (``Device.memory_stats()``, less what is in use); on the CPU, where every simulated device lives in this process's
@@ -148,15 +149,19 @@ def check_state_fits(cfg, init_fn: Callable, state_shardings: Callable, devices:
 
 
 def _state_ways(cfg, total: int, params: int, held: int, free: int, copies: int, n_params: int, cpu: bool, n: int):
-    """The ways out that shrink the state enough, by the figures: fewer simulated devices (each holds a copy),
-    ``parallel=fsdp`` on real devices, SGD without moments, a smaller model."""
-    ways = []
-    if cpu and copies > 1 and held >= copies * total * 0.99 and total <= free:  # replicated: a copy per device
-        ways.append(f"mesh.devices={free // total} (a copy of {gb(total)} each)")
+    """The ways out that shrink the state enough, by the figures, with room for its gradients (as large as the params)
+    beside it in a step: fewer simulated devices (each holds a copy; a count that divides the global batch into
+    microbatches, as ``training.build.plan`` asks), ``parallel=fsdp`` on real devices, SGD without moments, a smaller
+    model."""
+    ways, t = [], cfg.train
+    if cpu and copies == n > 1 and held >= copies * total * 0.99:  # replicated: a copy per device
+        divides = lambda m: t.per_device_batch or (t.global_batch or 256) % (m * t.accum_steps) == 0  # noqa: E731
+        fit = [m for m in range(1, free // (total + params) + 1) if divides(m)]
+        ways += [f"mesh.devices={fit[-1]} (a copy of {gb(total)} each)"] if fit else []
     if not cpu and n > 1 and cfg.parallel.name != "fsdp" and total / n <= free:
         ways.append(f"parallel=fsdp (about {gb(total / n)} per device on {n} devices)")
-    if cfg.optim.name == "adam" and held * params / total <= free:
-        ways.append(f"optim=sgd (no moments: {gb(held * params / total)})")
+    if cfg.optim.name == "adam" and 2 * held * params / total <= free:
+        ways.append(f"optim=sgd (no moments: {gb(held * params / total)} and as much for the gradients)")
     fits = int(n_params * free / held)
     ways.append(f"a smaller model (at most about {fits:,} params fit)" if fits else "a machine with more memory")
     return "ways out: " + "; ".join(ways)
@@ -174,9 +179,30 @@ def is_out_of_memory(error: BaseException) -> bool:
 def out_of_memory_line(error: BaseException) -> str:
     """One line for an out-of-memory ``error`` once the state fitted: XLA's words, the state's bytes and the limit
     (from the last ``check_state_fits``), and the ways out that shrink what a step needs beside the state enough by
-    these figures (the failed allocation against the room the state leaves)."""
+    these figures (the failed allocation, made by each simulated CPU device of the process, against the room the
+    state leaves)."""
+    asked = re.search(r"allocat\w* (\d+) bytes", str(error))
+    beside = int(asked.group(1)) * _figures.get("copies", 1) if asked else None
+    return _step_line(f"out of memory ({first_line(error, 160)})", beside)
+
+
+def check_step_fits(peak_bytes: Optional[int]) -> None:
+    """Raises TrainingError (one line, as ``out_of_memory_line``) when the compiled step's ``peak_bytes`` per device
+    (``mem/compiled_peak_bytes_per_device``: state, batch and temporaries) on each of this process's devices exceed
+    the memory free at the last ``check_state_fits``: before the step runs out of it. None (unknown): returns."""
     f = _figures
-    said = f"out of memory ({first_line(error, 160)})"
+    if peak_bytes is None or "free" not in f or peak_bytes * f["copies"] <= f["free"]:
+        return
+    copies = f["copies"]
+    all_of_them = f", {gb(peak_bytes * copies)} for the {copies} simulated CPU devices of this process"
+    said = f"out of memory: the compiled step needs {gb(peak_bytes)} per device{all_of_them if copies > 1 else ''}"
+    raise TrainingError(_step_line(said, (peak_bytes - f["per_device"]) * copies))
+
+
+def _step_line(said: str, beside: Optional[int]) -> str:
+    """``said``, the state's figures and the ways out for a step that needs ``beside`` bytes (all the process's
+    devices together; None: unknown, taken as twice the room) beside the state."""
+    f = _figures
     if "free" not in f:
         return f"{said}; use a smaller train.global_batch, or a machine with more memory"
     cfg, held, free, n = f["cfg"], f["held"], f["free"], f["n"]
@@ -187,13 +213,11 @@ def out_of_memory_line(error: BaseException) -> str:
     room = free - held
     if room < f["params"] * f["copies"]:  # not even the gradients fit beside the state
         return f"{said}; {figures}, leaving less than its gradients need; use a smaller model, or fewer devices"
-    asked = re.search(r"allocat\w* (\d+) bytes", str(error))
-    need = int(asked.group(1)) / room if asked else 2.0  # how many times too large the step's memory is
-    factor, model, train = math.ceil(need), cfg.model, cfg.train
+    need = beside / room if beside is not None else 2.0  # how many times too large the step's memory is
+    factor, model, train = max(2, math.ceil(need)), cfg.model, cfg.train
     ways = []
-    per_device = (
-        train.per_device_batch or (train.global_batch or 256) // n
-    )  # accum_steps divides it: the first that is at least factor times larger
+    per_device = train.per_device_batch or (train.global_batch or 256) // n
+    # accum_steps divides the per-device batch: the first at least factor times the current one
     accum = next((k for k in range(train.accum_steps * factor, per_device + 1) if per_device % k == 0), None)
     if accum is not None:
         ways.append(f"train.accum_steps={accum} (the same global batch in {accum} microbatches)")

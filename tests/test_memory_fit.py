@@ -33,13 +33,45 @@ def test_a_state_that_cannot_fit_is_one_line_before_anything_is_built(monkeypatc
         build(p)
     assert str(e.value) == (
         "the model's parameters and optimizer state (203,530 params) take 2.44 MB per device, 19.54 MB for the 8 "
-        "simulated CPU devices of this process, above the 10.00 MB free under a test limit; ways out: mesh.devices=4 "
-        "(a copy of 2.44 MB each); optim=sgd (no moments: 6.51 MB); a smaller model (at most about 104,165 params "
-        "fit); a smaller batch, model.remat, model.loss_chunk or bf16 shrink only the activations, not this state"
+        "simulated CPU devices of this process, above the 10.00 MB free under a test limit; ways out: mesh.devices=2 "
+        "(a copy of 2.44 MB each); a smaller model (at most about 104,165 params fit); a smaller batch, model.remat, "
+        "model.loss_chunk or bf16 shrink only the activations, not this state"
     )
     monkeypatch.setattr(memory, "memory_limit", lambda device: (20_000_000, "a test limit"))
     monkeypatch.setattr(ParallelMode, "init_state", init_state)  # 19.54 MB fit in 20 MB: built
     assert build(plan(make_cfg({"data": {"name": "synthetic"}, "wandb": {"mode": "disabled"}}))).state is not None
+
+
+@pytest.mark.unit
+def test_the_ways_out_of_a_state_too_large_work_when_followed(monkeypatch):
+    """A device count is offered only when it divides the global batch into its microbatches (training.build.plan
+    refuses any other) and its copies fit with their gradients (as large as the params: 0.81 MB a copy here); SGD
+    only when its state and the gradients fit (6.51 MB each for 8 devices: 13.02 MB). Following the offered count
+    builds the run under the same limit."""
+    from parallel.base import ParallelMode
+    from training.build import build, plan
+
+    def ways(limit_bytes: int, **train) -> list[str]:
+        monkeypatch.setattr(memory, "memory_limit", lambda device: (limit_bytes, "a test limit"))
+        cfg = make_cfg({"data": {"name": "synthetic"}, "wandb": {"mode": "disabled"}, "train": train})
+        with pytest.raises(TrainingError) as e:
+            build(plan(cfg))
+        return str(e.value).split("; ways out: ")[1].split("; ")[:-2]
+
+    monkeypatch.setattr(ParallelMode, "init_state", lambda *a, **k: pytest.fail("the state was built"))
+    # 10 MB hold 3 copies of 3.26 MB (state and gradients): 256 is not divisible by 3, 24 is, not into 3 x 3
+    assert ways(10_000_000) == ["mesh.devices=2 (a copy of 2.44 MB each)"]
+    assert ways(10_000_000, global_batch=24) == ["mesh.devices=3 (a copy of 2.44 MB each)"]
+    assert ways(10_000_000, global_batch=24, accum_steps=3) == ["mesh.devices=2 (a copy of 2.44 MB each)"]
+    assert ways(13_100_000) == [
+        "mesh.devices=4 (a copy of 2.44 MB each)",
+        "optim=sgd (no moments: 6.51 MB and as much for the gradients)",
+    ]
+    assert ways(13_000_000) == ["mesh.devices=2 (a copy of 2.44 MB each)"]  # 13.02 MB for SGD: not offered
+    monkeypatch.undo()
+    monkeypatch.setattr(memory, "memory_limit", lambda device: (10_000_000, "a test limit"))
+    cfg = make_cfg({"data": {"name": "synthetic"}, "wandb": {"mode": "disabled"}, "mesh": {"devices": 2}})
+    assert build(plan(cfg)).state is not None
 
 
 def train_under_rlimit_as(limit_bytes: int, run_dir, *overrides: str) -> subprocess.CompletedProcess:
@@ -117,5 +149,39 @@ def test_an_allocation_that_fails_in_a_step_is_one_line_with_the_ways_that_fit(m
         "ways out: train.accum_steps=2 (the same global batch in 2 microbatches); model.remat=full; "
         "model.loss_chunk=1024; precision=bf16"
     )
+    # below the room: still halved, by a count above the current one (accum_steps=1 would change nothing)
+    assert "ways out: train.accum_steps=2 (the same global batch in 2 microbatches); " in failing(int(0.7 * room))
     with pytest.raises(jax.errors.JaxRuntimeError), disk_full_as_error(REPO):
         raise jax.errors.JaxRuntimeError("INTERNAL: something else")
+    cfg.train.accum_steps = 2  # 128 examples per device: 2 x 3 = 6 microbatches do not divide them, 8 do
+    assert "ways out: train.accum_steps=8 (the same global batch in 8 microbatches)" in failing(int(2.5 * room))
+    memory.check_step_fits(held + room)  # a compiled step that fits: nothing to say
+    memory.check_step_fits(None)  # no memory analysis
+    with pytest.raises(TrainingError) as e:
+        memory.check_step_fits(held + int(3.5 * room))
+    assert str(e.value) == (
+        f"out of memory: the compiled step needs {memory.gb(held + int(3.5 * room))} per device; the state takes "
+        f"{memory.gb(held)} per device ({memory.gb(held)} in all) of the 1.01 GB free under a test limit: the step "
+        f"needs about 3.5 times the {memory.gb(room)} left beside it; ways out: train.accum_steps=8 (the same global "
+        f"batch in 8 microbatches)"
+    )
+
+
+def test_a_compiled_step_too_large_for_the_simulated_devices_stops_before_it_runs(tmp_path):
+    """GPT with 2048 tokens of context: its 8.30 MB of state fit in ``ulimit -v`` 4 GB, but the compiled step needs
+    3.34 GB per device, 26.69 GB for the 8 simulated CPU devices of this process: one line after compiling, sized for
+    all of them (accumulation in 16 microbatches, 11 times the room), with no line of XLA's own and no metrics.
+    Before: a step whose allocation failed, XLA's ``allocate of <9> failed.`` on stderr, then ``train.accum_steps=1``
+    offered (the current value; 0.8 times the room: one device's allocation)."""
+    gpt = ("model=gpt", "model.size=tiny", "model.depth=1", "model.width=32", "model.heads=2", "model.context=2048")
+    proc = train_under_rlimit_as(4_000_000_000, tmp_path / "run", *gpt, "data=synthetic", "train.steps=2")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(
+        "error: out of memory: the compiled step needs 3.34 GB per device, 26.69 GB for the 8 simulated CPU devices "
+        "of this process; the state takes 1.04 MB per device (8.30 MB in all) of the "
+    ), line
+    assert line.endswith("; ways out: train.accum_steps=16 (the same global batch in 16 microbatches)"), line
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"] == line.removeprefix("error: ")

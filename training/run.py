@@ -37,7 +37,7 @@ from measure.compiled import (
     state_bytes_per_device,
 )
 from measure.hardware import describes_device
-from measure.memory import out_of_memory_as_error
+from measure.memory import check_step_fits, out_of_memory_as_error
 from measure.profiler import Profiler, check_window, explain_ratio
 from measure.rates import comm_time_model_s, perplexity, token_rates
 from measure.throughput import STARTUP, JobClock, TargetTracker, WindowStats, in_multirun
@@ -459,6 +459,7 @@ def compile_step(cfg: Config, p: Plan, exp: Experiment, first, info: dict[str, A
     info["perf/compile_time_s"] = time.perf_counter() - t0
     info["perf/startup/compile_cache"] = cache.outcome()
     info.update(compiled_step_metrics(lowered, compiled, exp.mode.num_devices))
+    check_step_fits(info.get("mem/compiled_peak_bytes_per_device"))  # one line, before the step runs out of memory
     if exp.local.tokens:  # the model FLOPs of MFU replace XLA's count, which includes rematerialised work
         if "perf/flops_per_step_per_device" in info:
             info["perf/flops_per_step_per_device_xla"] = info["perf/flops_per_step_per_device"]
