@@ -168,11 +168,17 @@ def _state_ways(cfg, total: int, params: int, held: int, free: int, copies: int,
 
 
 def is_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` is an allocation that failed: Python's ``MemoryError`` or XLA's RESOURCE_EXHAUSTED / "out
-    of memory" (at build, compilation or a step)."""
+    """Whether ``error`` is an allocation that failed: Python's ``MemoryError``, a thread whose stack could not be
+    mapped ("can't start new thread", under ``ulimit -v``) or XLA's RESOURCE_EXHAUSTED / "out of memory" (at build,
+    compilation or a step)."""
     text = str(error)
-    return isinstance(error, MemoryError) or (
-        isinstance(error, jax.errors.JaxRuntimeError) and ("RESOURCE_EXHAUSTED" in text or "of memory" in text.lower())
+    return (
+        isinstance(error, MemoryError)
+        or text.startswith("can't start new thread")
+        or (
+            isinstance(error, jax.errors.JaxRuntimeError)
+            and ("RESOURCE_EXHAUSTED" in text or "of memory" in text.lower())
+        )
     )
 
 

@@ -153,6 +153,11 @@ def test_an_allocation_that_fails_in_a_step_is_one_line_with_the_ways_that_fit(m
     assert "ways out: train.accum_steps=2 (the same global batch in 2 microbatches); " in failing(int(0.7 * room))
     with pytest.raises(jax.errors.JaxRuntimeError), disk_full_as_error(REPO):
         raise jax.errors.JaxRuntimeError("INTERNAL: something else")
+    with pytest.raises(RuntimeError, match="^dictionary changed"), disk_full_as_error(REPO):
+        raise RuntimeError("dictionary changed size during iteration")  # not memory: its traceback goes on
+    with pytest.raises(TrainingError) as thread, disk_full_as_error(REPO):  # a thread's stack under ulimit -v
+        raise RuntimeError("can't start new thread")
+    assert str(thread.value).startswith("out of memory (can't start new thread); the state takes ")
     cfg.train.accum_steps = 2  # 128 examples per device: 2 x 3 = 6 microbatches do not divide them, 8 do
     assert "ways out: train.accum_steps=8 (the same global batch in 8 microbatches)" in failing(int(2.5 * room))
     memory.check_step_fits(held + room)  # a compiled step that fits: nothing to say
