@@ -241,8 +241,10 @@ def _not_a_tokenizer(path: Path, reason: str) -> str:
     if isinstance(data, dict) and "model" not in data:
         if {"tokenizer_class", "model_max_length", "added_tokens_decoder"} & set(data):
             kind = "a tokenizer_config.json of transformers (its settings, without the vocabulary and merges)"
-        else:
+        elif data:
             kind = f"JSON without the 'model' key a tokenizer.json has (its keys: {', '.join(list(data)[:6])})"
+        else:
+            kind = "an empty JSON object"
         return f"is {kind}, not a tokenizer.json"
     if not isinstance(data, dict):
         return f"is JSON of a {type(data).__name__}, not a tokenizer.json (an object)"

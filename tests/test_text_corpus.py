@@ -89,8 +89,12 @@ def test_bpe_round_trip_determinism_and_bytes_per_token(tmp_path):
     with pytest.raises(DataError, match=r"^data\.tokenizer_file=.*missing\.json does not exist"):
         load_tokenizer_file(tmp_path / "missing.json")
     (tmp_path / "bad.json").write_text("{}")
-    with pytest.raises(DataError, match=r"^data\.tokenizer_file=.*bad\.json is not a tokenizer\.json"):
+    with pytest.raises(DataError) as e:
         load_tokenizer_file(tmp_path / "bad.json")
+    assert str(e.value) == (
+        f"data.tokenizer_file={tmp_path / 'bad.json'} is an empty JSON object, not a tokenizer.json; give a "
+        f"tokenizer.json (Hugging Face tokenizers' format), or leave data.tokenizer_file out and set data.tokenizer=bpe"
+    )
 
 
 # ---- the corpus: files, folders, globs ---------------------------------------------------------------------
