@@ -99,7 +99,8 @@ def text_info(text, test) -> dict:
     """Summary keys of a text data set: the tokenizer, its vocabulary, the splits' tokens and the bytes per token
     (``data/eval_bytes_per_token`` of the evaluated targets: ``eval/bpb``; ``data/train_bytes_per_token`` of the
     training split: ``train/bpb``), where the tokens live (a token folder, or null: in memory), and the share of the
-    tokens that are the tokenizer's unknown token (``data.text.warn_unknown``)."""
+    tokens that are the tokenizer's unknown token and of the text's bytes no token stands for
+    (``data.text.warn_unknown``)."""
     tok = text.tokenizer
     return {
         "data/tokenizer": tok.name,
@@ -111,6 +112,7 @@ def text_info(text, test) -> dict:
         "data/eval_bytes_per_token": test.bytes_per_token,
         "data/token_dir": None if text.token_dir is None else str(text.token_dir),
         "data/unknown_token_share": text.unknown_share,
+        "data/dropped_text_share": text.dropped_share,
     }
 
 

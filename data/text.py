@@ -289,6 +289,7 @@ TOKEN_FILES_FORMAT = 1
 SPLITS = ("train", "validation")
 # a tokenizer suited to its text maps far fewer of its tokens to the unknown token: from this share on, a warning
 UNKNOWN_SHARE = 0.01
+WHITESPACE = b" \t\n\r\x0b\x0c"  # not compared in the dropped share (``_byte_table``)
 
 
 def corpus_files(path: Optional[str]) -> list[Path]:
@@ -385,7 +386,7 @@ def _fault_line(faults: list[TextFault], files: list[Path], path: Optional[str],
     """The line for files of ``data.path`` that are not UTF-8 text: of one file given itself, or of a folder / glob."""
     if len(files) == 1 and path is not None and Path(path).expanduser().absolute() == files[0].absolute():
         return fault_line(faults[0], "data.path", cache_dir)
-    return corpus_fault_line(faults, str(path), cache_dir)
+    return corpus_fault_line(faults, str(path), cache_dir, len(files))
 
 
 def corpus_fingerprint(
@@ -479,11 +480,22 @@ class TextSplits:
     token_dir: Optional[Path] = None
     fingerprint: Optional[dict] = None  # what the text was read from (file_fingerprint), recorded with checkpoints
     unknown_tokens: int = 0  # tokens of both splits that are the tokenizer's unknown token (``unk_id``)
+    # the bytes other than whitespace of both splits' text (``text_bytes``) and those their tokens other than the
+    # unknown token stand for (``covered_bytes``); None: not counted (token files written before they were)
+    text_bytes: Optional[int] = None
+    covered_bytes: Optional[int] = None
 
     @property
     def unknown_share(self) -> float:
         """The share of the tokens that are the unknown token (0 for a tokenizer without one)."""
         return self.unknown_tokens / max(1, len(self.train) + len(self.validation))
+
+    @property
+    def dropped_share(self) -> Optional[float]:
+        """The share of the text's UTF-8 bytes other than whitespace that no token stands for (None: not counted)."""
+        if self.text_bytes is None or self.covered_bytes is None:
+            return None
+        return max(0.0, 1 - self.covered_bytes / max(1, self.text_bytes))
 
     @property
     def train_bytes_per_token(self) -> float:
@@ -573,6 +585,10 @@ def text_token_files(
         meta[key] if (key := f"{name}_unknown_tokens") in meta else _count(tokens, tokenizer.unk_id)
         for name, tokens in splits.items()
     )
+    counted = all(f"{name}_{key}" in meta for name in SPLITS for key in ("text_bytes", "covered_bytes"))
+    text_bytes, covered = (
+        (sum(meta[f"{name}_{key}"] for name in SPLITS) if counted else None) for key in ("text_bytes", "covered_bytes")
+    )
     return TextSplits(
         train=splits["train"],
         validation=splits["validation"],
@@ -581,6 +597,8 @@ def text_token_files(
         validation_bytes=meta["validation_bytes"],
         token_dir=folder,
         unknown_tokens=unknown,
+        text_bytes=text_bytes,
+        covered_bytes=covered,
     )
 
 
@@ -592,14 +610,50 @@ def _count(tokens: np.ndarray, token: Optional[int]) -> int:
     return sum(int(np.count_nonzero(tokens[i : i + step] == token)) for i in range(0, len(tokens), step))
 
 
+def _byte_table(tokenizer: Tokenizer) -> np.ndarray:
+    """The bytes other than whitespace each token id stands for (``Tokenizer.token_bytes``, eval/bpb's table; a
+    decoded SentencePiece token loses its leading space, so whitespace is not compared), 0 for the unknown token."""
+    table = tokenizer.token_bytes(WHITESPACE)
+    if tokenizer.unk_id is not None:
+        table[tokenizer.unk_id] = 0
+    return table
+
+
+def covered_bytes(tokens: np.ndarray, table: np.ndarray) -> int:
+    """The bytes ``tokens`` (an array or a token file's map, read in chunks) stand for by ``table`` (``_byte_table``):
+    the text's bytes when the tokenizer drops none."""
+    step = CHUNK_BYTES // tokens.itemsize
+    return sum(int(table[np.asarray(tokens[i : i + step])].sum()) for i in range(0, len(tokens), step))
+
+
+def text_bytes(text: str) -> int:
+    """The UTF-8 bytes of ``text`` other than whitespace (``WHITESPACE``): what ``covered_bytes`` is compared with."""
+    return len(text.encode("utf-8").translate(None, WHITESPACE))
+
+
 def warn_unknown(text: TextSplits) -> None:
     """One warning when ``UNKNOWN_SHARE`` or more of the text's tokens are its tokenizer's unknown token: the model
-    learns to predict it, and accuracy and bits per byte count a predicted unknown token as the text it replaced."""
+    learns to predict it, and accuracy and bits per byte count a predicted unknown token as the text it replaced;
+    else one when ``UNKNOWN_SHARE`` or more of the text's bytes are in no token (``TextSplits.dropped_share``: a
+    tokenizer without an unknown token drops what its vocabulary lacks), which the model never sees and eval/bpb
+    does not count."""
     tok = text.tokenizer
+    named = f"{tok.what}={tok.path}" if isinstance(tok, HFTokenizer) and tok.path else "the tokenizer"
     if text.unknown_share < UNKNOWN_SHARE:
+        dropped = text.dropped_share
+        if dropped is not None and dropped >= UNKNOWN_SHARE:
+            log.warning(
+                "%s drops %.1f%% of the text: its tokens stand for %d of the text's %d bytes other than whitespace "
+                "(the rest is text its vocabulary has no token for), so the model never sees that text and eval/bpb "
+                "is not this text's; give a tokenizer whose vocabulary covers the text, or leave data.tokenizer_file "
+                "out and set data.tokenizer=bpe (a byte-level BPE encodes any text)",
+                named,
+                100 * dropped,
+                text.covered_bytes,
+                text.text_bytes,
+            )
         return
     total = len(text.train) + len(text.validation)
-    named = f"{tok.what}={tok.path}" if isinstance(tok, HFTokenizer) and tok.path else "the tokenizer"
     log.warning(
         "%.1f%% of the text's tokens (%d of %d) are the unknown token %r of %s: the model learns to predict it, and "
         "its accuracy and eval/bpb count a predicted %r as the text it replaced, so they do not measure this text; "
@@ -675,25 +729,30 @@ def _write_token_splits(
     tmp: Path, folder: Path, files: list[Path], split: int, tokenizer: Tokenizer, fingerprint: str
 ) -> None:
     dtype = token_dtype(tokenizer.vocab_size)
+    table = _byte_table(tokenizer)
     stream = _SplitStream(_text_chunks(files), split)
     counts = {}
     for name, chunks in (("train", stream.first), ("validation", stream.second)):
         n_tokens = n_bytes = 0
 
         def counted(pieces: Iterable[str]) -> Iterator[str]:
-            nonlocal n_bytes
+            nonlocal n_bytes, n_text
             for piece in pieces:
-                n_bytes += len(piece.encode("utf-8"))
+                raw = piece.encode("utf-8")
+                n_bytes += len(raw)
+                n_text += len(raw.translate(None, WHITESPACE))
                 yield piece
 
-        n_unknown = 0
+        n_unknown = n_covered = n_text = 0
         with open(tmp / f"{name}.bin", "wb") as out:
             for ids in tokenizer.encode_pieces(counted(text_pieces(chunks()))):
                 out.write(ids.astype(dtype).tobytes())
                 n_tokens += len(ids)
                 n_unknown += 0 if tokenizer.unk_id is None else int(np.count_nonzero(ids == tokenizer.unk_id))
+                n_covered += int(table[ids].sum())
         counts[f"{name}_tokens"], counts[f"{name}_bytes"] = n_tokens, n_bytes
         counts[f"{name}_unknown_tokens"] = n_unknown
+        counts[f"{name}_text_bytes"], counts[f"{name}_covered_bytes"] = n_text, n_covered
     meta = {
         "format": TOKEN_FILES_FORMAT,
         "dtype": dtype,
@@ -797,6 +856,8 @@ def load_text(
             len(validation.encode("utf-8")),
             fingerprint=fingerprint,
             unknown_tokens=sum(_count(t, tok.unk_id) for t in ids.values()),
+            text_bytes=text_bytes(train) + text_bytes(validation),
+            covered_bytes=sum(covered_bytes(t, _byte_table(tok)) for t in ids.values()),
         )
         warn_unknown(text_splits)
         return text_splits

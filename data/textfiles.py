@@ -30,6 +30,7 @@ CONTROL_SHARE = 0.01
 CONTROL = np.zeros(256, bool)
 CONTROL[[*range(0, 9), *range(14, 27), *range(28, 32)]] = True
 NOT_CONTROL = bytes(i for i in range(256) if not CONTROL[i])  # (bytes.translate deletes these: a fast count)
+ASCII = bytes(range(128))
 # what a binary file is, by its first bytes (named in the line; the test itself is CONTROL's)
 MAGIC = (
     (b"\x1f\x8b", "a gzip file"),
@@ -52,11 +53,12 @@ BOMS = (
 
 class TextFault(DataError):
     """A corpus file that is not UTF-8 text: ``why`` follows its name in the line; ``source``: the encoding a UTF-8
-    copy is converted from (``guess``: a likely one, said as "e.g."), None: not text, not offered a conversion."""
+    copy is converted from (``guess``: a likely one, said as "e.g."), None: not text, not offered a conversion;
+    ``drop``: UTF-8 text with bytes of another encoding, whose copy drops those bytes (``iconv -c``)."""
 
-    def __init__(self, path: Path, why: str, source: Optional[str] = None, guess: bool = False):
+    def __init__(self, path: Path, why: str, source: Optional[str] = None, guess: bool = False, drop: bool = False):
         super().__init__(f"{path} {why}")
-        self.path, self.why, self.source, self.guess = Path(path), why, source, guess
+        self.path, self.why, self.source, self.guess, self.drop = Path(path), why, source, guess, drop
 
 
 def _shell(path: Path | str) -> str:
@@ -177,7 +179,10 @@ def head_fault(path: Path, raw: bytes) -> Optional[TextFault]:
 
 def undecodable_fault(path: Path, at: int, reason: str, chunk_bytes: int = 1 << 24) -> TextFault:
     """``path`` is not UTF-8 at byte ``at``: binary when a block of it holds control codes (``control_block``; the
-    whole file is read, an error's cost only), else text in another encoding (a conversion from e.g. latin1)."""
+    whole file is read, an error's cost only); UTF-8 text with bytes of another encoding when multi-byte UTF-8
+    characters come before ``at`` (a whole-file conversion would garble them: their bytes are dropped into a copy);
+    else text in another encoding (a conversion from e.g. latin1)."""
+    lines, multibyte = 1, False  # of the bytes before ``at`` (valid UTF-8: the decoder read them)
     try:
         with open(path, "rb") as fh:
             head, offset = fh.read(chunk_bytes), 0
@@ -186,10 +191,22 @@ def undecodable_fault(path: Path, at: int, reason: str, chunk_bytes: int = 1 << 
                 found = control_block(raw, offset)
                 if found is not None:
                     return binary_fault(path, head, found)
+                before = raw[: max(0, at - offset)]
+                lines += before.count(b"\n")
+                multibyte = multibyte or len(before.translate(None, ASCII)) > 0
                 offset += len(raw)
                 raw = fh.read(chunk_bytes)
     except OSError:
         pass
+    if multibyte:
+        return TextFault(
+            path,
+            f"mixes encodings: UTF-8 text with characters of more than one byte, then at byte {at} (line {lines}) a "
+            f"byte that is not UTF-8 ({reason}), so no one encoding reads it all (a conversion of the whole file from "
+            f"latin1 would garble its UTF-8 characters)",
+            "UTF-8",
+            drop=True,
+        )
     return TextFault(path, f"is not UTF-8 (byte {at}: {reason})", "latin1", guess=True)
 
 
@@ -214,7 +231,15 @@ def copy_place(original: Path, name: str, cache_dir: Optional[str]) -> tuple[Pat
 
 
 def _convert_how(fault: TextFault) -> str:
+    if fault.drop:
+        return "fix or remove that line, or drop the file's bytes that are not UTF-8"
     return f"convert it from its encoding, e.g. {fault.source}," if fault.guess else "convert it"
+
+
+def _iconv(fault: TextFault, out: Path) -> str:
+    """The command writing the UTF-8 copy ``out`` of ``fault``'s file (``-c``: its bytes that are not UTF-8 dropped)."""
+    drop = " -c" if fault.drop else ""
+    return f"iconv -f {fault.source} -t UTF-8{drop} {_shell(fault.path)} > {_shell(out)}"
 
 
 def fault_line(fault: TextFault, what: str, cache_dir: Optional[str]) -> str:
@@ -225,8 +250,8 @@ def fault_line(fault: TextFault, what: str, cache_dir: Optional[str]) -> str:
         return f"{what}={path} {fault.why}; give a UTF-8 text file"
     out, mkdir = copy_place(path, f"{path.stem}.utf8.txt", cache_dir)
     return (
-        f"{what}={path} {fault.why}; {_convert_how(fault).rstrip(',')}: {mkdir}iconv -f {fault.source} -t UTF-8 "
-        f"{_shell(path)} > {_shell(out)}, then pass {_passed(what, out)}"
+        f"{what}={path} {fault.why}; {_convert_how(fault).rstrip(',')}: {mkdir}{_iconv(fault, out)}, then pass "
+        f"{_passed(what, out)}"
     )
 
 
@@ -248,11 +273,21 @@ def _has_loop(folder: Path) -> bool:
     return False
 
 
-def corpus_fault_line(faults: Sequence[TextFault], corpus: str, cache_dir: Optional[str]) -> str:
+def corpus_fault_line(
+    faults: Sequence[TextFault], corpus: str, cache_dir: Optional[str], files: Optional[int] = None
+) -> str:
     """The one-line error for files of a folder or glob corpus that are not UTF-8 text (every one, found in one
     reading): a copy of the corpus's folder made of symbolic links (``cp -rsL``: nothing in the corpus changes, no
-    text is copied) in which those files are converted (text in another encoding) or left out (not text), to pass
-    as ``data.path``."""
+    text is copied; ``chmod -R u+w``: its folders writable, a read-only corpus's too) in which those files are
+    converted (text in another encoding) or left out (not text), to pass as ``data.path``. When all ``files`` of the
+    corpus are refused and none is text, there is nothing to copy: the line says the corpus holds no text."""
+    if files is not None and len(faults) >= files and not any(f.source for f in faults):
+        named = "; ".join(f"{f.path} {f.why}" for f in faults[:3])
+        more = f"; and {len(faults) - 3} more" if len(faults) > 3 else ""
+        return (
+            f"data.path={corpus} holds no text: none of its {len(faults)} file{'s' if len(faults) != 1 else ''} is "
+            f"text ({named}{more}); give a UTF-8 text file, a folder of them or a glob"
+        )
     base, rest = glob_base(corpus)
     copy, mkdir = copy_place(base, f"{base.absolute().name}.utf8", cache_dir)
     rel = [f.path.absolute().relative_to(base.absolute()) for f in faults]
@@ -261,10 +296,10 @@ def corpus_fault_line(faults: Sequence[TextFault], corpus: str, cache_dir: Optio
     cp = f"cp -rsL {_shell(base.absolute())} {_shell(copy)}"
     broken = any(f.why.startswith(("is a broken symbolic link", "is a symbolic link loop")) for f in faults)
     cp = f"{{ {cp} || test -d {_shell(copy)}; }}" if broken or _has_loop(base) else cp
-    steps = [f"{mkdir}{cp}", "rm -f " + " ".join(_shell(copy / r) for r in rel)]
-    steps += [
-        f"iconv -f {f.source} -t UTF-8 {_shell(f.path)} > {_shell(copy / r)}" for f, r in zip(faults, rel) if f.source
-    ]
+    # cp -r gives the copy's folders the corpus's modes: a read-only corpus's copy must be made writable (chmod -R
+    # skips the links it meets, so the corpus's files keep their modes)
+    steps = [f"{mkdir}{cp}", f"chmod -R u+w {_shell(copy)}", "rm -f " + " ".join(_shell(copy / r) for r in rel)]
+    steps += [_iconv(f, copy / r) for f, r in zip(faults, rel) if f.source]
     passed = _passed("data.path", copy / rest if rest else copy, glob=bool(rest))
     folder = "a copy of the folder made of links to its files (the corpus stays as it is)"
     if len(faults) == 1:
@@ -275,5 +310,8 @@ def corpus_fault_line(faults: Sequence[TextFault], corpus: str, cache_dir: Optio
         named = "; ".join(f"{f.path} {f.why}" for f in faults[:3])
         more = f"; and {len(faults) - 3} more" if len(faults) > 3 else ""
         said = f"{len(faults)} files in data.path={corpus} are not UTF-8 text ({named}{more})"
-        how = f"convert them (text in another encoding, e.g. latin1) or leave them out (not text) in {folder}"
+        ways = ["convert them (text in another encoding, e.g. latin1)"] * any(f.source and not f.drop for f in faults)
+        ways += ["drop the bytes that are not UTF-8 (text of mixed encodings)"] * any(f.drop for f in faults)
+        ways += ["leave them out (not text)"] * any(not f.source for f in faults)
+        how = f"{' or '.join(ways)} in {folder}"
     return f"{said}; {how}: {' && '.join(steps)}, then pass {passed}"

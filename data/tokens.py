@@ -104,9 +104,11 @@ class ByteTokenizer:
         """The bytes ``ids`` as UTF-8 (a character cut short becomes U+FFFD)."""
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
-    def token_bytes(self) -> np.ndarray:
-        """int64 ``[256]``: one byte per token."""
-        return np.ones(VOCAB_BYTES, np.int64)
+    def token_bytes(self, skip: bytes = b"") -> np.ndarray:
+        """int64 ``[256]``: one byte per token (0 for the bytes of ``skip``)."""
+        out = np.ones(VOCAB_BYTES, np.int64)
+        out[list(skip)] = 0
+        return out
 
     def to_json(self) -> Optional[str]:
         return None
@@ -178,18 +180,19 @@ class HFTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode([int(i) for i in ids])
 
-    def token_bytes(self) -> np.ndarray:
-        """int64 ``[vocab]``: the bytes each token stands for. A byte-level vocabulary (GPT-2's, and the BPE trained
-        here) writes every byte as one character of GPT-2's table: exact. Otherwise (and for a token with a
-        character outside that table, e.g. a special token) the UTF-8 length of the token decoded on its own."""
+    def token_bytes(self, skip: bytes = b"") -> np.ndarray:
+        """int64 ``[vocab]``: the bytes each token stands for, those of ``skip`` not counted. A byte-level vocabulary
+        (GPT-2's, and the BPE trained here) writes every byte as one character of GPT-2's table: exact. Otherwise
+        (and for a token with a character outside that table, e.g. a special token) the UTF-8 length of the token
+        decoded on its own (a SentencePiece token's leading space is lost that way: skip whitespace to compare)."""
         table = _byte_level_table() if (json.loads(self._json).get("decoder") or {}).get("type") == "ByteLevel" else {}
         out = np.zeros(self.vocab_size, np.int64)
         for i in range(self.vocab_size):
             token = self.tokenizer.id_to_token(i)
             if token is not None and table and all(c in table for c in token):
-                out[i] = len(token)
+                out[i] = sum(table[c] not in skip for c in token)
             else:
-                out[i] = len(self.tokenizer.decode([i]).encode("utf-8"))
+                out[i] = len(self.tokenizer.decode([i]).encode("utf-8").translate(None, skip))
         return out
 
     def to_json(self) -> Optional[str]:
@@ -207,7 +210,8 @@ def _tokenizers():
 
 
 def load_tokenizer_file(path: Path, what: str = "data.tokenizer_file") -> HFTokenizer:
-    """The tokenizer saved at ``path`` (a ``tokenizer.json``). Raises DataError (one line): missing or unreadable."""
+    """The tokenizer saved at ``path`` (a ``tokenizer.json``). Raises DataError (one line): missing, unreadable, not
+    JSON or JSON of another kind (``_not_a_tokenizer``), with the fix for a ``data.tokenizer_file``."""
     tk = _tokenizers()
     path = Path(path)
     if not path.is_file():
@@ -217,9 +221,34 @@ def load_tokenizer_file(path: Path, what: str = "data.tokenizer_file") -> HFToke
         return HFTokenizer(tk.Tokenizer.from_file(str(path)), path, what)
     except Exception as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise DataError(
-            f"{what}={path} is not a tokenizer.json that Hugging Face tokenizers reads ({reason})"
-        ) from None
+        fix = (
+            "; give a tokenizer.json (Hugging Face tokenizers' format), or leave data.tokenizer_file out and set "
+            "data.tokenizer=bpe"
+            if what == "data.tokenizer_file"
+            else ""
+        )
+        raise DataError(f"{what}={path} {_not_a_tokenizer(path, reason)}{fix}") from None
+
+
+def _not_a_tokenizer(path: Path, reason: str) -> str:
+    """Why the file at ``path``, refused by Hugging Face tokenizers for ``reason``, is no tokenizer.json: not JSON
+    (e.g. cut short), JSON of another kind (a ``tokenizer_config.json`` of transformers: settings without the
+    vocabulary), or the library's ``reason``."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError) as e:
+        return f"is not JSON, so not a tokenizer.json ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+    if isinstance(data, dict) and "model" not in data:
+        if {"tokenizer_class", "model_max_length", "added_tokens_decoder"} & set(data):
+            kind = "a tokenizer_config.json of transformers (its settings, without the vocabulary and merges)"
+        elif data:
+            kind = f"JSON without the 'model' key a tokenizer.json has (its keys: {', '.join(list(data)[:6])})"
+        else:
+            kind = "an empty JSON object"
+        return f"is {kind}, not a tokenizer.json"
+    if not isinstance(data, dict):
+        return f"is JSON of a {type(data).__name__}, not a tokenizer.json (an object)"
+    return f"is not a tokenizer.json that Hugging Face tokenizers reads ({reason})"
 
 
 def train_bpe(pieces: Iterable[str], vocab_size: int) -> HFTokenizer:

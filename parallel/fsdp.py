@@ -149,8 +149,13 @@ def out_of_range(i: int, regex: str, dim: int, path: str, shape) -> str:
     return (
         f"parallel.fsdp_rules[{i}]=[{regex!r}, {dim}] matches {path} of shape {list(shape)}, which has {has}: "
         f"there is no dimension {dim}; give {fix}null (replicate) or 'largest', or a regex that leaves this array "
-        f"out (e.g. one that ends in the parameter's name, 'kernel$')"
+        f"out (e.g. {excluding(regex, path)!r})"
     )
+
+
+def excluding(regex: str, path: str) -> str:
+    """``regex`` made to skip the array at ``path`` only: a search for it finds every other path ``regex`` finds."""
+    return f"^(?!{re.escape(path)}$).*?(?:{regex})"
 
 
 def path_name(path) -> str:

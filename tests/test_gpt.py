@@ -348,7 +348,7 @@ def test_a_file_of_a_folder_in_another_encoding_is_converted_into_a_copy_of_the_
     source = {"utf-16": "UTF-16", "latin-1": "latin1"}[encoding]
     q = shlex.quote
     command = (
-        f"cp -rsL {q(str(folder))} {q(str(copy))} && rm -f {q(str(copy / 'b.txt'))} && "
+        f"cp -rsL {q(str(folder))} {q(str(copy))} && chmod -R u+w {q(str(copy))} && rm -f {q(str(copy / 'b.txt'))} && "
         f"iconv -f {source} -t UTF-8 {q(str(folder / 'b.txt'))} > {q(str(copy / 'b.txt'))}"
     )
     why = {
@@ -424,9 +424,9 @@ def test_paths_and_files_that_are_not_text_are_refused_as_such_and_a_copy_leaves
     assert line.endswith(
         f"; and 1 more); convert them (text in another encoding, e.g. latin1) or leave them out (not text) in a copy "
         f"of the folder made of links to its files (the corpus stays as it is): {{ cp -rsL {folder} {copy} || "
-        f"test -d {copy}; }} && rm -f {copy / 'b.txt'} {copy / 'c.bin'} {copy / 'd.pipe'} {copy / 'e.txt'} && "
-        f"iconv -f latin1 -t UTF-8 "
-        f"{folder / 'b.txt'} > {copy / 'b.txt'}, then pass data.path={copy}"
+        f"test -d {copy}; }} && chmod -R u+w {copy} && rm -f {copy / 'b.txt'} {copy / 'c.bin'} {copy / 'd.pipe'} "
+        f"{copy / 'e.txt'} && iconv -f latin1 -t UTF-8 {folder / 'b.txt'} > {copy / 'b.txt'}, then pass "
+        f"data.path={copy}"
     ), line
     assert _run_advice(line) == str(copy)
     assert sorted(p.name for p in folder.iterdir()) == ["a.txt", "b.txt", "c.bin", "d.pipe", "e.txt"]
@@ -435,6 +435,105 @@ def test_paths_and_files_that_are_not_text_are_refused_as_such_and_a_copy_leaves
     train = load_data(cfg, plan(cfg))[0]
     text = good + latin
     assert bytes(train.tokens.astype(np.uint8)).decode() == text[: int(len(text) * 0.9)]
+
+
+def test_a_folder_of_only_binary_files_is_told_it_holds_no_text_and_offered_no_copy(tmp_path):
+    """Every file binary: the line offered a copy of the folder without them (and "convert them"), which, followed,
+    was "a folder without files"; it says the folder holds no text and what to give."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for name in ("a.bin", "b.bin"):
+        (folder / name).write_bytes(rng.integers(0, 256, 20_000, np.uint8).tobytes())
+    cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "text", "path": str(folder)}})
+    with pytest.raises(DataError) as e:
+        load_data(cfg, plan(cfg))
+    assert re.fullmatch(
+        rf"data\.path={folder} holds no text: none of its 2 files is text \({folder / 'a.bin'} is binary, not text "
+        rf"\(\d+ of its 20000 bytes from byte 0 are control codes, which text in no encoding holds\); "
+        rf"{folder / 'b.bin'} is binary, not text \(\d+ of its 20000 bytes from byte 0 are control codes, which "
+        r"text in no encoding holds\)\); give a UTF-8 text file, a folder of them or a glob",
+        str(e.value),
+    ), str(e.value)
+    assert "cp -rsL" not in str(e.value) and "convert" not in str(e.value)
+    (folder / "c.txt").write_text("text at last\n" * 100)  # one text file: the copy leaves the others out
+    with pytest.raises(DataError) as e:
+        load_data(cfg, plan(cfg))
+    assert "leave them out (not text) in a copy" in str(e.value) and "convert" not in str(e.value), str(e.value)
+    cfg.data.path = _run_advice(str(e.value))
+    assert sorted(os.listdir(cfg.data.path)) == ["c.txt"]
+
+
+@pytest.mark.parametrize("where", ["file", "folder"])
+def test_utf8_text_with_a_latin1_line_is_told_it_mixes_encodings_and_no_conversion_garbles_it(tmp_path, where):
+    """UTF-8 text then one latin1 line: the line advised ``iconv -f latin1`` of the whole file, which turned every
+    UTF-8 character into mojibake. It names the byte and the line, says the file mixes encodings, and its copy drops
+    the bytes that are not UTF-8 only: followed, the UTF-8 characters are as they were."""
+    good = "Caf\u00e9, na\u00efve, \u6771\u4eac \u2713\n" * 120
+    path = tmp_path / "corpus" / "mixed.txt"
+    path.parent.mkdir()
+    path.write_bytes(good.encode() + "latin1 caf\u00e9\n".encode("latin-1") + b"last line\n")
+    at = len(good.encode()) + len("latin1 caf")
+    given = path if where == "file" else path.parent
+    cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "text", "path": str(given)}})
+    with pytest.raises(DataError) as e:
+        load_data(cfg, plan(cfg))
+    line = str(e.value)
+    why = (
+        f"mixes encodings: UTF-8 text with characters of more than one byte, then at byte {at} (line 121) a byte "
+        f"that is not UTF-8 (invalid continuation byte), so no one encoding reads it all (a conversion of the whole "
+        f"file from latin1 would garble its UTF-8 characters)"
+    )
+    if where == "file":
+        out = tmp_path / "corpus" / "mixed.utf8.txt"
+        assert line == (
+            f"data.path={path} {why}; fix or remove that line, or drop the file's bytes that are not UTF-8: iconv -f "
+            f"UTF-8 -t UTF-8 -c {path} > {out}, then pass data.path={out}"
+        )
+    else:
+        copy = tmp_path / "corpus.utf8"
+        assert line == (
+            f"{path} in data.path={given} {why}; fix or remove that line, or drop the file's bytes that are not UTF-8 "
+            f"in a copy of the folder made of links to its files (the corpus stays as it is): cp -rsL {given} {copy} "
+            f"&& chmod -R u+w {copy} && rm -f {copy / 'mixed.txt'} && iconv -f UTF-8 -t UTF-8 -c {path} > "
+            f"{copy / 'mixed.txt'}, then pass data.path={copy}"
+        )
+    assert "latin1 -t" not in line
+    cfg.data.path = _run_advice(line)
+    train, validation = load_data(cfg, plan(cfg))[:2]
+    text = good + "latin1 caf\nlast line\n"  # the latin1 byte dropped, every UTF-8 character kept
+    assert bytes(train.tokens.astype(np.uint8)).decode() == text[: int(len(text) * 0.9)]
+
+
+def test_the_copy_of_a_read_only_folder_is_made_writable_before_files_are_converted_in_it(tmp_path):
+    """A read-only corpus (chmod 555): ``cp -rsL`` copies its folders' modes, so ``rm`` and ``iconv`` in the copy
+    failed with Permission denied; ``chmod -R u+w`` on the copy comes first (its links are not followed: the
+    corpus's files keep their modes), and the command, followed, gives a copy that loads."""
+    folder = tmp_path / "ro"
+    (folder / "sub").mkdir(parents=True)
+    good, latin = "Good text, first file.\n" * 300, "Caf\u00e9 au lait.\n" * 100
+    (folder / "a.txt").write_text(good)
+    (folder / "sub" / "b.txt").write_bytes(latin.encode("latin-1"))
+    modes = {p: p.stat().st_mode for p in (folder / "a.txt", folder / "sub" / "b.txt")}
+    for d in (folder / "sub", folder):
+        d.chmod(0o555)
+    try:
+        cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "text", "path": str(folder)}})
+        with pytest.raises(DataError) as e:
+            load_data(cfg, plan(cfg))
+        copy = tmp_path / "ro.utf8"
+        assert f": cp -rsL {folder} {copy} && chmod -R u+w {copy} && rm -f {copy / 'sub' / 'b.txt'} && " in str(
+            e.value
+        ), str(e.value)
+        cfg.data.path = _run_advice(str(e.value))
+        assert (copy / "sub").stat().st_mode & 0o200 and (copy / "a.txt").is_symlink()
+        assert {p: p.stat().st_mode for p in modes} == modes and (folder / "sub").stat().st_mode & 0o777 == 0o555
+        train = load_data(cfg, plan(cfg))[0]
+        text = good + latin
+        assert bytes(train.tokens.astype(np.uint8)).decode() == text[: int(len(text) * 0.9)]
+    finally:
+        for d in (folder, folder / "sub"):
+            d.chmod(0o755)
 
 
 def test_the_copy_of_a_folder_never_reaches_through_a_linked_folder_into_the_corpus(tmp_path):
@@ -456,8 +555,9 @@ def test_the_copy_of_a_folder_never_reaches_through_a_linked_folder_into_the_cor
         load_data(cfg, plan(cfg))
     copy = tmp_path / "corpus.utf8"
     assert str(e.value).endswith(
-        f": {{ cp -rsL {folder} {copy} || test -d {copy}; }} && rm -f {copy / 'linked' / 'f.txt'} && iconv -f latin1 "
-        f"-t UTF-8 {folder / 'linked' / 'f.txt'} > {copy / 'linked' / 'f.txt'}, then pass data.path={copy}"
+        f": {{ cp -rsL {folder} {copy} || test -d {copy}; }} && chmod -R u+w {copy} && rm -f "
+        f"{copy / 'linked' / 'f.txt'} && iconv -f latin1 -t UTF-8 {folder / 'linked' / 'f.txt'} > "
+        f"{copy / 'linked' / 'f.txt'}, then pass data.path={copy}"
     ), str(e.value)
     cfg.data.path = _run_advice(str(e.value))
     assert (outside / "f.txt").read_bytes() == latin.encode("latin-1") and os.listdir(outside) == ["f.txt"]

@@ -89,8 +89,12 @@ def test_bpe_round_trip_determinism_and_bytes_per_token(tmp_path):
     with pytest.raises(DataError, match=r"^data\.tokenizer_file=.*missing\.json does not exist"):
         load_tokenizer_file(tmp_path / "missing.json")
     (tmp_path / "bad.json").write_text("{}")
-    with pytest.raises(DataError, match=r"^data\.tokenizer_file=.*bad\.json is not a tokenizer\.json"):
+    with pytest.raises(DataError) as e:
         load_tokenizer_file(tmp_path / "bad.json")
+    assert str(e.value) == (
+        f"data.tokenizer_file={tmp_path / 'bad.json'} is an empty JSON object, not a tokenizer.json; give a "
+        f"tokenizer.json (Hugging Face tokenizers' format), or leave data.tokenizer_file out and set data.tokenizer=bpe"
+    )
 
 
 # ---- the corpus: files, folders, globs ---------------------------------------------------------------------
@@ -361,6 +365,93 @@ def test_a_tokenizer_mapping_much_of_the_text_to_its_unknown_token_is_warned_wit
     assert str(e.value) == (
         f"data.tokenizer_file={tmp_path} is a folder; give a tokenizer.json (Hugging Face tokenizers' format)"
     )
+
+
+@pytest.mark.unit
+def test_a_file_that_is_not_a_tokenizer_json_says_what_it_is_and_the_fix(corpus, tmp_path):
+    """A transformers ``tokenizer_config.json`` (JSON without a ``model`` key) was refused with a JSON parse error
+    ("expected `,` or `}`") and no fix; a tokenizer.json cut short had no fix either. The line says what the file
+    is and ends with the fix, which, followed (data.tokenizer=bpe), loads the corpus."""
+    fix = (
+        "give a tokenizer.json (Hugging Face tokenizers' format), or leave data.tokenizer_file out and set "
+        "data.tokenizer=bpe"
+    )
+    config, cut, other, good = (tmp_path / n for n in ("tokenizer_config.json", "cut.json", "other.json", "t.json"))
+    config.write_text(json.dumps({"tokenizer_class": "GPT2Tokenizer", "model_max_length": 1024, "bos_token": "<s>"}))
+    good.write_text(train_bpe(text_pieces([TEXT * 20]), 280).to_json())
+    cut.write_text(good.read_text()[:100])
+    other.write_text(json.dumps({"vocab": {"a": 0}, "merges": []}))
+    said = {
+        config: "is a tokenizer_config.json of transformers (its settings, without the vocabulary and merges), not "
+        "a tokenizer.json",
+        cut: f"is not JSON, so not a tokenizer.json ({_json_error(cut)})",
+        other: "is JSON without the 'model' key a tokenizer.json has (its keys: vocab, merges), not a tokenizer.json",
+    }
+    for path, why in said.items():
+        with pytest.raises(DataError) as e:
+            load_text("text", str(corpus), str(tmp_path / "cache"), False, tokenizer_file=str(path))
+        assert str(e.value) == f"data.tokenizer_file={path} {why}; {fix}"
+    text = load_text("text", str(corpus), str(tmp_path / "cache"), False, tokenizer="bpe", vocab_size=300)
+    assert text.tokenizer.name != "bytes" and len(text.train) > 0
+    assert load_tokenizer_file(good).vocab_size == 280
+
+
+def _json_error(path: Path) -> str:
+    try:
+        json.loads(path.read_text())
+    except ValueError as e:
+        return str(e)
+    raise AssertionError(f"{path} parses")
+
+
+@pytest.mark.unit
+def test_a_tokenizer_that_drops_text_outside_its_vocabulary_is_warned_with_the_figures(corpus, tmp_path, caplog):
+    """A BPE of nine letters and no unknown token silently dropped every other character (eval/bpb was not the
+    text's, data/unknown_token_share 0.0): one warning with the share and the bytes its tokens stand for (eval/bpb's
+    byte table, counted when the token files are written and kept in meta.json), the share in the summary
+    (``data/dropped_text_share``); followed (data.tokenizer=bpe), nothing is dropped and nothing warned."""
+    import tokenizers
+
+    from data.load import text_info
+
+    letters = "etaoinshr"
+    path = tmp_path / "letters.json"
+    tokenizers.Tokenizer(tokenizers.models.BPE({c: i for i, c in enumerate(letters)}, [])).save(str(path))
+    raw = b"".join(f.read_bytes() for f in corpus_files(str(corpus)))
+    kept = sum(raw.count(c.encode()) for c in letters)  # each letter a token of one byte; the rest dropped
+    visible = len(raw.translate(None, b" \t\n\r\x0b\x0c"))  # (whitespace is not compared)
+    for attempt in ("written", "cached"):
+        caplog.clear()
+        text = load_text("text", str(corpus), str(tmp_path / "cache"), False, tokenizer_file=str(path))
+        assert text.unknown_tokens == 0 and len(text.train) + len(text.validation) == kept < 0.6 * len(raw)
+        assert text.covered_bytes == kept and text.text_bytes == visible and len(raw) - visible > 5_000
+        warned = [r.getMessage() for r in caplog.records if r.name == "data.text" and r.levelname == "WARNING"]
+        assert warned == [
+            f"data.tokenizer_file={path} drops {100 * (1 - kept / visible):.1f}% of the text: its tokens stand for "
+            f"{kept} of the text's {visible} bytes other than whitespace (the rest is text its vocabulary has no "
+            f"token for), so the model never sees that text and eval/bpb is not this text's; give a tokenizer whose "
+            f"vocabulary covers the text, or leave data.tokenizer_file out and set data.tokenizer=bpe (a byte-level "
+            f"BPE encodes any text)"
+        ], attempt
+    meta = json.loads((text.token_dir / "meta.json").read_text())
+    assert meta["train_covered_bytes"] + meta["validation_covered_bytes"] == kept
+    assert meta["train_text_bytes"] + meta["validation_text_bytes"] == visible
+    info = text_info(text, type("Eval", (), {"bytes_per_token": 1.0}))
+    assert info["data/dropped_text_share"] == 1 - kept / visible and info["data/unknown_token_share"] == 0.0
+    caplog.clear()
+    bpe = load_text("text", str(corpus), str(tmp_path / "cache"), False, tokenizer="bpe", vocab_size=300)
+    assert bpe.covered_bytes == bpe.text_bytes == visible and bpe.dropped_share == 0.0
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    # a SentencePiece-style tokenizer (Metaspace: a token decoded alone loses its leading space) drops nothing
+    sp = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
+    sp.pre_tokenizer, sp.decoder = tokenizers.pre_tokenizers.Metaspace(), tokenizers.decoders.Metaspace()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>"], show_progress=False)
+    sp.train_from_iterator([raw.decode()], trainer)
+    sp.save(str(tmp_path / "sp.json"))
+    caplog.clear()
+    text = load_text("text", str(corpus), str(tmp_path / "cache"), False, tokenizer_file=str(tmp_path / "sp.json"))
+    assert text.unknown_tokens == 0 and text.covered_bytes == text.text_bytes == visible
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
 
 @pytest.mark.unit
