@@ -148,14 +148,9 @@ def out_of_range(i: int, regex: str, dim: int, path: str, shape) -> str:
     fix = f"a dim from {-n} to {n - 1}, " if n else ""
     return (
         f"parallel.fsdp_rules[{i}]=[{regex!r}, {dim}] matches {path} of shape {list(shape)}, which has {has}: "
-        f"there is no dimension {dim}; give {fix}null (replicate) or 'largest', or a regex that leaves this array "
-        f"out (e.g. {excluding(regex, path)!r})"
+        f"there is no dimension {dim}; give {fix}null (replicate) or 'largest', or narrow the regex to the arrays "
+        f"that have a dimension {dim} (their optimizer moments too)"
     )
-
-
-def excluding(regex: str, path: str) -> str:
-    """``regex`` made to skip the array at ``path`` only: a search for it finds every other path ``regex`` finds."""
-    return f"^(?!{re.escape(path)}$).*?(?:{regex})"
 
 
 def path_name(path) -> str:
