@@ -227,9 +227,14 @@ def _step_line(said: str, beside: Optional[int]) -> str:
     accum = next((k for k in range(train.accum_steps * factor, per_device + 1) if per_device % k == 0), None)
     if accum is not None:
         ways.append(f"train.accum_steps={accum} (the same global batch in {accum} microbatches)")
-    if need <= 2:  # each of these at least halves a transformer's activations
+    # each of these at least halves a transformer's activations: offered where activations are most of what the step
+    # needs beside the state (more than 4x the gradients' bytes) and, for the chunked loss, a microbatch holds more
+    # tokens than one chunk (a smaller one is padded up to it)
+    if need <= 2 and (beside is None or beside > 4 * f["params"] * f["copies"]):
+        context = getattr(model, "context", None)  # None: the size's own (not known here; taken as long enough)
+        long = context is None or per_device // train.accum_steps * context > 1024
         ways += ["model.remat=full"] if getattr(model, "remat", None) == "none" else []
-        ways += ["model.loss_chunk=1024"] if getattr(model, "loss_chunk", None) == 0 else []
+        ways += ["model.loss_chunk=1024"] if getattr(model, "loss_chunk", None) == 0 and long else []
         ways += ["precision=bf16"] if cfg.precision.name == "fp32" else []
     if f["copies"] == 1 and n > 1 and cfg.parallel.name != "fsdp" and need * room <= free - held / n:
         ways.append("parallel=fsdp")  # real devices: each keeps 1/n of the state

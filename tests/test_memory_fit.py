@@ -158,6 +158,13 @@ def test_an_allocation_that_fails_in_a_step_is_one_line_with_the_ways_that_fit(m
     with pytest.raises(TrainingError) as thread, disk_full_as_error(REPO):  # a thread's stack under ulimit -v
         raise RuntimeError("can't start new thread")
     assert str(thread.value).startswith("out of memory (can't start new thread); the state takes ")
+    memory._figures["params"], params = room // 2, memory._figures["params"]  # gradients of half the room: the
+    # step's 1.5x is not activations, so remat and bf16 (which adds bf16 copies of the weights) would not help
+    assert failing(int(1.5 * room)).endswith("ways out: train.accum_steps=2 (the same global batch in 2 microbatches)")
+    memory._figures["params"] = params
+    cfg.model.context = 4  # 256 x 4 = 1,024 tokens per microbatch: one chunk of 1,024 would only pad them
+    assert failing(int(1.5 * room)).endswith("; model.remat=full; precision=bf16")
+    cfg.model.context = None
     cfg.train.accum_steps = 2  # 128 examples per device: 2 x 3 = 6 microbatches do not divide them, 8 do
     assert "ways out: train.accum_steps=8 (the same global batch in 8 microbatches)" in failing(int(2.5 * room))
     memory.check_step_fits(held + room)  # a compiled step that fits: nothing to say
