@@ -132,6 +132,7 @@ def check_state_fits(cfg, init_fn: Callable, state_shardings: Callable, devices:
     found = memory_limit(first)
     _figures.clear()
     _figures.update(per_device=per_device, held=per_device * copies, params=params, copies=copies, cfg=cfg, n=n)
+    _figures.update(device=first)
     if found is None:
         return
     free, source = found
@@ -195,9 +196,14 @@ def out_of_memory_line(error: BaseException) -> str:
 def check_step_fits(peak_bytes: Optional[int]) -> None:
     """Raises TrainingError (one line, as ``out_of_memory_line``) when the compiled step's ``peak_bytes`` per device
     (``mem/compiled_peak_bytes_per_device``: state, batch and temporaries) on each of this process's devices exceed
-    the memory free at the last ``check_state_fits``: before the step runs out of it. None (unknown): returns."""
+    the memory free beside the state now (the process has grown since ``check_state_fits``: the state, the compiled
+    program, the runtime's threads): before the step runs out of it. None (unknown): returns."""
     f = _figures
-    if peak_bytes is None or "free" not in f or peak_bytes * f["copies"] <= f["free"]:
+    if peak_bytes is None or "free" not in f:
+        return
+    now = memory_limit(f["device"])
+    f["free"] = f["free"] if now is None else now[0] + f["held"]  # the state is allocated by now, beside the rest
+    if peak_bytes * f["copies"] <= f["free"]:
         return
     copies = f["copies"]
     all_of_them = f", {gb(peak_bytes * copies)} for the {copies} simulated CPU devices of this process"
