@@ -136,8 +136,7 @@ def prepare(cfg: CheckpointConfig, run_dir: Path, process_count: int = 1) -> Che
                 f"checkpoint.resume={cfg.resume} does not exist; give a checkpoint folder (or one "
                 f"<step> folder in it), auto (the newest in checkpoint.dir) or never"
             )
-        several = many_runs(resume_path)
-        if several:  # a sweep's job folders are named by numbers, as steps are
+        if several := many_runs(resume_path):  # a sweep's job folders are named by numbers, as steps are
             raise ConfigError(
                 f"checkpoint.resume={cfg.resume} is {several}, not a checkpoint folder; give one run's checkpoint "
                 f"folder, e.g. {first_job(resume_path)}/checkpoints"
@@ -154,11 +153,9 @@ def prepare(cfg: CheckpointConfig, run_dir: Path, process_count: int = 1) -> Che
                 f"{STATE}/ and {META}/); give a checkpoint folder, auto or never"
             )
         resume = "path"
+    if not cfg.enabled and resume == "path":
+        raise ConfigError(f"checkpoint.resume={cfg.resume} with checkpoint.enabled=false; enable checkpoints to resume")
     if not cfg.enabled:
-        if resume == "path":
-            raise ConfigError(
-                f"checkpoint.resume={cfg.resume} with checkpoint.enabled=false; enable checkpoints to resume"
-            )
         return CheckpointPlan(directory=None, every=cfg.every, keep=cfg.keep, resume="never", resume_path=None)
     directory = Path(cfg.dir).expanduser() if cfg.dir else default_directory(run_dir, process_count)
     if directory.exists() and not directory.is_dir():
