@@ -1108,3 +1108,39 @@ def test_a_signal_stops_sample_with_one_line(tmp_path, sig, status, said):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode in (status, -getattr(signal, sig)), err[-3000:]
     assert err.splitlines() == [f"error: interrupted by {said} and stopped (HYDRA_FULL_ERROR=1 prints where)"]
+
+
+@pytest.mark.parametrize("sig, status, said", [("SIGINT", 130, "SIGINT (Ctrl-C)"), ("SIGTERM", 143, "SIGTERM")])
+def test_a_stop_that_cpp_code_swallowed_is_delivered_again(tmp_path, sig, status, said):
+    """A tool's interrupt raised inside a Python callback of C++ code (a jitted function's first call compiling) can
+    be swallowed there: CI's ``python -m sample --tokens 1000000`` then generated on past a Ctrl-C. ``run_tool``
+    delivers it again until ``main()`` has ended: here a main that swallows the first one, as that C++ code did."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from utils import REPO
+
+    tool = tmp_path / "tool.py"
+    tool.write_text(
+        "import os, signal, sys, time\n"
+        "from training import process\n"
+        "def main():\n"
+        "    try:\n"
+        f"        os.kill(os.getpid(), signal.{sig})\n"
+        "        time.sleep(5)\n"
+        "    except KeyboardInterrupt:\n"
+        "        print('swallowed', file=sys.stderr, flush=True)\n"
+        "    while True:\n"
+        "        time.sleep(0.05)\n"
+        "process.run_tool(main, imports_jax=False)\n"
+    )
+    t0 = time.monotonic()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, str(tool)], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode in (status, -getattr(signal, sig)), proc.stderr[-3000:]
+    said_line = f"error: interrupted by {said} and stopped (HYDRA_FULL_ERROR=1 prints where)"
+    assert proc.stderr.splitlines() == ["swallowed", said_line]
+    assert time.monotonic() - t0 < 15  # delivered again after REDELIVER_S (2 s), not left to run

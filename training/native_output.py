@@ -25,6 +25,7 @@ GLOO_PIECES = re.compile(
 )
 QUIET = b"\x00dp-scaling: quiet\n"  # quiet_native_output: nothing after it is copied on (the process is ending)
 _started = False
+_direct_stderr: int | None = None  # the process's stderr before the filter (filter_native_output)
 
 
 GLOO_WORDS = (b"[Gloo] Rank", b"is connected to", b"peer ranks.", b"Expected number of connected")
@@ -93,11 +94,21 @@ def quiet_native_output() -> None:
             pass
 
 
+def write_now(text: str) -> None:
+    """Writes ``text`` to the process's stderr past the filter: a line said just before the process ends for a
+    peer's death (``training.peers``). SLURM kills a step's processes, the filter among them, as soon as one task
+    has died, and what the filter had not yet copied on was lost with it."""
+    try:
+        os.write(_direct_stderr if _direct_stderr is not None else 2, text.encode())
+    except OSError:
+        pass
+
+
 def filter_native_output() -> bool:
     """Sends this process's fds 1 and 2 through the filter (once per process; returns whether it runs). Python's
     ``sys.stdout``/``sys.stderr`` keep working unchanged: they write to the same fds. A failure to start the
     filter leaves the output as it is."""
-    global _started
+    global _started, _direct_stderr
     if _started:
         return True
     try:
@@ -117,8 +128,8 @@ def filter_native_output() -> bool:
         os.dup2(w, fd)
         os.close(w)
         os.close(r)
-    for fd in originals:
-        os.close(fd)
+    os.close(originals[0])
+    _direct_stderr = originals[1]  # write_now: past the filter
     child.returncode = 0  # never waited for: it outlives this process by the moments it takes to drain the pipes
     _started = True
     return True

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from training.native_output import quiet_native_output
+from training.native_output import quiet_native_output, write_now
 
 log = logging.getLogger(__name__)
 
@@ -167,10 +167,7 @@ class _Watch:
                 write_summary(self.run_dir, {"status": "failed", "error": line})
         except Exception as e:  # the line is said; a summary that cannot be written adds one log line
             log.error("summary.json not written: %s", e)
-        try:
-            os.write(2, f"error: {line}\n".encode())
-        except OSError:
-            pass
+        write_now(f"error: {line}\n")
 
     def exit(self) -> None:
         quiet_native_output()  # what JAX's runtime still logs about the same death adds nothing

@@ -24,6 +24,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from typing import Callable, Iterator, Optional, Union
 
 from core.errors import override
@@ -188,10 +189,35 @@ def _note_stop(signum: int) -> None:
 def stop_handler(signum, frame) -> None:
     """``train.py``'s SIGTERM and SIGINT handler outside the training steps: records the first signal (``stop_signal``)
     and raises ``KeyboardInterrupt`` where the main thread is (inside C++: once the call returns to Python;
-    ``raise_if_stopped`` catches one C++ swallowed), so the run stops with one line and a ``stopped`` summary."""
+    ``raise_if_stopped`` catches one C++ swallowed; in a tool, ``run_tool`` delivers it again), so the run stops with
+    one line and a ``stopped`` summary."""
     _note_stop(signum)
     quiet_background_logs()  # the run stops here: orbax's reads and writes cut short are not reported
+    if _tool_running and _redeliver is None:
+        _start_redelivery(signum)
     raise KeyboardInterrupt
+
+
+REDELIVER_S = 2.0  # run_tool: a stop whose interrupt C++ code swallowed is delivered again this often
+_tool_running = False  # run_tool's main() runs: a stop signal is delivered again until main() has ended
+_redeliver: Optional[threading.Thread] = None
+
+
+def _start_redelivery(signum: int) -> None:
+    """A thread that interrupts the main thread again every ``REDELIVER_S`` until the tool's ``main()`` has ended: an
+    interrupt raised inside a Python callback of C++ code (a jitted function's first call compiles) can be swallowed
+    there, and the tool would go on (``python -m sample --tokens 1000000`` for hours)."""
+    global _redeliver
+
+    def again() -> None:
+        while True:
+            time.sleep(REDELIVER_S)
+            if not _tool_running:
+                return
+            _thread.interrupt_main(signum)
+
+    _redeliver = threading.Thread(target=again, name="stop-redelivery", daemon=True)
+    _redeliver.start()
 
 
 def install_stop_handlers() -> None:
@@ -292,15 +318,21 @@ def tool_line() -> str:
 
 
 def run_tool(main: Callable[[], int], imports_jax: bool = True) -> None:
-    """A tool's ``__main__``: SIGTERM and SIGINT stop it with ``tool_line`` and exit status 143 / 130, no traceback;
+    """A tool's ``__main__``: SIGTERM and SIGINT stop it with ``tool_line`` and exit status 143 / 130, no traceback
+    (the interrupt is delivered again every ``REDELIVER_S`` until ``main()`` has ended: C++ code can swallow one);
     ``imports_jax``: JAX imported with a Ctrl-C held (``HeldSigint``). Exits with ``main()``'s status."""
+    global _tool_running
     install_stop_handlers()
     install_interrupt_hooks(tool_line)
-    with interrupt_as_keyboard():  # a Ctrl-C in numpy's or jaxlib's import surfaces as an ImportError
-        if imports_jax:
-            with HeldSigint():
-                import jax  # noqa: F401
-        code = main()
+    _tool_running = True
+    try:
+        with interrupt_as_keyboard():  # a Ctrl-C in numpy's or jaxlib's import surfaces as an ImportError
+            if imports_jax:
+                with HeldSigint():
+                    import jax  # noqa: F401
+            code = main()
+    finally:
+        _tool_running = False  # the exit handlers run undisturbed
     sys.exit(code)
 
 
