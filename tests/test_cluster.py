@@ -374,15 +374,22 @@ def test_scontrol_requeue_continues_from_the_saved_step(cluster, reference, tmp_
 # ---- a task's death --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("task", [0, 1])
 def test_a_dead_task_stops_the_others_at_once_in_one_line(cluster, tmp_path, task):
-    run_dir = tmp_path / "run"
-    job = sbatch(tmp_path, run_dir, [*SMALL, "runtime.cpu_devices=2", "train.steps=100000"])
-    wait_for(lambda: logged_step(run_dir) >= 20, 120, "step 20")
-    victim = pid_of_task(run_dir, task)
-    t0 = time.monotonic()
-    os.kill(victim, signal.SIGKILL)
-    wait_job(job, 120)
-    took_s = time.monotonic() - t0
-    out = (tmp_path / f"slurm-{job}.out").read_text()
+    """The survivor says the line. Once in about 15 kills on a loaded machine, gloo's C++ code in the survivor
+    receives the dead process's last bytes mid-collective and aborts the process (``gloo::EnforceNotMet``) before
+    any Python runs: no line can come from it then, and the job is run again once."""
+    for attempt in range(2):
+        run_dir = tmp_path / f"run{attempt}" / "run"
+        run_dir.parent.mkdir()
+        job = sbatch(run_dir.parent, run_dir, [*SMALL, "runtime.cpu_devices=2", "train.steps=100000"])
+        wait_for(lambda: logged_step(run_dir) >= 20, 120, "step 20")
+        victim = pid_of_task(run_dir, task)
+        t0 = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        wait_job(job, 120)
+        took_s = time.monotonic() - t0
+        out = (run_dir.parent / f"slurm-{job}.out").read_text()
+        if "gloo::EnforceNotMet" not in out:
+            break
     node = "n1" if task == 0 else "n2"
     deaths = [line for line in product_lines(out) if line.startswith("error:")]
     assert deaths == [
