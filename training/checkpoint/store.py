@@ -518,22 +518,25 @@ def metadata(
 
 
 # ---- restoring --------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _saved_step(step_dir: Path) -> Iterator[tuple[Any, int, Any]]:
+    """``step_dir``'s folder open (orbax's manager, reads quiet), its step and the saved state's metadata.
+    Raises FileNotFoundError when the step has no saved state."""
+    ocp, step_dir = _ocp(), Path(step_dir).absolute()
+    options = ocp.CheckpointManagerOptions(create=False)
+    with _quiet_read(), ocp.CheckpointManager(step_dir.parent, item_handlers=_handlers(), options=options) as manager:
+        saved = manager.item_metadata(int(step_dir.name))[STATE]
+        if saved is None:
+            raise FileNotFoundError(f"{step_dir / STATE} is missing")
+        yield manager, int(step_dir.name), saved
+
+
 def read_arrays(step_dir: Path) -> dict[str, np.ndarray]:
     """Every array of one step folder as host numpy, keyed by orbax's leaf names
     (``params.hidden.kernel.value``, ``opt_state.0.mu...``, ``step``, ``loss_scale.scale``): for inspection and
     tests, independent of any mode or device count."""
     ocp = _ocp()
-    step_dir = Path(step_dir).absolute()
-    with (
-        _quiet_read(),
-        ocp.CheckpointManager(
-            step_dir.parent, item_handlers=_handlers(), options=ocp.CheckpointManagerOptions(create=False)
-        ) as manager,
-    ):
-        step = int(step_dir.name)
-        saved = manager.item_metadata(step)[STATE]
-        if saved is None:
-            raise FileNotFoundError(f"{step_dir / STATE} is missing")
+    with _saved_step(step_dir) as (manager, step, saved):
         tree = saved.tree
         target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), tree)
         out = manager.restore(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target)}))[STATE]
@@ -564,16 +567,7 @@ def restore_step(step_dir: Path, mode, placed_state) -> Restored:
     ocp = _ocp()
     step_dir = Path(step_dir).absolute()
     abstract = host_abstract(placed_state)
-    with (
-        _quiet_read(),
-        ocp.CheckpointManager(
-            step_dir.parent, item_handlers=_handlers(), options=ocp.CheckpointManagerOptions(create=False)
-        ) as manager,
-    ):
-        step = int(step_dir.name)
-        saved = manager.item_metadata(step)[STATE]
-        if saved is None:
-            raise FileNotFoundError(f"{step_dir / STATE} is missing")
+    with _saved_step(step_dir) as (manager, step, saved):
         # state the mode owns (its shape may depend on the device count) is read as saved and adapted by the
         # mode (``from_restored``), so it is left out of the comparison
         own = mode.saved_state_keys
