@@ -5,7 +5,9 @@ or cache retrieval) of each process, on the device:
     ROUNDS="warm3 warm4" bash benchmarks/device/run.sh benchmarks/device/startup_pairs.py char     # more warm pairs
 
 A round named ``cold*`` empties both compilation caches first; the others reuse them (a warm machine keeps /tmp).
-Per run it prints ``TRACE <workload>_<who>_<round>: {event: total s}`` and ``SUMMARY``/``BARE`` lines with
+Per run it prints ``TRACE <workload>_<who>_<round>: {event: total s}``, ``TRACE_BY_FUNCTION`` (the same totals
+per function the events name: ``train_step``, ``init_fn``, ``eval_sums`` (traced at the first evaluation, after
+the start-up), the model's abstract evaluation ``<lambda>`` ...) and ``SUMMARY``/``BARE`` lines with
 train.py's ``perf/startup*`` and the bare script's timings (its ``first_step`` is seconds from its start to its first
 step's end). QUICK=1: the CPU smoke sizes. Workloads: ``benchmarks/accelerator.py``'s WORKLOADS. The trace:
 ``benchmarks/device/trace_startup.py``.

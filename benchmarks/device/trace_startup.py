@@ -3,7 +3,7 @@
     python benchmarks/device/trace_startup.py TAG SCRIPT [ARGS...]
 
 Writes $OUT/TAG.events.json (each jax.monitoring duration event: name, end time since process start in s,
-duration in s) and $OUT/TAG.prof.txt (cProfile's top 60 by cumulative time).
+duration in s, the function it names or "") and $OUT/TAG.prof.txt (cProfile's top 60 by cumulative time).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ T0 = time.time()
 def hook() -> None:
     import jax.monitoring
 
-    def on_duration(name: str, secs: float, **_kw) -> None:
-        events.append((name, round(time.time() - T0, 3), round(secs, 4)))
+    def on_duration(name: str, secs: float, fun_name: str = "", **_kw) -> None:
+        events.append((name, round(time.time() - T0, 3), round(secs, 4), fun_name))
 
     jax.monitoring.register_event_duration_secs_listener(on_duration)
 
@@ -51,6 +51,14 @@ finally:
         pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(60)
         (out / f"{tag}.prof.txt").write_text(s.getvalue())
     total: dict = {}
-    for name, _, secs in events:
+    by_fun: dict = {}
+    for name, _, secs, fun in events:
         total[name] = total.get(name, 0.0) + secs
+        if fun:  # the trace, lowering and compile events name their function: which program took the time
+            per = by_fun.setdefault(name.rsplit("/", 1)[-1], {})
+            per[fun] = per.get(fun, 0.0) + secs
     print(f"TRACE {tag}: " + json.dumps({k: round(v, 3) for k, v in sorted(total.items())}), flush=True)
+    rounded = {
+        k: {f: round(v, 3) for f, v in sorted(d.items(), key=lambda i: -i[1]) if v >= 0.001} for k, d in by_fun.items()
+    }
+    print(f"TRACE_BY_FUNCTION {tag}: " + json.dumps(rounded), flush=True)
