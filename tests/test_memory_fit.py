@@ -193,7 +193,7 @@ def test_a_compiled_step_too_large_for_the_simulated_devices_stops_before_it_run
     """GPT with 2048 tokens of context: its 8.30 MB of state fit in ``ulimit -v`` 4 GB, but the compiled step needs
     3.34 GB per device, 26.69 GB for the 8 simulated CPU devices of this process, and under RLIMIT_AS the CPU
     runtime's own buffers as much again (53.38 GB): one line after compiling, sized for all of them (accumulation in
-    32 microbatches, 24 times the room), with no line of XLA's own and no metrics. Before: a step whose allocation
+    32 microbatches, about 17 times the room), with no line of XLA's own and no metrics. Before: a step whose allocation
     failed, XLA's ``allocate of <9> failed.`` on stderr, then ``train.accum_steps=1`` offered (the current value; 0.8
     times the room: one device's allocation)."""
     proc = train_under_rlimit_as(4_000_000_000, tmp_path / "run", *GPT_2048, "data=synthetic", "train.steps=2")
@@ -277,3 +277,28 @@ def test_under_rlimit_as_the_cpu_runtime_counts_beside_the_compiled_peak(monkeyp
     monkeypatch.setattr(memory.resource, "getrlimit", lambda which: (inf, inf))
     with pytest.raises(jax.errors.JaxRuntimeError), disk_full_as_error(REPO):
         raise jax.errors.JaxRuntimeError(ynn)
+
+
+@pytest.mark.unit
+def test_under_rlimit_as_malloc_arenas_are_capped(monkeypatch):
+    """Under RLIMIT_AS, and only there, glibc's arenas (64 MiB of address space each) are capped at 2 with
+    ``mallopt(M_ARENA_MAX, 2)``; a MALLOC_ARENA_MAX of the user's is kept; not glibc: nothing."""
+    calls = []
+
+    class Libc:
+        def mallopt(self, option: int, value: int) -> int:
+            calls.append((option, value))
+            return 1
+
+    monkeypatch.setattr(memory.ctypes, "CDLL", lambda name: Libc())
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    inf = memory.resource.RLIM_INFINITY
+    monkeypatch.setattr(memory.resource, "getrlimit", lambda which: (inf, inf))
+    assert memory.limit_malloc_arenas() is None and calls == []
+    monkeypatch.setattr(memory.resource, "getrlimit", lambda which: (6_000_000_000, inf))
+    assert memory.limit_malloc_arenas() == 2 and calls == [(-8, 2)]
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert memory.limit_malloc_arenas() is None and calls == [(-8, 2)]
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    monkeypatch.setattr(memory.ctypes, "CDLL", lambda name: object())  # no mallopt (not glibc)
+    assert memory.limit_malloc_arenas() is None
