@@ -11,7 +11,9 @@ offers are the ones that fit by these figures.
 
 from __future__ import annotations
 
+import ctypes
 import math
+import os
 import re
 import resource
 from pathlib import Path
@@ -24,6 +26,12 @@ from core.errors import TrainingError, first_line
 
 # the figures of the last check (check_state_fits), for the line of an out-of-memory error that comes later
 _figures: dict[str, Any] = {}
+
+# Under RLIMIT_AS the CPU runtime needs more address space than XLA's compiled peak: its YNNPACK fusions (dots with
+# their elementwise neighbours) materialise intermediates that XLA's buffer assignment does not count, and threads,
+# stacks and malloc's arenas come beside them. Measured on a GPT (docs/troubleshooting.md): 1.65 to 1.97 times the
+# compiled peak of the 8 simulated devices; the step's temporaries count this many times.
+CPU_RUNTIME_FACTOR = 2.0
 
 
 def gb(n_bytes: float) -> str:
@@ -168,17 +176,47 @@ def _state_ways(cfg, total: int, params: int, held: int, free: int, copies: int,
     return "ways out: " + "; ".join(ways)
 
 
+def _under_rlimit_as() -> bool:
+    """Whether this process runs under an address-space limit (``ulimit -v``): the only one a CPU allocation fails
+    under (above a cgroup's ``memory.max`` or the free memory the kernel kills the process instead)."""
+    return resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
+
+
+M_ARENA_MAX = -8  # glibc's malloc.h
+MALLOC_ARENAS_UNDER_RLIMIT_AS = 2  # MALLOC_ARENA_MAX=2: 0.85 GB of VmSize after compiling a GPT, not 1.76 GB
+
+
+def limit_malloc_arenas() -> Optional[int]:
+    """Under ``RLIMIT_AS`` caps glibc's malloc arenas at ``MALLOC_ARENAS_UNDER_RLIMIT_AS`` (``mallopt(M_ARENA_MAX)``,
+    as ``MALLOC_ARENA_MAX`` does; call it before the runtime's threads start): each thread that allocates beside
+    another may get an arena of its own, reserving 64 MiB of address space (up to 8 per core), which the limit counts
+    though little of it is used. A ``MALLOC_ARENA_MAX`` of the user's is kept. Returns the cap set, None when none
+    (no limit, not glibc)."""
+    if not _under_rlimit_as() or "MALLOC_ARENA_MAX" in os.environ:
+        return None
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc
+        return None
+    return MALLOC_ARENAS_UNDER_RLIMIT_AS if mallopt(M_ARENA_MAX, MALLOC_ARENAS_UNDER_RLIMIT_AS) == 1 else None
+
+
 def is_out_of_memory(error: BaseException) -> bool:
     """Whether ``error`` is an allocation that failed: Python's ``MemoryError``, a thread whose stack could not be
-    mapped ("can't start new thread", under ``ulimit -v``) or XLA's RESOURCE_EXHAUSTED / "out of memory" (at build,
-    compilation or a step)."""
+    mapped ("can't start new thread", under ``ulimit -v``), XLA's RESOURCE_EXHAUSTED / "out of memory" (at build,
+    compilation or a step), or, under ``ulimit -v``, a YNNPACK operation of the CPU runtime that failed (its
+    allocations are its own: it says only ``INTERNAL: YNNPACK operation failed``)."""
     text = str(error)
     return (
         isinstance(error, MemoryError)
         or text.startswith("can't start new thread")
         or (
             isinstance(error, jax.errors.JaxRuntimeError)
-            and ("RESOURCE_EXHAUSTED" in text or "of memory" in text.lower())
+            and (
+                "RESOURCE_EXHAUSTED" in text
+                or "of memory" in text.lower()
+                or ("YNNPACK operation failed" in text and _under_rlimit_as())
+            )
         )
     )
 
@@ -197,18 +235,28 @@ def check_step_fits(peak_bytes: Optional[int]) -> None:
     """Raises TrainingError (one line, as ``out_of_memory_line``) when the compiled step's ``peak_bytes`` per device
     (``mem/compiled_peak_bytes_per_device``: state, batch and temporaries) on each of this process's devices exceed
     the memory free beside the state now (the process has grown since ``check_state_fits``: the state, the compiled
-    program, the runtime's threads): before the step runs out of it. None (unknown): returns."""
+    program, the runtime's threads): before the step runs out of it. On the CPU under ``RLIMIT_AS`` the step's
+    temporaries count ``CPU_RUNTIME_FACTOR`` times (the runtime's own buffers beside XLA's). None (unknown): returns."""
     f = _figures
     if peak_bytes is None or "free" not in f:
         return
     now = memory_limit(f["device"])
     f["free"] = f["free"] if now is None else now[0] + f["held"]  # the state is allocated by now, beside the rest
-    if peak_bytes * f["copies"] <= f["free"]:
+    f["source"] = f["source"] if now is None else now[1]
+    factor = CPU_RUNTIME_FACTOR if f["device"].platform == "cpu" and f["source"].startswith("RLIMIT_AS") else 1.0
+    temporaries = max(0, peak_bytes - f["per_device"])
+    needed = f["per_device"] + int(temporaries * factor)  # per device
+    if needed * f["copies"] <= f["free"]:
         return
     copies = f["copies"]
     all_of_them = f", {gb(peak_bytes * copies)} for the {copies} simulated CPU devices of this process"
     said = f"out of memory: the compiled step needs {gb(peak_bytes)} per device{all_of_them if copies > 1 else ''}"
-    raise TrainingError(_step_line(said, (peak_bytes - f["per_device"]) * copies))
+    if factor != 1.0:
+        said += (
+            f", and the CPU runtime's own buffers (YNNPACK's, threads') about as much again in address space: "
+            f"{gb(needed * copies)}"
+        )
+    raise TrainingError(_step_line(said, (needed - f["per_device"]) * copies))
 
 
 def _step_line(said: str, beside: Optional[int]) -> str:

@@ -186,21 +186,119 @@ def test_an_allocation_that_fails_in_a_step_is_one_line_with_the_ways_that_fit(m
         memory.check_step_fits(held + room)
 
 
+GPT_2048 = ("model=gpt", "model.size=tiny", "model.depth=1", "model.width=32", "model.heads=2", "model.context=2048")
+
+
 def test_a_compiled_step_too_large_for_the_simulated_devices_stops_before_it_runs(tmp_path):
     """GPT with 2048 tokens of context: its 8.30 MB of state fit in ``ulimit -v`` 4 GB, but the compiled step needs
-    3.34 GB per device, 26.69 GB for the 8 simulated CPU devices of this process: one line after compiling, sized for
-    all of them (accumulation in 16 microbatches, 11 times the room), with no line of XLA's own and no metrics.
-    Before: a step whose allocation failed, XLA's ``allocate of <9> failed.`` on stderr, then ``train.accum_steps=1``
-    offered (the current value; 0.8 times the room: one device's allocation)."""
-    gpt = ("model=gpt", "model.size=tiny", "model.depth=1", "model.width=32", "model.heads=2", "model.context=2048")
-    proc = train_under_rlimit_as(4_000_000_000, tmp_path / "run", *gpt, "data=synthetic", "train.steps=2")
+    3.34 GB per device, 26.69 GB for the 8 simulated CPU devices of this process, and under RLIMIT_AS the CPU
+    runtime's own buffers as much again (53.38 GB): one line after compiling, sized for all of them (accumulation in
+    32 microbatches, about 17 times the room), with no line of XLA's own and no metrics. Before: a step whose allocation
+    failed, XLA's ``allocate of <9> failed.`` on stderr, then ``train.accum_steps=1`` offered (the current value; 0.8
+    times the room: one device's allocation)."""
+    proc = train_under_rlimit_as(4_000_000_000, tmp_path / "run", *GPT_2048, "data=synthetic", "train.steps=2")
     assert proc.returncode == 1, proc.stderr[-3000:]
     (line,) = proc.stderr.splitlines()
     assert line.startswith(
         "error: out of memory: the compiled step needs 3.34 GB per device, 26.69 GB for the 8 simulated CPU devices "
-        "of this process; the state takes 1.04 MB per device (8.30 MB in all) of the "
+        "of this process, and the CPU runtime's own buffers (YNNPACK's, threads') about as much again in address "
+        "space: 53.38 GB; the state takes 1.04 MB per device (8.30 MB in all) of the "
     ), line
-    assert line.endswith("; ways out: train.accum_steps=16 (the same global batch in 16 microbatches)"), line
+    assert line.endswith("; ways out: train.accum_steps=32 (the same global batch in 32 microbatches)"), line
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["error"] == line.removeprefix("error: ")
+
+
+def test_a_step_whose_compiled_peak_fits_but_not_the_cpu_runtime_beside_it_stops_before_it_runs(tmp_path):
+    """The same GPT under ``ulimit -v`` 6 GB at ``train.accum_steps=8``: the compiled peak (423.57 MB per device,
+    3.39 GB for 8) fits the 4.4 GB free, but the step needs 5.6 GB of address space (VmPeak less VmSize before it,
+    measured without a limit: YNNPACK's intermediates beside XLA's buffers). One line, sized with the runtime's
+    share, offers 16 microbatches (which train in 3.4 GB: the slow test below). Before: the check passed, YNNPACK's
+    ``allocate of <28> failed.`` lines, then an all-reduce's rendezvous timeout aborted the process in C++ (exit 134,
+    no summary.json)."""
+    proc = train_under_rlimit_as(6_000_000_000, tmp_path / "run", *GPT_2048, "data=synthetic", "train.accum_steps=8")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(
+        "error: out of memory: the compiled step needs 423.57 MB per device, 3.39 GB for the 8 simulated CPU devices "
+        "of this process, and the CPU runtime's own buffers (YNNPACK's, threads') about as much again in address "
+        "space: 6.77 GB; "
+    ), line
+    assert "; ways out: train.accum_steps=16 (the same global batch in 16 microbatches)" in line, line
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"] == line.removeprefix("error: ")
+
+
+@pytest.mark.slow
+def test_the_accumulation_offered_under_rlimit_as_trains(tmp_path):
+    """Following the line of the test above (and of the run at ``train.accum_steps=1``, which offers the same 16)
+    under the same ``ulimit -v`` 6 GB trains: a finite loss, status ok (about 2 minutes on 2 busy cores)."""
+    run = tmp_path / "run"
+    proc = train_under_rlimit_as(
+        6_000_000_000, run, *GPT_2048, "data=synthetic", "train.accum_steps=16", "train.steps=1"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "ok" and 5.0 < summary["train/loss"] < 6.0, summary
+
+
+@pytest.mark.unit
+def test_under_rlimit_as_the_cpu_runtime_counts_beside_the_compiled_peak(monkeypatch):
+    """Under RLIMIT_AS (and only there) a CPU step's temporaries count twice against the room: a peak of 0.6 times
+    the room fits under another limit, not under RLIMIT_AS (1.2 times); the state itself (already allocated) does not
+    count twice. A YNNPACK operation that failed is out of memory under RLIMIT_AS (its allocations are its own and
+    unnamed), another error under it without one."""
+    from training.run import disk_full_as_error
+
+    cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "synthetic"}, "mesh": {"devices": 1}})
+    devices = jax.devices()[:1]
+    limit = 1_010_000_000
+    memory._figures.clear()
+    memory._figures.update(per_device=10_000_000, held=10_000_000, params=1_000_000, copies=1, cfg=cfg, n=1)
+    memory._figures.update(device=devices[0], free=limit, source="a test limit")
+    room = limit - 10_000_000
+    monkeypatch.setattr(memory, "memory_limit", lambda device: (room, "the free memory (MemAvailable ...)"))
+    memory.check_step_fits(10_000_000 + int(0.6 * room))  # fits: XLA's figure alone
+    as_limit = "RLIMIT_AS (ulimit -v) of 1.01 GB, 0.10 GB of it taken by the process"
+    monkeypatch.setattr(memory, "memory_limit", lambda device: (room, as_limit))
+    with pytest.raises(TrainingError) as e:
+        memory.check_step_fits(10_000_000 + int(0.6 * room))
+    assert "about as much again in address space: 1.21 GB; " in str(e.value)
+    assert "the step needs about 1.2 times the 1.00 GB left beside it; ways out: train.accum_steps=2 " in str(e.value)
+    memory.check_step_fits(10_000_000 + int(0.49 * room))  # twice 0.49 fits
+
+    ynn = "INTERNAL: YNNPACK operation failed: ..."
+    monkeypatch.setattr(memory.resource, "getrlimit", lambda which: (6_000_000_000, memory.resource.RLIM_INFINITY))
+    with pytest.raises(TrainingError, match=r"^out of memory \(INTERNAL: YNNPACK operation failed"):
+        with disk_full_as_error(REPO):
+            raise jax.errors.JaxRuntimeError(ynn)
+    inf = memory.resource.RLIM_INFINITY
+    monkeypatch.setattr(memory.resource, "getrlimit", lambda which: (inf, inf))
+    with pytest.raises(jax.errors.JaxRuntimeError), disk_full_as_error(REPO):
+        raise jax.errors.JaxRuntimeError(ynn)
+
+
+@pytest.mark.unit
+def test_under_rlimit_as_malloc_arenas_are_capped(monkeypatch):
+    """Under RLIMIT_AS, and only there, glibc's arenas (64 MiB of address space each) are capped at 2 with
+    ``mallopt(M_ARENA_MAX, 2)``; a MALLOC_ARENA_MAX of the user's is kept; not glibc: nothing."""
+    calls = []
+
+    class Libc:
+        def mallopt(self, option: int, value: int) -> int:
+            calls.append((option, value))
+            return 1
+
+    monkeypatch.setattr(memory.ctypes, "CDLL", lambda name: Libc())
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    inf = memory.resource.RLIM_INFINITY
+    monkeypatch.setattr(memory.resource, "getrlimit", lambda which: (inf, inf))
+    assert memory.limit_malloc_arenas() is None and calls == []
+    monkeypatch.setattr(memory.resource, "getrlimit", lambda which: (6_000_000_000, inf))
+    assert memory.limit_malloc_arenas() == 2 and calls == [(-8, 2)]
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert memory.limit_malloc_arenas() is None and calls == [(-8, 2)]
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    monkeypatch.setattr(memory.ctypes, "CDLL", lambda name: object())  # no mallopt (not glibc)
+    assert memory.limit_malloc_arenas() is None
