@@ -34,11 +34,12 @@ export RUN_DIR
 # with the same command and checkpoint.dir=...". Resubmitting so continues from that checkpoint; a job SLURM
 # requeues continues by itself. A task that dies (kill -9, out of memory) stops the others at once: process 0
 # (or the lowest survivor) prints one line naming its task and node, and summary.json says failed.
-# --kill-on-bad-exit=1: a task that dies before the processes watch each other ends the others too.
+# --wait=30: a task that dies before the processes watch each other ends the others 30 s later. Not
+# --kill-on-bad-exit: srun would end the step the moment a task dies, and the survivor's line could be lost.
 
 # Task 0 writes .hydra/, train.log, summary.json, metrics.jsonl and W&B; task i > 0 only train_process<i>.log
 # (hydra.output_subdir=null keeps it from rewriting .hydra/).
-srun --label --kill-on-bad-exit=1 bash -c '
+srun --label --kill-on-bad-exit=0 --wait=30 bash -c '
   extra=()
   if [ "${SLURM_PROCID}" != 0 ]; then extra+=(hydra.output_subdir=null); fi
   exec python train.py hydra.run.dir="${RUN_DIR}" checkpoint.dir="${RUN_DIR}/checkpoints" \
