@@ -281,10 +281,12 @@ def _step_line(said: str, beside: Optional[int]) -> str:
     accum = next((k for k in range(train.accum_steps * factor, per_device + 1) if per_device % k == 0), None)
     if accum is not None:
         ways.append(f"train.accum_steps={accum} (the same global batch in {accum} microbatches)")
-    # each of these at least halves a transformer's activations: offered where activations are most of what the step
-    # needs beside the state (more than 4x the gradients' bytes) and, for the chunked loss, a microbatch holds more
-    # tokens than one chunk (a smaller one is padded up to it)
-    if need <= 2 and (beside is None or beside > 4 * f["params"] * f["copies"]):
+    # each of these at least halves a transformer's activations on an accelerator: offered where activations are most
+    # of what the step needs beside the state (more than 4x the gradients' bytes) and, for the chunked loss, a
+    # microbatch holds more tokens than one chunk (a smaller one is padded up to it). Not on the CPU: there remat and
+    # the chunked loss left XLA's compiled peak as it was and bf16 raised it (docs/troubleshooting.md)
+    accelerator = getattr(f.get("device"), "platform", "cpu") != "cpu"
+    if accelerator and need <= 2 and (beside is None or beside > 4 * f["params"] * f["copies"]):
         context = getattr(model, "context", None)  # None: the size's own (not known here; taken as long enough)
         long = context is None or per_device // train.accum_steps * context > 1024
         ways += ["model.remat=full"] if getattr(model, "remat", None) == "none" else []
