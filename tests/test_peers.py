@@ -133,6 +133,10 @@ def test_process_0_says_a_peers_death_and_tells_the_others(tmp_path, monkeypatch
     clients[0].close()  # process 1 dies
     told = clients[1].recv(100)
     assert told == b"dead 1 n2\n"
+    for _ in range(200):  # peer 2 is told first; the line, the summary and the exit come after it
+        if exits:
+            break
+        threading.Event().wait(0.05)
     line = (
         "process 1 of 3 on host n2 died without a word (killed from outside, e.g. out of memory, or crashed); the job "
         "cannot go on without it and every other process stopped; resume as said"
