@@ -116,8 +116,18 @@ def load_tfds_split(
     return HostDataset(images=images, labels=labels)
 
 
+# an allocation that failed while reading (under ulimit -v a library's import fails to map its code): not damage
+OUT_OF_MEMORY_WORDS = ("failed to map segment", "Cannot allocate memory", "can't start new thread")
+
+
 def unreadable(tfds_name: str, split: str, data_dir: Optional[str], version: Optional[str], error: Exception):
-    """The one-line ``DataError`` for a prepared split that cannot be read: its files (or folder) and the error."""
+    """The one-line ``DataError`` for a prepared split that cannot be read: its files (or folder) and the error; an
+    allocation that failed while reading says so, not that the files are damaged."""
+    if isinstance(error, MemoryError) or any(word in str(error) for word in OUT_OF_MEMORY_WORDS):
+        return DataError(
+            f"out of memory while reading dataset {tfds_name!r} ({split}) ({error_text(error)}): the files are not "
+            f"known to be damaged; run with more memory (a larger ulimit -v or memory limit)"
+        )
     folder = Path(data_dir or Path.home() / "tensorflow_datasets") / tfds_name.partition(":")[0] / (version or "")
     files = sorted(folder.glob(f"*-{split}.*")) if folder.is_dir() else []
     where = ", ".join(map(str, files[:2])) + (f" (+{len(files) - 2} more)" if len(files) > 2 else "") or str(folder)

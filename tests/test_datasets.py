@@ -605,3 +605,17 @@ def test_the_data_folder_is_the_shared_one_beside_the_repository_when_nothing_na
     if (SHARED_TFDS / "mnist").is_dir():  # this machine's copy is found without TFDS_DATA_DIR
         monkeypatch.delenv("TFDS_DATA_DIR")
         assert resolve_data_dir(None) == str(SHARED_TFDS) and prepared_version("mnist", resolve_data_dir(None))
+
+
+@pytest.mark.unit
+def test_an_allocation_that_failed_while_reading_is_not_called_damage(tmp_path):
+    """Under ``ulimit -v`` reading MNIST failed with a MemoryError or a library whose code could not be mapped, and
+    the line called the dataset damaged and advised moving the (shared, good) folder away: now out of memory."""
+    from data.sources import unreadable
+
+    mapped = ImportError("_tree.cpython-311-x86_64-linux-gnu.so: failed to map segment from shared object")
+    for error in (MemoryError(), mapped):
+        said = str(unreadable("mnist", "test", str(tmp_path), "3.0.1", error))
+        assert said.startswith("out of memory while reading dataset 'mnist' (test) (") and "move" not in said, said
+    damaged = str(unreadable("mnist", "test", str(tmp_path), "3.0.1", ValueError("Corrupted Riegeli/records file")))
+    assert "prepare it again (move" in damaged
