@@ -294,9 +294,10 @@ def test_scancel_stops_at_one_step_and_resubmitting_as_said_continues(cluster, r
 
 def test_time_limit_signal_stops_and_resubmitting_as_said_continues(cluster, tmp_path):
     """--time=1 --signal=TERM@60: the signal is due at once and slurmctld sends it at its next periodic check (up to
-    ~30 s): the stop may land in the start-up (nothing saved; the same command) or in the steps (a checkpoint; the
-    line's checkpoint.dir). A longer run than the others, so that the steps outlast that check (1,000 steps took 21.7 s
-    on a quiet machine and ended before it)."""
+    ~30 s): the stop may land in the start-up (nothing saved; the same command), in the steps (a checkpoint; the
+    line's checkpoint.dir), or, when that check comes with the step's launch, before python has started (SLURM's
+    CANCELLED line, no run folder). A longer run than the others, so that the steps outlast that check (1,000 steps
+    took 21.7 s on a quiet machine and ended before it)."""
     steps = 3000
     task = [*SMALL, "runtime.cpu_devices=2", f"train.steps={steps}"]
     run_dir = tmp_path / "run"
@@ -307,6 +308,8 @@ def test_time_limit_signal_stops_and_resubmitting_as_said_continues(cluster, tmp
     if STOP_LINE.search(out):
         step, saved, rest = stop_line(out, steps)
         again = continue_as_said(tmp_path, rest)
+    elif not run_dir.exists() and "CANCELLED" in out and not product_lines(out):
+        step, again = None, []  # the signal came with the step's launch, before python started: nothing to say
     else:
         errors = [line for line in product_lines(out) if line.startswith("error:")]
         assert len(errors) == 1 and "stopped by SIGTERM during the start-up" in errors[0], out[-3000:]
