@@ -11,9 +11,7 @@ offers are the ones that fit by these figures.
 
 from __future__ import annotations
 
-import ctypes
 import math
-import os
 import re
 import resource
 from pathlib import Path
@@ -23,6 +21,7 @@ import jax
 import numpy as np
 
 from core.errors import TrainingError, first_line
+from measure.address_space import gb, meminfo, under_rlimit_as
 
 # the figures of the last check (check_state_fits), for the line of an out-of-memory error that comes later
 _figures: dict[str, Any] = {}
@@ -30,14 +29,12 @@ _figures: dict[str, Any] = {}
 # Under RLIMIT_AS the CPU runtime needs more address space than XLA's compiled peak: its YNNPACK fusions (dots with
 # their elementwise neighbours) materialise intermediates that XLA's buffer assignment does not count, and threads,
 # stacks and malloc's arenas come beside them. Measured on a GPT (docs/troubleshooting.md): 1.65 to 1.97 times the
-# compiled peak of the 8 simulated devices; the step's temporaries count this many times.
+# compiled peak of the 8 simulated devices; the step's temporaries count this many times. The factor is the
+# attention's (YNNPACK's intermediates there are tokens x tokens per head, one layer at a time): for a GPT the extra
+# is at most ATTENTION_COPIES times one layer's attention scores (float32; measured 2.1 to 3.5 times, at depth 1 and
+# 4 alike), so that a short context (128 tokens: 1.00 times the compiled peak) is not asked twice its room.
 CPU_RUNTIME_FACTOR = 2.0
-
-
-def gb(n_bytes: float) -> str:
-    """``n_bytes`` in decimal units, e.g. ``15.79 GB``, ``2.44 MB``, ``512 bytes``."""
-    unit, scale = next(((u, s) for u, s in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)) if abs(n_bytes) >= s), ("", 1))
-    return f"{n_bytes / scale:.2f} {unit}" if unit else f"{n_bytes:.0f} bytes"
+ATTENTION_COPIES = 4
 
 
 def _read_int(path: Path) -> Optional[int]:
@@ -46,18 +43,6 @@ def _read_int(path: Path) -> Optional[int]:
     except OSError:
         return None
     return int(text) if text.isdigit() else None  # "max": no limit
-
-
-def _meminfo(key: str, path: str) -> Optional[int]:
-    """``key`` of a ``/proc`` status file (``VmSize`` of ``/proc/self/status``, ``MemAvailable`` of ``/proc/meminfo``)
-    in bytes, None when absent."""
-    try:
-        for line in Path(path).read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def _cgroup_limit() -> Optional[tuple[int, int]]:
@@ -89,12 +74,12 @@ def host_memory_limit() -> Optional[tuple[int, str]]:
     found = []
     soft = resource.getrlimit(resource.RLIMIT_AS)[0]
     if soft != resource.RLIM_INFINITY:
-        used = _meminfo("VmSize", "/proc/self/status") or 0
+        used = meminfo("VmSize", "/proc/self/status") or 0
         found.append((soft - used, f"RLIMIT_AS (ulimit -v) of {gb(soft)}, {gb(used)} of it taken by the process"))
     cgroup = _cgroup_limit()
     if cgroup is not None:
         found.append((cgroup[0] - cgroup[1], f"the cgroup's memory.max of {gb(cgroup[0])}, {gb(cgroup[1])} used"))
-    available = _meminfo("MemAvailable", "/proc/meminfo")
+    available = meminfo("MemAvailable", "/proc/meminfo")
     if available is not None:
         found.append((available, "the free memory (MemAvailable in /proc/meminfo)"))
     return min(found) if found else None
@@ -171,34 +156,9 @@ def _state_ways(cfg, total: int, params: int, held: int, free: int, copies: int,
         ways.append(f"parallel=fsdp (about {gb(total / n)} per device on {n} devices)")
     if cfg.optim.name == "adam" and 2 * held * params / total <= free:
         ways.append(f"optim=sgd (no moments: {gb(held * params / total)} and as much for the gradients)")
-    fits = int(n_params * free / held)
-    ways.append(f"a smaller model (at most about {fits:,} params fit)" if fits else "a machine with more memory")
+    fits = int(n_params * free / (held + params * copies))  # the state and its gradients, before any activations
+    ways.append(f"a smaller model (at most about {fits:,} params with their gradients)" if fits else "more memory")
     return "ways out: " + "; ".join(ways)
-
-
-def _under_rlimit_as() -> bool:
-    """Whether this process runs under an address-space limit (``ulimit -v``): the only one a CPU allocation fails
-    under (above a cgroup's ``memory.max`` or the free memory the kernel kills the process instead)."""
-    return resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
-
-
-M_ARENA_MAX = -8  # glibc's malloc.h
-MALLOC_ARENAS_UNDER_RLIMIT_AS = 2  # MALLOC_ARENA_MAX=2: 0.85 GB of VmSize after compiling a GPT, not 1.76 GB
-
-
-def limit_malloc_arenas() -> Optional[int]:
-    """Under ``RLIMIT_AS`` caps glibc's malloc arenas at ``MALLOC_ARENAS_UNDER_RLIMIT_AS`` (``mallopt(M_ARENA_MAX)``,
-    as ``MALLOC_ARENA_MAX`` does; call it before the runtime's threads start): each thread that allocates beside
-    another may get an arena of its own, reserving 64 MiB of address space (up to 8 per core), which the limit counts
-    though little of it is used. A ``MALLOC_ARENA_MAX`` of the user's is kept. Returns the cap set, None when none
-    (no limit, not glibc)."""
-    if not _under_rlimit_as() or "MALLOC_ARENA_MAX" in os.environ:
-        return None
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc
-        return None
-    return MALLOC_ARENAS_UNDER_RLIMIT_AS if mallopt(M_ARENA_MAX, MALLOC_ARENAS_UNDER_RLIMIT_AS) == 1 else None
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -215,46 +175,60 @@ def is_out_of_memory(error: BaseException) -> bool:
             and (
                 "RESOURCE_EXHAUSTED" in text
                 or "of memory" in text.lower()
-                or ("YNNPACK operation failed" in text and _under_rlimit_as())
+                or ("YNNPACK operation failed" in text and under_rlimit_as())
             )
         )
     )
 
 
-def out_of_memory_line(error: BaseException) -> str:
+def out_of_memory_line(error: BaseException, after_steps: bool = False) -> str:
     """One line for an out-of-memory ``error`` once the state fitted: XLA's words, the state's bytes and the limit
     (from the last ``check_state_fits``), and the ways out that shrink what a step needs beside the state enough by
     these figures (the failed allocation, made by each simulated CPU device of the process, against the room the
-    state leaves)."""
+    state leaves). ``after_steps``: every step ran (the error came saving or evaluating at the end): the way out is
+    more memory, the same command continuing from the newest checkpoint."""
+    said = f"out of memory ({first_line(error, 160)})"
+    if after_steps:
+        return (
+            f"{said} after the training steps, while saving or evaluating; every step ran: with more memory the same "
+            "command finishes from the newest checkpoint (or says the run is complete)"
+        )
     asked = re.search(r"allocat\w* (\d+) bytes", str(error))
-    beside = int(asked.group(1)) * _figures.get("copies", 1) if asked else None
-    return _step_line(f"out of memory ({first_line(error, 160)})", beside)
+    return _step_line(said, int(asked.group(1)) * _figures.get("copies", 1) if asked else None)
 
 
-def check_step_fits(peak_bytes: Optional[int]) -> None:
+def check_step_fits(peak_bytes: Optional[int], gpt_dims: Any = None) -> None:
     """Raises TrainingError (one line, as ``out_of_memory_line``) when the compiled step's ``peak_bytes`` per device
     (``mem/compiled_peak_bytes_per_device``: state, batch and temporaries) on each of this process's devices exceed
     the memory free beside the state now (the process has grown since ``check_state_fits``: the state, the compiled
     program, the runtime's threads): before the step runs out of it. On the CPU under ``RLIMIT_AS`` the step's
-    temporaries count ``CPU_RUNTIME_FACTOR`` times (the runtime's own buffers beside XLA's). None (unknown): returns."""
+    temporaries count ``CPU_RUNTIME_FACTOR`` times (the runtime's own buffers beside XLA's), for a GPT
+    (``gpt_dims``: ``models.gpt.GPTDims``) at most ``ATTENTION_COPIES`` times one layer's attention scores more. None
+    (unknown): returns."""
     f = _figures
     if peak_bytes is None or "free" not in f:
         return
     now = memory_limit(f["device"])
-    f["free"] = f["free"] if now is None else now[0] + f["held"]  # the state is allocated by now, beside the rest
+    f["free"] = f["free"] if now is None else min(f["free"], now[0] + f["held"])  # the state is allocated by now
     f["source"] = f["source"] if now is None else now[1]
     factor = CPU_RUNTIME_FACTOR if f["device"].platform == "cpu" and f["source"].startswith("RLIMIT_AS") else 1.0
     temporaries = max(0, peak_bytes - f["per_device"])
-    needed = f["per_device"] + int(temporaries * factor)  # per device
+    extra = temporaries * (factor - 1)
+    if gpt_dims is not None and factor != 1.0:  # one layer's scores: microbatch x heads x context^2, float32
+        t = f["cfg"].train
+        micro = (t.per_device_batch or (t.global_batch or 256) // f["n"]) // t.accum_steps
+        scores = micro * gpt_dims.heads * gpt_dims.context**2 * 4
+        extra = min(extra, ATTENTION_COPIES * scores)
+    needed = f["per_device"] + temporaries + int(extra)  # per device
     if needed * f["copies"] <= f["free"]:
         return
     copies = f["copies"]
     all_of_them = f", {gb(peak_bytes * copies)} for the {copies} simulated CPU devices of this process"
     said = f"out of memory: the compiled step needs {gb(peak_bytes)} per device{all_of_them if copies > 1 else ''}"
-    if factor != 1.0:
+    if extra:
+        again = "about as much again" if extra == temporaries else f"about {gb(extra * copies)} more"
         said += (
-            f", and the CPU runtime's own buffers (YNNPACK's, threads') about as much again in address space: "
-            f"{gb(needed * copies)}"
+            f", and the CPU runtime's own buffers (YNNPACK's, threads') {again} in address space: {gb(needed * copies)}"
         )
     raise TrainingError(_step_line(said, (needed - f["per_device"]) * copies))
 
@@ -273,7 +247,7 @@ def _step_line(said: str, beside: Optional[int]) -> str:
     room = free - held
     if room < f["params"] * f["copies"]:  # not even the gradients fit beside the state
         return f"{said}; {figures}, leaving less than its gradients need; use a smaller model, or fewer devices"
-    need = beside / room if beside is not None else 2.0  # how many times too large the step's memory is
+    need = beside / room if beside is not None else 2.0  # how many times too large (unknown: at least twice)
     factor, model, train = max(2, math.ceil(need)), cfg.model, cfg.train
     ways = []
     per_device = train.per_device_batch or (train.global_batch or 256) // n
@@ -281,6 +255,8 @@ def _step_line(said: str, beside: Optional[int]) -> str:
     accum = next((k for k in range(train.accum_steps * factor, per_device + 1) if per_device % k == 0), None)
     if accum is not None:
         ways.append(f"train.accum_steps={accum} (the same global batch in {accum} microbatches)")
+    if beside is not None and f["copies"] == n > 1:  # simulated devices: fewer copies of the state leave more room
+        ways += _fewer_devices(f, beside, None if train.per_device_batch else per_device * n, fewer_than=accum)
     # each of these at least halves a transformer's activations on an accelerator: offered where activations are most
     # of what the step needs beside the state (more than 4x the gradients' bytes) and, for the chunked loss, a
     # microbatch holds more tokens than one chunk (a smaller one is padded up to it). Not on the CPU: there remat and
@@ -296,13 +272,36 @@ def _step_line(said: str, beside: Optional[int]) -> str:
         ways.append("parallel=fsdp")  # real devices: each keeps 1/n of the state
     if not ways:
         ways.append("a smaller model, or a machine with more memory")
-    return (
-        f"{said}; {figures}: the step needs about {need:.1f} times the {gb(room)} left beside it; ways out: "
-        + "; ".join(ways)
-    )
+    size = f"about {need:.1f} times" if beside is not None else "more than"
+    return f"{said}; {figures}: the step needs {size} the {gb(room)} left beside it; ways out: " + "; ".join(ways)
 
 
-def out_of_memory_as_error(error: BaseException) -> None:
+def _fewer_devices(f: dict, beside: int, global_batch: Optional[int], fewer_than: Optional[int]) -> list[str]:
+    """``mesh.devices=M train.accum_steps=K`` for the most simulated devices M that fit a step needing ``beside``
+    bytes (all devices together) beside the state: M copies of the state and of its gradients, and the activations
+    of the same global batch, which shrink as K grows (the microbatch of each device is global/(M K)). [] when none,
+    when K would not be below ``fewer_than`` (the accumulation that fits on every device), or with a
+    ``per_device_batch`` (``global_batch`` None)."""
+    accum = f["cfg"].train.accum_steps
+    activations = max(0, beside - f["params"] * f["copies"])
+    for m in range(f["n"] - 1, 0, -1):
+        left = f["free"] - m * (f["per_device"] + f["params"])  # m copies of the state and of its gradients
+        if global_batch is None or global_batch % m or left <= 0:
+            continue
+        k = next(
+            (
+                k
+                for k in range(accum, global_batch // m + 1)
+                if global_batch // m % k == 0 and activations * accum / k <= left
+            ),
+            None,
+        )
+        if k is not None and (fewer_than is None or k < fewer_than):
+            return [f"mesh.devices={m} train.accum_steps={k} (a copy of the state on each of {m} devices)"]
+    return []
+
+
+def out_of_memory_as_error(error: BaseException, after_steps: bool = False) -> None:
     """Raises TrainingError (``out_of_memory_line``) when ``error`` is an out-of-memory error; else returns."""
     if is_out_of_memory(error):
-        raise TrainingError(out_of_memory_line(error)) from None
+        raise TrainingError(out_of_memory_line(error, after_steps)) from None

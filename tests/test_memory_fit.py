@@ -14,7 +14,8 @@ import jax
 import pytest
 
 from core.errors import TrainingError
-from measure import memory
+from measure import address_space, memory
+from training import process
 from utils import REPO, make_cfg
 
 
@@ -35,7 +36,8 @@ def test_a_state_that_cannot_fit_is_one_line_before_anything_is_built(monkeypatc
     assert str(e.value) == (
         "the model's parameters and optimizer state (203,530 params) take 2.44 MB per device, 19.54 MB for the 8 "
         "simulated CPU devices of this process, above the 10.00 MB free under a test limit; ways out: mesh.devices=2 "
-        "(a copy of 2.44 MB each); a smaller model (at most about 104,165 params fit); a smaller batch, model.remat, "
+        "(a copy of 2.44 MB each); a smaller model (at most about 78,124 params with their gradients); a smaller batch, "
+        "model.remat, "
         "model.loss_chunk or bf16 shrink only the activations, not this state"
     )
     monkeypatch.setattr(memory, "memory_limit", lambda device: (20_000_000, "a test limit"))
@@ -121,6 +123,7 @@ def test_an_allocation_that_fails_in_a_step_is_one_line_with_the_ways_that_fit(m
     from training.build import state_init_fn
     from training.run import disk_full_as_error
 
+    monkeypatch.setattr(process, "phase", "steps")  # (in-process runs of other tests leave it at "end")
     cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "synthetic"}, "mesh": {"devices": 1}})
     monkeypatch.setattr(memory, "memory_limit", lambda device: (1_010_000_000, "a test limit"))
     graphdef, init_fn = state_init_fn(cfg, __import__("optax").adam(1e-3))
@@ -161,6 +164,15 @@ def test_an_allocation_that_fails_in_a_step_is_one_line_with_the_ways_that_fit(m
     with pytest.raises(TrainingError) as thread, disk_full_as_error(REPO):  # a thread's stack under ulimit -v
         raise RuntimeError("can't start new thread")
     assert str(thread.value).startswith("out of memory (can't start new thread); the state takes ")
+    assert ": the step needs more than the " in str(thread.value)  # no size known: no "about N times"
+    monkeypatch.setattr(process, "phase", "end")  # every step ran: orbax's thread of the final save, say
+    with pytest.raises(TrainingError) as end, disk_full_as_error(REPO):
+        raise RuntimeError("can't start new thread")
+    assert str(end.value) == (
+        "out of memory (can't start new thread) after the training steps, while saving or evaluating; every step "
+        "ran: with more memory the same command finishes from the newest checkpoint (or says the run is complete)"
+    )
+    monkeypatch.setattr(process, "phase", "steps")
     memory._figures["params"], params = room // 2, memory._figures["params"]  # gradients of half the room: the
     # step's 1.5x is not activations, so remat and bf16 (which adds bf16 copies of the weights) would not help
     assert failing(int(1.5 * room)).endswith("ways out: train.accum_steps=2 (the same global batch in 2 microbatches)")
@@ -189,6 +201,33 @@ def test_an_allocation_that_fails_in_a_step_is_one_line_with_the_ways_that_fit(m
     monkeypatch.setattr(memory, "memory_limit", lambda device: (1_010_000_000 - held - room // 2, "a test limit"))
     with pytest.raises(TrainingError, match=r"needs about 2\.0 times the .* ways out: train.accum_steps=4 "):
         memory.check_step_fits(held + room)
+    # more free now than before the state was built (another process ended): the figure stays the earlier one
+    monkeypatch.setattr(memory, "memory_limit", lambda device: (5_000_000_000, "a test limit"))
+    memory.check_step_fits(held + room // 4)
+    assert memory._figures["free"] == 1_010_000_000 - room // 2
+
+
+@pytest.mark.unit
+def test_a_step_too_large_for_every_simulated_device_offers_fewer_devices(monkeypatch):
+    """The MLP's state (2.44 MB, Adam) on 8 simulated devices in 30 MB: a step needing 50 MB per device beside it
+    cannot fit by accumulation alone (32 examples per device, 38 times the room); 4 devices, each with a copy of
+    the state and its gradients, leave room for the activations of 32 microbatches (7, 6, 5 do not divide 256)."""
+    from training.build import state_init_fn
+    from training.run import disk_full_as_error
+
+    monkeypatch.setattr(process, "phase", "steps")
+    cfg = make_cfg({"data": {"name": "synthetic"}})
+    monkeypatch.setattr(memory, "memory_limit", lambda device: (30_000_000, "a test limit"))
+    graphdef, init_fn = state_init_fn(cfg, __import__("optax").adam(1e-3))
+    devices = jax.devices()
+    replicated = jax.sharding.NamedSharding(jax.sharding.Mesh(devices, ("data",)), jax.sharding.PartitionSpec())
+    memory.check_state_fits(cfg, init_fn, lambda abstract: jax.tree.map(lambda _: replicated, abstract), devices)
+    with pytest.raises(TrainingError) as e, disk_full_as_error(REPO):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 50000000 bytes.")
+    assert str(e.value).endswith(
+        ": the step needs about 38.2 times the 10.46 MB left beside it; ways out: mesh.devices=4 "
+        "train.accum_steps=32 (a copy of the state on each of 4 devices)"
+    ), str(e.value)
 
 
 GPT_2048 = ("model=gpt", "model.size=tiny", "model.depth=1", "model.width=32", "model.heads=2", "model.context=2048")
@@ -252,7 +291,7 @@ def test_the_accumulation_offered_under_rlimit_as_trains(tmp_path):
 def test_under_rlimit_as_the_cpu_runtime_counts_beside_the_compiled_peak(monkeypatch):
     """Under RLIMIT_AS (and only there) a CPU step's temporaries count twice against the room: a peak of 0.6 times
     the room fits under another limit, not under RLIMIT_AS (1.2 times); the state itself (already allocated) does not
-    count twice. A YNNPACK operation that failed is out of memory under RLIMIT_AS (its allocations are its own and
+    count twice; a GPT's extra is bounded by its attention scores. A YNNPACK operation that failed is out of memory under RLIMIT_AS (its allocations are its own and
     unnamed), another error under it without one."""
     from training.run import disk_full_as_error
 
@@ -272,6 +311,14 @@ def test_under_rlimit_as_the_cpu_runtime_counts_beside_the_compiled_peak(monkeyp
     assert "about as much again in address space: 1.21 GB; " in str(e.value)
     assert "the step needs about 1.2 times the 1.00 GB left beside it; ways out: train.accum_steps=2 " in str(e.value)
     memory.check_step_fits(10_000_000 + int(0.49 * room))  # twice 0.49 fits
+    # a GPT: the runtime's share is at most 4 times one layer's attention scores (256 examples x 4 heads x 128^2 x
+    # 4 bytes: 67.11 MB), not as much again as the temporaries (context 128 took 1.00 times the compiled peak)
+    from models.gpt import resolve_dims
+
+    memory.check_step_fits(10_000_000 + int(0.6 * room), resolve_dims("tiny"))  # 0.6 + 0.27 of the room: fits
+    with pytest.raises(TrainingError) as e:
+        memory.check_step_fits(10_000_000 + int(0.8 * room), resolve_dims("tiny"))
+    assert "(YNNPACK's, threads') about 268.44 MB more in address space: 1.08 GB; " in str(e.value)
 
     ynn = "INTERNAL: YNNPACK operation failed: ..."
     monkeypatch.setattr(memory.resource, "getrlimit", lambda which: (6_000_000_000, memory.resource.RLIM_INFINITY))
@@ -295,15 +342,58 @@ def test_under_rlimit_as_malloc_arenas_are_capped(monkeypatch):
             calls.append((option, value))
             return 1
 
-    monkeypatch.setattr(memory.ctypes, "CDLL", lambda name: Libc())
+    monkeypatch.setattr(address_space.ctypes, "CDLL", lambda name: Libc())
     monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
-    inf = memory.resource.RLIM_INFINITY
-    monkeypatch.setattr(memory.resource, "getrlimit", lambda which: (inf, inf))
-    assert memory.limit_malloc_arenas() is None and calls == []
-    monkeypatch.setattr(memory.resource, "getrlimit", lambda which: (6_000_000_000, inf))
-    assert memory.limit_malloc_arenas() == 2 and calls == [(-8, 2)]
+    inf = address_space.resource.RLIM_INFINITY
+    monkeypatch.setattr(address_space.resource, "getrlimit", lambda which: (inf, inf))
+    assert address_space.limit_malloc_arenas() is None and calls == []
+    monkeypatch.setattr(address_space.resource, "getrlimit", lambda which: (6_000_000_000, inf))
+    assert address_space.limit_malloc_arenas() == 2 and calls == [(-8, 2)]
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
-    assert memory.limit_malloc_arenas() is None and calls == [(-8, 2)]
+    assert address_space.limit_malloc_arenas() is None and calls == [(-8, 2)]
     monkeypatch.delenv("MALLOC_ARENA_MAX")
-    monkeypatch.setattr(memory.ctypes, "CDLL", lambda name: object())  # no mallopt (not glibc)
-    assert memory.limit_malloc_arenas() is None
+    monkeypatch.setattr(address_space.ctypes, "CDLL", lambda name: object())  # no mallopt (not glibc)
+    assert address_space.limit_malloc_arenas() is None
+
+
+@pytest.mark.unit
+def test_too_little_address_space_for_the_runtime_is_one_line_before_jax(monkeypatch):
+    """Under RLIMIT_AS JAX's CPU runtime needs its libraries, compiler and a stack per thread (2 per simulated device,
+    1 per core): below that it aborted in C++ (exit 134). The line gives the limit to set and the fewer devices that
+    fit and divide the global batch (7, 6 and 5 do not divide 256)."""
+    monkeypatch.delitem(sys.modules, "jaxlib")  # as before the import (the check returns once the runtime is in)
+    monkeypatch.setattr(address_space, "limit_malloc_arenas", lambda: None)
+    monkeypatch.setattr(address_space, "meminfo", lambda key, path: 166_000_000)
+    monkeypatch.setattr(address_space.os, "sched_getaffinity", lambda pid: {0, 1})
+    stack = 8 << 20
+    limits = {address_space.resource.RLIMIT_STACK: (stack, stack)}
+    monkeypatch.setattr(address_space.resource, "getrlimit", lambda which: limits[which])
+    cfg = make_cfg({"data": {"name": "synthetic"}})
+    need = 166_000_000 + 660_000_000 + stack * (2 * 8 + 2)  # 0.977 GB
+    limits[address_space.resource.RLIMIT_AS] = (need, need)
+    address_space.check_runtime_fits(cfg)  # fits: nothing to say
+    limits[address_space.resource.RLIMIT_AS] = (need - 1, need)
+    with pytest.raises(TrainingError) as e:
+        address_space.check_runtime_fits(cfg)
+    assert str(e.value) == (
+        "out of memory: JAX's CPU runtime with 8 simulated device(s) needs about 976.99 MB of address space (its "
+        "libraries, compiler and threads), above the RLIMIT_AS (ulimit -v) of 976.99 MB; set ulimit -v 954097 or more, "
+        "or fewer simulated devices: runtime.cpu_devices=4"
+    )
+    cfg.mesh.devices = 8
+    with pytest.raises(TrainingError, match=r"runtime.cpu_devices=4 mesh.devices=4$"):
+        address_space.check_runtime_fits(cfg)
+    monkeypatch.setitem(sys.modules, "jaxlib", types.ModuleType("jaxlib"))  # a sweep's next job: already running
+    address_space.check_runtime_fits(cfg)
+
+
+def test_too_little_address_space_stops_train_py_in_one_line(tmp_path):
+    """``ulimit -v`` 0.5 GB: one line before JAX is imported (before: exit 134 from a thread XLA could not start, or
+    at 0.3 GB a traceback from jaxlib's import), exit 1, summary.json failed, nothing else written."""
+    proc = train_under_rlimit_as(500_000_000, tmp_path / "run", "data=synthetic")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("error: out of memory: JAX's CPU runtime with 8 simulated device(s) needs about "), line
+    assert "above the RLIMIT_AS (ulimit -v) of 500.00 MB; set ulimit -v " in line, line
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "failed"
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".hydra", ".lock", "summary.json", "train.log"]

@@ -359,7 +359,7 @@ def test_a_sweep_jobs_stop_line_says_to_resume_the_sweep(tmp_path):
 def test_stop_lines_of_a_sweep_job_resume_the_sweep(monkeypatch):
     """Every stop line of a job inside a sweep (start-up, a second signal during the steps, the end) says to resume
     the sweep in its folder; a single run's lines are unchanged."""
-    for name in ("_phase", "_resume_hint", "_sweep_dir"):
+    for name in ("phase", "_resume_hint", "_sweep_dir"):
         monkeypatch.setattr(process, name, getattr(process, name))
     process.set_sweep_dir("/s")
     process.set_resume_hint("/s/0/checkpoints")
@@ -753,7 +753,7 @@ def test_held_signals_raise_when_released_and_a_second_one_at_once(monkeypatch):
     back afterwards. stop_text names the signal received first."""
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     monkeypatch.setattr(process, "_stop", None)  # this process's first signal is the test's
-    monkeypatch.setattr(process, "_phase", "start-up")  # (in-process runs of other tests set it)
+    monkeypatch.setattr(process, "phase", "start-up")  # (in-process runs of other tests set it)
     try:
         for sig in saved:
             signal.signal(sig, process.stop_handler)
@@ -806,7 +806,7 @@ def test_a_stop_during_the_steps_names_the_checkpoint_folder(monkeypatch):
     the checkpoint folder to pass, or says nothing was saved."""
     from training import process
 
-    monkeypatch.setattr(process, "_phase", "steps")
+    monkeypatch.setattr(process, "phase", "steps")
     monkeypatch.setattr(process, "_resume_hint", process._resume_hint)
     process.set_resume_hint("/r/checkpoints")
     assert process.stop_text("SIGINT") == (
@@ -828,7 +828,7 @@ def test_a_burst_of_signals_names_the_first_in_the_line_and_the_summary(monkeypa
     from training import process
 
     monkeypatch.setattr(process, "_stop", None)
-    monkeypatch.setattr(process, "_phase", "steps")
+    monkeypatch.setattr(process, "phase", "steps")
     stop = process.StopOnSignal()
     stop._multi = False
     stop._handle(signal.SIGTERM, None)

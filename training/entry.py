@@ -26,6 +26,8 @@ from omegaconf import DictConfig
 
 from conf.errors import command_line_error, multirun_flag_first, quote_numeric_options
 from conf.schema import OPTION_SCHEMAS, Config, ConfigInputError, register, to_typed
+from core.errors import TrainingError
+from measure.address_space import check_runtime_fits, import_failure_line
 from measure.throughput import STARTUP
 from tracking import run_folder
 from training import process
@@ -80,18 +82,22 @@ def start(cfg: DictConfig, hc, run_dir: Path) -> Optional[Job]:
         return None
     try:
         typed = absolute_paths(to_typed(cfg), Path(hydra.utils.get_original_cwd()))  # hydra.job.chdir=true safe
-    except ConfigInputError as e:  # e.g. +optim.learning_rate=0.5 or optim.lr=-1: stop at start with one line
-        console(f"error: {e}")  # once per job: every process of a multi-process job gets the same config
+        if typed.distributed.process_id is not None:  # one voice per job from here on (training.process.speaks)
+            process.set_rank(typed.distributed.process_id)
+        STARTUP.mark("config")
+        check_runtime_fits(typed)  # under ulimit -v: a C++ abort otherwise
+        with process.HeldSigint():  # a Ctrl-C inside jaxlib's initialisation can abort the process
+            import jax  # noqa: F401  (importing JAX starts no backend: setup_runtime still sets the device count)
+    except (ConfigInputError, TrainingError, ImportError) as e:  # e.g. optim.lr=-1: stop at start with one line
+        line = import_failure_line(e) if isinstance(e, ImportError) else str(e)
+        if line is None:
+            raise
+        console(f"error: {line}")  # once per job: every process of a multi-process job gets the same config
         if process.speaks():  # process 0 writes the job's summary (an earlier run's is kept)
-            write_summary(run_dir, {"status": "failed", "error": str(e)})
+            write_summary(run_dir, {"status": "failed", "error": line})
         if hc.mode != RunMode.MULTIRUN:
             sys.exit(1)
         return None  # in a sweep the failure is recorded and the sweep goes on (it exits 1 at the end)
-    if typed.distributed.process_id is not None:  # one voice per job from here on (training.process.speaks)
-        process.set_rank(typed.distributed.process_id)
-    STARTUP.mark("config")
-    with process.HeldSigint():  # a Ctrl-C inside jaxlib's initialisation can abort the process
-        import jax  # noqa: F401  (importing JAX starts no backend: setup_runtime still sets the device count)
     STARTUP.mark("imports")
     startup = setup_runtime(typed)  # before anything touches devices: CPU devices, XLA flags, jax.distributed
     try:  # one process holds its run folder alone, those of a multi-process run share it (tracking.run_folder)

@@ -174,7 +174,7 @@ class HeldSigint:
 # ---- SIGTERM and SIGINT outside the training steps (train.py) ------------------------------------------------
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # SIGHUP: the terminal closed; stops as SIGTERM does
 _stop: Optional[str] = None  # the first SIGTERM/SIGINT stop_handler (or a HeldSigint) received
-_phase = "start-up"  # where the run is: start-up, steps, end (training.run sets it)
+phase = "start-up"  # where the run is: start-up, steps, end (training.run sets it)
 _exit_by: Optional[int] = None  # the signal this process ends with (interrupt_hook: SIGTERM, SIGHUP)
 _installed = False  # install_stop_handlers ran (train.py)
 PHASES = ("start-up", "steps", "end")
@@ -274,12 +274,12 @@ def stop_signal() -> Optional[str]:
     return _stop
 
 
-def set_phase(phase: str) -> None:
+def set_phase(name: str) -> None:
     """Where the run is, for ``stop_line``: ``start-up`` (before the first step), ``steps``, ``end`` (after them)."""
-    global _phase
-    if phase not in PHASES:
-        raise ValueError(f"unknown phase {phase!r}; one of {', '.join(PHASES)}")
-    _phase = phase
+    global phase
+    if name not in PHASES:
+        raise ValueError(f"unknown phase {name!r}; one of {', '.join(PHASES)}")
+    phase = name
 
 
 def raise_if_stopped() -> None:
@@ -294,12 +294,12 @@ def stop_text(signal_name: Optional[str] = None) -> str:
     (``signal_name``, else the one received, else SIGINT), where the run was (``set_phase``), a sweep's resumption."""
     name = signal_name or _stop or "SIGINT"
     said = "SIGINT (Ctrl-C)" if name == "SIGINT" else name
-    if _phase == "start-up":
+    if phase == "start-up":
         again = _sweep_again() or "the same command starts the run again (from its newest checkpoint, if any)"
         return (
             f"stopped by {said} during the start-up, before the first training step: nothing trained or saved; {again}"
         )
-    if _phase == "steps":
+    if phase == "steps":
         return (
             f"stopped at once by {said} during the training steps (a second signal: it did not wait for a checkpoint); "
             f"{_resume_hint}"

@@ -48,6 +48,7 @@ from training.build import (
     Plan,
     build,
     describe,
+    gpt_dims,
     in_flight_bound,
     language_model_info,
     load_data,
@@ -190,7 +191,7 @@ def disk_full_as_error(run_dir: Path) -> Iterator[None]:
     try:
         yield
     except (MemoryError, RuntimeError) as e:  # XLA's JaxRuntimeError is a RuntimeError
-        out_of_memory_as_error(e)
+        out_of_memory_as_error(e, after_steps=process.phase == "end")
         raise
     except OSError as e:
         if e.errno not in DISK_FULL + NOT_WRITABLE:
@@ -447,10 +448,10 @@ def restore(
 
 
 def compile_step(cfg: Config, p: Plan, exp: Experiment, first, info: dict[str, Any]):
-    """Lowers and compiles the train step for ``first``'s shapes; adds compile time, ``comm/*``, ``mem/*``,
-    ``perf/flops_*`` and the modelled communication time to ``info``. Returns ``(lowered, compiled, peak
-    FLOP/s or None)``; ``perf/startup/compile_cache`` says whether the persistent compilation cache held the
-    step (hit, miss, off)."""
+    """Lowers and compiles the train step for ``first``'s shapes (one line when its peak cannot fit, before it runs
+    out of memory); adds compile time, ``comm/*``, ``mem/*``, ``perf/flops_*`` and the modelled communication time
+    to ``info``. Returns ``(lowered, compiled, peak FLOP/s or None)``; ``perf/startup/compile_cache`` says whether
+    the persistent compilation cache held the step (hit, miss, off)."""
     device = p.devices[0]
     t0 = time.perf_counter()
     lowered = exp.steps.train.lower(exp.state, first)
@@ -459,7 +460,7 @@ def compile_step(cfg: Config, p: Plan, exp: Experiment, first, info: dict[str, A
     info["perf/compile_time_s"] = time.perf_counter() - t0
     info["perf/startup/compile_cache"] = cache.outcome()
     info.update(compiled_step_metrics(lowered, compiled, exp.mode.num_devices))
-    check_step_fits(info.get("mem/compiled_peak_bytes_per_device"))  # one line, before the step runs out of memory
+    check_step_fits(info.get("mem/compiled_peak_bytes_per_device"), gpt_dims(cfg) if exp.local.tokens else None)
     if exp.local.tokens:  # the model FLOPs of MFU replace XLA's count, which includes rematerialised work
         if "perf/flops_per_step_per_device" in info:
             info["perf/flops_per_step_per_device_xla"] = info["perf/flops_per_step_per_device"]

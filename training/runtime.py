@@ -29,9 +29,6 @@ def setup_runtime(cfg: Config) -> Startup:
     in one process (a sweep under Hydra's default launcher) leave the device count and flags as they are."""
     import jax
 
-    from measure.memory import limit_malloc_arenas
-
-    limit_malloc_arenas()  # under ulimit -v: before the runtime's threads start
     if backend_started():
         if cfg.xla.flags:
             log.warning(
