@@ -12,7 +12,7 @@ import pytest
 
 from core.errors import ConfigError
 from training import checkpoint
-from utils import make_cfg
+from utils import make_cfg, save_steps
 
 pytestmark = pytest.mark.unit
 
@@ -310,6 +310,21 @@ def test_a_run_folder_named_like_the_checkpoint_layout_is_a_run(tmp_path, name):
     assert evaluate.find_best_step_dir(run / "checkpoints") == run / "checkpoints" / "best" / "4"
     assert evaluate.find_step_dir(run) == run / "checkpoints" / "8"
     assert evaluate.find_best_step_dir(run / "checkpoints" / "best") == run / "checkpoints" / "best" / "4"
+
+
+@pytest.mark.unit
+def test_a_checkpoint_folder_named_a_number_resumes_from_its_newest_step(tmp_path):
+    """``checkpoint.resume=<tmp>/7`` for a checkpoint folder named ``7`` (``checkpoint.dir=<tmp>/7`` of a run) was read
+    as one step folder: "cannot be read: it is incomplete or corrupt (Unknown key: state ...)"; it is a folder of
+    steps, resumed from its newest (4)."""
+    from training.run import run_and_report
+
+    cfg = make_cfg({"data": {"name": "synthetic"}, "wandb": {"mode": "disabled"}, "train": {"steps": 3}})
+    save_steps(tmp_path / "7", cfg, {2: 1.0, 4: 1.0})
+    cfg.train.steps, cfg.checkpoint.resume = 6, str(tmp_path / "7")
+    (tmp_path / "run").mkdir()
+    assert run_and_report(cfg, tmp_path / "run")
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["checkpoint/resumed_step"] == 4
 
 
 def test_a_resume_from_the_best_folder_judges_the_training_data_by_its_bytes(tmp_path, capsys):

@@ -192,7 +192,7 @@ def resume(plan: CheckpointPlan, mode, placed_state) -> Optional[Restored]:
             _warn_unfinished(plan.directory)
     else:
         path = plan.resume_path
-        if is_step_dir(path) or path.name.isdigit():
+        if is_step_dir(path) or (path.name.isdigit() and not complete_steps(path)):  # "7/": a folder of steps
             try:
                 restored = restore_step(path, mode, placed_state)
             except ConfigError:
