@@ -36,9 +36,8 @@ def test_a_state_that_cannot_fit_is_one_line_before_anything_is_built(monkeypatc
     assert str(e.value) == (
         "the model's parameters and optimizer state (203,530 params) take 2.44 MB per device, 19.54 MB for the 8 "
         "simulated CPU devices of this process, above the 10.00 MB free under a test limit; ways out: mesh.devices=2 "
-        "(a copy of 2.44 MB each); a smaller model (at most about 78,124 params with their gradients); a smaller batch, "
-        "model.remat, "
-        "model.loss_chunk or bf16 shrink only the activations, not this state"
+        "(a copy of 2.44 MB each); a smaller model (at most about 78,124 params with their gradients); a smaller "
+        "batch, model.remat, model.loss_chunk or bf16 shrink only the activations, not this state"
     )
     monkeypatch.setattr(memory, "memory_limit", lambda device: (20_000_000, "a test limit"))
     monkeypatch.setattr(ParallelMode, "init_state", init_state)  # 19.54 MB fit in 20 MB: built
@@ -291,8 +290,8 @@ def test_the_accumulation_offered_under_rlimit_as_trains(tmp_path):
 def test_under_rlimit_as_the_cpu_runtime_counts_beside_the_compiled_peak(monkeypatch):
     """Under RLIMIT_AS (and only there) a CPU step's temporaries count twice against the room: a peak of 0.6 times
     the room fits under another limit, not under RLIMIT_AS (1.2 times); the state itself (already allocated) does not
-    count twice; a GPT's extra is bounded by its attention scores. A YNNPACK operation that failed is out of memory under RLIMIT_AS (its allocations are its own and
-    unnamed), another error under it without one."""
+    count twice; a GPT's extra is bounded by its attention scores. A YNNPACK operation that failed is out of memory
+    under RLIMIT_AS (its allocations are its own and unnamed), another error under it without one."""
     from training.run import disk_full_as_error
 
     cfg = make_cfg({"model": {"name": "gpt"}, "data": {"name": "synthetic"}, "mesh": {"devices": 1}})
