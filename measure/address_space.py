@@ -21,6 +21,7 @@ from core.errors import TrainingError
 RUNTIME_BASE_BYTES = 660_000_000
 THREADS_PER_DEVICE = 2
 DEFAULT_STACK_BYTES = 8 << 20  # glibc's thread stack when RLIMIT_STACK is unlimited
+LIMIT_MARGIN_BYTES = 16 << 20  # the limit a line offers: the process's size varies by some kB from run to run
 
 
 def gb(n_bytes: float) -> str:
@@ -88,7 +89,7 @@ def check_runtime_fits(cfg) -> None:
     t = cfg.train  # fewer devices that fit and divide the global batch into microbatches (training.build.plan)
     divides = lambda m: t.per_device_batch or (t.global_batch or 256) % (m * t.accum_steps) == 0  # noqa: E731
     fewer = [m for m in range(1, n) if held + runtime_bytes(m) <= soft and divides(m)]
-    ways = f"ulimit -v {-(-(held + runtime_bytes(n)) // 1024)} or more"
+    ways = f"ulimit -v {-(-(held + runtime_bytes(n) + LIMIT_MARGIN_BYTES) // 10_240_000) * 10_000} or more"
     if fewer:
         mesh = f" mesh.devices={fewer[-1]}" if (cfg.mesh.devices or 0) > fewer[-1] else ""
         ways += f", or fewer simulated devices: runtime.cpu_devices={fewer[-1]}{mesh}"

@@ -125,7 +125,8 @@ def check_state_fits(cfg, init_fn: Callable, state_shardings: Callable, devices:
     found = memory_limit(first)
     _figures.clear()
     _figures.update(per_device=per_device, held=per_device * copies, params=params, copies=copies, cfg=cfg, n=n)
-    _figures.update(device=first)
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract.params))
+    _figures.update(device=first, total=total, n_params=n_params)
     if found is None:
         return
     free, source = found
@@ -133,7 +134,6 @@ def check_state_fits(cfg, init_fn: Callable, state_shardings: Callable, devices:
     if per_device * copies <= free:
         return
     where = f"{gb(per_device * copies)} for the {copies} simulated CPU devices of this process" if copies > 1 else ""
-    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract.params))
     raise TrainingError(
         f"the model's parameters and optimizer state ({n_params:,} params) take {gb(per_device)} per device"
         f"{', ' + where if where else ''}, above the {gb(free)} free under {source}; "
@@ -165,10 +165,12 @@ def is_out_of_memory(error: BaseException) -> bool:
     """Whether ``error`` is an allocation that failed: Python's ``MemoryError``, a thread whose stack could not be
     mapped ("can't start new thread", under ``ulimit -v``), XLA's RESOURCE_EXHAUSTED / "out of memory" (at build,
     compilation or a step), or, under ``ulimit -v``, a YNNPACK operation of the CPU runtime that failed (its
-    allocations are its own: it says only ``INTERNAL: YNNPACK operation failed``)."""
+    allocations are its own: it says only ``INTERNAL: YNNPACK operation failed``) or a ``SystemError`` (C code whose
+    allocation failed without saying so: "error return without exception set")."""
     text = str(error)
     return (
         isinstance(error, MemoryError)
+        or (isinstance(error, SystemError) and under_rlimit_as())  # C code whose allocation failed, unsaid
         or text.startswith("can't start new thread")
         or (
             isinstance(error, jax.errors.JaxRuntimeError)
@@ -244,9 +246,14 @@ def _step_line(said: str, beside: Optional[int]) -> str:
         f"the state takes {gb(f['per_device'])} per device ({gb(held)} in all) of the {gb(free)} free under "
         + (f["source"])
     )
-    room = free - held
-    if room < f["params"] * f["copies"]:  # not even the gradients fit beside the state
-        return f"{said}; {figures}, leaving less than its gradients need; use a smaller model, or fewer devices"
+    room, gradients = free - held, held * f["params"] // max(1, f["total"])  # placed as the params are
+    if room < gradients:  # not even the gradients fit beside the state
+        fits = int(f["n_params"] * free / (held + gradients))
+        fewer = ", or fewer devices" if f["copies"] > 1 and held > 1.01 * f["total"] else ""  # replicated copies
+        return (
+            f"{said}; {figures}, leaving less than its gradients need; use a smaller model (at most about {fits:,} "
+            f"params with their gradients){fewer}"
+        )
     need = beside / room if beside is not None else 2.0  # how many times too large (unknown: at least twice)
     factor, model, train = max(2, math.ceil(need)), cfg.model, cfg.train
     ways = []

@@ -227,6 +227,19 @@ def test_a_step_too_large_for_every_simulated_device_offers_fewer_devices(monkey
         ": the step needs about 38.2 times the 10.46 MB left beside it; ways out: mesh.devices=4 "
         "train.accum_steps=32 (a copy of the state on each of 4 devices)"
     ), str(e.value)
+    # FSDP on simulated devices: 1/8 of the state each, the same bytes in all, so fewer devices would not shrink it;
+    # 0.5 MB beside 2.44 MB leave less than the gradients' 0.81 MB: only a smaller model, with its size
+    f = memory._figures
+    f.update(per_device=f["total"] // 8, held=f["total"], free=f["total"] + 500_000)
+    with pytest.raises(TrainingError) as e, disk_full_as_error(REPO):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 50000000 bytes.")
+    assert str(e.value).endswith(
+        "leaving less than its gradients need; use a smaller model (at most about 183,897 params with their gradients)"
+    ), str(e.value)
+    f.update(per_device=f["total"], held=8 * f["total"], free=8 * f["total"] + 500_000)  # replicated: 8 copies
+    with pytest.raises(TrainingError, match=r"params with their gradients\), or fewer devices$"):
+        with disk_full_as_error(REPO):
+            raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 50000000 bytes.")
 
 
 GPT_2048 = ("model=gpt", "model.size=tiny", "model.depth=1", "model.width=32", "model.heads=2", "model.context=2048")
@@ -299,6 +312,7 @@ def test_under_rlimit_as_the_cpu_runtime_counts_beside_the_compiled_peak(monkeyp
     limit = 1_010_000_000
     memory._figures.clear()
     memory._figures.update(per_device=10_000_000, held=10_000_000, params=1_000_000, copies=1, cfg=cfg, n=1)
+    memory._figures.update(total=10_000_000, n_params=250_000)
     memory._figures.update(device=devices[0], free=limit, source="a test limit")
     room = limit - 10_000_000
     monkeypatch.setattr(memory, "memory_limit", lambda device: (room, "the free memory (MemAvailable ...)"))
@@ -324,10 +338,15 @@ def test_under_rlimit_as_the_cpu_runtime_counts_beside_the_compiled_peak(monkeyp
     with pytest.raises(TrainingError, match=r"^out of memory \(INTERNAL: YNNPACK operation failed"):
         with disk_full_as_error(REPO):
             raise jax.errors.JaxRuntimeError(ynn)
+    with pytest.raises(TrainingError, match=r"^out of memory \(error return without exception set\)"):
+        with disk_full_as_error(REPO):  # C code (here under jax.vmap's tracing) whose allocation failed, unsaid
+            raise SystemError("error return without exception set")
     inf = memory.resource.RLIM_INFINITY
     monkeypatch.setattr(memory.resource, "getrlimit", lambda which: (inf, inf))
     with pytest.raises(jax.errors.JaxRuntimeError), disk_full_as_error(REPO):
         raise jax.errors.JaxRuntimeError(ynn)
+    with pytest.raises(SystemError), disk_full_as_error(REPO):  # without a limit: a bug, its traceback
+        raise SystemError("error return without exception set")
 
 
 @pytest.mark.unit
@@ -376,7 +395,7 @@ def test_too_little_address_space_for_the_runtime_is_one_line_before_jax(monkeyp
         address_space.check_runtime_fits(cfg)
     assert str(e.value) == (
         "out of memory: JAX's CPU runtime with 8 simulated device(s) needs about 976.99 MB of address space (its "
-        "libraries, compiler and threads), above the RLIMIT_AS (ulimit -v) of 976.99 MB; set ulimit -v 954097 or more, "
+        "libraries, compiler and threads), above the RLIMIT_AS (ulimit -v) of 976.99 MB; set ulimit -v 980000 or more, "
         "or fewer simulated devices: runtime.cpu_devices=4"
     )
     cfg.mesh.devices = 8

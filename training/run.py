@@ -190,7 +190,7 @@ def disk_full_as_error(run_dir: Path) -> Iterator[None]:
     would say nothing more; and for memory that ran out (``measure.memory``). Other errors go on."""
     try:
         yield
-    except (MemoryError, RuntimeError) as e:  # XLA's JaxRuntimeError is a RuntimeError
+    except (MemoryError, RuntimeError, SystemError) as e:  # XLA's JaxRuntimeError is a RuntimeError
         out_of_memory_as_error(e, after_steps=process.phase == "end")
         raise
     except OSError as e:
