@@ -142,21 +142,27 @@ def check_state_fits(cfg, init_fn: Callable, state_shardings: Callable, devices:
     )
 
 
+def params_held_bytes(held: int, params: int, total: int) -> int:
+    """Bytes of the params as this process holds them, of a state it holds ``held`` bytes of (``params`` of ``total``
+    bytes in one copy): a copy per replica, a shard under FSDP; the size of their gradients, and of an SGD state."""
+    return held * params // max(1, total)
+
+
 def _state_ways(cfg, total: int, params: int, held: int, free: int, copies: int, n_params: int, cpu: bool, n: int):
     """The ways out that shrink the state enough, by the figures, with room for its gradients (as large as the params)
     beside it in a step: fewer simulated devices (each holds a copy; a count that divides the global batch into
     microbatches, as ``training.build.plan`` asks), ``parallel=fsdp`` on real devices, SGD without moments, a smaller
     model."""
-    ways, t = [], cfg.train
+    ways, t, grads = [], cfg.train, params_held_bytes(held, params, total)  # as large as an SGD state
     if cpu and copies == n > 1 and held >= copies * total * 0.99:  # replicated: a copy per device
         divides = lambda m: t.per_device_batch or (t.global_batch or 256) % (m * t.accum_steps) == 0  # noqa: E731
         fit = [m for m in range(1, free // (total + params) + 1) if divides(m)]
         ways += [f"mesh.devices={fit[-1]} (a copy of {gb(total)} each)"] if fit else []
     if not cpu and n > 1 and cfg.parallel.name != "fsdp" and total / n <= free:
         ways.append(f"parallel=fsdp (about {gb(total / n)} per device on {n} devices)")
-    if cfg.optim.name == "adam" and 2 * held * params / total <= free:
-        ways.append(f"optim=sgd (no moments: {gb(held * params / total)} and as much for the gradients)")
-    fits = int(n_params * free / (held + params * copies))  # the state and its gradients, before any activations
+    if cfg.optim.name == "adam" and 2 * grads <= free:
+        ways.append(f"optim=sgd (no moments: {gb(grads)} and as much for the gradients)")
+    fits = int(n_params * free / (held + grads))  # before any activations
     ways.append(f"a smaller model (at most about {fits:,} params with their gradients)" if fits else "more memory")
     return "ways out: " + "; ".join(ways)
 
@@ -246,7 +252,7 @@ def _step_line(said: str, beside: Optional[int]) -> str:
         f"the state takes {gb(f['per_device'])} per device ({gb(held)} in all) of the {gb(free)} free under "
         + (f["source"])
     )
-    room, gradients = free - held, held * f["params"] // max(1, f["total"])  # placed as the params are
+    room, gradients = free - held, params_held_bytes(held, f["params"], f["total"])
     if room < gradients:  # not even the gradients fit beside the state
         fits = int(f["n_params"] * free / (held + gradients))
         fewer = ", or fewer devices" if f["copies"] > 1 and held > 1.01 * f["total"] else ""  # replicated copies
@@ -269,7 +275,7 @@ def _step_line(said: str, beside: Optional[int]) -> str:
     # microbatch holds more tokens than one chunk (a smaller one is padded up to it). Not on the CPU: there remat and
     # the chunked loss left XLA's compiled peak as it was and bf16 raised it (docs/troubleshooting.md)
     accelerator = getattr(f.get("device"), "platform", "cpu") != "cpu"
-    if accelerator and need <= 2 and (beside is None or beside > 4 * f["params"] * f["copies"]):
+    if accelerator and need <= 2 and (beside is None or beside > 4 * gradients):
         context = getattr(model, "context", None)  # None: the size's own (not known here; taken as long enough)
         long = context is None or per_device // train.accum_steps * context > 1024
         ways += ["model.remat=full"] if getattr(model, "remat", None) == "none" else []
@@ -290,7 +296,7 @@ def _fewer_devices(f: dict, beside: int, global_batch: Optional[int], fewer_than
     when K would not be below ``fewer_than`` (the accumulation that fits on every device), or with a
     ``per_device_batch`` (``global_batch`` None)."""
     accum = f["cfg"].train.accum_steps
-    activations = max(0, beside - f["params"] * f["copies"])
+    activations = max(0, beside - params_held_bytes(f["held"], f["params"], f["total"]))
     for m in range(f["n"] - 1, 0, -1):
         left = f["free"] - m * (f["per_device"] + f["params"])  # m copies of the state and of its gradients
         if global_batch is None or global_batch % m or left <= 0:
