@@ -8,6 +8,7 @@ Raises ``ConfigError`` (one line) when the data does not fit the settings, ``Dat
 
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 import jax
@@ -16,6 +17,8 @@ import numpy as np
 from core.errors import ConfigError
 from data.pipeline import DeviceSource, SyntheticSource, TrainSource, split_bytes, split_fits_on_device, synthetic_eval
 from data.sources import load_tfds_split, tfds_fingerprint
+
+log = logging.getLogger(__name__)
 
 TEXT_DATA = ("tiny_shakespeare", "text")
 
@@ -36,6 +39,31 @@ def text_corpus(d, saved_tokenizer=None):
         tokenizer_file=d.tokenizer_file,
         saved_tokenizer=saved_tokenizer,
     )
+
+
+# fewer validation windows than this: eval/* rest on too few tokens to compare runs by
+MIN_EVAL_WINDOWS = 10
+
+
+def small_text_warnings(d, train_tokens: int, eval_tokens: int, context: int, global_batch: int, unit: str) -> None:
+    """A warning each when one step's batch (``global_batch`` windows of ``context`` tokens) holds more tokens than
+    the train split (every step sees each of them again: the model memorises the split), and when the validation
+    split holds fewer than ``MIN_EVAL_WINDOWS`` windows (``data.eval_windows`` aside: the user's own cap)."""
+    name, per_step = d.path or d.name, global_batch * context
+    if per_step > train_tokens:
+        log.warning(
+            f"the train split of data.path={name} has {train_tokens:,} {unit}, fewer than one step's batch of "
+            f"{global_batch} x {context} = {per_step:,}: every step sees each of them about "
+            f"{per_step / train_tokens:.0f} times and the model memorises them; give a longer text, or a smaller "
+            f"train.global_batch or model.context"
+        )
+    windows = (eval_tokens - 1) // context
+    if windows < MIN_EVAL_WINDOWS and d.eval_windows is None:
+        log.warning(
+            f"the validation split of data.path={name} holds {windows} window(s) of model.context={context} "
+            f"({eval_tokens:,} {unit}): eval/loss and eval/accuracy rest on them alone, too few to compare runs by; "
+            f"give a longer text (its last 10% is the validation split)"
+        )
 
 
 def text_data(d, *, context: int, vocab_size: int, global_batch: int, seed: int, with_index: bool, text=None):
@@ -85,6 +113,7 @@ def text_data(d, *, context: int, vocab_size: int, global_batch: int, seed: int,
                     f"{max(1, min(len(train), len(test)) - 1)} for this text)"
                 )
         token_bytes = tokenizer.token_bytes()
+        small_text_warnings(d, len(train), len(test), t, global_batch, unit)
     else:
         raise ConfigError(
             f"model=gpt trains on text, not data={d.name}; use data=tiny_shakespeare, data=text data.path=FILE "

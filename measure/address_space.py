@@ -67,11 +67,21 @@ def limit_malloc_arenas() -> Optional[int]:
     return MALLOC_ARENAS_UNDER_RLIMIT_AS if mallopt(M_ARENA_MAX, MALLOC_ARENAS_UNDER_RLIMIT_AS) == 1 else None
 
 
+def stack_bytes() -> int:
+    """Bytes of address space a thread's stack takes: ``RLIMIT_STACK`` (``ulimit -s``), glibc's 8 MiB when unlimited."""
+    stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    return DEFAULT_STACK_BYTES if stack == resource.RLIM_INFINITY else stack
+
+
 def runtime_bytes(cpu_devices: int) -> int:
     """Bytes of address space JAX's CPU runtime takes with ``cpu_devices`` simulated devices (the smallest run)."""
-    stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
-    stack = DEFAULT_STACK_BYTES if stack == resource.RLIM_INFINITY else stack
-    return RUNTIME_BASE_BYTES + stack * (THREADS_PER_DEVICE * cpu_devices + len(os.sched_getaffinity(0)))
+    return RUNTIME_BASE_BYTES + stack_bytes() * (THREADS_PER_DEVICE * cpu_devices + len(os.sched_getaffinity(0)))
+
+
+def ulimit_to_set(address_space_bytes: int) -> str:
+    """``ulimit -v N or more``: the RLIMIT_AS (KiB, rounded up to 10,000) of a process that needs
+    ``address_space_bytes`` in all, with ``LIMIT_MARGIN_BYTES`` to spare."""
+    return f"ulimit -v {-(-(address_space_bytes + LIMIT_MARGIN_BYTES) // 10_240_000) * 10_000} or more"
 
 
 def check_runtime_fits(cfg) -> None:
@@ -89,7 +99,7 @@ def check_runtime_fits(cfg) -> None:
     t = cfg.train  # fewer devices that fit and divide the global batch into microbatches (training.build.plan)
     divides = lambda m: t.per_device_batch or (t.global_batch or 256) % (m * t.accum_steps) == 0  # noqa: E731
     fewer = [m for m in range(1, n) if held + runtime_bytes(m) <= soft and divides(m)]
-    ways = f"ulimit -v {-(-(held + runtime_bytes(n) + LIMIT_MARGIN_BYTES) // 10_240_000) * 10_000} or more"
+    ways = ulimit_to_set(held + runtime_bytes(n))
     if fewer:
         mesh = f" mesh.devices={fewer[-1]}" if (cfg.mesh.devices or 0) > fewer[-1] else ""
         ways += f", or fewer simulated devices: runtime.cpu_devices={fewer[-1]}{mesh}"

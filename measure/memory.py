@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from core.errors import TrainingError, first_line
-from measure.address_space import gb, meminfo, under_rlimit_as
+from measure.address_space import gb, meminfo, stack_bytes, ulimit_to_set, under_rlimit_as
 
 # the figures of the last check (check_state_fits), for the line of an out-of-memory error that comes later
 _figures: dict[str, Any] = {}
@@ -35,6 +35,15 @@ _figures: dict[str, Any] = {}
 # 4 alike), so that a short context (128 tokens: 1.00 times the compiled peak) is not asked twice its room.
 CPU_RUNTIME_FACTOR = 2.0
 ATTENTION_COPIES = 4
+# on the CPU the state's build takes its bytes again beside it (the initialisation's temporaries: 2.1 times the state
+# of the ResNet on 8 simulated devices, 2.0 times the tiny GPT's, in address space, measured under ulimit -v)
+BUILD_COPIES = 2
+# what a way out offers has this much to spare: the process's size after compiling varies from run to run (the ViT at
+# 8 simulated devices under ulimit -v 1.5 GB: 1.07 to 1.20 GB), and the runtime's share with it
+OFFER_MARGIN = 0.1
+# threads started after the compilation (the steps', the evaluation's, the checkpoint's save): 6 to 7 measured on the
+# tiny GPT at 8 simulated devices (116 to 129 MB of address space beside a 10 MB state), 12 on the ViT; a stack each
+LATER_THREADS = 16
 
 
 def _read_int(path: Path) -> Optional[int]:
@@ -131,9 +140,11 @@ def check_state_fits(cfg, init_fn: Callable, state_shardings: Callable, devices:
         return
     free, source = found
     _figures.update(free=free, source=source)
-    if per_device * copies <= free:
+    build = BUILD_COPIES if cpu else 1
+    if per_device * copies * build <= free:
         return
     where = f"{gb(per_device * copies)} for the {copies} simulated CPU devices of this process" if copies > 1 else ""
+    where += f"{', ' if where else ''}twice that while it is built" if build > 1 else ""
     raise TrainingError(
         f"the model's parameters and optimizer state ({n_params:,} params) take {gb(per_device)} per device"
         f"{', ' + where if where else ''}, above the {gb(free)} free under {source}; "
@@ -154,17 +165,19 @@ def _state_ways(cfg, total: int, params: int, held: int, free: int, copies: int,
     microbatches, as ``training.build.plan`` asks), ``parallel=fsdp`` on real devices, SGD without moments, a smaller
     model."""
     ways, t, grads = [], cfg.train, params_held_bytes(held, params, total)  # as large as an SGD state
+    build = BUILD_COPIES if cpu else 1
     if cpu and copies == n > 1 and held >= copies * total * 0.99:  # replicated: a copy per device
         divides = lambda m: t.per_device_batch or (t.global_batch or 256) % (m * t.accum_steps) == 0  # noqa: E731
-        fit = [m for m in range(1, free // (total + params) + 1) if divides(m)]
+        fit = [m for m in range(1, free // max(build * total, total + params) + 1) if divides(m)]
         ways += [f"mesh.devices={fit[-1]} (a copy of {gb(total)} each)"] if fit else []
     if not cpu and n > 1 and cfg.parallel.name != "fsdp" and total / n <= free:
         ways.append(f"parallel=fsdp (about {gb(total / n)} per device on {n} devices)")
-    if cfg.optim.name == "adam" and 2 * grads <= free:
+    if cfg.optim.name == "adam" and 2 * grads <= free:  # (built: twice an SGD state, as large as the gradients)
         ways.append(f"optim=sgd (no moments: {gb(grads)} and as much for the gradients)")
-    fits = int(n_params * free / (held + grads))  # before any activations
-    ways.append(f"a smaller model (at most about {fits:,} params with their gradients)" if fits else "more memory")
-    return "ways out: " + "; ".join(ways)
+    fits = int(n_params * free / max(build * held, held + grads))  # before any activations
+    said = "built and with their gradients" if build * held > held + grads else "with their gradients"
+    ways += [f"a smaller model (at most about {fits:,} params, {said})"] if fits else []
+    return _ways(ways, max(build * held, held + grads + later_bytes()) - free)
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -202,7 +215,18 @@ def out_of_memory_line(error: BaseException, after_steps: bool = False) -> str:
             "command finishes from the newest checkpoint (or says the run is complete)"
         )
     asked = re.search(r"allocat\w* (\d+) bytes", str(error))
-    return _step_line(said, int(asked.group(1)) * _figures.get("copies", 1) if asked else None)
+    f = _figures
+    if asked is None and "free" in f and "step_temporaries" not in f:  # no size, before the step was compiled
+        now = memory_limit(f["device"])
+        fewer = f["copies"] > 1 and f["held"] > 1.01 * f["total"]  # replicated: a copy of the state per device
+        ways = [f"fewer simulated devices (each holds a copy of the state's {gb(f['total'])})"] if fewer else []
+        return (
+            f"{said} before the training step was compiled (building the state of {gb(f['held'])}, reading the data)"
+            + (f", under {now[1]}" if now else "")
+            + "; "
+            + _ways(ways, None)
+        )
+    return _step_line(said, int(asked.group(1)) * f.get("copies", 1) if asked else None)
 
 
 def check_step_fits(peak_bytes: Optional[int], gpt_dims: Any = None) -> None:
@@ -211,61 +235,149 @@ def check_step_fits(peak_bytes: Optional[int], gpt_dims: Any = None) -> None:
     the memory free beside the state now (the process has grown since ``check_state_fits``: the state, the compiled
     program, the runtime's threads): before the step runs out of it. On the CPU under ``RLIMIT_AS`` the step's
     temporaries count ``CPU_RUNTIME_FACTOR`` times (the runtime's own buffers beside XLA's), for a GPT
-    (``gpt_dims``: ``models.gpt.GPTDims``) at most ``ATTENTION_COPIES`` times one layer's attention scores more. None
-    (unknown): returns."""
+    (``gpt_dims``: ``models.gpt.GPTDims``) at most ``ATTENTION_COPIES`` times one layer's attention scores more, and
+    ``later_bytes`` come beside them. None (unknown): returns."""
     f = _figures
     if peak_bytes is None or "free" not in f:
         return
     now = memory_limit(f["device"])
     f["free"] = f["free"] if now is None else min(f["free"], now[0] + f["held"])  # the state is allocated by now
     f["source"] = f["source"] if now is None else now[1]
-    factor = CPU_RUNTIME_FACTOR if f["device"].platform == "cpu" and f["source"].startswith("RLIMIT_AS") else 1.0
-    temporaries = max(0, peak_bytes - f["per_device"])
-    extra = temporaries * (factor - 1)
+    t = f["cfg"].train
+    micro = (t.per_device_batch or (t.global_batch or 256) // f["n"]) // t.accum_steps
+    f["step_temporaries"], f["micro"] = max(0, peak_bytes - f["per_device"]), micro
+    needed = _needed(f["step_temporaries"], micro, gpt_dims)
+    if needed is not None:
+        raise TrainingError(
+            _step_line(f"out of memory: the compiled step needs {_said(peak_bytes, needed)}", _beside(needed))
+        )
+
+
+def _under_rlimit_as(f: dict) -> bool:
+    return f["device"].platform == "cpu" and f["source"].startswith("RLIMIT_AS")
+
+
+def later_bytes() -> int:
+    """Address space that comes, under ``RLIMIT_AS``, after the compilation beyond XLA's figures: the stacks of the
+    threads that the steps, the evaluation and the checkpoint's save start (``LATER_THREADS``) and a host copy of
+    the state for the save. 0 under another limit or before ``check_state_fits``."""
+    f = _figures
+    return f["total"] + LATER_THREADS * stack_bytes() if "free" in f and _under_rlimit_as(f) else 0
+
+
+def _needed(temporaries: int, micro: int, gpt_dims: Any, forward: bool = False) -> Optional[tuple[int, int, int]]:
+    """(the temporaries' bytes per device, the CPU runtime's extra of them, ``later_bytes``) when a step of
+    ``temporaries`` bytes per device (XLA's figure) and ``micro`` examples per device cannot fit beside the state on
+    every device of this process with ``later_bytes`` beside; None when they fit. ``forward``: an evaluation step, whose
+    runtime share is only a GPT's attention (a ViT's evaluation took XLA's figure, 381 MB for 8 devices)."""
+    f = _figures
+    factor = CPU_RUNTIME_FACTOR if _under_rlimit_as(f) else 1.0
+    extra = temporaries * (factor - 1) if not forward or gpt_dims is not None else 0
     if gpt_dims is not None and factor != 1.0:  # one layer's scores: microbatch x heads x context^2, float32
-        t = f["cfg"].train
-        micro = (t.per_device_batch or (t.global_batch or 256) // f["n"]) // t.accum_steps
-        scores = micro * gpt_dims.heads * gpt_dims.context**2 * 4
-        extra = min(extra, ATTENTION_COPIES * scores)
-    needed = f["per_device"] + temporaries + int(extra)  # per device
-    if needed * f["copies"] <= f["free"]:
-        return
+        extra = min(extra, ATTENTION_COPIES * micro * gpt_dims.heads * gpt_dims.context**2 * 4)
+    needed = (temporaries, int(extra), later_bytes())
+    return None if f["held"] + _beside(needed) <= f["free"] else needed
+
+
+def _said(peak_bytes: int, needed: tuple[int, int, int]) -> str:
+    """What a compiled step of ``peak_bytes`` per device needs, in words, with the runtime's share (``_needed``)."""
+    f, (temporaries, extra, later) = _figures, needed
     copies = f["copies"]
-    all_of_them = f", {gb(peak_bytes * copies)} for the {copies} simulated CPU devices of this process"
-    said = f"out of memory: the compiled step needs {gb(peak_bytes)} per device{all_of_them if copies > 1 else ''}"
+    said = f"{gb(peak_bytes)} per device" + (
+        f", {gb(peak_bytes * copies)} for the {copies} simulated CPU devices of this process" if copies > 1 else ""
+    )
     if extra:
         again = "about as much again" if extra == temporaries else f"about {gb(extra * copies)} more"
-        said += (
-            f", and the CPU runtime's own buffers (YNNPACK's, threads') {again} in address space: {gb(needed * copies)}"
-        )
-    raise TrainingError(_step_line(said, (needed - f["per_device"]) * copies))
+        said += f", and the CPU runtime's own buffers (YNNPACK's, threads') {again} in address space"
+    if later:
+        said += f", and {gb(later)} for threads to come and a copy of the state to save"
+    if extra or later:
+        said += f": {gb(f['held'] + _beside(needed))}"
+    return said
+
+
+def _beside(needed: tuple[int, int, int]) -> int:
+    """The bytes a step (``_needed``) and what comes after it take beside the state, all of this process's devices
+    together (the threads the steps start stay; measured beside a step, not after it)."""
+    return (needed[0] + needed[1]) * _figures["copies"] + needed[2]
+
+
+def check_eval_fits(eval_fn: Callable, params, eval_set, gpt_dims: Any = None) -> Callable:
+    """``eval_fn`` (the jitted evaluation step, ``(params, batch) -> sums``), or, where a batch of ``eval_set``
+    (``data.pipeline.EvalSet``) might not fit beside the state by the training step's figures (its temporaries, per
+    example, times the evaluation's examples per device: the forward pass alone takes less), the step compiled for
+    ``params`` and that batch after a check of its compiled peak, as ``check_step_fits`` does (raises TrainingError,
+    one line offering a smaller ``train.eval_batch``). Call after ``check_step_fits``."""
+    f = _figures
+    if "step_temporaries" not in f or not eval_set.batches:
+        return eval_fn
+    batch, eval_batch = eval_set.batches[0], eval_set.batch_size
+    per_device = max(1, eval_batch // f["n"])
+    if _needed(f["step_temporaries"] * per_device // max(1, f["micro"]), per_device, gpt_dims, True) is None:
+        return eval_fn
+    compiled = eval_fn.lower(params, batch).compile()
+    analysis = compiled.memory_analysis()
+    temporaries = getattr(analysis, "temp_size_in_bytes", None) if analysis is not None else None
+    needed = None if temporaries is None else _needed(temporaries, per_device, gpt_dims, True)
+    if needed is None:
+        return compiled
+    said = f"out of memory: the compiled evaluation step needs {_said(f['per_device'] + temporaries, needed)}"
+    room, beside = f["free"] - f["held"], _beside(needed)
+    scales = beside - needed[2]  # the temporaries scale with the batch, not the threads and the save's copy
+    fits = (room - needed[2]) / (1 + OFFER_MARGIN)
+    smaller = int(eval_batch * fits / scales) // f["n"] * f["n"] if scales > 0 and fits > 0 else 0
+    ways = (
+        [f"train.eval_batch={smaller} (it needs about {beside / max(1, room):.1f} times the room)"] if smaller else []
+    )
+    raise TrainingError(f"{said}; {_figures_said(f)}: " + _ways(ways, beside - room))
+
+
+def _figures_said(f: dict) -> str:
+    return (
+        f"the state takes {gb(f['per_device'])} per device ({gb(f['held'])} in all) of the {gb(f['free'])} free under "
+        + f["source"]
+    )
+
+
+def _ways(ways: list[str], shortfall: Optional[int]) -> str:
+    """ "ways out: ..." of ``ways`` and, under ``RLIMIT_AS``, the limit that leaves ``shortfall`` bytes more (None:
+    unknown, any higher limit), or a machine with more memory when there is no other."""
+    f = _figures
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if _under_rlimit_as(f) and soft != resource.RLIM_INFINITY:
+        more = ulimit_to_set(int((soft + max(0, shortfall)) * (1 + OFFER_MARGIN))) if shortfall is not None else None
+        more = more or f"more than ulimit -v {soft // 1024}"
+        ways.append(f"more address space: {more}")
+    return "ways out: " + "; ".join(ways or ["a smaller model, or a machine with more memory"])
 
 
 def _step_line(said: str, beside: Optional[int]) -> str:
     """``said``, the state's figures and the ways out for a step that needs ``beside`` bytes (all the process's
-    devices together; None: unknown, taken as twice the room) beside the state."""
+    devices together; None: unknown) beside the state."""
     f = _figures
     if "free" not in f:
         return f"{said}; use a smaller train.global_batch, or a machine with more memory"
     cfg, held, free, n = f["cfg"], f["held"], f["free"], f["n"]
-    figures = (
-        f"the state takes {gb(f['per_device'])} per device ({gb(held)} in all) of the {gb(free)} free under "
-        + (f["source"])
-    )
+    figures = _figures_said(f)
     room, gradients = free - held, params_held_bytes(held, f["params"], f["total"])
+    shortfall = None if beside is None else beside - room
     if room < gradients:  # not even the gradients fit beside the state
         fits = int(f["n_params"] * free / (held + gradients))
-        fewer = ", or fewer devices" if f["copies"] > 1 and held > 1.01 * f["total"] else ""  # replicated copies
-        return (
-            f"{said}; {figures}, leaving less than its gradients need; use a smaller model (at most about {fits:,} "
-            f"params with their gradients){fewer}"
-        )
-    need = beside / room if beside is not None else 2.0  # how many times too large (unknown: at least twice)
+        ways = [f"a smaller model (at most about {fits:,} params with their gradients)"]
+        if f["copies"] > 1 and held > 1.01 * f["total"]:  # replicated copies
+            global_batch = None if cfg.train.per_device_batch else (cfg.train.global_batch or 256)
+            ways += _fewer_devices(f, beside, global_batch, None) if beside is not None else ["fewer devices"]
+        return f"{said}; {figures}, leaving less than its gradients need; " + _ways(ways, shortfall)
+    # how many times too large; unknown (no size): at least twice, unless the compiled step's temporaries are a tenth
+    # of the room or less (accumulation would not shrink what ran out)
+    need = beside / room if beside is not None else 2.0
     factor, model, train = max(2, math.ceil(need)), cfg.model, cfg.train
     ways = []
     per_device = train.per_device_batch or (train.global_batch or 256) // n
     # accum_steps divides the per-device batch: the first at least factor times the current one
     accum = next((k for k in range(train.accum_steps * factor, per_device + 1) if per_device % k == 0), None)
+    if beside is None and f.get("step_temporaries", room) * f["copies"] * CPU_RUNTIME_FACTOR <= room / 10:
+        accum = None
     if accum is not None:
         ways.append(f"train.accum_steps={accum} (the same global batch in {accum} microbatches)")
     if beside is not None and f["copies"] == n > 1:  # simulated devices: fewer copies of the state leave more room
@@ -283,10 +395,8 @@ def _step_line(said: str, beside: Optional[int]) -> str:
         ways += ["precision=bf16"] if cfg.precision.name == "fp32" else []
     if f["copies"] == 1 and n > 1 and cfg.parallel.name != "fsdp" and need * room <= free - held / n:
         ways.append("parallel=fsdp")  # real devices: each keeps 1/n of the state
-    if not ways:
-        ways.append("a smaller model, or a machine with more memory")
     size = f"about {need:.1f} times" if beside is not None else "more than"
-    return f"{said}; {figures}: the step needs {size} the {gb(room)} left beside it; ways out: " + "; ".join(ways)
+    return f"{said}; {figures}: the step needs {size} the {gb(room)} left beside it; " + _ways(ways, shortfall)
 
 
 def _fewer_devices(f: dict, beside: int, global_batch: Optional[int], fewer_than: Optional[int]) -> list[str]:
@@ -295,17 +405,17 @@ def _fewer_devices(f: dict, beside: int, global_batch: Optional[int], fewer_than
     of the same global batch, which shrink as K grows (the microbatch of each device is global/(M K)). [] when none,
     when K would not be below ``fewer_than`` (the accumulation that fits on every device), or with a
     ``per_device_batch`` (``global_batch`` None)."""
-    accum = f["cfg"].train.accum_steps
-    activations = max(0, beside - params_held_bytes(f["held"], f["params"], f["total"]))
+    accum, later = f["cfg"].train.accum_steps, later_bytes()
+    activations = max(0, beside - later - params_held_bytes(f["held"], f["params"], f["total"]))
     for m in range(f["n"] - 1, 0, -1):
-        left = f["free"] - m * (f["per_device"] + f["params"])  # m copies of the state and of its gradients
+        left = f["free"] - later - m * (f["per_device"] + f["params"])  # m copies of the state and of its gradients
         if global_batch is None or global_batch % m or left <= 0:
             continue
         k = next(
             (
                 k
                 for k in range(accum, global_batch // m + 1)
-                if global_batch // m % k == 0 and activations * accum / k <= left
+                if global_batch // m % k == 0 and activations * accum / k * (1 + OFFER_MARGIN) <= left
             ),
             None,
         )

@@ -5,6 +5,8 @@ alone cannot fit (not after 40 s of building and a 22-line traceback), and for a
 from __future__ import annotations
 
 import json
+import math
+import re
 import subprocess
 import sys
 import time
@@ -15,15 +17,16 @@ import pytest
 
 from core.errors import TrainingError
 from measure import address_space, memory
+from measure.address_space import stack_bytes
 from training import process
 from utils import REPO, make_cfg
 
 
 @pytest.mark.unit
 def test_a_state_that_cannot_fit_is_one_line_before_anything_is_built(monkeypatch):
-    """8 simulated CPU devices each hold a copy of the replicated state in this process: above a (fake) limit of
-    10 MB, the line gives the bytes and the ways out that fit by them (4 devices, SGD's state, a smaller model), and
-    the state is never created."""
+    """8 simulated CPU devices each hold a copy of the replicated state in this process, and its build takes as much
+    again (the initialisation's temporaries): above a (fake) limit of 10 MB, the line gives the bytes and the ways out
+    that fit by them (2 devices, a smaller model), and the state is never created."""
     from parallel.base import ParallelMode
     from training.build import build, plan
 
@@ -35,21 +38,25 @@ def test_a_state_that_cannot_fit_is_one_line_before_anything_is_built(monkeypatc
         build(p)
     assert str(e.value) == (
         "the model's parameters and optimizer state (203,530 params) take 2.44 MB per device, 19.54 MB for the 8 "
-        "simulated CPU devices of this process, above the 10.00 MB free under a test limit; ways out: mesh.devices=2 "
-        "(a copy of 2.44 MB each); a smaller model (at most about 78,124 params with their gradients); a smaller "
-        "batch, model.remat, model.loss_chunk or bf16 shrink only the activations, not this state"
+        "simulated CPU devices of this process, twice that while it is built, above the 10.00 MB free under a test "
+        "limit; ways out: mesh.devices=2 (a copy of 2.44 MB each); a smaller model (at most about 52,082 params, "
+        "built and with their gradients); a smaller batch, model.remat, model.loss_chunk or bf16 shrink only the "
+        "activations, not this state"
     )
-    monkeypatch.setattr(memory, "memory_limit", lambda device: (20_000_000, "a test limit"))
-    monkeypatch.setattr(ParallelMode, "init_state", init_state)  # 19.54 MB fit in 20 MB: built
+    monkeypatch.setattr(memory, "memory_limit", lambda device: (39_000_000, "a test limit"))
+    with pytest.raises(TrainingError, match="twice that while it is built, above the 39.00 MB free"):
+        build(plan(make_cfg({"data": {"name": "synthetic"}, "wandb": {"mode": "disabled"}})))
+    monkeypatch.setattr(memory, "memory_limit", lambda device: (40_000_000, "a test limit"))
+    monkeypatch.setattr(ParallelMode, "init_state", init_state)  # twice 19.54 MB fit in 40 MB: built
     assert build(plan(make_cfg({"data": {"name": "synthetic"}, "wandb": {"mode": "disabled"}}))).state is not None
 
 
 @pytest.mark.unit
 def test_the_ways_out_of_a_state_too_large_work_when_followed(monkeypatch):
     """A device count is offered only when it divides the global batch into its microbatches (training.build.plan
-    refuses any other) and its copies fit with their gradients (as large as the params: 0.81 MB a copy here); SGD
-    only when its state and the gradients fit (6.51 MB each for 8 devices: 13.02 MB). Following the offered count
-    builds the run under the same limit."""
+    refuses any other) and its copies fit while they are built (twice 2.44 MB a copy here: more than a copy and its
+    gradients of 0.81 MB); SGD only when its state and the gradients fit (6.51 MB each for 8 devices: 13.02 MB).
+    Following the offered count builds the run under the same limit."""
     from parallel.base import ParallelMode
     from training.build import build, plan
 
@@ -61,12 +68,14 @@ def test_the_ways_out_of_a_state_too_large_work_when_followed(monkeypatch):
         return str(e.value).split("; ways out: ")[1].split("; ")[:-2]
 
     monkeypatch.setattr(ParallelMode, "init_state", lambda *a, **k: pytest.fail("the state was built"))
-    # 10 MB hold 3 copies of 3.26 MB (state and gradients): 256 is not divisible by 3, 24 is, not into 3 x 3
+    # 15 MB hold 3 copies of 4.88 MB (a state being built): 256 is not divisible by 3, 24 is, not into 3 x 3
+    sgd = "optim=sgd (no moments: 6.51 MB and as much for the gradients)"
     assert ways(10_000_000) == ["mesh.devices=2 (a copy of 2.44 MB each)"]
-    assert ways(10_000_000, global_batch=24) == ["mesh.devices=3 (a copy of 2.44 MB each)"]
-    assert ways(10_000_000, global_batch=24, accum_steps=3) == ["mesh.devices=2 (a copy of 2.44 MB each)"]
+    assert ways(15_000_000) == ["mesh.devices=2 (a copy of 2.44 MB each)", sgd]
+    assert ways(15_000_000, global_batch=24) == ["mesh.devices=3 (a copy of 2.44 MB each)", sgd]
+    assert ways(15_000_000, global_batch=24, accum_steps=3) == ["mesh.devices=2 (a copy of 2.44 MB each)", sgd]
     assert ways(13_100_000) == [
-        "mesh.devices=4 (a copy of 2.44 MB each)",
+        "mesh.devices=2 (a copy of 2.44 MB each)",
         "optim=sgd (no moments: 6.51 MB and as much for the gradients)",
     ]
     assert ways(13_000_000) == ["mesh.devices=2 (a copy of 2.44 MB each)"]  # 13.02 MB for SGD: not offered
@@ -97,7 +106,7 @@ def test_a_gpt_too_large_under_rlimit_as_stops_at_once_in_one_line(tmp_path):
     (line,) = proc.stderr.splitlines()
     head = (
         "error: the model's parameters and optimizer state (124,439,808 params) take 1.49 GB per device, 11.95 GB for "
-        "the 8 simulated CPU devices of this process, above the "
+        "the 8 simulated CPU devices of this process, twice that while it is built, above the "
     )
     assert line.startswith(head), line
     assert " GB free under RLIMIT_AS (ulimit -v) of 4.00 GB, " in line
@@ -105,10 +114,17 @@ def test_a_gpt_too_large_under_rlimit_as_stops_at_once_in_one_line(tmp_path):
     assert ways[0] == "mesh.devices=1 (a copy of 1.49 GB each)" and ways[1].startswith(
         "a smaller model (at most about "
     )
+    # or a limit with room for the state while it is built (twice its bytes), beside what is taken
+    taken = re.search(r", ([\d.]+) ([MG])B of it taken by the process", line)
+    taken = float(taken[1]) * (1e9 if taken[2] == "G" else 1e6)
+    state = 8 * 124_439_808 * 4 * 3  # Adam: params and two moments, float32, on 8 devices
+    needed = (taken + 2 * state) * 1.1 + 16 * 2**20  # with 10% to spare
+    kib = int(re.fullmatch(r"more address space: ulimit -v (\d+) or more", ways[2])[1])
+    assert -6_000_000 <= kib * 1024 - needed <= 10_240_000 + 6_000_000, (kib, needed)  # rounded up; taken to 5 MB
     assert (
-        ways[2] == "a smaller batch, model.remat, model.loss_chunk or bf16 shrink only the activations, not this state"
+        ways[3] == "a smaller batch, model.remat, model.loss_chunk or bf16 shrink only the activations, not this state"
     )
-    assert len(ways) == 3 and took_s < 60, (ways, took_s)
+    assert len(ways) == 4 and took_s < 60, (ways, took_s)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["error"] == line.removeprefix("error: ")
 
@@ -161,6 +177,14 @@ def test_an_allocation_that_fails_in_a_step_is_one_line_with_the_ways_that_fit(m
     with pytest.raises(RuntimeError, match="^dictionary changed"), disk_full_as_error(REPO):
         raise RuntimeError("dictionary changed size during iteration")  # not memory: its traceback goes on
     with pytest.raises(TrainingError) as thread, disk_full_as_error(REPO):  # a thread's stack under ulimit -v
+        raise RuntimeError("can't start new thread")
+    assert str(thread.value) == (  # no size, before the step was compiled: not the step's (nor accumulation's)
+        "out of memory (can't start new thread) before the training step was compiled (building the state of "
+        f"{memory.gb(held)}, reading the data), under a test limit; ways out: a smaller model, or a machine with "
+        "more memory"
+    )
+    memory._figures.update(step_temporaries=room // 2, micro=256)  # the step compiled: its temporaries half the room
+    with pytest.raises(TrainingError) as thread, disk_full_as_error(REPO):
         raise RuntimeError("can't start new thread")
     assert str(thread.value).startswith("out of memory (can't start new thread); the state takes ")
     assert ": the step needs more than the " in str(thread.value)  # no size known: no "about N times"
@@ -216,11 +240,12 @@ def test_a_step_too_large_for_every_simulated_device_offers_fewer_devices(monkey
 
     monkeypatch.setattr(process, "phase", "steps")
     cfg = make_cfg({"data": {"name": "synthetic"}})
-    monkeypatch.setattr(memory, "memory_limit", lambda device: (30_000_000, "a test limit"))
+    monkeypatch.setattr(memory, "memory_limit", lambda device: (40_000_000, "a test limit"))  # built: twice 19.54 MB
     graphdef, init_fn = state_init_fn(cfg, __import__("optax").adam(1e-3))
     devices = jax.devices()
     replicated = jax.sharding.NamedSharding(jax.sharding.Mesh(devices, ("data",)), jax.sharding.PartitionSpec())
     memory.check_state_fits(cfg, init_fn, lambda abstract: jax.tree.map(lambda _: replicated, abstract), devices)
+    memory._figures["free"] = 30_000_000  # for the steps
     with pytest.raises(TrainingError) as e, disk_full_as_error(REPO):
         raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 50000000 bytes.")
     assert str(e.value).endswith(
@@ -234,12 +259,26 @@ def test_a_step_too_large_for_every_simulated_device_offers_fewer_devices(monkey
     with pytest.raises(TrainingError) as e, disk_full_as_error(REPO):
         raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 50000000 bytes.")
     assert str(e.value).endswith(
-        "leaving less than its gradients need; use a smaller model (at most about 183,897 params with their gradients)"
+        "leaving less than its gradients need; ways out: a smaller model (at most about 183,897 params with their "
+        "gradients)"
     ), str(e.value)
     f.update(per_device=f["total"], held=8 * f["total"], free=8 * f["total"] + 500_000)  # replicated: 8 copies
-    with pytest.raises(TrainingError, match=r"params with their gradients\), or fewer devices$"):
+    # replicated: fewer copies leave room for the activations in more microbatches
+    with pytest.raises(TrainingError, match=r"params with their gradients\); mesh.devices=4 train.accum_steps=64 \("):
         with disk_full_as_error(REPO):
             raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 50000000 bytes.")
+
+
+def assert_limit_offered_fits(line: str) -> None:
+    """The ``ulimit -v`` a line offers holds what the process had taken and all the step needs beside its state,
+    with 10% to spare."""
+    n_bytes = lambda m: float(m[1]) * (1e9 if m[2] == "G" else 1e6)  # noqa: E731
+    needed = n_bytes(re.search(r": ([\d.]+) ([MG])B; the state takes", line))
+    taken = n_bytes(re.search(r", ([\d.]+) ([MG])B of it taken by the process", line))
+    kib = int(re.search(r"; more address space: ulimit -v (\d+) or more$", line)[1])
+    # with 10% to spare, rounded up to 10,000 KiB; the figures of the line to 5 MB each (GB with two decimals)
+    offered = (needed + taken) * 1.1 + 16 * 2**20
+    assert -11_000_000 <= kib * 1024 - offered <= 10_240_000 + 11_000_000, (kib, needed, taken)
 
 
 GPT_2048 = ("model=gpt", "model.size=tiny", "model.depth=1", "model.width=32", "model.heads=2", "model.context=2048")
@@ -258,9 +297,11 @@ def test_a_compiled_step_too_large_for_the_simulated_devices_stops_before_it_run
     assert line.startswith(
         "error: out of memory: the compiled step needs 3.34 GB per device, 26.69 GB for the 8 simulated CPU devices "
         "of this process, and the CPU runtime's own buffers (YNNPACK's, threads') about as much again in address "
-        "space: 53.38 GB; the state takes 1.04 MB per device (8.30 MB in all) of the "
+        "space, and 135.26 MB for threads to come and a copy of the state to save: 53.51 GB; the state takes 1.04 MB "
+        "per device (8.30 MB in all) of the "
     ), line
-    assert line.endswith("; ways out: train.accum_steps=32 (the same global batch in 32 microbatches)"), line
+    assert "; ways out: train.accum_steps=32 (the same global batch in 32 microbatches); more address space: " in line
+    assert_limit_offered_fits(line)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["error"] == line.removeprefix("error: ")
@@ -279,9 +320,10 @@ def test_a_step_whose_compiled_peak_fits_but_not_the_cpu_runtime_beside_it_stops
     assert line.startswith(
         "error: out of memory: the compiled step needs 423.57 MB per device, 3.39 GB for the 8 simulated CPU devices "
         "of this process, and the CPU runtime's own buffers (YNNPACK's, threads') about as much again in address "
-        "space: 6.77 GB; "
+        "space, and 135.26 MB for threads to come and a copy of the state to save: 6.90 GB; "
     ), line
-    assert "; ways out: train.accum_steps=16 (the same global batch in 16 microbatches)" in line, line
+    assert "; ways out: train.accum_steps=16 (the same global batch in 16 microbatches); more address" in line, line
+    assert_limit_offered_fits(line)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["error"] == line.removeprefix("error: ")
 
@@ -319,19 +361,27 @@ def test_under_rlimit_as_the_cpu_runtime_counts_beside_the_compiled_peak(monkeyp
     memory.check_step_fits(10_000_000 + int(0.6 * room))  # fits: XLA's figure alone
     as_limit = "RLIMIT_AS (ulimit -v) of 1.01 GB, 0.10 GB of it taken by the process"
     monkeypatch.setattr(memory, "memory_limit", lambda device: (room, as_limit))
+    # and beside them the threads still to come (16 stacks) and a copy of the state to save
+    later = memory.LATER_THREADS * stack_bytes() + 10_000_000
     with pytest.raises(TrainingError) as e:
         memory.check_step_fits(10_000_000 + int(0.6 * room))
-    assert "about as much again in address space: 1.21 GB; " in str(e.value)
-    assert "the step needs about 1.2 times the 1.00 GB left beside it; ways out: train.accum_steps=2 " in str(e.value)
-    memory.check_step_fits(10_000_000 + int(0.49 * room))  # twice 0.49 fits
+    assert memory.later_bytes() == later
+    said = f"about as much again in address space, and {memory.gb(later)} for threads to come and a copy of the state"
+    assert f"{said} to save: {memory.gb(10_000_000 + 2 * int(0.6 * room) + later)}; " in str(e.value)
+    times = (2 * int(0.6 * room) + later) / room
+    assert f"the step needs about {times:.1f} times the 1.00 GB left beside it; ways out: train.accum_steps=2 " in str(
+        e.value
+    )
+    memory.check_step_fits(10_000_000 + int(0.49 * (room - later)))  # twice 0.49 of what the later ones leave fits
     # a GPT: the runtime's share is at most 4 times one layer's attention scores (256 examples x 4 heads x 128^2 x
     # 4 bytes: 67.11 MB), not as much again as the temporaries (context 128 took 1.00 times the compiled peak)
     from models.gpt import resolve_dims
 
-    memory.check_step_fits(10_000_000 + int(0.6 * room), resolve_dims("tiny"))  # 0.6 + 0.27 of the room: fits
+    memory.check_step_fits(10_000_000 + int(0.55 * room), resolve_dims("tiny"))  # 0.55 + 0.27 + later: fits
     with pytest.raises(TrainingError) as e:
         memory.check_step_fits(10_000_000 + int(0.8 * room), resolve_dims("tiny"))
-    assert "(YNNPACK's, threads') about 268.44 MB more in address space: 1.08 GB; " in str(e.value)
+    assert "(YNNPACK's, threads') about 268.44 MB more in address space, and " in str(e.value)
+    memory._figures["free"] = limit
 
     ynn = "INTERNAL: YNNPACK operation failed: ..."
     monkeypatch.setattr(memory.resource, "getrlimit", lambda which: (6_000_000_000, memory.resource.RLIM_INFINITY))
@@ -415,3 +465,96 @@ def test_too_little_address_space_stops_train_py_in_one_line(tmp_path):
     assert "above the RLIMIT_AS (ulimit -v) of 500.00 MB; set ulimit -v " in line, line
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "failed"
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".hydra", ".lock", "summary.json", "train.log"]
+
+
+@pytest.mark.unit
+def test_an_evaluation_too_large_is_one_line_offering_a_batch_that_fits(monkeypatch):
+    """The evaluation's batch (``train.eval_batch``, not divided by ``train.accum_steps``) is checked after the
+    training step: compiled only where the step's temporaries per example, times its examples per device, might not
+    fit; then its compiled peak decides, and the line offers the largest ``train.eval_batch`` (a multiple of the
+    device count) that fits. Before: the tiny GPT under ``ulimit -v`` 1.5 GB at ``train.accum_steps=16`` trained,
+    then its evaluation (55 windows per device) aborted in C++."""
+    cfg = make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 8}})
+    memory._figures.clear()
+    memory._figures.update(per_device=1_000_000, held=8_000_000, params=300_000, copies=8, cfg=cfg, n=8)
+    memory._figures.update(total=1_000_000, n_params=75_000, device=jax.devices()[0])
+    memory._figures.update(free=108_000_000, source="a test limit", step_temporaries=1_000_000, micro=32)
+
+    class Eval:  # a jitted step: lowered and compiled on demand, with XLA's memory analysis
+        def __init__(self, temp_bytes: int):
+            self.temp_bytes, self.compiled = temp_bytes, 0
+
+        def lower(self, params, batch):
+            return self
+
+        def compile(self):
+            self.compiled += 1
+            return self
+
+        def memory_analysis(self):
+            return types.SimpleNamespace(temp_size_in_bytes=self.temp_bytes)
+
+    evals = types.SimpleNamespace(batches=["batch"], batch_size=256)  # 32 examples per device: as the step's
+    fits = Eval(1_000_000)
+    assert memory.check_eval_fits(fits, None, evals) is fits and fits.compiled == 0  # not compiled here
+    evals.batch_size = 8_000  # 1,000 per device: 31 times the step's temporaries might not fit in 100 MB
+    assert memory.check_eval_fits(fits, None, evals) is fits and fits.compiled == 1  # compiled: 1 MB fits
+    large = Eval(25_000_000)  # 200 MB for the 8 devices: twice the 100 MB beside the state
+    with pytest.raises(TrainingError) as e:
+        memory.check_eval_fits(large, None, evals)
+    assert str(e.value) == (
+        "out of memory: the compiled evaluation step needs 26.00 MB per device, 208.00 MB for the 8 simulated CPU "
+        "devices of this process; the state takes 1.00 MB per device (8.00 MB in all) of the 108.00 MB free under a "
+        "test limit: ways out: train.eval_batch=3632 (it needs about 2.0 times the room)"  # half, 10% to spare
+    )
+    evals.batch_size, large.temp_bytes = 3_632, 25_000_000 * 3_632 // 8_000  # followed: temporaries as the batch
+    assert memory.check_eval_fits(large, None, evals) is large
+
+
+@pytest.mark.unit
+def test_a_failure_without_a_size_offers_no_accumulation_that_would_not_shrink_it(monkeypatch):
+    """An allocation without a size (Python's MemoryError) after a step whose compiled temporaries are a tenth of the
+    room or less: more microbatches would not shrink what ran out (before: each run offered twice the current
+    accumulation, again and again); under RLIMIT_AS a higher limit is offered."""
+    from training.run import disk_full_as_error
+
+    monkeypatch.setattr(process, "phase", "steps")
+    cfg = make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 1}})
+    memory._figures.clear()
+    memory._figures.update(per_device=10_000_000, held=10_000_000, params=3_000_000, copies=1, cfg=cfg, n=1)
+    memory._figures.update(total=10_000_000, n_params=750_000, device=jax.devices()[0], micro=256)
+    memory._figures.update(free=110_000_000, source="a test limit", step_temporaries=4_000_000)
+
+    def line() -> str:
+        with pytest.raises(TrainingError) as e, disk_full_as_error(REPO):
+            raise MemoryError("Unable to allocate 766. KiB for an array with shape (1000, 28, 28, 1)")
+        return str(e.value)
+
+    assert line().endswith(
+        "the step needs more than the 100.00 MB left beside it; ways out: a smaller model, or a "
+        "machine with more memory"
+    )
+    memory._figures["step_temporaries"] = 6_000_000  # twice 6 MB: more than a tenth of the room
+    assert line().endswith("ways out: train.accum_steps=2 (the same global batch in 2 microbatches)")
+    memory._figures["source"] = "RLIMIT_AS (ulimit -v) of 6.00 GB, 5.89 GB of it taken by the process"
+    monkeypatch.setattr(memory.resource, "getrlimit", lambda which: (6_000_000_000, memory.resource.RLIM_INFINITY))
+    assert line().endswith("; more address space: more than ulimit -v 5859375")
+
+
+@pytest.mark.slow
+def test_an_evaluation_that_cannot_fit_is_one_line_and_the_batch_it_offers_trains(tmp_path):
+    """The tiny GPT on Tiny Shakespeare under ``ulimit -v`` 1.5 GB at ``train.accum_steps=16``: the training step
+    fits, the evaluation of 55 windows per device does not (before: it ran after the steps and aborted in C++). One
+    line at start-up, before any step, then the ``train.eval_batch`` it offers trains (about 3 minutes)."""
+    tiny = ("model=gpt", "model.size=tiny", "data=tiny_shakespeare", "train.accum_steps=16", "train.steps=2")
+    proc = train_under_rlimit_as(1_536_000_000, tmp_path / "run", *tiny)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("error: out of memory: the compiled evaluation step needs 118.44 MB per device, "), line
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    batch = int(re.search(r"; ways out: train\.eval_batch=(\d+) \(", line)[1])
+    assert 8 <= batch < 440 and batch % 8 == 0, line  # 435 windows padded to 440: smaller, on 8 devices
+    proc = train_under_rlimit_as(1_536_000_000, tmp_path / "again", *tiny, f"train.eval_batch={batch}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "again" / "summary.json").read_text())
+    assert summary["status"] == "ok" and math.isfinite(summary["eval/loss"]), summary

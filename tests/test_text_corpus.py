@@ -684,3 +684,30 @@ def test_two_processes_read_the_token_file_as_one(corpus, tmp_path):
     assert Path(s1["data/token_dir"]).name == Path(s2["data/token_dir"]).name  # the same corpus and tokenizer
     assert [p.name for p in (tmp_path / "c2" / "text").iterdir()] == [Path(s2["data/token_dir"]).name]  # no tmp
     assert abs(s1["eval/loss"] - s2["eval/loss"]) <= 1e-5 and abs(s1["eval/bpb"] - s2["eval/bpb"]) <= 1e-5
+
+
+@pytest.mark.unit
+def test_a_text_too_short_for_its_batch_or_its_evaluation_is_warned_with_the_figures(caplog):
+    """A 1,500-byte corpus trained silently (before): its train split (1,350 bytes) is smaller than one step's batch
+    of 256 x 128 tokens, and its validation split holds one window. One warning each, with the figures; none for
+    Tiny Shakespeare's splits, nor for a validation split the user capped (``data.eval_windows``)."""
+    import types
+
+    from data.load import MIN_EVAL_WINDOWS, small_text_warnings
+
+    d = types.SimpleNamespace(path="small.txt", name="text", eval_windows=None)
+    small_text_warnings(d, 1_350, 150, 128, 256, "bytes")
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "the train split of data.path=small.txt has 1,350 bytes, fewer than one step's batch of 256 x 128 = 32,768: "
+        "every step sees each of them about 24 times and the model memorises them; give a longer text, or a smaller "
+        "train.global_batch or model.context",
+        "the validation split of data.path=small.txt holds 1 window(s) of model.context=128 (150 bytes): eval/loss "
+        "and eval/accuracy rest on them alone, too few to compare runs by; give a longer text (its last 10% is the "
+        "validation split)",
+    ]
+    caplog.clear()
+    small_text_warnings(d, 1_003_854, 55_770, 128, 256, "bytes")  # Tiny Shakespeare: 435 validation windows
+    small_text_warnings(d, 32_768, MIN_EVAL_WINDOWS * 128 + 1, 128, 256, "bytes")  # exactly one batch; 10 windows
+    d.eval_windows = 1
+    small_text_warnings(d, 1_003_854, 150, 128, 256, "bytes")
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]

@@ -37,7 +37,7 @@ from measure.compiled import (
     state_bytes_per_device,
 )
 from measure.hardware import describes_device
-from measure.memory import check_step_fits, out_of_memory_as_error
+from measure.memory import check_eval_fits, check_step_fits, out_of_memory_as_error
 from measure.profiler import Profiler, check_window, explain_ratio
 from measure.rates import comm_time_model_s, perplexity, token_rates
 from measure.throughput import STARTUP, JobClock, TargetTracker, WindowStats, in_multirun
@@ -361,8 +361,7 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
         return Finished(finished)
     STARTUP.mark("checkpoint")
     info = static_info(cfg, p, exp, n_steps, source.steps_per_epoch)
-    if text is not None:
-        info.update(text_info(text, test))
+    info.update(text_info(text, test) if text is not None else {})
     # batches made on the devices: the split in device memory (data.on_device) or synthetic data generated there
     info["data/on_device"] = isinstance(source, (DeviceSource, SyntheticSource))
     if isinstance(source, DeviceSource):
@@ -377,7 +376,7 @@ def prepare(cfg: Config, run_dir: Path) -> Union[Prepared, Finished]:
         batches = dump_batch_indices(batches, run_dir / f"debug_indices_process{jax.process_index()}.jsonl", first_step)
     first = next(batches)
     STARTUP.mark("data")
-    lowered, compiled, peak_flops = compile_step(cfg, p, exp, first, info)
+    lowered, compiled, peak_flops = compile_step(cfg, p, exp, first, eval_set, info)
     process.raise_if_stopped()  # a signal during XLA's compilation (C++) that an interrupt did not end
     STARTUP.mark("compile")
     checkpoint.wait_for_orbax()  # no import beside the steps (it would take the interpreter lock from them)
@@ -447,11 +446,10 @@ def restore(
     return restored, restored.step, None
 
 
-def compile_step(cfg: Config, p: Plan, exp: Experiment, first, info: dict[str, Any]):
-    """Lowers and compiles the train step for ``first``'s shapes (one line when its peak cannot fit, before it runs
-    out of memory); adds compile time, ``comm/*``, ``mem/*``, ``perf/flops_*`` and the modelled communication time
-    to ``info``. Returns ``(lowered, compiled, peak FLOP/s or None)``; ``perf/startup/compile_cache`` says whether
-    the persistent compilation cache held the step (hit, miss, off)."""
+def compile_step(cfg: Config, p: Plan, exp: Experiment, first, eval_set, info: dict[str, Any]):
+    """Compiles the train step for ``first``'s shapes (one line when its peak, or the evaluation's on ``eval_set``,
+    cannot fit); adds compile time, ``comm/*``, ``mem/*``, ``perf/flops_*``, the modelled communication time to
+    ``info``. Returns ``(lowered, compiled, peak FLOP/s or None)``; ``perf/startup/compile_cache``: hit, miss, off."""
     device = p.devices[0]
     t0 = time.perf_counter()
     lowered = exp.steps.train.lower(exp.state, first)
@@ -460,7 +458,9 @@ def compile_step(cfg: Config, p: Plan, exp: Experiment, first, info: dict[str, A
     info["perf/compile_time_s"] = time.perf_counter() - t0
     info["perf/startup/compile_cache"] = cache.outcome()
     info.update(compiled_step_metrics(lowered, compiled, exp.mode.num_devices))
-    check_step_fits(info.get("mem/compiled_peak_bytes_per_device"), gpt_dims(cfg) if exp.local.tokens else None)
+    dims = gpt_dims(cfg) if exp.local.tokens else None
+    check_step_fits(info.get("mem/compiled_peak_bytes_per_device"), dims)
+    exp.steps.eval = check_eval_fits(exp.steps.eval, exp.state.params, eval_set, dims)  # compiled where it may not fit
     if exp.local.tokens:  # the model FLOPs of MFU replace XLA's count, which includes rematerialised work
         if "perf/flops_per_step_per_device" in info:
             info["perf/flops_per_step_per_device_xla"] = info["perf/flops_per_step_per_device"]
