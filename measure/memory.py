@@ -302,7 +302,7 @@ def _beside(needed: tuple[int, int, int]) -> int:
     return (needed[0] + needed[1]) * _figures["copies"] + needed[2]
 
 
-def check_eval_fits(eval_fn: Callable, params, eval_set, gpt_dims: Any = None) -> Callable:
+def check_eval_fits(eval_fn: Any, params, eval_set, gpt_dims: Any = None) -> Callable:
     """``eval_fn`` (the jitted evaluation step, ``(params, batch) -> sums``), or, where a batch of ``eval_set``
     (``data.pipeline.EvalSet``) might not fit beside the state by the training step's figures (its temporaries, per
     example, times the evaluation's examples per device: the forward pass alone takes less), the step compiled for

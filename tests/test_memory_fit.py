@@ -552,7 +552,7 @@ def test_an_evaluation_that_cannot_fit_is_one_line_and_the_batch_it_offers_train
     (line,) = proc.stderr.splitlines()
     assert line.startswith("error: out of memory: the compiled evaluation step needs 118.44 MB per device, "), line
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
-    batch = int(re.search(r"; ways out: train\.eval_batch=(\d+) \(", line)[1])
+    batch = int(re.search(r": ways out: train\.eval_batch=(\d+) \(", line)[1])
     assert 8 <= batch < 440 and batch % 8 == 0, line  # 435 windows padded to 440: smaller, on 8 devices
     proc = train_under_rlimit_as(1_536_000_000, tmp_path / "again", *tiny, f"train.eval_batch={batch}")
     assert proc.returncode == 0, proc.stderr[-3000:]
