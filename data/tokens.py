@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import socket
 import threading
@@ -312,16 +313,23 @@ def cached_bpe(cache_dir: str, fingerprint: str, vocab_size: int, pieces) -> HFT
     """The BPE cached for (``fingerprint``, ``vocab_size``), else trained on ``pieces()`` (a function returning the
     training split's pieces) and cached (a cache folder that cannot be written only loses the cache)."""
     check_vocab_size(vocab_size)
-    path = bpe_cache_path(cache_dir, fingerprint, vocab_size)
+    path, tokenizer = bpe_cache_path(cache_dir, fingerprint, vocab_size), None
     if path.is_file():
         try:
-            return load_tokenizer_file(path, "the cached tokenizer")
+            tokenizer = load_tokenizer_file(path, "the cached tokenizer")
         except DataError:
             pass  # a broken cache entry: trained again below
-    tokenizer = train_bpe(pieces(), vocab_size)
-    try:
-        write_atomic(path, tokenizer.to_json() or "")
-    except OSError:
-        pass
-    tokenizer.path = path
+    if tokenizer is None:
+        tokenizer = train_bpe(pieces(), vocab_size)
+        try:
+            write_atomic(path, tokenizer.to_json() or "")
+        except OSError:
+            pass
+        tokenizer.path = path
+    if tokenizer.vocab_size < vocab_size:  # a sweep over data.vocab_size would compare the same vocabulary
+        logging.getLogger("data.text").warning(
+            f"data.vocab_size={vocab_size}: the BPE learned only {tokenizer.vocab_size} tokens from this text (it "
+            f"holds no more merges); the model's vocabulary is {tokenizer.vocab_size}, and a larger data.vocab_size "
+            f"gives the same tokenizer"
+        )
     return tokenizer

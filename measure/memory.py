@@ -11,6 +11,8 @@ offers are the ones that fit by these figures.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import re
 import resource
@@ -21,6 +23,7 @@ import jax
 import numpy as np
 
 from core.errors import TrainingError, first_line
+from measure.compiled import compiled_peak_bytes
 from measure.address_space import gb, meminfo, stack_bytes, ulimit_to_set, under_rlimit_as
 
 # the figures of the last check (check_state_fits), for the line of an out-of-memory error that comes later
@@ -41,6 +44,7 @@ BUILD_COPIES = 2
 # what a way out offers has this much to spare: the process's size after compiling varies from run to run (the ViT at
 # 8 simulated devices under ulimit -v 1.5 GB: 1.07 to 1.20 GB), and the runtime's share with it
 OFFER_MARGIN = 0.1
+OFFER_SPARE_BYTES = 64 << 20  # and under ulimit -v this much (the MLP's process at 8, then 4 devices: 875, 931 MB)
 # threads started after the compilation (the steps', the evaluation's, the checkpoint's save): 6 to 7 measured on the
 # tiny GPT at 8 simulated devices (116 to 129 MB of address space beside a 10 MB state), 12 on the ViT; a stack each
 LATER_THREADS = 16
@@ -177,7 +181,7 @@ def _state_ways(cfg, total: int, params: int, held: int, free: int, copies: int,
     fits = int(n_params * free / max(build * held, held + grads))  # before any activations
     said = "built and with their gradients" if build * held > held + grads else "with their gradients"
     ways += [f"a smaller model (at most about {fits:,} params, {said})"] if fits else []
-    return _ways(ways, max(build * held, held + grads + later_bytes()) - free)
+    return _ways(ways, max(build * held, held + grads) + later_bytes() - free)  # (what the build took stays mapped)
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -229,17 +233,21 @@ def out_of_memory_line(error: BaseException, after_steps: bool = False) -> str:
     return _step_line(said, int(asked.group(1)) * f.get("copies", 1) if asked else None)
 
 
-def check_step_fits(peak_bytes: Optional[int], gpt_dims: Any = None) -> None:
+def check_step_fits(
+    peak_bytes: Optional[int], gpt_dims: Any = None, peak_at: Optional[Callable[[int], Optional[int]]] = None
+) -> None:
     """Raises TrainingError (one line, as ``out_of_memory_line``) when the compiled step's ``peak_bytes`` per device
     (``mem/compiled_peak_bytes_per_device``: state, batch and temporaries) on each of this process's devices exceed
     the memory free beside the state now (the process has grown since ``check_state_fits``: the state, the compiled
     program, the runtime's threads): before the step runs out of it. On the CPU under ``RLIMIT_AS`` the step's
     temporaries count ``CPU_RUNTIME_FACTOR`` times (the runtime's own buffers beside XLA's), for a GPT
     (``gpt_dims``: ``models.gpt.GPTDims``) at most ``ATTENTION_COPIES`` times one layer's attention scores more, and
-    ``later_bytes`` come beside them. None (unknown): returns."""
+    ``later_bytes`` come beside them. None (unknown): returns. ``peak_at``: ``train.accum_steps`` -> the compiled
+    peak per device at that count (``accumulation_peaks``), to offer only an accumulation that fits."""
     f = _figures
     if peak_bytes is None or "free" not in f:
         return
+    f["gpt_dims"] = gpt_dims
     now = memory_limit(f["device"])
     f["free"] = f["free"] if now is None else min(f["free"], now[0] + f["held"])  # the state is allocated by now
     f["source"] = f["source"] if now is None else now[1]
@@ -247,14 +255,36 @@ def check_step_fits(peak_bytes: Optional[int], gpt_dims: Any = None) -> None:
     micro = (t.per_device_batch or (t.global_batch or 256) // f["n"]) // t.accum_steps
     f["step_temporaries"], f["micro"] = max(0, peak_bytes - f["per_device"]), micro
     needed = _needed(f["step_temporaries"], micro, gpt_dims)
+    f["peak_at"] = peak_at if needed is not None else None  # (an allocation that fails in a step: nothing compiled)
     if needed is not None:
         raise TrainingError(
             _step_line(f"out of memory: the compiled step needs {_said(peak_bytes, needed)}", _beside(needed))
         )
 
 
+def accumulation_peaks(exp: Any, batch: Any) -> Callable[[int], Optional[int]]:
+    """``k ->`` the compiled peak bytes per device of the train step of ``exp`` (``training.build.Experiment``) at
+    ``train.accum_steps=k`` on ``batch`` (the same global batch): compiled, never run; None without XLA's analysis."""
+
+    def peak(k: int) -> Optional[int]:
+        mode = copy.copy(exp.mode)
+        mode.accum_steps = k
+        local = dataclasses.replace(exp.local, accum_steps=k)
+        steps = mode.build(local, exp.updater, jax.eval_shape(lambda s: s, exp.state), feed=exp.feed)
+        compiled = steps.train.lower(exp.state, batch).compile()
+        return compiled_peak_bytes(compiled)["peak_bytes"] if compiled.memory_analysis() is not None else None
+
+    return peak
+
+
 def _under_rlimit_as(f: dict) -> bool:
     return f["device"].platform == "cpu" and f["source"].startswith("RLIMIT_AS")
+
+
+def _spare() -> int:
+    """What an offered way keeps to spare beyond ``OFFER_MARGIN``: ``OFFER_SPARE_BYTES`` under ``RLIMIT_AS`` (the
+    process's size varies from run to run), else 0."""
+    return OFFER_SPARE_BYTES if _under_rlimit_as(_figures) else 0
 
 
 def later_bytes() -> int:
@@ -270,13 +300,17 @@ def _needed(temporaries: int, micro: int, gpt_dims: Any, forward: bool = False) 
     ``temporaries`` bytes per device (XLA's figure) and ``micro`` examples per device cannot fit beside the state on
     every device of this process with ``later_bytes`` beside; None when they fit. ``forward``: an evaluation step, whose
     runtime share is only a GPT's attention (a ViT's evaluation took XLA's figure, 381 MB for 8 devices)."""
-    f = _figures
-    factor = CPU_RUNTIME_FACTOR if _under_rlimit_as(f) else 1.0
+    needed = _step_bytes(temporaries, micro, gpt_dims, forward)
+    return None if _figures["held"] + _beside(needed) <= _figures["free"] else needed
+
+
+def _step_bytes(temporaries: int, micro: int, gpt_dims: Any, forward: bool = False) -> tuple[int, int, int]:
+    """``_needed``'s figures, whether they fit or not."""
+    factor = CPU_RUNTIME_FACTOR if _under_rlimit_as(_figures) else 1.0
     extra = temporaries * (factor - 1) if not forward or gpt_dims is not None else 0
     if gpt_dims is not None and factor != 1.0:  # one layer's scores: microbatch x heads x context^2, float32
         extra = min(extra, ATTENTION_COPIES * micro * gpt_dims.heads * gpt_dims.context**2 * 4)
-    needed = (temporaries, int(extra), later_bytes())
-    return None if f["held"] + _beside(needed) <= f["free"] else needed
+    return temporaries, int(extra), later_bytes()
 
 
 def _said(peak_bytes: int, needed: tuple[int, int, int]) -> str:
@@ -324,7 +358,7 @@ def check_eval_fits(eval_fn: Any, params, eval_set, gpt_dims: Any = None) -> Cal
     said = f"out of memory: the compiled evaluation step needs {_said(f['per_device'] + temporaries, needed)}"
     room, beside = f["free"] - f["held"], _beside(needed)
     scales = beside - needed[2]  # the temporaries scale with the batch, not the threads and the save's copy
-    fits = (room - needed[2]) / (1 + OFFER_MARGIN)
+    fits = (room - needed[2] - _spare()) / (1 + OFFER_MARGIN)
     smaller = int(eval_batch * fits / scales) // f["n"] * f["n"] if scales > 0 and fits > 0 else 0
     ways = (
         [f"train.eval_batch={smaller} (it needs about {beside / max(1, room):.1f} times the room)"] if smaller else []
@@ -371,16 +405,20 @@ def _step_line(said: str, beside: Optional[int]) -> str:
     # how many times too large; unknown (no size): at least twice, unless the compiled step's temporaries are a tenth
     # of the room or less (accumulation would not shrink what ran out)
     need = beside / room if beside is not None else 2.0
-    factor, model, train = max(2, math.ceil(need)), cfg.model, cfg.train
+    later = later_bytes() if beside is not None else 0  # (the threads and the save's copy: not microbatched)
+    shrinks = (beside - later) / (room - later) if beside is not None and room > later else need
+    factor, model, train = max(2, math.ceil(shrinks)), cfg.model, cfg.train
     ways = []
     per_device = train.per_device_batch or (train.global_batch or 256) // n
-    # accum_steps divides the per-device batch: the first at least factor times the current one
-    accum = next((k for k in range(train.accum_steps * factor, per_device + 1) if per_device % k == 0), None)
+    # accum_steps divides the per-device batch: the first at least factor times the current one, compiled to see that
+    # it fits where the compiled step can be (its peak shrinks less than the microbatch: weights, gradients, buffers)
+    counts = [k for k in range(train.accum_steps * factor, per_device + 1) if per_device % k == 0]
+    accum = _fitting_accumulation(counts, per_device) if room > later else None
     if beside is None and f.get("step_temporaries", room) * f["copies"] * CPU_RUNTIME_FACTOR <= room / 10:
         accum = None
     if accum is not None:
         ways.append(f"train.accum_steps={accum} (the same global batch in {accum} microbatches)")
-    if beside is not None and f["copies"] == n > 1:  # simulated devices: fewer copies of the state leave more room
+    if beside is not None and f["copies"] == n > 1 and f["held"] > 1.01 * f["total"]:  # fewer copies of the state
         ways += _fewer_devices(f, beside, None if train.per_device_batch else per_device * n, fewer_than=accum)
     # each of these at least halves a transformer's activations on an accelerator: offered where activations are most
     # of what the step needs beside the state (more than 4x the gradients' bytes) and, for the chunked loss, a
@@ -399,6 +437,31 @@ def _step_line(said: str, beside: Optional[int]) -> str:
     return f"{said}; {figures}: the step needs {size} the {gb(room)} left beside it; " + _ways(ways, shortfall)
 
 
+def _fitting_accumulation(counts: list[int], per_device: int) -> Optional[int]:
+    """The first of ``counts`` (``train.accum_steps``, ascending) whose compiled step fits beside the state with
+    ``OFFER_MARGIN`` to spare, compiled by the step's ``peak_at`` (``check_step_fits``; at most two compiles: the
+    first count, then the first at least as many times larger as it fell short); None when neither fits or the peak
+    did not shrink. Without ``peak_at`` (an allocation that failed in a step): the first count, as estimated."""
+    f = _figures
+    peak_at = f.get("peak_at")
+    if peak_at is None or not counts:
+        return counts[0] if counts else None
+    k, last = counts[0], None
+    for _ in range(2):
+        peak = peak_at(k)
+        if peak is None:
+            return k
+        temporaries = int(max(0, peak - f["per_device"]) * (1 + OFFER_MARGIN))
+        needed = _step_bytes(temporaries, per_device // k, f.get("gpt_dims"))
+        if f["held"] + _beside(needed) + _spare() <= f["free"]:
+            return k
+        if last is not None and peak > 0.9 * last:  # accumulation does not shrink this step
+            return None
+        short = _beside(needed) / max(1, f["free"] - f["held"])
+        last, k = peak, next((c for c in counts if c >= k * max(2, math.ceil(short))), counts[-1])
+    return None
+
+
 def _fewer_devices(f: dict, beside: int, global_batch: Optional[int], fewer_than: Optional[int]) -> list[str]:
     """``mesh.devices=M train.accum_steps=K`` for the most simulated devices M that fit a step needing ``beside``
     bytes (all devices together) beside the state: M copies of the state and of its gradients, and the activations
@@ -409,6 +472,7 @@ def _fewer_devices(f: dict, beside: int, global_batch: Optional[int], fewer_than
     activations = max(0, beside - later - params_held_bytes(f["held"], f["params"], f["total"]))
     for m in range(f["n"] - 1, 0, -1):
         left = f["free"] - later - m * (f["per_device"] + f["params"])  # m copies of the state and of its gradients
+        left -= _spare()
         if global_batch is None or global_batch % m or left <= 0:
             continue
         k = next(

@@ -96,7 +96,10 @@ def check_rules(rules) -> list[tuple[str, Any]]:
         try:
             re.compile(regex)
         except re.error as e:
-            raise ConfigError(f"{text}: the regex does not compile ({e})") from None
+            raise ConfigError(
+                f"{text}: the regex does not compile ({e}); write it in Python's re syntax, with a literal ( ) [ ] . "
+                f"+ * ? escaped by a backslash, e.g. ['fc1/kernel$', 1]"
+            ) from None
         if not (dim is None or dim == LARGEST or (isinstance(dim, int) and not isinstance(dim, bool))):
             raise ConfigError(f"{text}: dim must be an integer, null (replicate) or 'largest'")
         out.append((regex, dim))

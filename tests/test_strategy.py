@@ -123,7 +123,7 @@ def test_rule_dim_first_fitting_rule_wins():
     "rules,message",
     [
         ([["hidden"]], r"parallel.fsdp_rules\[0\]=\['hidden'\] must be a pair \[regex, dim\]"),
-        ([["(", 0]], r"parallel.fsdp_rules\[0\]=\['\(', 0\]: the regex does not compile"),
+        ([["(", 0]], r"parallel.fsdp_rules\[0\]=\['\(', 0\]: the regex does not compile \(.*\); write it in "),
         ([["x", "first"]], r"parallel.fsdp_rules\[0\]=\['x', 'first'\]: dim must be an integer, null"),
     ],
 )

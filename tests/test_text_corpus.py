@@ -711,3 +711,25 @@ def test_a_text_too_short_for_its_batch_or_its_evaluation_is_warned_with_the_fig
     d.eval_windows = 1
     small_text_warnings(d, 1_003_854, 150, 128, 256, "bytes")
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+@pytest.mark.unit
+def test_a_bpe_that_learns_fewer_tokens_than_asked_is_warned_when_trained_and_when_cached(tmp_path, caplog):
+    """``data.vocab_size=30000`` on 20 kB of Tiny Shakespeare: the BPE learned 2,540 tokens and the model used 2,540
+    silently (a sweep over ``data.vocab_size`` would compare the same vocabulary). One warning with both figures,
+    trained or read from the cache; none when the text gives every token asked for."""
+    from data.tokens import cached_bpe
+
+    text = TEXT * 50
+    for attempt in ("trained", "cached"):
+        caplog.clear()
+        bpe = cached_bpe(str(tmp_path), "f" * 32, 30_000, lambda: [text])
+        assert 256 < bpe.vocab_size < 30_000
+        assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+            f"data.vocab_size=30000: the BPE learned only {bpe.vocab_size} tokens from this text (it holds no more "
+            f"merges); the model's vocabulary is {bpe.vocab_size}, and a larger data.vocab_size gives the same "
+            f"tokenizer"
+        ], attempt
+    caplog.clear()
+    assert cached_bpe(str(tmp_path), "f" * 32, 300, lambda: [text]).vocab_size == 300
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]

@@ -92,9 +92,9 @@ def start(cfg: DictConfig, hc, run_dir: Path) -> Optional[Job]:
         line = import_failure_line(e) if isinstance(e, ImportError) else str(e)
         if line is None:
             raise
-        console(f"error: {line}")  # once per job: every process of a multi-process job gets the same config
-        if process.speaks():  # process 0 writes the job's summary (an earlier run's is kept)
+        if process.speaks():  # process 0 writes the job's summary (an earlier run's is kept: its warning first)
             write_summary(run_dir, {"status": "failed", "error": line})
+        console(f"error: {line}")  # once per job: every process of a multi-process job gets the same config
         if hc.mode != RunMode.MULTIRUN:
             sys.exit(1)
         return None  # in a sweep the failure is recorded and the sweep goes on (it exits 1 at the end)

@@ -37,7 +37,7 @@ from measure.compiled import (
     state_bytes_per_device,
 )
 from measure.hardware import describes_device
-from measure.memory import check_eval_fits, check_step_fits, out_of_memory_as_error
+from measure.memory import accumulation_peaks, check_eval_fits, check_step_fits, out_of_memory_as_error
 from measure.profiler import Profiler, check_window, explain_ratio
 from measure.rates import comm_time_model_s, perplexity, token_rates
 from measure.throughput import STARTUP, JobClock, TargetTracker, WindowStats, in_multirun
@@ -113,8 +113,7 @@ def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None
         peers.await_peer_death(0.0)  # a dead peer's own line is the job's
         status = "stopped" if isinstance(e, Stopped) else "failed"  # saved and stopped on a signal
         peers.finished(status, line)
-        console(f"error: {line}")
-        _close_after_error(reporter, {**describe(cfg), "status": status, "error": line})
+        _close_after_error(reporter, {**describe(cfg), "status": status, "error": line}, f"error: {line}")
         checkpoint.release_claim()  # a checkpoint folder this run made and never wrote goes now (a sweep's next job)
         return False
     except BaseException as e:
@@ -144,8 +143,7 @@ def run_and_report(cfg: Config, run_dir: Path, startup: Optional[Startup] = None
             reporter.summary(summary)
     except TrainingError as e:  # the run trained, but its summary.json does not fit on the disk
         peers.finished("failed", str(e))
-        console(f"error: {e}")
-        _close_after_error(reporter, {**summary, "status": "failed", "error": str(e)})
+        _close_after_error(reporter, {**summary, "status": "failed", "error": str(e)}, f"error: {e}")
         return False
     reporter.close(exit_code=0)
     peers.finished("ok")
@@ -205,13 +203,15 @@ def disk_full_as_error(run_dir: Path) -> Iterator[None]:
         raise TrainingError(f"a write failed ({error_text(e)}); {fix}, then run the same command") from None
 
 
-def _close_after_error(reporter: Reporter, summary: dict) -> None:
-    """Writes a failed run's summary and closes its files and W&B run. A disk that cannot take them (the run's error
-    may be that disk filling up) adds nothing beside the error line: it is logged, without a traceback."""
+def _close_after_error(reporter: Reporter, summary: dict, said: str) -> None:
+    """Writes a failed run's summary, says ``said`` (after a warning of its writing: an earlier summary kept), and
+    closes its files and W&B run. A disk that cannot take them (the run's error may be that disk filling up) adds
+    nothing beside the error line: it is logged, without a traceback."""
     try:
         reporter.summary(summary)
     except OSError as e:
         log.info("summary.json could not be written: %s", error_text(e))
+    console(said)
     try:
         reporter.close(exit_code=1)
     except OSError as e:
@@ -459,7 +459,7 @@ def compile_step(cfg: Config, p: Plan, exp: Experiment, first, eval_set, info: d
     info["perf/startup/compile_cache"] = cache.outcome()
     info.update(compiled_step_metrics(lowered, compiled, exp.mode.num_devices))
     dims = gpt_dims(cfg) if exp.local.tokens else None
-    check_step_fits(info.get("mem/compiled_peak_bytes_per_device"), dims)
+    check_step_fits(info.get("mem/compiled_peak_bytes_per_device"), dims, accumulation_peaks(exp, first))
     exp.steps.eval = check_eval_fits(exp.steps.eval, exp.state.params, eval_set, dims)  # compiled where it may not fit
     if exp.local.tokens:  # the model FLOPs of MFU replace XLA's count, which includes rematerialised work
         if "perf/flops_per_step_per_device" in info:
