@@ -419,7 +419,8 @@ def evaluate_checkpoint(path: Path, overrides: Sequence[str] = (), best: bool = 
     setup_runtime(_step_config(step_dir, overrides)).raise_error()
 
     from data.pipeline import make_eval_set
-    from training.build import build, plan
+    from measure.memory import check_eval_fits
+    from training.build import build, gpt_dims, plan
     from training.hooks import evaluate
 
     built: dict = {}  # each step is built from its own config; steps of one config share one build
@@ -443,6 +444,8 @@ def evaluate_checkpoint(path: Path, overrides: Sequence[str] = (), best: bool = 
     if change:  # a text file edited since: its validation split is not the one the run evaluated on
         log.warning(f"evaluating {step_dir} on other data than it was trained on ({change})")
     eval_set = make_eval_set(test, cfg.train.eval_batch, exp.mode.num_devices, exp.mode.batch_layout())
+    dims = gpt_dims(cfg) if exp.local.tokens else None  # one line when its batch cannot fit (train.eval_batch=N)
+    exp.steps.eval = check_eval_fits(exp.steps.eval, restored.state.params, eval_set, dims)
     text = cfg.model.name == "gpt" and cfg.data.name in ("tiny_shakespeare", "text")
     metrics = evaluate(exp, restored.state.params, eval_set, getattr(test, "bytes_per_token", None) if text else None)
     return {**metrics, "step": restored.step, "examples": eval_set.num_examples, "checkpoint": str(step_dir)}
@@ -487,6 +490,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    from measure.address_space import limit_malloc_arenas
     from training import process
 
+    limit_malloc_arenas()  # under ulimit -v, before JAX's threads start
     process.run_tool(main)

@@ -178,6 +178,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    from measure.address_space import limit_malloc_arenas
     from training import process
 
+    limit_malloc_arenas()  # under ulimit -v, before JAX's threads start
     process.run_tool(main)

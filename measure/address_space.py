@@ -48,22 +48,27 @@ def under_rlimit_as() -> bool:
     return resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
 
 
-M_ARENA_MAX = -8  # glibc's malloc.h
+M_ARENA_MAX, M_MMAP_THRESHOLD = -8, -3  # glibc's malloc.h
 MALLOC_ARENAS_UNDER_RLIMIT_AS = 2  # MALLOC_ARENA_MAX=2: 0.85 GB of VmSize after compiling a GPT, not 1.76 GB
+MMAP_THRESHOLD_BYTES = 128 << 10  # glibc's default, held fixed: freed buffers give their address space back
 
 
 def limit_malloc_arenas() -> Optional[int]:
     """Under ``RLIMIT_AS`` caps glibc's malloc arenas at ``MALLOC_ARENAS_UNDER_RLIMIT_AS`` (``mallopt(M_ARENA_MAX)``,
     as ``MALLOC_ARENA_MAX`` does; call it before the runtime's threads start): each thread that allocates beside
     another may get an arena of its own, reserving 64 MiB of address space (up to 8 per core), which the limit counts
-    though little of it is used. A ``MALLOC_ARENA_MAX`` of the user's is kept. Returns the cap set, None when none
-    (no limit, not glibc)."""
+    though little of it is used; and holds the mmap threshold at ``MMAP_THRESHOLD_BYTES`` (``M_MMAP_THRESHOLD``, as
+    ``MALLOC_MMAP_THRESHOLD_``): glibc raises it to each large block freed, after which XLA's buffers of that size
+    come from arenas that keep their address space when freed (docs/troubleshooting.md). A ``MALLOC_ARENA_MAX`` or
+    ``MALLOC_MMAP_THRESHOLD_`` of the user's is kept. Returns the arena cap set, None when none (no limit, no glibc)."""
     if not under_rlimit_as() or "MALLOC_ARENA_MAX" in os.environ:
         return None
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc
         return None
+    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
     return MALLOC_ARENAS_UNDER_RLIMIT_AS if mallopt(M_ARENA_MAX, MALLOC_ARENAS_UNDER_RLIMIT_AS) == 1 else None
 
 

@@ -44,7 +44,7 @@ BUILD_COPIES = 2
 # what a way out offers has this much to spare: the process's size after compiling varies from run to run (the ViT at
 # 8 simulated devices under ulimit -v 1.5 GB: 1.07 to 1.20 GB), and the runtime's share with it
 OFFER_MARGIN = 0.1
-OFFER_SPARE_BYTES = 64 << 20  # and under ulimit -v this much (the MLP's process at 8, then 4 devices: 875, 931 MB)
+OFFER_SPARE_BYTES = 128 << 20  # and under ulimit -v this much (the process differs by config: docs/troubleshooting.md)
 # threads started after the compilation (the steps', the evaluation's, the checkpoint's save): 6 to 7 measured on the
 # tiny GPT at 8 simulated devices (116 to 129 MB of address space beside a 10 MB state), 12 on the ViT; a stack each
 LATER_THREADS = 16
@@ -95,6 +95,14 @@ def host_memory_limit() -> Optional[tuple[int, str]]:
     available = meminfo("MemAvailable", "/proc/meminfo")
     if available is not None:
         found.append((available, "the free memory (MemAvailable in /proc/meminfo)"))
+    return min(found) if found else None
+
+
+def _machine_free() -> Optional[int]:
+    """Bytes this machine still has for the process whatever its ``RLIMIT_AS``: the least of the cgroup's
+    ``memory.max`` less its usage and ``MemAvailable`` (what a higher ``ulimit -v`` cannot pass); None: unknown."""
+    cgroup, available = _cgroup_limit(), meminfo("MemAvailable", "/proc/meminfo")
+    found = [v for v in (cgroup and cgroup[0] - cgroup[1], available) if v is not None]
     return min(found) if found else None
 
 
@@ -234,7 +242,10 @@ def out_of_memory_line(error: BaseException, after_steps: bool = False) -> str:
 
 
 def check_step_fits(
-    peak_bytes: Optional[int], gpt_dims: Any = None, peak_at: Optional[Callable[[int], Optional[int]]] = None
+    peak_bytes: Optional[int],
+    gpt_dims: Any = None,
+    peak_at: Optional[Callable[[int], Optional[int]]] = None,
+    evaluation: Optional[tuple] = None,
 ) -> None:
     """Raises TrainingError (one line, as ``out_of_memory_line``) when the compiled step's ``peak_bytes`` per device
     (``mem/compiled_peak_bytes_per_device``: state, batch and temporaries) on each of this process's devices exceed
@@ -243,14 +254,14 @@ def check_step_fits(
     temporaries count ``CPU_RUNTIME_FACTOR`` times (the runtime's own buffers beside XLA's), for a GPT
     (``gpt_dims``: ``models.gpt.GPTDims``) at most ``ATTENTION_COPIES`` times one layer's attention scores more, and
     ``later_bytes`` come beside them. None (unknown): returns. ``peak_at``: ``train.accum_steps`` -> the compiled
-    peak per device at that count (``accumulation_peaks``), to offer only an accumulation that fits."""
+    peak per device at that count (``accumulation_peaks``), to offer only an accumulation that fits; ``evaluation``:
+    ``(eval_fn, params, eval_set)`` as ``check_eval_fits`` takes them, so that each offer also fits the evaluation
+    (with the ``train.eval_batch`` that does), not only the step."""
     f = _figures
     if peak_bytes is None or "free" not in f:
         return
-    f["gpt_dims"] = gpt_dims
-    now = memory_limit(f["device"])
-    f["free"] = f["free"] if now is None else min(f["free"], now[0] + f["held"])  # the state is allocated by now
-    f["source"] = f["source"] if now is None else now[1]
+    f["gpt_dims"], f["evaluation"] = gpt_dims, evaluation
+    _free_now()
     t = f["cfg"].train
     micro = (t.per_device_batch or (t.global_batch or 256) // f["n"]) // t.accum_steps
     f["step_temporaries"], f["micro"] = max(0, peak_bytes - f["per_device"]), micro
@@ -260,6 +271,14 @@ def check_step_fits(
         raise TrainingError(
             _step_line(f"out of memory: the compiled step needs {_said(peak_bytes, needed)}", _beside(needed))
         )
+
+
+def _free_now() -> None:
+    """The memory free beside the state now (``_figures``' ``free``, ``source``): the state is allocated by now."""
+    f = _figures
+    now = memory_limit(f["device"])
+    f["free"] = f["free"] if now is None else min(f["free"], now[0] + f["held"])
+    f["source"] = f["source"] if now is None else now[1]
 
 
 def accumulation_peaks(exp: Any, batch: Any) -> Callable[[int], Optional[int]]:
@@ -338,32 +357,76 @@ def _beside(needed: tuple[int, int, int]) -> int:
 
 def check_eval_fits(eval_fn: Any, params, eval_set, gpt_dims: Any = None) -> Callable:
     """``eval_fn`` (the jitted evaluation step, ``(params, batch) -> sums``), or, where a batch of ``eval_set``
-    (``data.pipeline.EvalSet``) might not fit beside the state by the training step's figures (its temporaries, per
-    example, times the evaluation's examples per device: the forward pass alone takes less), the step compiled for
-    ``params`` and that batch after a check of its compiled peak, as ``check_step_fits`` does (raises TrainingError,
-    one line offering a smaller ``train.eval_batch``). Call after ``check_step_fits``."""
+    (``data.pipeline.EvalSet``) might not fit beside the state (by the training step's figures, its temporaries per
+    example times the evaluation's examples per device, the forward pass alone taking less; without a training step,
+    as in ``python -m evaluate``, always), the step compiled for ``params`` and that batch after a check of its
+    compiled peak, as ``check_step_fits`` does (raises TrainingError, one line offering a smaller
+    ``train.eval_batch``). Call after ``check_state_fits`` (and ``check_step_fits`` when training)."""
     f = _figures
-    if "step_temporaries" not in f or not eval_set.batches:
+    if "free" not in f or not eval_set.batches:
         return eval_fn
-    batch, eval_batch = eval_set.batches[0], eval_set.batch_size
-    per_device = max(1, eval_batch // f["n"])
-    if _needed(f["step_temporaries"] * per_device // max(1, f["micro"]), per_device, gpt_dims, True) is None:
-        return eval_fn
-    compiled = eval_fn.lower(params, batch).compile()
-    analysis = compiled.memory_analysis()
-    temporaries = getattr(analysis, "temp_size_in_bytes", None) if analysis is not None else None
-    needed = None if temporaries is None else _needed(temporaries, per_device, gpt_dims, True)
+    if "step_temporaries" not in f:  # no training step checked: the process has grown since (a restored state)
+        _free_now()
+    compiled, needed = _eval_needs(eval_fn, params, eval_set, gpt_dims, False)
     if needed is None:
         return compiled
-    said = f"out of memory: the compiled evaluation step needs {_said(f['per_device'] + temporaries, needed)}"
+    said = f"out of memory: the compiled evaluation step needs {_said(f['per_device'] + needed[0], needed)}"
     room, beside = f["free"] - f["held"], _beside(needed)
-    scales = beside - needed[2]  # the temporaries scale with the batch, not the threads and the save's copy
-    fits = (room - needed[2] - _spare()) / (1 + OFFER_MARGIN)
-    smaller = int(eval_batch * fits / scales) // f["n"] * f["n"] if scales > 0 and fits > 0 else 0
-    ways = (
-        [f"train.eval_batch={smaller} (it needs about {beside / max(1, room):.1f} times the room)"] if smaller else []
-    )
-    raise TrainingError(f"{said}; {_figures_said(f)}: " + _ways(ways, beside - room))
+    smaller = _smaller_eval_batch(needed, eval_set.batch_size)
+    ways = [f"train.eval_batch={smaller} (it needs about {_times(beside / max(1, room))} times the room)"]
+    raise TrainingError(f"{said}; {_figures_said(f)}: " + _ways(ways if smaller else [], beside - room))
+
+
+def _eval_needs(eval_fn: Any, params, eval_set, gpt_dims: Any, margin: bool) -> tuple[Any, Optional[tuple]]:
+    """(the evaluation step: compiled where it was, the figures of ``_step_bytes`` of a batch of ``eval_set`` when it
+    does not fit beside the state, with ``margin``: with what an offer keeps to spare, else None)."""
+    f = _figures
+
+    def fits(needed: tuple[int, int, int]) -> bool:
+        spare = (needed[0] + needed[1]) * f["copies"] * OFFER_MARGIN + _spare() if margin else 0
+        return f["held"] + _beside(needed) + spare <= f["free"]
+
+    per_device = max(1, eval_set.batch_size // f["n"])
+    if "step_temporaries" in f:  # the training step's temporaries per example: an upper bound, without compiling
+        guess = _step_bytes(f["step_temporaries"] * per_device // max(1, f["micro"]), per_device, gpt_dims, True)
+        if fits(guess):
+            return eval_fn, None
+    compiled = eval_fn.lower(params, eval_set.batches[0]).compile()
+    analysis = compiled.memory_analysis()
+    temporaries = getattr(analysis, "temp_size_in_bytes", None) if analysis is not None else None
+    if temporaries is None:
+        return compiled, None
+    needed = _step_bytes(temporaries, per_device, gpt_dims, True)
+    return compiled, (None if fits(needed) else needed)
+
+
+def _smaller_eval_batch(needed: tuple[int, int, int], eval_batch: int) -> int:
+    """The ``train.eval_batch`` (a multiple of the device count; 0: none) whose temporaries, as ``eval_batch``'s
+    (``needed``) scaled, fit beside the state with ``OFFER_MARGIN`` and ``_spare`` to spare."""
+    f = _figures
+    scales = _beside(needed) - needed[2]  # the temporaries scale with the batch, not the threads and the save's copy
+    fits = (f["free"] - f["held"] - needed[2] - _spare()) / (1 + OFFER_MARGIN)
+    return int(eval_batch * fits / scales) // f["n"] * f["n"] if scales > 0 and fits > 0 else 0
+
+
+def _eval_offer() -> tuple[Optional[str], int]:
+    """For a line offering a smaller training step: ``("", 0)`` when the evaluation (``check_step_fits``'s
+    ``evaluation``) fits beside the state with what an offer keeps to spare; else the ``train.eval_batch=N`` to add
+    to each offer (None: no batch fits) and the bytes it falls short by."""
+    f = _figures
+    if f.get("evaluation") is None:
+        return "", 0
+    eval_fn, params, eval_set = f["evaluation"]
+    _, needed = _eval_needs(eval_fn, params, eval_set, f.get("gpt_dims"), True)
+    if needed is None:
+        return "", 0
+    smaller = _smaller_eval_batch(needed, eval_set.batch_size)
+    return (f"train.eval_batch={smaller}" if smaller else None), _beside(needed) - (f["free"] - f["held"])
+
+
+def _times(ratio: float) -> str:
+    """``ratio`` to two significant digits below 1.1 (``1.03``: not ``1.0``), else to one decimal."""
+    return f"{ratio:.2f}" if ratio < 1.1 else f"{ratio:.1f}"
 
 
 def _figures_said(f: dict) -> str:
@@ -375,10 +438,15 @@ def _figures_said(f: dict) -> str:
 
 def _ways(ways: list[str], shortfall: Optional[int]) -> str:
     """ "ways out: ..." of ``ways`` and, under ``RLIMIT_AS``, the limit that leaves ``shortfall`` bytes more (None:
-    unknown, any higher limit), or a machine with more memory when there is no other."""
+    unknown, any higher limit) or, where the machine has not that much free (``_machine_free``), a machine with more
+    memory; a smaller model or a machine with more memory when there is no other."""
     f = _figures
     soft = resource.getrlimit(resource.RLIMIT_AS)[0]
-    if _under_rlimit_as(f) and soft != resource.RLIM_INFINITY:
+    beyond = None if shortfall is None else shortfall + soft - (meminfo("VmSize", "/proc/self/status") or 0)
+    machine = _machine_free()
+    if _under_rlimit_as(f) and beyond is not None and machine is not None and beyond > machine:  # no limit would do
+        ways.append(f"a machine with more memory (about {gb(beyond)} more than the process holds, {gb(machine)} free)")
+    elif _under_rlimit_as(f) and soft != resource.RLIM_INFINITY:
         more = ulimit_to_set(int((soft + max(0, shortfall)) * (1 + OFFER_MARGIN))) if shortfall is not None else None
         more = more or f"more than ulimit -v {soft // 1024}"
         ways.append(f"more address space: {more}")
@@ -420,6 +488,9 @@ def _step_line(said: str, beside: Optional[int]) -> str:
         ways.append(f"train.accum_steps={accum} (the same global batch in {accum} microbatches)")
     if beside is not None and f["copies"] == n > 1 and f["held"] > 1.01 * f["total"]:  # fewer copies of the state
         ways += _fewer_devices(f, beside, None if train.per_device_batch else per_device * n, fewer_than=accum)
+    evaluation, eval_short = _eval_offer() if beside is not None else ("", 0)  # each offer fits the evaluation too
+    ways = [w.replace(" (", f" {evaluation} (", 1) if evaluation else w for w in ways if evaluation is not None]
+    shortfall = None if shortfall is None else max(shortfall, eval_short)
     # each of these at least halves a transformer's activations on an accelerator: offered where activations are most
     # of what the step needs beside the state (more than 4x the gradients' bytes) and, for the chunked loss, a
     # microbatch holds more tokens than one chunk (a smaller one is padded up to it). Not on the CPU: there remat and

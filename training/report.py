@@ -304,7 +304,7 @@ class Reporter:
 
     def start_metrics(self) -> Optional[Path]:
         """Starts an empty metrics.jsonl for a run from step 0; one already there (a run killed before its first
-        checkpoint, restarted in the same folder) is kept as ``metrics.previous-<time>.jsonl`` and returned."""
+        checkpoint, or not resumed, in the same folder) is kept as ``metrics.previous-<time>.jsonl`` and returned."""
         if not self.enabled:
             return None
         path = self.run_dir / "metrics.jsonl"
@@ -313,7 +313,7 @@ class Reporter:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
         backup = path.with_name(f"metrics.previous-{stamp}.jsonl")
         os.replace(path, backup)
-        log.warning("%s held the history of an earlier run that left no checkpoint: kept as %s", path, backup.name)
+        log.warning("%s held an earlier run's history; this run starts at step 0: kept as %s", path, backup.name)
         return backup
 
     def log(self, records: list[dict]) -> None:

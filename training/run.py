@@ -458,9 +458,9 @@ def compile_step(cfg: Config, p: Plan, exp: Experiment, first, eval_set, info: d
     info["perf/compile_time_s"] = time.perf_counter() - t0
     info["perf/startup/compile_cache"] = cache.outcome()
     info.update(compiled_step_metrics(lowered, compiled, exp.mode.num_devices))
-    dims = gpt_dims(cfg) if exp.local.tokens else None
-    check_step_fits(info.get("mem/compiled_peak_bytes_per_device"), dims, accumulation_peaks(exp, first))
-    exp.steps.eval = check_eval_fits(exp.steps.eval, exp.state.params, eval_set, dims)  # compiled where it may not fit
+    dims, evaluation = gpt_dims(cfg) if exp.local.tokens else None, (exp.steps.eval, exp.state.params, eval_set)
+    check_step_fits(info.get("mem/compiled_peak_bytes_per_device"), dims, accumulation_peaks(exp, first), evaluation)
+    exp.steps.eval = check_eval_fits(*evaluation, dims)  # compiled where it may not fit
     if exp.local.tokens:  # the model FLOPs of MFU replace XLA's count, which includes rematerialised work
         if "perf/flops_per_step_per_device" in info:
             info["perf/flops_per_step_per_device_xla"] = info["perf/flops_per_step_per_device"]
