@@ -7,12 +7,15 @@ read from TFDS ``mnist`` 3.0.1 (array_record; no TensorFlow needed), downloaded 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
 import logging
 import os
+import resource
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -95,7 +98,8 @@ def load_tfds_split(
             raise unreadable(tfds_name, split, data_dir, version, e) from None
     t0 = time.perf_counter()
     try:
-        images, labels = _decode_all(source)
+        with small_thread_stacks():
+            images, labels = _decode_all(source)
     except Exception as e:  # a damaged record file (e.g. "Corrupted Riegeli/records file"), an undecodable image
         raise unreadable(tfds_name, split, data_dir, version, e) from None
     log.info(
@@ -137,10 +141,37 @@ def unreadable(tfds_name: str, split: str, data_dir: Optional[str], version: Opt
     )
 
 
+POOL_STACK_BYTES = 1 << 20  # a thread's stack in small_thread_stacks: a reader's, not a compiler's
+
+
+@contextlib.contextmanager
+def small_thread_stacks(stack: int = POOL_STACK_BYTES) -> Iterator[None]:
+    """Under ``RLIMIT_AS``, threads started inside (without a stack size of their own) get ``stack`` bytes of stack
+    (glibc's ``pthread_setattr_default_np``; the default is restored after): array_record's reader, which TFDS's
+    ``data_source`` opens, starts a pool of 64 threads that lives as long as the process, 512 MiB of 8 MiB stacks
+    that the limit counts (the ViT's first run under ``ulimit -v`` 1.5 GB, decoding MNIST: ``std::bad_alloc``, exit
+    134). Elsewhere, or without glibc, nothing changes."""
+    libc = ctypes.CDLL(None) if resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY else None
+    if libc is None or not hasattr(libc, "pthread_setattr_default_np"):
+        yield
+        return
+    old, new = ctypes.create_string_buffer(64), ctypes.create_string_buffer(64)  # pthread_attr_t: 56 bytes
+    libc.pthread_attr_init(new)
+    libc.pthread_attr_setstacksize(new, ctypes.c_size_t(stack))
+    if libc.pthread_getattr_default_np(old) != 0 or libc.pthread_setattr_default_np(new) != 0:
+        yield
+        return
+    try:
+        yield
+    finally:
+        libc.pthread_setattr_default_np(old)
+
+
 def _data_source(tfds_name: str, split: str, data_dir: Optional[str]):
     import tensorflow_datasets as tfds
 
-    return tfds.data_source(tfds_name, split=split, data_dir=data_dir, download=False)
+    with small_thread_stacks():  # its reader's pool of 64 threads, under ulimit -v
+        return tfds.data_source(tfds_name, split=split, data_dir=data_dir, download=False)
 
 
 def prepare_tfds(tfds_name: str, data_dir: Optional[str], probe_timeout_s: float = 10.0) -> None:

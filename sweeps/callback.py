@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 
 from core.errors import override
 from tracking.folders import not_own_folder
-from training.process import NOT_STARTED, SweepStop, release_gc  # NOT_STARTED: a job the sweep's signal skipped
+from training.process import NOT_STARTED, SweepStop, release_gc, speaks  # NOT_STARTED: a job the sweep's signal skipped
 
 
 def _written_s(hydra_dir: Path) -> float:
@@ -223,6 +223,44 @@ def sweep_refusal(sweep_dir: Path, changes: list[str], limit: int = 4) -> str:
     )
 
 
+def hydra_files(config: DictConfig) -> dict[Path, tuple[bytes, float]]:
+    """``{path: (bytes, modification time)}`` of the files Hydra writes in a single run's ``.hydra/``, as they are
+    before it writes them (``hydra.run.dir`` given an earlier run's folder: continuing it, or refused)."""
+    if config.hydra.output_subdir is None:
+        return {}
+    folder, found = Path(str(config.hydra.run.dir)) / str(config.hydra.output_subdir), {}
+    for path in (folder / "config.yaml", folder / "hydra.yaml", folder / "overrides.yaml"):
+        try:
+            found[path] = (path.read_bytes(), path.stat().st_mtime)
+        except OSError:  # none: a new run folder
+            continue
+    return found
+
+
+def keep_earlier(files: dict[Path, tuple[bytes, float]]) -> None:
+    """Keeps each of ``files`` (``hydra_files``) that Hydra has since rewritten with other content beside it, as
+    ``<name>.previous-<time>.yaml`` (its modification time), with one warning: the record of how an earlier run in
+    the folder was started is not lost to a run that continues it with other overrides, or is refused."""
+    kept = []
+    for path, (data, mtime) in files.items():
+        try:
+            if path.read_bytes() == data:
+                continue
+        except OSError:
+            pass
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(mtime))
+        backup = path.with_name(f"{path.stem}.previous-{stamp}{path.suffix}")
+        backup.write_bytes(data)
+        kept.append(backup.name)
+    if kept and speaks():
+        print(
+            f"warning: {path.parent} held the Hydra files of an earlier run, rewritten for this one: the earlier ones "
+            f"kept as {', '.join(kept)}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def _refuse_foreign(folder: str, key: str) -> None:
     """Exits 1 with one line when ``key=folder`` belongs to something else (``not_own_folder``)."""
     line = not_own_folder(Path(str(folder)), key)
@@ -241,9 +279,15 @@ class SweepSummary(Callback):
     def __init__(self) -> None:
         self.start_s: Optional[float] = None
         self.stop: Optional[SweepStop] = None
+        self.earlier: dict[Path, tuple[bytes, float]] = {}
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         _refuse_foreign(config.hydra.run.dir, "hydra.run.dir")  # another run's checkpoints, a sweep's folder
+        self.earlier = hydra_files(config)  # an earlier run's, in the same folder: Hydra rewrites them next
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        keep_earlier(self.earlier)
+        self.earlier = {}
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         release_gc()  # a sweep's process keeps Python's garbage collector on (training.process)

@@ -17,6 +17,9 @@ Only MNIST is prepared on this machine, so the TFDS datasets are exercised two w
 from __future__ import annotations
 
 import functools
+import os
+import subprocess
+import sys
 import json
 import math
 
@@ -619,3 +622,46 @@ def test_an_allocation_that_failed_while_reading_is_not_called_damage(tmp_path):
         assert said.startswith("out of memory while reading dataset 'mnist' (test) (") and "move" not in said, said
     damaged = str(unreadable("mnist", "test", str(tmp_path), "3.0.1", ValueError("Corrupted Riegeli/records file")))
     assert "prepare it again (move" in damaged
+
+
+THREADS_VM = """
+import re, sys, threading
+from data.sources import small_thread_stacks
+vm = lambda: int(re.search(r"VmSize:\\s+(\\d+)", open("/proc/self/status").read())[1]) * 1024
+stop = threading.Event()
+def start(n):
+    before, threads = vm(), [threading.Thread(target=stop.wait) for _ in range(n)]
+    for t in threads:
+        t.start()
+    return vm() - before
+with small_thread_stacks():
+    inside = start(16)
+print(inside, start(16))
+stop.set()
+"""
+
+
+def test_under_rlimit_as_a_readers_threads_get_small_stacks():
+    """array_record's reader (TFDS's ``data_source``) starts a pool of 64 threads that lives as long as the process:
+    under ``ulimit -v`` their 8 MiB stacks took 512 MiB of address space (the ViT's first run under 1.5 GB, decoding
+    MNIST: ``std::bad_alloc``, exit 134). Threads started inside ``small_thread_stacks`` get 1 MiB there, and the
+    default comes back after it; without a limit nothing changes."""
+    from measure.address_space import stack_bytes
+
+    def grown(limit: str) -> tuple[int, int]:
+        env = {**os.environ, "MALLOC_ARENA_MAX": "1", "PYTHONPATH": str(REPO)}  # (arenas: not what is measured)
+        proc = subprocess.run(
+            ["bash", "-c", f'ulimit -v {limit} && exec {sys.executable} -c "$0"', THREADS_VM],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        inside, outside = map(int, proc.stdout.split())
+        return inside, outside
+
+    inside, outside = grown("4000000")
+    assert inside <= 16 * (1 << 20) + (4 << 20) and outside >= 16 * stack_bytes(), (inside, outside)
+    inside, outside = grown("unlimited")
+    assert inside >= 16 * stack_bytes() and outside >= 16 * stack_bytes(), (inside, outside)

@@ -399,9 +399,10 @@ def _files(folder: Path) -> dict:
 def test_another_runs_checkpoint_folder_as_run_folder_is_refused_before_anything_is_written(tmp_path):
     """hydra.run.dir=<finished run>/checkpoints used to write a whole run (.hydra/, checkpoints/2/, ...) among the
     old run's steps, and evaluating the old run then read the new one's step; so did a folder inside its .hydra/,
-    a step or its checkpoint folder (one named like a step, 1000, was then renamed 1000.corrupt by the old run's
-    resume). Now one line names the old run, and nothing in its folder changes; a folder of its own (the fix)
-    trains; a run folder found in a checkpoint folder is no damaged step: a resume leaves it where it is."""
+    the run's folder, a step or its checkpoint folder (one named like a step, 1000, was then renamed 1000.corrupt by
+    the old run's resume). Now one line names the old run, and nothing in its folder changes; a folder of its own
+    (the fix) trains; a run folder found in a checkpoint folder is no damaged step: a resume leaves it where it is;
+    continued with other overrides, the first run's Hydra files are kept beside."""
     old = tmp_path / "r9"
     assert train(*SMALL, "train.steps=2", f"hydra.run.dir={old}").returncode == 0
     before = _files(old)
@@ -413,6 +414,7 @@ def test_another_runs_checkpoint_folder_as_run_folder_is_refused_before_anything
         (old / ".hydra" / "run", f"is inside {old / '.hydra'}, Hydra's folder of run {old}"),
         (old / "checkpoints" / "2" / "state", f"is inside checkpoint step 2 of run {old}"),
         (old / "checkpoints" / "1000", f"is inside the checkpoint folder of run {old}"),
+        (old / "extra", f"is inside the folder of run {old}"),  # (before: a new run written inside the old one)
     ]:
         proc = train(*SMALL, "train.steps=2", f"hydra.run.dir={given}")
         assert proc.returncode == 1
@@ -432,6 +434,11 @@ def test_another_runs_checkpoint_folder_as_run_folder_is_refused_before_anything
     resumed = train(*SMALL, "train.steps=4", f"hydra.run.dir={old}")
     assert resumed.returncode == 0 and "corrupt" not in resumed.stderr, resumed.stderr[-3000:]
     assert sorted(p.name for p in (old / "checkpoints").iterdir()) == ["1000", "2", "4"]
+    # continued with another override: Hydra's files of the first run are kept beside the new ones (before: lost)
+    (kept,) = (old / ".hydra").glob("overrides.previous-*.yaml")
+    assert "train.steps=2" in kept.read_text() and "train.steps=4" in (old / ".hydra" / "overrides.yaml").read_text()
+    warned = f"warning: {old / '.hydra'} held the Hydra files of an earlier run, rewritten for this one: the earlier"
+    assert f"{warned} ones kept as config.previous-" in resumed.stderr, resumed.stderr[-3000:]
     assert sorted(p.name for p in user.iterdir()) == [".hydra", "summary.json"]
 
 
@@ -517,7 +524,10 @@ def test_a_sweep_folder_as_checkpoint_dir_is_refused_before_its_lock(tmp_path, c
 
     assert (
         not_own_folder(sweep / "2", "hydra.run.dir") is None
-        and not_own_folder(run / "a" / "b", "hydra.run.dir") is None
+        and not_own_folder(tmp_path / "plain" / "a" / "b", "hydra.run.dir") is None
+    )
+    assert not_own_folder(run / "a" / "b", "hydra.run.dir") == (  # (run holds its summary.json: a run's folder)
+        f"hydra.run.dir={run / 'a' / 'b'} is inside the folder of run {run}; give the run a folder of its own"
     )
 
 

@@ -184,9 +184,9 @@ def not_a_checkpoint_dir(path: Path, run_dir: Path, quote=lambda key, value: f"{
 def not_own_folder(path: Path, key: str) -> Optional[str]:
     """Why ``key=path`` (``hydra.run.dir``, or ``hydra.sweep.dir`` of a ``-m`` sweep) is a folder that belongs to
     something else, in one line with the fix: a run's checkpoint folder or one step of it, a sweep's folder for a
-    single run, a single run's folder for a sweep, or a folder inside a run's ``.hydra/``, checkpoint folder or step
-    (a resume would take a folder named like a step for a damaged one); None when it may be used (new, empty, its
-    own kind, inside a plain folder or a sweep's)."""
+    single run, a single run's folder for a sweep, or a folder inside a run's folder, its ``.hydra/``, checkpoint
+    folder or step (a resume would take a folder named like a step for a damaged one); None when it may be used (new,
+    empty, its own kind, inside a plain folder or a sweep's)."""
     path = Path(path)
     kind = folder_kind(path)
     whose = "sweep" if key.startswith("hydra.sweep") else "run"
@@ -219,4 +219,7 @@ def not_own_folder(path: Path, key: str) -> Optional[str]:
             inside.is_dir() and any(is_step_folder(p) for p in inside.iterdir())
         ):
             return f"{key}={path} is inside the checkpoint folder of {_saved_by(inside)}; {own}"
+        if is_run_folder(inside) and not (inside / "multirun.yaml").is_file():  # (a sweep's jobs are its own)
+            said = next((p for p in path.parents if p.absolute() == inside), inside)  # as the user gave it
+            return f"{key}={path} is inside the folder of run {said}; {own}"
     return None
