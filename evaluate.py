@@ -467,16 +467,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tool_logging()  # as train.py: the TPU probe, TFDS's OpenCV notice and its look for unprepared data quieted
 
     from core.errors import USER_ERRORS
-    from measure.memory import is_out_of_memory, out_of_memory_line
+    from measure.memory import checkpoint_evaluation, is_out_of_memory, out_of_memory_line
 
-    try:
-        result = evaluate_checkpoint(Path(args.checkpoint), args.overrides, best=args.best)
-    except (*USER_ERRORS, MemoryError, RuntimeError, SystemError) as e:  # (XLA's errors are RuntimeErrors)
-        if not isinstance(e, USER_ERRORS) and not is_out_of_memory(e):
-            raise
-        line = str(e) if isinstance(e, USER_ERRORS) else out_of_memory_line(e)
-        print(f"error: {line.splitlines()[0]}", file=sys.stderr, flush=True)
-        return 1
+    with checkpoint_evaluation():  # out-of-memory lines offer what evaluating a checkpoint can change
+        try:
+            result = evaluate_checkpoint(Path(args.checkpoint), args.overrides, best=args.best)
+        except (*USER_ERRORS, MemoryError, RuntimeError, SystemError) as e:  # (XLA's errors are RuntimeErrors)
+            if not isinstance(e, USER_ERRORS) and not is_out_of_memory(e):
+                raise
+            line = str(e) if isinstance(e, USER_ERRORS) else out_of_memory_line(e)
+            print(f"error: {line.splitlines()[0]}", file=sys.stderr, flush=True)
+            return 1
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:

@@ -11,13 +11,14 @@ offers are the ones that fit by these figures.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
 import re
 import resource
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import jax
 import numpy as np
@@ -28,6 +29,21 @@ from measure.address_space import gb, meminfo, stack_bytes, ulimit_to_set, under
 
 # the figures of the last check (check_state_fits), for the line of an out-of-memory error that comes later
 _figures: dict[str, Any] = {}
+_evaluating_checkpoint = False  # inside checkpoint_evaluation: python -m evaluate
+
+
+@contextlib.contextmanager
+def checkpoint_evaluation() -> Iterator[None]:
+    """Inside, the lines are those of ``python -m evaluate``: the state is a checkpoint's (its model and optimizer
+    are given) and only its evaluation runs, so they offer neither another model or optimizer nor a training batch
+    or accumulation, but a smaller ``train.eval_batch``, fewer devices or more memory."""
+    global _evaluating_checkpoint
+    _evaluating_checkpoint = True
+    try:
+        yield
+    finally:
+        _evaluating_checkpoint = False
+
 
 # Under RLIMIT_AS the CPU runtime needs more address space than XLA's compiled peak: its YNNPACK fusions (dots with
 # their elementwise neighbours) materialise intermediates that XLA's buffer assignment does not count, and threads,
@@ -184,11 +200,13 @@ def _state_ways(cfg, total: int, params: int, held: int, free: int, copies: int,
         ways += [f"mesh.devices={fit[-1]} (a copy of {gb(total)} each)"] if fit else []
     if not cpu and n > 1 and cfg.parallel.name != "fsdp" and total / n <= free:
         ways.append(f"parallel=fsdp (about {gb(total / n)} per device on {n} devices)")
-    if cfg.optim.name == "adam" and 2 * grads <= free:  # (built: twice an SGD state, as large as the gradients)
+    if (
+        cfg.optim.name == "adam" and 2 * grads <= free and not _evaluating_checkpoint
+    ):  # (built: twice an SGD state, as large as the gradients)
         ways.append(f"optim=sgd (no moments: {gb(grads)} and as much for the gradients)")
     fits = int(n_params * free / max(build * held, held + grads))  # before any activations
     said = "built and with their gradients" if build * held > held + grads else "with their gradients"
-    ways += [f"a smaller model (at most about {fits:,} params, {said})"] if fits else []
+    ways += [f"a smaller model (at most about {fits:,} params, {said})"] if fits and not _evaluating_checkpoint else []
     return _ways(ways, max(build * held, held + grads) + later_bytes() - free)  # (what the build took stays mapped)
 
 
@@ -450,19 +468,23 @@ def _ways(ways: list[str], shortfall: Optional[int]) -> str:
         more = ulimit_to_set(int((soft + max(0, shortfall)) * (1 + OFFER_MARGIN))) if shortfall is not None else None
         more = more or f"more than ulimit -v {soft // 1024}"
         ways.append(f"more address space: {more}")
-    return "ways out: " + "; ".join(ways or ["a smaller model, or a machine with more memory"])
+    other = "a machine with more memory" if _evaluating_checkpoint else "a smaller model, or a machine with more memory"
+    return "ways out: " + "; ".join(ways or [other])
 
 
 def _step_line(said: str, beside: Optional[int]) -> str:
     """``said``, the state's figures and the ways out for a step that needs ``beside`` bytes (all the process's
     devices together; None: unknown) beside the state."""
     f = _figures
+    batch = "train.eval_batch" if _evaluating_checkpoint else "train.global_batch"
     if "free" not in f:
-        return f"{said}; use a smaller train.global_batch, or a machine with more memory"
+        return f"{said}; use a smaller {batch}, or a machine with more memory"
     cfg, held, free, n = f["cfg"], f["held"], f["free"], f["n"]
     figures = _figures_said(f)
     room, gradients = free - held, params_held_bytes(held, f["params"], f["total"])
     shortfall = None if beside is None else beside - room
+    if _evaluating_checkpoint:  # only the evaluation's batch is the user's to change
+        return f"{said}; {figures}: " + _ways([f"a smaller {batch}"], shortfall)
     if room < gradients:  # not even the gradients fit beside the state
         fits = int(f["n_params"] * free / (held + gradients))
         ways = [f"a smaller model (at most about {fits:,} params with their gradients)"]

@@ -665,6 +665,28 @@ def test_no_higher_ulimit_is_offered_beyond_the_machines_free_memory(monkeypatch
 
 
 @pytest.mark.unit
+def test_evaluate_offers_only_what_evaluating_a_checkpoint_can_change():
+    """``python -m evaluate`` restores a checkpoint's state (its model and optimizer are given) and runs only its
+    evaluation: its lines offer fewer devices, a smaller ``train.eval_batch`` or more memory, not another model,
+    ``optim=sgd``, a training batch or an accumulation (before: the same ways as training)."""
+    cfg = make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 8}})
+    memory._figures.clear()
+    memory._figures.update(per_device=100_000_000, held=800_000_000, params=33_000_000, copies=8, cfg=cfg, n=8)
+    memory._figures.update(total=100_000_000, n_params=8_250_000, device=jax.devices()[0])
+    memory._figures.update(free=600_000_000, source="a test limit")
+    state = (cfg, 100_000_000, 33_000_000, 800_000_000, 600_000_000, 8, 8_250_000, True, 8)
+    training = memory._state_ways(*state)
+    assert "; optim=sgd (" in training and "; a smaller model (" in training, training
+    step = memory._step_line("out of memory (test)", 1_000_000_000)
+    with memory.checkpoint_evaluation():
+        assert memory._state_ways(*state) == "ways out: mesh.devices=2 (a copy of 100.00 MB each)"
+        assert memory._step_line("out of memory (test)", 1_000_000_000).endswith(
+            ": ways out: a smaller train.eval_batch"
+        )
+    assert memory._step_line("out of memory (test)", 1_000_000_000) == step  # and training's lines after it
+
+
+@pytest.mark.unit
 def test_evaluate_says_a_state_too_large_or_an_allocation_that_failed_in_one_line(monkeypatch, capsys):
     """``python -m evaluate`` builds the run's state as train.py does: a state too large for the limit (its line) and
     an allocation that fails are one ``error:`` line and exit 1 (before: a 26-line traceback); another error is not
@@ -674,7 +696,11 @@ def test_evaluate_says_a_state_too_large_or_an_allocation_that_failed_in_one_lin
     memory._figures.clear()
     for raised, said in (
         (TrainingError("the model's parameters and optimizer state ... take 1.49 GB"), "the model's parameters"),
-        (MemoryError("Unable to allocate 766. KiB"), "out of memory (Unable to allocate 766. KiB); use a smaller"),
+        (
+            MemoryError("Unable to allocate 766. KiB"),
+            "out of memory (Unable to allocate 766. KiB); use a smaller "
+            "train.eval_batch, or a machine with more memory",
+        ),  # (not the training batch)
     ):
         monkeypatch.setattr(
             evaluate, "evaluate_checkpoint", lambda *a, raised=raised, **k: (_ for _ in ()).throw(raised)
