@@ -967,6 +967,15 @@ def test_resume_refuses_another_vocabulary_or_position_table_by_resolved_size():
     assert resume_conflicts(saved, table, 16, 16) == ["model.max_positions (GPT position table): 32 -> 64"]
     line = refusal(Path("ck/4"), resume_conflicts(saved, vocab, 16, 16))
     assert "\n" not in line and "256 -> 300" in line and "checkpoint.dir" in line
+    # beyond the 4 shown, the rest as the overrides that set them back, in one step (before: "... 3 more", and each
+    # resume refused named the next ones)
+    many = {"model": {**vocab["model"], "max_positions": 64, "depth": 3, "width": 96, "heads": 3}, "train": {"seed": 1}}
+    assert refusal(Path("ck/4"), resume_conflicts(saved, many, 16, 32)) == (
+        "checkpoint ck/4 was trained with other settings (model.vocab_size (GPT vocabulary): 256 -> 300; "
+        "model.max_positions (GPT position table): 32 -> 64; model.depth: None -> 3; model.heads: None -> 3; and "
+        "model.width=null train.seed=0 train.global_batch=16); to resume it set them back, otherwise give this run "
+        "its own checkpoint.dir (the checkpoint is kept as it is)"
+    )
 
 
 @pytest.mark.unit

@@ -168,8 +168,7 @@ def throughput_text(summary: dict[str, Any]) -> str:
     ``examples/s=n/a (no steady-state window: the run ended in its first logging window)``: never a median
     of 0 windows. A language model's (a summary with ``perf/tokens_per_s``) ends with ``tokens/s=...`` (the same
     windows' median)."""
-    n = summary.get("perf/windows_measured")
-    eps = summary.get("perf/examples_per_s")
+    n, eps = summary.get("perf/windows_measured"), summary.get("perf/examples_per_s")
     if not isinstance(n, int) or not n or eps is None:
         return "examples/s=n/a (no steady-state window: the run ended in its first logging window)"
     tps = summary.get("perf/tokens_per_s")

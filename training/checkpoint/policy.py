@@ -203,7 +203,7 @@ def resume_conflicts(
         and saved_global_batch != global_batch
         and not any(c.startswith(BATCH_KEYS) for c in out)
     ):
-        out.append(f"global batch: {saved_global_batch} -> {global_batch}")
+        out.append(f"train.global_batch: {saved_global_batch} -> {global_batch}")  # (resolved)
     return out
 
 
@@ -216,8 +216,10 @@ def start_afresh(resume_path: Optional[Path]) -> str:
 
 
 def refusal(step_dir: Path, conflicts: list[str], limit: int = 4, resume_path: Optional[Path] = None) -> str:
-    """The one-line error for refused changes (``resume_path``: the run's ``checkpoint.resume`` folder, if any)."""
-    shown = "; ".join(conflicts[:limit]) + (f"; ... {len(conflicts) - limit} more" if len(conflicts) > limit else "")
+    """The one-line error for refused changes (``resume_path``: the run's ``checkpoint.resume`` folder, if any);
+    those beyond ``limit`` as the overrides that set them back (``key=saved``), so that one step restores all."""
+    back = " ".join(f"{c.split(' (')[0].split(': ')[0]}={c.split(': ')[1].split(' -> ')[0]}" for c in conflicts[limit:])
+    shown = "; ".join(conflicts[:limit]) + (f"; and {back.replace(chr(39), '').replace('=None', '=null')}" * bool(back))
     return (
         f"checkpoint {step_dir} was trained with other settings ({shown}); to resume it set them back, "
         f"otherwise {start_afresh(resume_path)} (the checkpoint is kept as it is)"

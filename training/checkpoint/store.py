@@ -176,8 +176,7 @@ def _run_settled(coro):
     traceback when it ended (TensorStore's "Event loop is closed", Python's "Exception ignored in: <coroutine ...>"
     when the unfinished coroutine was collected): tens of tracebacks beside the one line that reports the error.
     After a Ctrl-C (a ``BaseException``) the wait is short: ``INTERRUPTED_SETTLE_S``."""
-    loop = asyncio.new_event_loop()
-    timeout_s = SETTLE_TIMEOUT_S
+    loop, timeout_s = asyncio.new_event_loop(), SETTLE_TIMEOUT_S
     try:
         asyncio.set_event_loop(loop)
         return loop.run_until_complete(coro)
