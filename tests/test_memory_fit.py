@@ -579,18 +579,23 @@ def test_an_evaluation_that_cannot_fit_is_one_line_and_the_batch_it_offers_train
     assert summary["status"] == "ok" and math.isfinite(summary["eval/loss"]), summary
 
 
-@pytest.mark.unit
-def test_accumulation_is_offered_only_where_its_compiled_step_fits(monkeypatch):
-    """Before it offers ``train.accum_steps=K``, the check after compiling compiles the step at K (``peak_at``):
-    where the peak shrinks with the microbatch, the first K that fits (2 falls short, 4 fits); where it does not
-    (weights, gradients and the optimizer's buffers: a CNN under FSDP went 50.07 -> 44.76 -> 61.45 MB per device at
-    1, 4, 16 microbatches), none: each run had offered twice the last count. Two compiles at most."""
+def one_device_with_100_mb_of_room(monkeypatch) -> None:
+    """The figures of a state of 10 MB on one device under a test limit of 110 MB (100 MB beside the state)."""
     cfg = make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 1}})
     memory._figures.clear()
     memory._figures.update(per_device=10_000_000, held=10_000_000, params=3_000_000, copies=1, cfg=cfg, n=1)
     memory._figures.update(total=10_000_000, n_params=750_000, device=jax.devices()[0], free=110_000_000)
     memory._figures.update(source="a test limit")
     monkeypatch.setattr(memory, "memory_limit", lambda device: (100_000_000, "a test limit"))
+
+
+@pytest.mark.unit
+def test_accumulation_is_offered_only_where_its_compiled_step_fits(monkeypatch):
+    """Before it offers ``train.accum_steps=K``, the check after compiling compiles the step at K (``peak_at``):
+    where the peak shrinks with the microbatch, the first K that fits (2 falls short, 4 fits); where it does not
+    (weights, gradients and the optimizer's buffers: a CNN under FSDP went 50.07 -> 44.76 -> 61.45 MB per device at
+    1, 4, 16 microbatches), none: each run had offered twice the last count. Two compiles at most."""
+    one_device_with_100_mb_of_room(monkeypatch)
     compiled: list[int] = []
 
     def line(temporaries_at) -> str:
@@ -617,12 +622,7 @@ def test_each_offer_of_the_step_fits_the_evaluation_too(monkeypatch):
     not fit beside the state with 10% to spare (before: the ViT under ``ulimit -v`` 1.5 GB was offered
     ``train.accum_steps=4``, whose step fitted, and the evaluation's check then asked for a smaller batch in a second
     line); none where it fits; no offer where no evaluation batch fits."""
-    cfg = make_cfg({"data": {"name": "synthetic"}, "mesh": {"devices": 1}})
-    memory._figures.clear()
-    memory._figures.update(per_device=10_000_000, held=10_000_000, params=3_000_000, copies=1, cfg=cfg, n=1)
-    memory._figures.update(total=10_000_000, n_params=750_000, device=jax.devices()[0], free=110_000_000)
-    memory._figures.update(source="a test limit")
-    monkeypatch.setattr(memory, "memory_limit", lambda device: (100_000_000, "a test limit"))
+    one_device_with_100_mb_of_room(monkeypatch)
     evals = types.SimpleNamespace(batches=["batch"], batch_size=1000)
 
     def line(eval_temporaries: int) -> str:
